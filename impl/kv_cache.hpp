@@ -1,0 +1,215 @@
+// The one interface every cache backend implements (CPU now, CUDA beside it).
+//
+// A backend owns one ring-addressed pool for one layer: `states * ring_rows`
+// rows, each row stored in an ElementFormat, plus a tag per slot (request,
+// position, write sequence) kept beside the data so a checker can see exactly
+// what every read returned. It exposes the kernels an engine runs per step:
+// decode metadata, index expansion with -1 padding, store, load (gather into a
+// scratch "assembled input"), and attention over index rows. The step
+// semantics (prefill orders, verify, accept, finish, reset) are composed from
+// these kernels once, in impl/ring_pool.hpp, for every backend.
+//
+// Nothing here includes model/: the implementations under test never share a
+// layout struct with the reference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace kvcheck::impl {
+
+/// How one cached row is laid out in bytes.
+enum class ElementFormat : std::uint8_t {
+  kF64,      ///< 8 bytes per element
+  kF32,      ///< 4 bytes per element
+  kBf16,     ///< 2 bytes per element, round to nearest even
+  kFp8E4m3,  ///< 1 byte per element + one ue8m0 scale byte per 32 elements
+};
+
+/// RoPE pairing of the rotary dimensions.
+enum class RopeStyle : std::uint8_t {
+  kNone,         ///< no rotation
+  kNeox,         ///< pairs (i, i + rotary/2)
+  kInterleaved,  ///< pairs (2i, 2i + 1)
+};
+
+/// Order of a chunked prefill's store and read.
+enum class PrefillOrder : std::uint8_t {
+  kLoadThenStore,  ///< copy the old window to scratch, then store (safe)
+  kStoreThenLoad,  ///< store the chunk first, then read the pool (the hazard engines ship)
+};
+
+/// Deliberate, named faults: each a small change a real engine has shipped.
+enum class Fault : std::uint8_t {
+  kNone,
+  kRingSizedWindow,       ///< ring allocated with exactly W rows: no verify/chunk slack
+  kStoreThenLoadPrefill,  ///< every prefill stores before it reads, whatever was asked
+  kWindowTooWide,         ///< W + 1 keys visible
+  kWindowTooNarrow,       ///< W - 1 keys visible
+  kIndexNoPadding,        ///< index columns >= len hold ring slots instead of -1
+  kSlotNoStateOffset,     ///< slot = p mod S: the state block offset b*S is dropped
+  kModuloWholePool,       ///< slot = (b*S + p) mod (states*S) instead of inside the block
+  kRopeResidentLength,    ///< RoPE at the resident length min(p, S) instead of p
+  kAcceptNoRollback,      ///< accept(a) leaves the logical length after all k drafts
+  kFreedStateReadable,    ///< a reused state id reads its old occupant's rows
+};
+
+/// Number of Fault values (for iteration).
+inline constexpr int kFaultCount = 11;
+
+/// Name used on the command line and in reports ("none", "ring-sized-window", ...).
+std::string_view fault_name(Fault fault) noexcept;
+/// One-line description for `kvcheck faults`.
+std::string_view fault_description(Fault fault) noexcept;
+/// Parses a fault name; returns false when unknown.
+bool parse_fault(std::string_view name, Fault* out) noexcept;
+
+/// Name of a format ("f64", "f32", "bf16", "fp8").
+std::string_view format_name(ElementFormat format) noexcept;
+/// Bytes of one stored row of `elements` elements (fp8: data + one scale per 32).
+std::int64_t format_row_bytes(ElementFormat format, std::int64_t elements) noexcept;
+/// Unit roundoff of the element type (2^-53, 2^-24, 2^-8, 2^-4).
+double format_epsilon(ElementFormat format) noexcept;
+/// Rounds `n` values through the format (fp8 with its per-32 block scale) and back.
+void format_round_trip(ElementFormat format, const double* in, double* out, std::int64_t n);
+
+/// Typed refusals (tier 2): the pool is left exactly as it was.
+enum class CacheError : std::uint8_t {
+  kOk,
+  kZeroRing,         ///< ring_rows or states is zero
+  kZeroShape,        ///< heads, head_dim or window is zero
+  kSizeOverflow,     ///< a product of sizes overflows int64 or size_t
+  kAllocation,       ///< the pool could not be allocated
+  kStateOutOfRange,  ///< a state id outside [0, states)
+  kStateBusy,        ///< begin() on a state that is in use
+  kStateFree,        ///< a step on a state with no request
+  kTooManyRows,      ///< a step with more rows than max_step_rows
+  kNonFinite,        ///< a NaN or Inf in a key, value or query row
+  kNegativePosition, ///< a negative position
+  kBadAccept,        ///< accept(a) with a > k or no verify pending
+  kUnsupported,      ///< the backend does not support this configuration
+  kNoDevice,         ///< CUDA backend with no CUDA device
+  kDeviceFailure,    ///< a CUDA call failed
+};
+
+/// Stable name of a CacheError ("state-out-of-range", ...).
+std::string_view cache_error_name(CacheError error) noexcept;
+
+/// Result of a fallible call. `detail` is filled only on failure paths.
+struct Status {
+  CacheError code = CacheError::kOk;
+  std::string detail;
+  bool ok() const noexcept { return code == CacheError::kOk; }
+  static Status fail(CacheError code, std::string detail) { return {code, std::move(detail)}; }
+};
+
+/// What one slot holds. `request < 0` means empty (never written).
+struct Tag {
+  std::int64_t request = -1;
+  std::int64_t position = -1;
+  std::uint64_t write_seq = 0;  ///< pool-wide write counter, starts at 1
+  bool empty() const noexcept { return request < 0; }
+  friend bool operator==(const Tag&, const Tag&) = default;
+};
+
+/// Everything a backend needs to allocate one layer's pool.
+struct PoolSpec {
+  std::int64_t states = 1;        ///< state ids (requests resident at once)
+  std::int64_t ring_rows = 0;     ///< S: physical rows per state block
+  std::int64_t window_rows = 0;   ///< W: keys visible to a query, itself included
+  std::int32_t q_heads = 1;       ///< query heads
+  std::int32_t kv_heads = 1;      ///< stored KV heads (q_heads % kv_heads == 0)
+  std::int32_t head_dim = 1;      ///< elements per head
+  bool shared_row = false;        ///< MLA-style: one stored row is both key and value (kv_heads == 1)
+  ElementFormat format = ElementFormat::kF32;
+  RopeStyle rope_style = RopeStyle::kNone;
+  std::int32_t rope_dims = 0;     ///< rotary width within head_dim (even; 0 = none)
+  double rope_base = 10000.0;
+  double softmax_scale = 0.0;     ///< 0 means 1/sqrt(head_dim)
+  bool has_sink = false;          ///< add an attention-sink logit to every softmax
+  double sink_logit = 0.0;
+  std::int64_t max_step_rows = 1; ///< most rows one step stores or queries
+  bool track_tags = true;         ///< false: tags are neither written nor read
+  Fault fault = Fault::kNone;
+};
+
+/// Decode metadata for one query (SPEC §2).
+struct ReadMeta {
+  std::int64_t read_offset = 0;  ///< first read slot
+  std::int64_t length = 0;       ///< valid index columns
+  std::int64_t write_slot = 0;   ///< slot of the query's own row
+};
+
+/// One query to compute metadata for.
+struct QueryRef {
+  std::int64_t state = 0;
+  std::int64_t position = 0;
+};
+
+/// Where attend() takes its rows from.
+enum class KvSource : std::uint8_t {
+  kPool,     ///< index values are pool slots (decode, verify, store_then_load)
+  kScratch,  ///< index values are scratch rows (load_then_store's assembled input)
+};
+
+/// Same-step write-write collisions found by store() (two rows, one slot).
+struct StoreReport {
+  std::int64_t duplicate_slots = 0;  ///< slots written more than once in this call
+};
+
+/// The kernel table of one backend. All buffers are allocated in configure();
+/// no call after it allocates. Host pointers in, host pointers out.
+class KvBackend {
+ public:
+  virtual ~KvBackend() = default;
+
+  /// "cpu", "cuda", ...
+  virtual std::string_view name() const noexcept = 0;
+  /// Whether this backend can run `spec`; on false, `why` says what is missing.
+  virtual bool supports(const PoolSpec& spec, std::string* why) const = 0;
+  /// Allocates the pool and scratch (window_rows + max_step_rows rows) for `spec`.
+  virtual Status configure(const PoolSpec& spec) = 0;
+
+  /// SPEC §2 decode metadata for each query. `out` has queries.size() entries.
+  virtual Status metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) = 0;
+  /// Index expansion: `index` is [meta.size(), width]; columns >= length get -1.
+  virtual Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
+                              std::span<std::int64_t> index) = 0;
+  /// RoPE (keys, at `rope_positions`), quantize and store rows at `slots`.
+  /// k, v: [slots.size(), kv_heads, head_dim]; v is ignored for shared rows.
+  virtual Status store(std::span<const std::int64_t> slots,
+                       std::span<const std::int64_t> rope_positions, const double* k,
+                       const double* v, std::span<const Tag> tags, StoreReport* report) = 0;
+  /// Gathers pool rows at `index` (-1 entries skipped) into scratch rows
+  /// [scratch_first, scratch_first + index.size()), with their tags and slots.
+  virtual Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) = 0;
+  /// Puts new rows (RoPE'd, quantized like store) straight into scratch rows
+  /// [scratch_first, ...); `origin_slots` records the pool slot each represents.
+  virtual Status scratch_store(std::int64_t scratch_first,
+                               std::span<const std::int64_t> origin_slots,
+                               std::span<const std::int64_t> rope_positions, const double* k,
+                               const double* v, std::span<const Tag> tags) = 0;
+  /// Attention of n queries over their index rows (-1 skipped).
+  /// q: [n, q_heads, head_dim] (RoPE'd here at `rope_positions`);
+  /// index: [n, width]; out: [n, q_heads, head_dim].
+  /// With tracking on, read_tags/read_slots ([n, width]) receive the tag each
+  /// read row held and the pool slot it represents (-1 for skipped columns).
+  virtual Status attend(KvSource source, std::span<const std::int64_t> rope_positions,
+                        const double* q, std::span<const std::int64_t> index,
+                        std::int64_t width, double* out, Tag* read_tags,
+                        std::int64_t* read_slots) = 0;
+  /// Tag of one pool slot (for audits and tests).
+  virtual Tag slot_tag(std::int64_t slot) const = 0;
+  /// Dequantized row of one pool slot: key [kv_heads*head_dim], value likewise
+  /// (value == key for shared rows). For audits and tests.
+  virtual Status read_row(std::int64_t slot, double* key, double* value) const = 0;
+};
+
+/// Factory: "cpu" always; "cuda" when built with CUDA. Throws nothing;
+/// returns nullptr and sets `why` when the name is unknown or unavailable.
+std::unique_ptr<KvBackend> make_backend(std::string_view name, std::string* why);
+
+}  // namespace kvcheck::impl

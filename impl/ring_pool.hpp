@@ -1,0 +1,107 @@
+// RingPool: the step semantics of SPEC §3 composed once from a KvBackend's
+// kernels, so the CPU and CUDA backends run identical schedules.
+//
+// One RingPool is one layer's sliding-window pool. A request is bound to a
+// state id by begin(); steps then write rows at the request's logical length
+// and read windows through decode metadata and index expansion:
+//   prefill(n, order)  n rows; load_then_store copies the old window to scratch
+//                      first, store_then_load stores first and reads the pool
+//   decode             1 row, store then read
+//   verify(k)          k + 1 rows stored, then every query reads
+//   accept(a)          keeps a <= k drafts: length = p + 1 + a
+//   finish             frees the state id (old rows stay, stale)
+//   reset              length back to 0, storage kept
+// Named faults (impl/kv_cache.hpp) that live at step level are applied here.
+// Every failing call returns a typed Status and changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "impl/kv_cache.hpp"
+
+namespace kvcheck::impl {
+
+/// Host input rows of one step for one request.
+struct StepRows {
+  const double* k = nullptr;  ///< [n, kv_heads, head_dim]
+  const double* v = nullptr;  ///< [n, kv_heads, head_dim]; nullptr for shared rows
+  const double* q = nullptr;  ///< [n, q_heads, head_dim]
+};
+
+/// One slot write performed by a step.
+struct WriteRecord {
+  std::int64_t slot = 0;
+  Tag written;   ///< the new tag
+  Tag replaced;  ///< what the slot held before this step wrote it
+};
+
+/// What one step did, valid until the next call on the pool (buffers are
+/// owned by the pool and preallocated).
+struct StepResult {
+  std::int64_t queries = 0;  ///< n
+  std::int64_t width = 0;    ///< index columns per query
+  KvSource source = KvSource::kPool;
+  std::int64_t first_position = 0;       ///< position of query 0
+  std::span<const double> out;           ///< [n, q_heads, head_dim]
+  std::span<const std::int64_t> read_slots;  ///< [n, width], -1 = not read
+  std::span<const Tag> read_tags;            ///< [n, width]
+  std::span<const WriteRecord> writes;       ///< in write order
+  std::int64_t duplicate_slots = 0;          ///< same-step write-write collisions
+};
+
+/// Logical state of one state id.
+struct StateInfo {
+  bool busy = false;
+  std::int64_t request = -1;
+  std::int64_t length = 0;         ///< committed positions
+  std::int64_t pending_drafts = -1;///< k of the last verify awaiting accept, else -1
+};
+
+class RingPool {
+ public:
+  /// Validates `spec` (typed errors for zero/overflowing sizes), asks the
+  /// backend whether it supports it, and configures it. The ring-sized-window
+  /// fault shrinks ring_rows to window_rows here.
+  static Status create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec,
+                       std::unique_ptr<RingPool>* out);
+
+  const PoolSpec& spec() const noexcept { return spec_; }
+  KvBackend& backend() noexcept { return *backend_; }
+  const StateInfo& state(std::int64_t state) const;
+
+  /// Binds `request` to a free state id at length 0.
+  Status begin(std::int64_t state, std::int64_t request);
+  Status prefill(std::int64_t state, std::int64_t rows, const StepRows& in, PrefillOrder order,
+                 StepResult* result);
+  Status decode(std::int64_t state, const StepRows& in, StepResult* result);
+  Status verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result);
+  Status accept(std::int64_t state, std::int64_t accepted);
+  Status finish(std::int64_t state);
+  Status reset(std::int64_t state);
+
+ private:
+  RingPool() = default;
+  PoolSpec spec_;
+  std::unique_ptr<KvBackend> backend_;
+  std::vector<StateInfo> states_;
+  // Preallocated step buffers (sized from max_step_rows and window_rows).
+  std::vector<QueryRef> queries_;
+  std::vector<ReadMeta> meta_;
+  std::vector<std::int64_t> index_;
+  std::vector<std::int64_t> slots_;
+  std::vector<std::int64_t> rope_positions_;
+  std::vector<Tag> tags_;
+  std::vector<double> out_;
+  std::vector<std::int64_t> read_slots_;
+  std::vector<Tag> read_tags_;
+  std::vector<WriteRecord> writes_;
+  std::uint64_t write_seq_ = 0;
+  // Faults at step level keep extra state here (e.g. the freed-state fault
+  // remembers each state's old occupant length).
+  std::vector<std::int64_t> high_water_;
+};
+
+}  // namespace kvcheck::impl

@@ -1,0 +1,127 @@
+// Scenario types: one saved, replayable run of the ring-addressed pool.
+//
+// A scenario is the cache configuration, the requests (each bound to a state
+// id), the step list of SPEC §3, where row values come from, and optional
+// expectations that replay checks. It is a plain value: JSON I/O lives in
+// scenarios/scenario_json.hpp, and neither the model nor the implementations
+// see these types (properties/ translates them).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck::scenarios {
+
+/// Stored row format ("f64", "f32", "bf16", "fp8").
+enum class Format : std::uint8_t { kF64, kF32, kBf16, kFp8 };
+/// Window convention ("keys", "left", "off-by-one"), see model/visible.hpp.
+enum class Convention : std::uint8_t { kKeys, kLeft, kOffByOne };
+/// RoPE pairing ("none", "neox", "interleaved").
+enum class RopeStyle : std::uint8_t { kNone, kNeox, kInterleaved };
+/// Prefill order ("load_then_store", "store_then_load").
+enum class Order : std::uint8_t { kLoadThenStore, kStoreThenLoad };
+/// Step kinds of SPEC §3 ("prefill", "decode", "verify", "accept", "finish", "reset").
+enum class StepKind : std::uint8_t { kPrefill, kDecode, kVerify, kAccept, kFinish, kReset };
+
+struct Rope {
+  RopeStyle style = RopeStyle::kNone;
+  std::int32_t rotary_dims = 0;  ///< even, <= head_dim
+  double base = 10000.0;
+  bool operator==(const Rope&) const = default;
+};
+
+/// One layer's pool configuration (every layer has the same one).
+struct CacheConfig {
+  std::int64_t window = 8;                    ///< window parameter, read with `convention`
+  Convention convention = Convention::kKeys;
+  std::int64_t ring_rows = 8;                 ///< S, rows per state block
+  std::int64_t states = 1;
+  std::int32_t q_heads = 1;
+  std::int32_t kv_heads = 1;
+  std::int32_t head_dim = 4;
+  bool shared_row = false;                    ///< MLA-style shared key/value row
+  Format format = Format::kF64;
+  Rope rope;
+  std::int32_t layers = 1;
+  std::optional<double> softmax_scale;        ///< default 1/sqrt(head_dim)
+  std::optional<double> sink_logit;           ///< attention-sink logit, if any
+  bool operator==(const CacheConfig&) const = default;
+};
+
+/// A request and the state id it occupies while active.
+struct Request {
+  std::int64_t id = 0;
+  std::int64_t state = 0;
+  bool operator==(const Request&) const = default;
+};
+
+/// One step. Which fields matter depends on `kind`:
+/// prefill: rows, order; verify: drafts; accept: accepted.
+struct Step {
+  StepKind kind = StepKind::kDecode;
+  std::int64_t request = 0;
+  std::int64_t rows = 0;      ///< prefill chunk length (>= 1)
+  Order order = Order::kLoadThenStore;
+  std::int64_t drafts = 0;    ///< verify k (>= 0): k + 1 rows
+  std::int64_t accepted = 0;  ///< accept a (0 <= a <= k of the pending verify)
+  bool operator==(const Step&) const = default;
+};
+
+/// Explicit row values for one (layer, request, position); any row not given
+/// is drawn from Data::seed. k, v: [kv_heads * head_dim] (v empty for shared
+/// rows); q: [q_heads * head_dim].
+struct ExplicitRow {
+  std::int32_t layer = 0;
+  std::int64_t request = 0;
+  std::int64_t position = 0;
+  std::vector<double> k, v, q;
+  bool operator==(const ExplicitRow&) const = default;
+};
+
+struct Data {
+  std::uint64_t seed = 0;
+  std::vector<ExplicitRow> rows;
+  bool operator==(const Data&) const = default;
+};
+
+/// Expected per-query overwritten-visible-row counts of one step.
+struct OverwriteExpectation {
+  std::int64_t step = 0;              ///< index into Scenario::steps
+  std::vector<std::int64_t> counts;   ///< one per query of that step
+  bool operator==(const OverwriteExpectation&) const = default;
+};
+
+/// What replay checks. Without an `expect` block a scenario expects no lost
+/// row, no collision and outputs within the format's tolerance.
+struct Expectations {
+  std::vector<OverwriteExpectation> overwritten;
+  std::optional<std::int64_t> collisions;    ///< total slot collisions
+  std::optional<double> output_tolerance;    ///< max abs output difference allowed
+  bool operator==(const Expectations&) const = default;
+};
+
+struct Scenario {
+  static constexpr int kSchemaVersion = 1;
+  std::string name;
+  std::string description;
+  CacheConfig cache;
+  Data data;
+  std::vector<Request> requests;
+  std::vector<Step> steps;
+  std::optional<Expectations> expect;
+  bool operator==(const Scenario&) const = default;
+};
+
+/// Rows a step writes (and queries it runs): prefill n, decode 1, verify k+1, else 0.
+constexpr std::int64_t step_rows(const Step& s) noexcept {
+  switch (s.kind) {
+    case StepKind::kPrefill: return s.rows;
+    case StepKind::kDecode: return 1;
+    case StepKind::kVerify: return s.drafts + 1;
+    default: return 0;
+  }
+}
+
+}  // namespace kvcheck::scenarios
