@@ -78,4 +78,23 @@ std::vector<std::vector<std::int64_t>> overwritten_visible(
   return lost;
 }
 
+std::vector<std::vector<std::int64_t>> apply_step(SlotOracle& oracle, std::int64_t state,
+                                                  std::int64_t request,
+                                                  std::int64_t first_position, std::int64_t count,
+                                                  bool store_before_read) {
+  std::vector<std::int64_t> queries;
+  for (std::int64_t i = 0; i < count; ++i) queries.push_back(first_position + i);
+  std::vector<std::vector<std::int64_t>> lost;
+  if (!store_before_read) {
+    lost = overwritten_visible(oracle, state, request, queries);
+    // New positions are read from the step's own rows, not from the ring.
+    for (auto& list : lost) {
+      std::erase_if(list, [first_position](std::int64_t j) { return j >= first_position; });
+    }
+  }
+  for (const std::int64_t p : queries) oracle.write(state, request, p);
+  if (store_before_read) lost = overwritten_visible(oracle, state, request, queries);
+  return lost;
+}
+
 }  // namespace kvcheck::model

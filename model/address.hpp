@@ -77,4 +77,15 @@ std::vector<std::vector<std::int64_t>> overwritten_visible(
     const SlotOracle& oracle, std::int64_t state, std::int64_t request,
     const std::vector<std::int64_t>& query_positions);
 
+/// Applies one step of `count` rows at first_position..+count-1 to the
+/// oracle and returns, per query of the step, the visible positions it loses.
+/// store_before_read: every row is stored before any query reads the ring
+/// (decode, verify, store_then_load). Otherwise the old window is read first
+/// (load_then_store): old positions are judged before the writes, new ones
+/// come from the step itself and are never lost.
+std::vector<std::vector<std::int64_t>> apply_step(SlotOracle& oracle, std::int64_t state,
+                                                  std::int64_t request,
+                                                  std::int64_t first_position, std::int64_t count,
+                                                  bool store_before_read);
+
 }  // namespace kvcheck::model

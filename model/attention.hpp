@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "model/real.hpp"
@@ -25,7 +26,7 @@ using Row = std::vector<R>;
 template <class R>
 Row<R> attend(const Row<R>& query, const std::vector<Row<R>>& keys,
               const std::vector<Row<R>>& values, const R& scale,
-              const std::optional<R>& sink = std::nullopt, std::vector<R>* weights_out = nullptr) {
+              const std::optional<std::type_identity_t<R>>& sink = std::nullopt, std::vector<R>* weights_out = nullptr) {
   using std::exp;
   KVCHECK_ASSERT(!keys.empty() && keys.size() == values.size());
   std::vector<R> scores(keys.size());
@@ -123,7 +124,7 @@ struct Projected {
 template <class R>
 Row<R> attend_heads(const Row<R>& q, const std::vector<const Projected<R>*>& rows,
                     const Heads& heads, const R& scale,
-                    const std::optional<R>& sink = std::nullopt) {
+                    const std::optional<std::type_identity_t<R>>& sink = std::nullopt) {
   KVCHECK_ASSERT(heads.kv_heads > 0 && heads.q_heads % heads.kv_heads == 0);
   KVCHECK_ASSERT(!heads.shared_row || heads.kv_heads == 1);
   const std::int32_t group = heads.q_heads / heads.kv_heads;

@@ -9,6 +9,8 @@
 
 namespace kvcheck {
 
+__extension__ typedef unsigned __int128 Uint128;  ///< GCC/Clang extension, for Lemire's method
+
 /// splitmix64 step; also used to derive independent sub-seeds.
 constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
   std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
@@ -47,12 +49,12 @@ class Prng {
   /// Uniform integer in [0, bound) without modulo bias (Lemire's method).
   std::uint64_t below(std::uint64_t bound) noexcept {
     KVCHECK_ASSERT(bound > 0);
-    unsigned __int128 m = static_cast<unsigned __int128>(next()) * bound;
+    Uint128 m = static_cast<Uint128>(next()) * bound;
     auto low = static_cast<std::uint64_t>(m);
     if (low < bound) {
       const std::uint64_t threshold = (0 - bound) % bound;
       while (low < threshold) {
-        m = static_cast<unsigned __int128>(next()) * bound;
+        m = static_cast<Uint128>(next()) * bound;
         low = static_cast<std::uint64_t>(m);
       }
     }
