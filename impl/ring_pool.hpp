@@ -102,6 +102,20 @@ class RingPool {
   // Faults at step level keep extra state here (e.g. the freed-state fault
   // remembers each state's old occupant length).
   std::vector<std::int64_t> high_water_;
+  // Highest logical length the current occupant of each state reached.
+  std::vector<std::int64_t> occupant_high_;
+  // Whether each state id has had an occupant before the current one.
+  std::vector<bool> reused_;
+
+  Status check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const;
+  Status run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows,
+                   const StepRows& in, StoreReport* report);
+  Status run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
+                        const StepRows& in);
+  std::int64_t read_width() const noexcept;
+  void fill_result(std::int64_t rows, std::int64_t first_position, KvSource source,
+                   std::int64_t duplicates, StepResult* result) const;
+  void note_length(std::int64_t state);
 };
 
 }  // namespace kvcheck::impl

@@ -1,0 +1,42 @@
+// A small, strict command-line parser: `--flag value`, `--flag=value`,
+// boolean `--flag`, and positional arguments. Unknown flags and malformed
+// values throw kvcheck::Error (kUsage) naming the flag.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace kvcheck::cli {
+
+/// Parsed arguments of one subcommand.
+class Args {
+ public:
+  /// Parses argv[first..argc). `value_flags` take a value, `bool_flags` do not.
+  Args(int argc, char** argv, int first, const std::set<std::string>& value_flags,
+       const std::set<std::string>& bool_flags);
+
+  bool has(const std::string& flag) const { return values_.count(flag) || bools_.count(flag); }
+  std::optional<std::string> get(const std::string& flag) const;
+  std::string get_or(const std::string& flag, const std::string& fallback) const;
+  /// Integer value in [lo, hi]; throws naming the flag otherwise.
+  std::int64_t integer(const std::string& flag, std::int64_t fallback, std::int64_t lo,
+                       std::int64_t hi) const;
+  /// Comma-separated integers in [lo, hi].
+  std::vector<std::int64_t> integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> bools_;
+  std::vector<std::string> positional_;
+};
+
+/// Parses one integer for `flag`, in [lo, hi].
+std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t lo,
+                           std::int64_t hi);
+
+}  // namespace kvcheck::cli

@@ -1,0 +1,278 @@
+#include "cli/commands.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cli/args.hpp"
+#include "impl/kv_cache.hpp"
+#include "model/spec_report.hpp"
+#include "model/trace.hpp"
+#include "properties/check.hpp"
+#include "properties/runner.hpp"
+#include "reports/atomic_write.hpp"
+#include "reports/report.hpp"
+#include "reports/report_html.hpp"
+#include "reports/report_json.hpp"
+#include "reports/report_junit.hpp"
+#include "reports/report_text.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "support/error.hpp"
+
+#ifndef KVCHECK_SOURCE_DIR
+#define KVCHECK_SOURCE_DIR "."
+#endif
+
+namespace kvcheck::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string command_line(int argc, char** argv) {
+  std::string s = "kvcheck";
+  for (int i = 1; i < argc; ++i) s += std::string(" ") + argv[i];
+  return s;
+}
+
+impl::Fault fault_flag(const Args& args) {
+  impl::Fault fault = impl::Fault::kNone;
+  const std::string name = args.get_or("--fault", "none");
+  if (!impl::parse_fault(name, &fault)) {
+    throw Error(ErrorId::kUsage, "--fault", "unknown fault '" + name + "' (see `kvcheck faults`)");
+  }
+  return fault;
+}
+
+std::string impl_flag(const Args& args) {
+  const std::string name = args.get_or("--impl", "cpu");
+  std::string why;
+  if (!impl::make_backend(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+  return name;
+}
+
+/// Progress on a terminal only; quiet when stderr is not a terminal.
+std::function<void(std::int64_t, std::int64_t)> progress_bar(const char* label) {
+  if (!isatty(fileno(stderr))) return nullptr;
+  return [label](std::int64_t done, std::int64_t total) {
+    const int width = 30;
+    const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", label, std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total));
+    if (done >= total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
+
+reports::ReportContext context_for(int argc, char** argv, std::uint64_t seed,
+                                   const std::string& backend, impl::Fault fault) {
+  reports::ReportContext ctx;
+  ctx.seed = seed;
+  ctx.backend = backend;
+  ctx.fault = std::string(impl::fault_name(fault));
+  ctx.command = command_line(argc, argv);
+  return ctx;
+}
+
+void write_reports(const reports::Report& report, const fs::path& dir) {
+  fs::create_directories(dir);
+  reports::write_file_atomic(dir / "report.json", reports::report_json_text(report));
+  reports::write_file_atomic(dir / "report.txt", reports::report_text(report));
+  reports::write_file_atomic(dir / "report.html", reports::report_html(report));
+  reports::write_file_atomic(dir / "junit.xml", reports::report_junit(report));
+}
+
+/// Runs kvcheck check with these options; fills `report` and returns the exit code.
+int run_check_into(const properties::CheckOptions& options, const fs::path& out_dir,
+                   reports::Report& report) {
+  const auto start = std::chrono::steady_clock::now();
+  const properties::CheckResult result = properties::run_check(options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  reports::CheckSummary summary;
+  summary.cases = result.cases;
+  summary.failures = result.failures;
+  const auto names = properties::coverage_names();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    summary.coverage.push_back({names[i], result.coverage_counts[i], 1});
+  }
+  summary.failing_case_seed = result.failing_case_seed;
+  if (result.found_failure) {
+    const fs::path file = out_dir / (result.shrunk.name + ".json");
+    fs::create_directories(out_dir);
+    scenarios::write_scenario_file(file, result.shrunk);
+    summary.counterexample_file = file.string();
+    summary.replay_command = "kvcheck replay " + file.string() + " --impl " + options.run.backend +
+                             " --fault " + std::string(impl::fault_name(options.run.fault));
+    report.runs.push_back(result.shrunk_run);
+  }
+  report.check = summary;
+  std::printf("check: %lld cases, %lld failing, seed %llu, backend %s, fault %s\n",
+              static_cast<long long>(result.cases), static_cast<long long>(result.failures),
+              static_cast<unsigned long long>(options.seed), options.run.backend.c_str(),
+              std::string(impl::fault_name(options.run.fault)).c_str());
+  std::printf("coverage:");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::printf(" %s=%lld", names[i].c_str(), static_cast<long long>(result.coverage_counts[i]));
+  }
+  std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
+  if (result.found_failure) {
+    std::printf("counterexample: %zu requests, %zu steps (shrunk from %zu steps in %lld runs), case seed %llu\n",
+                result.shrunk.requests.size(), result.shrunk.steps.size(),
+                result.original.steps.size(), static_cast<long long>(result.shrink_runs),
+                static_cast<unsigned long long>(result.failing_case_seed));
+    std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
+    std::printf("  written to %s\n  replay: %s\n", summary.counterexample_file.c_str(),
+                summary.replay_command.c_str());
+  }
+  std::printf("time: %.2f s, %.0f cases/s on %d threads\n", seconds,
+              seconds > 0 ? static_cast<double>(result.cases) / seconds : 0.0, options.threads);
+  return result.found_failure || !result.coverage_ok ? 1 : 0;
+}
+
+}  // namespace
+
+int command_spec(int argc, char** argv) {
+  Args args(argc, argv, 2, {}, {});
+  const auto lines = model::reproduce_spec();
+  std::fputs(model::spec_table(lines).c_str(), stdout);
+  for (const auto& l : lines) {
+    if (!l.match) return 1;
+  }
+  return 0;
+}
+
+int command_faults(int argc, char** argv) {
+  Args args(argc, argv, 2, {}, {});
+  for (int f = 1; f < impl::kFaultCount; ++f) {
+    const auto fault = static_cast<impl::Fault>(f);
+    std::printf("%-26s %s\n", std::string(impl::fault_name(fault)).c_str(),
+                std::string(impl::fault_description(fault)).c_str());
+  }
+  return 0;
+}
+
+int command_trace(int argc, char** argv) {
+  Args args(argc, argv, 2, {"--window", "--ring", "--state", "--positions"}, {"--json"});
+  for (const char* required : {"--window", "--ring", "--state", "--positions"}) {
+    if (!args.get(required)) throw Error(ErrorId::kUsage, required, "is required");
+  }
+  constexpr std::int64_t kMax = std::int64_t{1} << 40;
+  const std::int64_t window = args.integer("--window", 0, 1, kMax);
+  const std::int64_t ring = args.integer("--ring", 0, 1, kMax);
+  const std::int64_t state = args.integer("--state", 0, 0, kMax);
+  const auto positions = args.integers("--positions", 0, kMax);
+  if (state > 0 && ring > kMax / (state + 1)) {
+    throw Error(ErrorId::kSize, "--state", "state * ring overflows the slot range");
+  }
+  const auto rows = model::ring_trace(window, ring, state, positions);
+  if (args.has("--json")) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& r : rows) {
+      out.push_back({{"position", r.position},
+                     {"logical_first", r.logical_first},
+                     {"logical_last", r.logical_last},
+                     {"first_read_slot", r.first_read_slot},
+                     {"last_read_slot", r.last_read_slot},
+                     {"write_slot", r.write_slot}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("W = %lld, S = %lld, state %lld owns slots %lld..%lld\n", static_cast<long long>(window),
+              static_cast<long long>(ring), static_cast<long long>(state),
+              static_cast<long long>(state * ring), static_cast<long long>(state * ring + ring - 1));
+  std::printf("%10s | %-15s | %-21s | %s\n", "position", "logical range", "first/last read slot",
+              "write slot");
+  for (const auto& r : rows) {
+    const std::string range = std::to_string(r.logical_first) + ".." + std::to_string(r.logical_last);
+    const std::string reads = std::to_string(r.first_read_slot) + " / " + std::to_string(r.last_read_slot);
+    std::printf("%10lld | %-15s | %-21s | %lld\n", static_cast<long long>(r.position), range.c_str(),
+                reads.c_str(), static_cast<long long>(r.write_slot));
+  }
+  return 0;
+}
+
+int command_check(int argc, char** argv) {
+  Args args(argc, argv, 2, {"--impl", "--fault", "--cases", "--seed", "--out", "--threads"}, {});
+  properties::CheckOptions options;
+  options.run.backend = impl_flag(args);
+  options.run.fault = fault_flag(args);
+  options.cases = args.integer("--cases", 200, 1, 100000000);
+  options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
+  options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
+  options.progress = progress_bar("check");
+  const fs::path out = args.get_or("--out", "kvcheck-out");
+  reports::Report report;
+  report.context = context_for(argc, argv, options.seed, options.run.backend, options.run.fault);
+  const int code = run_check_into(options, out, report);
+  write_reports(report, out);
+  std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out.string().c_str(),
+              out.string().c_str());
+  return code;
+}
+
+int command_replay(int argc, char** argv) {
+  Args args(argc, argv, 2, {"--impl", "--fault", "--report", "--junit", "--html"}, {});
+  if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
+  properties::RunOptions options;
+  options.backend = impl_flag(args);
+  options.fault = fault_flag(args);
+  const auto files = scenarios::collect_scenario_files(args.positional());
+  if (files.empty()) throw Error(ErrorId::kUsage, "FILE", "no *.json scenario files found");
+  // Load everything first: a bad file stops the run before anything is written.
+  std::vector<scenarios::Scenario> loaded;
+  for (const auto& f : files) loaded.push_back(scenarios::load_scenario_file(f));
+  reports::Report report;
+  report.context = context_for(argc, argv, 0, options.backend, options.fault);
+  for (std::size_t i = 0; i < loaded.size(); ++i) {
+    auto run = properties::run_scenario(loaded[i], options);
+    if (run.scenario_name.empty()) run.scenario_name = files[i].stem().string();
+    report.runs.push_back(std::move(run));
+  }
+  std::fputs(reports::report_text(report).c_str(), stdout);
+  if (const auto f = args.get("--report")) reports::write_file_atomic(*f, reports::report_json_text(report));
+  if (const auto f = args.get("--junit")) reports::write_file_atomic(*f, reports::report_junit(report));
+  if (const auto f = args.get("--html")) reports::write_file_atomic(*f, reports::report_html(report));
+  return report.passed() ? 0 : 1;
+}
+
+int command_demo(int argc, char** argv) {
+  Args args(argc, argv, 2, {"--cases", "--out", "--scenarios", "--seed"}, {});
+  const fs::path out = args.get_or("--out", "kvcheck-out");
+  const std::string bundled = args.get_or("--scenarios", std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast");
+  std::printf("== 1. SPEC §6 reproduced by the reference model (%d-bit MPFR) ==\n", 113);
+  const auto lines = model::reproduce_spec();
+  std::fputs(model::spec_table(lines).c_str(), stdout);
+  bool spec_ok = true;
+  for (const auto& l : lines) spec_ok = spec_ok && l.match;
+
+  std::printf("\n== 2. Bundled scenarios replayed on the CPU backend (%s) ==\n", bundled.c_str());
+  properties::CheckOptions options;
+  options.cases = args.integer("--cases", 300, 1, 100000000);
+  options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
+  options.progress = progress_bar("check");
+  reports::Report report;
+  report.context = context_for(argc, argv, options.seed, "cpu", impl::Fault::kNone);
+  for (const auto& f : scenarios::collect_scenario_files({bundled})) {
+    report.runs.push_back(properties::run_scenario(scenarios::load_scenario_file(f), options.run));
+  }
+  std::fputs(reports::report_text(report).c_str(), stdout);
+
+  std::printf("\n== 3. Randomized check of the CPU backend ==\n");
+  const int check_code = run_check_into(options, out, report);
+  write_reports(report, out);
+  std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n",
+              out.string().c_str());
+  return spec_ok && report.passed() && check_code == 0 ? 0 : 1;
+}
+
+}  // namespace kvcheck::cli

@@ -1,0 +1,64 @@
+// kvcheck: the command-line front end. Argument parsing and dispatch only;
+// the work is done by model/, properties/, scenarios/ and reports/.
+//
+// Exit codes: 0 every property holds, 1 a property failed (the counterexample
+// is written out), 2 bad usage or input (one line on stderr).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "support/error.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(kvcheck: verify LLM attention KV caches against a high-precision reference
+
+usage:
+  kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
+  kvcheck spec                                                 reproduce SPEC §6 with the reference model
+  kvcheck check  [--impl cpu] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T]
+  kvcheck replay FILE|DIR... [--impl cpu] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE]
+  kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
+  kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
+                 [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]
+  kvcheck faults                                               list the named faults
+
+exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvcheck;
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "help" || command == "--help" || command == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (command == "demo") return cli::command_demo(argc, argv);
+    if (command == "spec") return cli::command_spec(argc, argv);
+    if (command == "check") return cli::command_check(argc, argv);
+    if (command == "replay") return cli::command_replay(argc, argv);
+    if (command == "trace") return cli::command_trace(argc, argv);
+    if (command == "sweep") return cli::command_sweep(argc, argv);
+    if (command == "faults") return cli::command_faults(argc, argv);
+    throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvcheck: internal error: %s\n", e.what());
+    return 2;
+  }
+}

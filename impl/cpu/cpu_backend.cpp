@@ -1,0 +1,611 @@
+// CpuBackend kernels. The attention kernel is two streaming passes over the
+// index rows of each query: scores (keys only), then a weighted sum of values,
+// so each pass reads one half of every slot in order. f64 pools accumulate in
+// double; f32, bf16 and fp8 pools decode to float and accumulate in float
+// (the production kernel). Tag work is a template parameter of the attention
+// loop, so a pool with tracking off runs a loop with no tag code in it.
+#include "impl/cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "impl/element_format.hpp"
+#include "impl/ring_index.hpp"
+#include "support/assert.hpp"
+
+namespace kvcheck::impl::cpu {
+
+namespace {
+
+// Largest magnitude a non-f64 row may hold after RoPE: 2^126 keeps bf16
+// rounding and fp8 dequantization (448 * 2^119 at most) inside float range.
+constexpr double kFloatRowLimit = 0x1.0p126;
+
+/// Dot product with eight independent partial sums, so the compiler can keep
+/// them in vector lanes without reassociating a single sum.
+inline float dot_f32(const float* a, const float* b, std::int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
+  }
+  float t = 0;
+  for (; i < n; ++i) t += a[i] * b[i];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t;
+}
+
+inline void axpy_f32(float w, const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += w * x[i];
+}
+
+/// exp(x) for x <= 0 in float, branch-free so it vectorizes: x = n ln2 + r,
+/// |r| <= ln2/2, degree-6 polynomial for e^r (relative error ~2e-7), 2^n
+/// through the exponent bits. Below -87 the result is 0 (float underflow).
+inline float exp_neg_f32(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = static_cast<float>(static_cast<int>(x * 1.44269504f - 0.5f));
+  // Cody-Waite split of ln2 keeps r exact enough.
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int e = static_cast<int>(n) + 127;
+  return p * format_bits_float(static_cast<std::uint32_t>(e) << 23);
+}
+
+/// Decodes one e4m3 code to float with integer ops only (vectorizable):
+/// normal codes move their exponent and mantissa into float position and
+/// rebias by +120; subnormals (exponent 0) are m * 2^-9.
+inline float fp8_fast(std::uint8_t c) {
+  const std::uint32_t mag = c & 0x7Fu;
+  const float normal = format_bits_float((mag << 20) + (120u << 23));
+  const float sub = static_cast<float>(mag) * 0.001953125f;
+  const float a = mag < 8u ? sub : normal;
+  return format_bits_float(format_float_bits(a) | ((static_cast<std::uint32_t>(c) & 0x80u) << 24));
+}
+
+/// Decodes one stored row into floats; returns a pointer to the floats
+/// (the row itself for f32, `buf` otherwise).
+inline const float* row_as_f32(ElementFormat f, const std::uint8_t* row, std::int64_t n,
+                               float* buf) {
+  switch (f) {
+    case ElementFormat::kF32:
+      return std::launder(reinterpret_cast<const float*>(row));
+    case ElementFormat::kBf16: {
+      const auto* h = std::launder(reinterpret_cast<const std::uint16_t*>(row));
+      for (std::int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(h[i]);
+      return buf;
+    }
+    case ElementFormat::kFp8E4m3: {
+      const std::uint8_t* scales = row + n;
+      for (std::int64_t b0 = 0; b0 < n; b0 += kFp8BlockElements) {
+        const std::int64_t b1 = std::min(n, b0 + kFp8BlockElements);
+        const float s = ue8m0_to_float(scales[b0 / kFp8BlockElements]);
+        for (std::int64_t i = b0; i < b1; ++i) buf[i] = fp8_fast(row[i]) * s;
+      }
+      return buf;
+    }
+    case ElementFormat::kF64:
+      break;
+  }
+  KVCHECK_ASSERT(false);
+  return nullptr;
+}
+
+/// Encodes n finite doubles into one row of format f.
+void encode_row(ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
+  switch (f) {
+    case ElementFormat::kF64:
+      std::memcpy(row, in, static_cast<std::size_t>(n) * sizeof(double));
+      return;
+    case ElementFormat::kF32:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float x = static_cast<float>(in[i]);
+        std::memcpy(row + 4 * i, &x, sizeof x);
+      }
+      return;
+    case ElementFormat::kBf16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t h = bf16_from_double(in[i]);
+        std::memcpy(row + 2 * i, &h, sizeof h);
+      }
+      return;
+    case ElementFormat::kFp8E4m3:
+      fp8_encode_row(in, n, row);
+      return;
+  }
+  KVCHECK_ASSERT(false);
+}
+
+/// Decodes one row of format f into doubles (exact).
+void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n, double* out) {
+  switch (f) {
+    case ElementFormat::kF64:
+      std::memcpy(out, row, static_cast<std::size_t>(n) * sizeof(double));
+      return;
+    case ElementFormat::kF32:
+      for (std::int64_t i = 0; i < n; ++i) {
+        float x;
+        std::memcpy(&x, row + 4 * i, sizeof x);
+        out[i] = x;
+      }
+      return;
+    case ElementFormat::kBf16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, row + 2 * i, sizeof h);
+        out[i] = bf16_to_float(h);
+      }
+      return;
+    case ElementFormat::kFp8E4m3:
+      fp8_decode_row(row, n, out);
+      return;
+  }
+  KVCHECK_ASSERT(false);
+}
+
+bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace
+
+bool CpuBackend::supports(const PoolSpec& spec, std::string* why) const {
+  auto no = [&](const char* text) {
+    if (why) *why = text;
+    return false;
+  };
+  if (spec.rope_style != RopeStyle::kNone) {
+    if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
+      return no("rope_dims must be even and at most head_dim");
+    }
+    if (!(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base)) return no("rope_base must be positive");
+  }
+  if (spec.shared_row && spec.kv_heads != 1) return no("shared rows need kv_heads == 1");
+  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0) {
+    return no("softmax_scale must be finite and >= 0");
+  }
+  if (spec.has_sink && !std::isfinite(spec.sink_logit)) return no("sink_logit must be finite");
+  return true;
+}
+
+Status CpuBackend::configure(const PoolSpec& spec) {
+  std::string why;
+  if (!supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
+  if (spec.states <= 0 || spec.ring_rows <= 0) return Status::fail(CacheError::kZeroRing, "zero ring");
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
+      spec.max_step_rows <= 0) {
+    return Status::fail(CacheError::kZeroShape, "zero shape");
+  }
+  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, width_elements = 0;
+  const std::int64_t row_bytes =
+      format_row_bytes(spec.format, static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim);
+  const std::int64_t slot_bytes = spec.shared_row ? row_bytes : 2 * row_bytes;
+  const std::int64_t scratch_rows = keys + spec.max_step_rows;
+  std::int64_t scratch_bytes = 0, staging_bytes = 0;
+  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
+      mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
+      mul_overflows(slots, slot_bytes, &pool_bytes) ||
+      mul_overflows(scratch_rows, slot_bytes, &scratch_bytes) ||
+      mul_overflows(spec.max_step_rows, slot_bytes, &staging_bytes) ||
+      mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
+      mul_overflows(spec.q_heads, scratch_rows, &width_elements) ||
+      static_cast<std::uint64_t>(pool_bytes) > std::numeric_limits<std::size_t>::max() / 2) {
+    return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
+  }
+  try {
+    PoolSpec s = spec;
+    std::vector<std::uint8_t> pool(static_cast<std::size_t>(pool_bytes), 0);
+    std::vector<Tag> tags(spec.track_tags ? static_cast<std::size_t>(slots) : 0);
+    std::vector<std::uint8_t> scratch(static_cast<std::size_t>(scratch_bytes), 0);
+    std::vector<Tag> scratch_tags(static_cast<std::size_t>(scratch_rows));
+    std::vector<std::int64_t> scratch_origin(static_cast<std::size_t>(scratch_rows), -1);
+    std::vector<std::uint8_t> staging(static_cast<std::size_t>(staging_bytes), 0);
+    std::vector<std::uint64_t> stamp(static_cast<std::size_t>(slots), 0);
+    pool_ = std::move(pool);
+    tags_ = std::move(tags);
+    scratch_ = std::move(scratch);
+    scratch_tags_ = std::move(scratch_tags);
+    scratch_origin_ = std::move(scratch_origin);
+    staging_ = std::move(staging);
+    stamp_ = std::move(stamp);
+    rotated_.assign(static_cast<std::size_t>(row_elements), 0.0);
+    decoded_.assign(static_cast<std::size_t>(row_elements), 0.0);
+    q_rot_.assign(static_cast<std::size_t>(q_elements), 0.0);
+    q_f32_.assign(static_cast<std::size_t>(q_elements), 0.0f);
+    acc_.assign(static_cast<std::size_t>(q_elements), 0.0);
+    acc_f32_.assign(static_cast<std::size_t>(q_elements), 0.0f);
+    row_f32_.assign(static_cast<std::size_t>(row_elements), 0.0f);
+    if (spec.format == ElementFormat::kF64) {
+      scores_.assign(static_cast<std::size_t>(width_elements), 0.0);
+      scores_f32_.clear();
+    } else {
+      scores_f32_.assign(static_cast<std::size_t>(width_elements), 0.0f);
+      scores_.clear();
+    }
+    inv_freq_.clear();
+    if (spec.rope_style != RopeStyle::kNone && spec.rope_dims > 0) {
+      for (std::int32_t i = 0; i < spec.rope_dims / 2; ++i) {
+        inv_freq_.push_back(std::pow(spec.rope_base, -2.0 * i / spec.rope_dims));
+      }
+    }
+    spec_ = s;
+  } catch (const std::bad_alloc&) {
+    return Status::fail(CacheError::kAllocation, "pool allocation failed");
+  }
+  slots_ = slots;
+  row_elements_ = row_elements;
+  row_bytes_ = row_bytes;
+  slot_bytes_ = slot_bytes;
+  scratch_rows_ = scratch_rows;
+  width_max_ = scratch_rows;
+  epoch_ = 0;
+  scale_f64_ = spec.softmax_scale > 0.0 ? spec.softmax_scale : 1.0 / std::sqrt(double(spec.head_dim));
+  scale_ = static_cast<float>(scale_f64_);
+  configured_ = true;
+  return {};
+}
+
+Status CpuBackend::check_configured() const {
+  if (!configured_) return Status::fail(CacheError::kUnsupported, "backend not configured");
+  return {};
+}
+
+void CpuBackend::rotate(double* head, std::int64_t position) const {
+  if (inv_freq_.empty()) return;
+  const std::int32_t half = spec_.rope_dims / 2;
+  const bool neox = spec_.rope_style == RopeStyle::kNeox;
+  for (std::int32_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(position) * inv_freq_[static_cast<std::size_t>(i)];
+    const double c = std::cos(angle), s = std::sin(angle);
+    const std::int32_t a = neox ? i : 2 * i;
+    const std::int32_t b = neox ? i + half : 2 * i + 1;
+    const double x = head[a], y = head[b];
+    head[a] = x * c - y * s;
+    head[b] = x * s + y * c;
+  }
+}
+
+Status CpuBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (out.size() != queries.size()) return Status::fail(CacheError::kTooManyRows, "metadata: out size");
+  for (const auto& q : queries) {
+    if (q.state < 0 || q.state >= spec_.states) {
+      return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
+    }
+    if (q.position < 0) return Status::fail(CacheError::kNegativePosition, "metadata: negative position");
+  }
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    out[i] = ring_metadata(queries[i].state, queries[i].position, spec_.window_rows, spec_.ring_rows,
+                           spec_.states, spec_.fault);
+  }
+  return {};
+}
+
+Status CpuBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
+                                std::span<std::int64_t> index) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
+    return Status::fail(CacheError::kTooManyRows, "expand_index: index size != queries * width");
+  }
+  for (const auto& m : meta) {
+    if (m.read_offset < 0 || m.read_offset >= slots_ || m.length < 0) {
+      return Status::fail(CacheError::kStateOutOfRange, "expand_index: read offset outside the pool");
+    }
+  }
+  for (std::size_t i = 0; i < meta.size(); ++i) {
+    for (std::int64_t c = 0; c < width; ++c) {
+      index[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(c)] =
+          ring_index_column(meta[i], c, spec_.ring_rows, spec_.fault);
+    }
+  }
+  return {};
+}
+
+Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
+                              const double* k, const double* v) {
+  if (rows > spec_.max_step_rows) return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
+  if (static_cast<std::int64_t>(rope_positions.size()) != rows) {
+    return Status::fail(CacheError::kTooManyRows, "rope_positions size != rows");
+  }
+  if (rows > 0 && (k == nullptr || (!spec_.shared_row && v == nullptr))) {
+    return Status::fail(CacheError::kNonFinite, "missing key or value rows");
+  }
+  const std::int64_t n = rows * row_elements_;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(k[i]) || (!spec_.shared_row && !std::isfinite(v[i]))) {
+      return Status::fail(CacheError::kNonFinite, "non-finite key or value element");
+    }
+  }
+  for (auto p : rope_positions) {
+    if (p < 0) return Status::fail(CacheError::kNegativePosition, "negative rope position");
+  }
+  const double limit = spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max()
+                                                           : kFloatRowLimit;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::uint8_t* dst = staging_.data() + r * slot_bytes_;
+    const double* src = k + r * row_elements_;
+    std::copy(src, src + row_elements_, rotated_.begin());
+    for (std::int32_t h = 0; h < spec_.kv_heads; ++h) {
+      rotate(rotated_.data() + static_cast<std::int64_t>(h) * spec_.head_dim, rope_positions[static_cast<std::size_t>(r)]);
+    }
+    for (double x : rotated_) {
+      if (!(std::fabs(x) <= limit)) {
+        return Status::fail(CacheError::kNonFinite, "key row leaves the element format's range");
+      }
+    }
+    encode_row(spec_.format, rotated_.data(), row_elements_, dst);
+    if (!spec_.shared_row) {
+      const double* vs = v + r * row_elements_;
+      for (std::int64_t i = 0; i < row_elements_; ++i) {
+        if (!(std::fabs(vs[i]) <= limit)) {
+          return Status::fail(CacheError::kNonFinite, "value row leaves the element format's range");
+        }
+      }
+      encode_row(spec_.format, vs, row_elements_, dst + row_bytes_);
+    }
+  }
+  return {};
+}
+
+Status CpuBackend::store(std::span<const std::int64_t> slots,
+                         std::span<const std::int64_t> rope_positions, const double* k,
+                         const double* v, std::span<const Tag> tags, StoreReport* report) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto rows = static_cast<std::int64_t>(slots.size());
+  for (auto s : slots) {
+    if (s < 0 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "store: slot outside the pool");
+  }
+  if (spec_.track_tags && tags.size() != slots.size()) {
+    return Status::fail(CacheError::kTooManyRows, "store: tags size != slots size");
+  }
+  if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
+  // Commit: nothing below can fail.
+  ++epoch_;
+  std::int64_t duplicates = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto slot = static_cast<std::size_t>(slots[static_cast<std::size_t>(r)]);
+    // stamp == 2*epoch: written once in this call; 2*epoch + 1: counted duplicate.
+    if (stamp_[slot] == 2 * epoch_) {
+      stamp_[slot] = 2 * epoch_ + 1;
+      ++duplicates;
+    } else if (stamp_[slot] != 2 * epoch_ + 1) {
+      stamp_[slot] = 2 * epoch_;
+    }
+    std::memcpy(pool_.data() + slot * static_cast<std::size_t>(slot_bytes_),
+                staging_.data() + r * slot_bytes_, static_cast<std::size_t>(slot_bytes_));
+    if (spec_.track_tags) tags_[slot] = tags[static_cast<std::size_t>(r)];
+  }
+  if (report) report->duplicate_slots = duplicates;
+  return {};
+}
+
+Status CpuBackend::load(std::span<const std::int64_t> index, std::int64_t scratch_first) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto n = static_cast<std::int64_t>(index.size());
+  if (scratch_first < 0 || scratch_first + n > scratch_rows_) {
+    return Status::fail(CacheError::kTooManyRows, "load: scratch rows out of range");
+  }
+  for (auto s : index) {
+    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "load: slot outside the pool");
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t s = index[static_cast<std::size_t>(i)];
+    const auto row = static_cast<std::size_t>(scratch_first + i);
+    scratch_origin_[row] = s;
+    if (s < 0) {
+      scratch_tags_[row] = Tag{};
+      continue;
+    }
+    std::memcpy(scratch_.data() + row * static_cast<std::size_t>(slot_bytes_),
+                pool_.data() + static_cast<std::size_t>(s) * static_cast<std::size_t>(slot_bytes_),
+                static_cast<std::size_t>(slot_bytes_));
+    if (spec_.track_tags) scratch_tags_[row] = tags_[static_cast<std::size_t>(s)];
+  }
+  return {};
+}
+
+Status CpuBackend::scratch_store(std::int64_t scratch_first,
+                                 std::span<const std::int64_t> origin_slots,
+                                 std::span<const std::int64_t> rope_positions, const double* k,
+                                 const double* v, std::span<const Tag> tags) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto rows = static_cast<std::int64_t>(origin_slots.size());
+  if (scratch_first < 0 || scratch_first + rows > scratch_rows_) {
+    return Status::fail(CacheError::kTooManyRows, "scratch_store: scratch rows out of range");
+  }
+  for (auto s : origin_slots) {
+    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "scratch_store: origin slot outside the pool");
+  }
+  if (spec_.track_tags && tags.size() != origin_slots.size()) {
+    return Status::fail(CacheError::kTooManyRows, "scratch_store: tags size != rows");
+  }
+  if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = static_cast<std::size_t>(scratch_first + r);
+    std::memcpy(scratch_.data() + row * static_cast<std::size_t>(slot_bytes_),
+                staging_.data() + r * slot_bytes_, static_cast<std::size_t>(slot_bytes_));
+    scratch_origin_[row] = origin_slots[static_cast<std::size_t>(r)];
+    if (spec_.track_tags) scratch_tags_[row] = tags[static_cast<std::size_t>(r)];
+  }
+  return {};
+}
+
+Status CpuBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions,
+                          const double* q, std::span<const std::int64_t> index, std::int64_t width,
+                          double* out, Tag* read_tags, std::int64_t* read_slots) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto n = static_cast<std::int64_t>(rope_positions.size());
+  if (n > spec_.max_step_rows) return Status::fail(CacheError::kTooManyRows, "attend: more queries than max_step_rows");
+  if (width < 0 || width > width_max_ || index.size() != static_cast<std::size_t>(n * width)) {
+    return Status::fail(CacheError::kTooManyRows, "attend: index size != queries * width");
+  }
+  const std::int64_t limit = source == KvSource::kPool ? slots_ : scratch_rows_;
+  for (auto s : index) {
+    if (s < -1 || s >= limit) return Status::fail(CacheError::kStateOutOfRange, "attend: index outside the source");
+  }
+  for (auto p : rope_positions) {
+    if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");
+  }
+  const std::int64_t qn = n * spec_.q_heads * spec_.head_dim;
+  if (n > 0 && q == nullptr) return Status::fail(CacheError::kNonFinite, "attend: no query rows");
+  for (std::int64_t i = 0; i < qn; ++i) {
+    if (!std::isfinite(q[i])) return Status::fail(CacheError::kNonFinite, "attend: non-finite query element");
+  }
+  const bool scratch = source == KvSource::kScratch;
+  const std::uint8_t* base = scratch ? scratch_.data() : pool_.data();
+  const Tag* tags = scratch ? scratch_tags_.data() : tags_.data();
+  const std::int64_t* origins = scratch ? scratch_origin_.data() : nullptr;
+  if (spec_.track_tags && read_tags != nullptr && read_slots != nullptr) {
+    attend_rows<true>(base, tags, origins, scratch, rope_positions, q, index, width, out, read_tags,
+                      read_slots);
+  } else {
+    attend_rows<false>(base, tags, origins, scratch, rope_positions, q, index, width, out, nullptr,
+                       nullptr);
+  }
+  return {};
+}
+
+template <bool kTrack>
+void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const std::int64_t* origins,
+                             bool from_scratch, std::span<const std::int64_t> rope_positions,
+                             const double* q, std::span<const std::int64_t> index,
+                             std::int64_t width, double* out, Tag* read_tags,
+                             std::int64_t* read_slots) {
+  const std::int64_t hd = spec_.head_dim;
+  const std::int64_t qh = spec_.q_heads;
+  const std::int64_t group = qh / spec_.kv_heads;
+  const std::int64_t qe = qh * hd;
+  const bool f64 = spec_.format == ElementFormat::kF64;
+  const std::int64_t value_offset = spec_.shared_row ? 0 : row_bytes_;
+  const std::int64_t n = static_cast<std::int64_t>(rope_positions.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t* idx = index.data() + i * width;
+    if constexpr (kTrack) {
+      for (std::int64_t c = 0; c < width; ++c) {
+        const std::int64_t e = idx[c];
+        read_slots[i * width + c] = e < 0 ? -1 : (from_scratch ? origins[e] : e);
+        read_tags[i * width + c] = e < 0 ? Tag{} : tags[e];
+      }
+    } else {
+      (void)tags;
+      (void)origins;
+      (void)from_scratch;
+    }
+    // Rotate the query heads in double.
+    std::copy(q + i * qe, q + (i + 1) * qe, q_rot_.begin());
+    for (std::int64_t h = 0; h < qh; ++h) rotate(q_rot_.data() + h * hd, rope_positions[static_cast<std::size_t>(i)]);
+    double* o = out + i * qe;
+    if (f64) {
+      // scores_: [q_heads, width]; -inf marks a skipped column.
+      double peak = spec_.has_sink ? spec_.sink_logit : -std::numeric_limits<double>::infinity();
+      for (std::int64_t c = 0; c < width; ++c) {
+        const std::int64_t e = idx[c];
+        for (std::int64_t h = 0; h < qh; ++h) {
+          double s = -std::numeric_limits<double>::infinity();
+          if (e >= 0) {
+            const auto* key = std::launder(reinterpret_cast<const double*>(base + e * slot_bytes_)) + (h / group) * hd;
+            const double* qv = q_rot_.data() + h * hd;
+            double d = 0;
+            for (std::int64_t x = 0; x < hd; ++x) d += qv[x] * key[x];
+            s = d * scale_f64_;
+          }
+          scores_[static_cast<std::size_t>(h * width + c)] = s;
+        }
+      }
+      std::fill(acc_.begin(), acc_.end(), 0.0);
+      for (std::int64_t h = 0; h < qh; ++h) {
+        double* sc = scores_.data() + h * width;
+        double m = spec_.has_sink ? spec_.sink_logit : -std::numeric_limits<double>::infinity();
+        for (std::int64_t c = 0; c < width; ++c) m = std::max(m, sc[c]);
+        double total = spec_.has_sink ? std::exp(spec_.sink_logit - m) : 0.0;
+        for (std::int64_t c = 0; c < width; ++c) {
+          sc[c] = idx[c] < 0 ? 0.0 : std::exp(sc[c] - m);
+          total += sc[c];
+        }
+        const double inv = total > 0 ? 1.0 / total : 0.0;
+        for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
+      }
+      (void)peak;
+      for (std::int64_t c = 0; c < width; ++c) {
+        const std::int64_t e = idx[c];
+        if (e < 0) continue;
+        const auto* val = std::launder(reinterpret_cast<const double*>(base + e * slot_bytes_ + value_offset));
+        for (std::int64_t h = 0; h < qh; ++h) {
+          const double w = scores_[static_cast<std::size_t>(h * width + c)];
+          const double* vv = val + (h / group) * hd;
+          double* a = acc_.data() + h * hd;
+          for (std::int64_t x = 0; x < hd; ++x) a[x] += w * vv[x];
+        }
+      }
+      std::copy(acc_.begin(), acc_.end(), o);
+      continue;
+    }
+    // Float path: [q_heads, width] scores, [q_heads, head_dim] accumulators.
+    for (std::int64_t x = 0; x < qe; ++x) q_f32_[static_cast<std::size_t>(x)] = static_cast<float>(q_rot_[static_cast<std::size_t>(x)] * scale_f64_);
+    float* sc_all = scores_f32_.data();
+    const ElementFormat f = spec_.format;
+    for (std::int64_t c = 0; c < width; ++c) {
+      const std::int64_t e = idx[c];
+      if (e < 0) {
+        for (std::int64_t h = 0; h < qh; ++h) sc_all[h * width + c] = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      const float* key = row_as_f32(f, base + e * slot_bytes_, row_elements_, row_f32_.data());
+      for (std::int64_t h = 0; h < qh; ++h) {
+        sc_all[h * width + c] = dot_f32(q_f32_.data() + h * hd, key + (h / group) * hd, hd);
+      }
+    }
+    const float sink = static_cast<float>(spec_.sink_logit);
+    for (std::int64_t h = 0; h < qh; ++h) {
+      float* sc = sc_all + h * width;
+      float m = spec_.has_sink ? sink : -std::numeric_limits<float>::infinity();
+      for (std::int64_t c = 0; c < width; ++c) m = sc[c] > m ? sc[c] : m;
+      if (!(m > -std::numeric_limits<float>::infinity())) m = 0.0f;  // no valid column
+      float total = spec_.has_sink ? exp_neg_f32(sink - m) : 0.0f;
+      for (std::int64_t c = 0; c < width; ++c) {
+        // Skipped columns hold -inf; exp_neg_f32 clamps them to e^-87, so mask.
+        const float p = exp_neg_f32(sc[c] - m);
+        sc[c] = idx[c] < 0 ? 0.0f : p;
+        total += sc[c];
+      }
+      const float inv = total > 0 ? 1.0f / total : 0.0f;
+      for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
+    }
+    std::fill(acc_f32_.begin(), acc_f32_.end(), 0.0f);
+    for (std::int64_t c = 0; c < width; ++c) {
+      const std::int64_t e = idx[c];
+      if (e < 0) continue;
+      const float* val = row_as_f32(f, base + e * slot_bytes_ + value_offset, row_elements_, row_f32_.data());
+      for (std::int64_t h = 0; h < qh; ++h) {
+        axpy_f32(sc_all[h * width + c], val + (h / group) * hd, acc_f32_.data() + h * hd, hd);
+      }
+    }
+    for (std::int64_t x = 0; x < qe; ++x) o[x] = acc_f32_[static_cast<std::size_t>(x)];
+  }
+}
+
+Tag CpuBackend::slot_tag(std::int64_t slot) const {
+  KVCHECK_ASSERT(configured_ && slot >= 0 && slot < slots_);
+  if (!spec_.track_tags) return Tag{};
+  return tags_[static_cast<std::size_t>(slot)];
+}
+
+Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row: slot outside the pool");
+  const std::uint8_t* row = pool_.data() + slot * slot_bytes_;
+  decode_row(spec_.format, row, row_elements_, key);
+  decode_row(spec_.format, row + (spec_.shared_row ? 0 : row_bytes_), row_elements_, value);
+  return {};
+}
+
+}  // namespace kvcheck::impl::cpu

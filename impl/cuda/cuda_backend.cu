@@ -1,0 +1,766 @@
+// CudaBackend: the KvBackend kernel table on one CUDA device. configure()
+// allocates the pool, its tags, scratch and every staging buffer once; each
+// call then validates its host inputs exactly as the CPU backend does (same
+// checks, same order, same error codes), copies them to the device, launches
+// the kernels of impl/cuda/ring_kernels.cuh and copies results back. Every
+// CUDA call is checked and a failure becomes CacheError::kDeviceFailure with
+// the call named, never an abort. A call that is refused writes nothing: all
+// checks (including the format-range check of the rotated rows, done on the
+// device before any encode) precede the first write to pool or scratch.
+#include "impl/cuda/cuda_backend.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "impl/cuda/ring_kernels.cuh"
+#include "impl/element_format.hpp"
+#include "impl/ring_index.hpp"
+
+namespace kvcheck::impl {
+
+namespace cuda {
+namespace {
+
+// Largest magnitude a non-f64 row may hold after RoPE (the CPU backend's
+// kFloatRowLimit): keeps bf16 rounding and fp8 dequantization in float range.
+constexpr double kFloatRowLimit = 0x1.0p126;
+// Upper bound on the split-attention workspace, so a pool with a huge
+// max_step_rows does not reserve gigabytes for partial sums.
+constexpr std::int64_t kWorkspaceBytes = std::int64_t{256} << 20;
+constexpr std::int32_t kMaxSplits = 64;
+
+std::string cuda_error_line(const char* what, cudaError_t err) {
+  return std::string("CUDA ") + what + " failed: " + cudaGetErrorName(err) + " (" +
+         cudaGetErrorString(err) + ")";
+}
+
+Status device_status(const char* what, cudaError_t err) {
+  if (err == cudaSuccess) return {};
+  return Status::fail(
+      err == cudaErrorMemoryAllocation ? CacheError::kAllocation : CacheError::kDeviceFailure,
+      cuda_error_line(what, err));
+}
+
+#define KVCHECK_CUDA_TRY(what, expr)                              \
+  do {                                                            \
+    if (Status st_ = device_status((what), (expr)); !st_.ok()) {  \
+      return st_;                                                 \
+    }                                                             \
+  } while (0)
+
+bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+/// One owning device allocation (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { release(); }
+
+  cudaError_t allocate(std::int64_t bytes) {
+    release();
+    bytes_ = bytes;
+    if (bytes <= 0) return cudaSuccess;
+    return cudaMalloc(&ptr_, static_cast<std::size_t>(bytes));
+  }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void release() noexcept {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* ptr_ = nullptr;
+  std::int64_t bytes_ = 0;
+};
+
+/// All device memory of one configured pool (swapped in whole by configure).
+struct DeviceState {
+  DeviceBuffer pool;            // [slots, slot_bytes]
+  DeviceBuffer tags;            // [slots] Tag (tracking only)
+  DeviceBuffer scratch;         // [scratch_rows, slot_bytes]
+  DeviceBuffer scratch_tags;    // [scratch_rows] Tag
+  DeviceBuffer scratch_origin;  // [scratch_rows] int64 pool slot each row represents
+  DeviceBuffer counts;          // [slots] uint32 writes per slot in one store, 0 between
+  DeviceBuffer winner;          // [slots] int32 last row writing a slot, -1 between
+  DeviceBuffer flags;           // [2] u64 duplicates, then u32 out-of-range flag
+  DeviceBuffer queries;         // [item_cap] QueryRef
+  DeviceBuffer meta;            // [item_cap] ReadMeta
+  DeviceBuffer slots;           // [item_cap] int64 store slots / scratch origins
+  DeviceBuffer positions;       // [item_cap] int64 rope positions
+  DeviceBuffer tags_in;         // [item_cap] Tag
+  DeviceBuffer k_in;            // [max_step_rows, kv_heads, head_dim] double
+  DeviceBuffer v_in;            // [max_step_rows, kv_heads, head_dim] double
+  DeviceBuffer k_rot;           // [max_step_rows, kv_heads, head_dim] double, rotated
+  DeviceBuffer v_chk;           // [max_step_rows, kv_heads, head_dim] double, range-checked copy
+  DeviceBuffer q_in;            // [max_step_rows, q_heads, head_dim] double
+  DeviceBuffer q_rot;           // [max_step_rows, q_heads, head_dim] Acc
+  DeviceBuffer out;             // [max_step_rows, q_heads, head_dim] double
+  DeviceBuffer index;           // [index_cap] int64
+  DeviceBuffer read_tags;       // [index_cap] Tag
+  DeviceBuffer read_slots;      // [index_cap] int64
+  DeviceBuffer part_acc;        // [max_step_rows, q_heads, splits_cap, head_dim] Acc
+  DeviceBuffer part_ml;         // [max_step_rows, q_heads, splits_cap, 2] Acc
+};
+
+class CudaBackend final : public KvBackend {
+ public:
+  std::string_view name() const noexcept override { return "cuda"; }
+  bool supports(const PoolSpec& spec, std::string* why) const override;
+  Status configure(const PoolSpec& spec) override;
+  Status metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) override;
+  Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
+                      std::span<std::int64_t> index) override;
+  Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
+               const double* k, const double* v, std::span<const Tag> tags,
+               StoreReport* report) override;
+  Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) override;
+  Status scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
+                       std::span<const std::int64_t> rope_positions, const double* k,
+                       const double* v, std::span<const Tag> tags) override;
+  Status attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
+                std::span<const std::int64_t> index, std::int64_t width, double* out,
+                Tag* read_tags, std::int64_t* read_slots) override;
+  Tag slot_tag(std::int64_t slot) const override;
+  Status read_row(std::int64_t slot, double* key, double* value) const override;
+
+ private:
+  Status check_configured() const;
+  /// Validates, uploads, rotates and range-checks `rows` key/value rows into
+  /// d_.k_rot / d_.v_chk (CpuBackend::stage_rows). Writes nothing to the pool.
+  Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
+                    const double* k, const double* v);
+  /// Encodes the staged rows to `base` rows (dest_rows[r] or dest_first + r).
+  Status encode_rows(std::int64_t rows, std::uint8_t* base, const std::int64_t* dest_rows,
+                     std::int64_t dest_first, std::int64_t dest_count, const int* winner);
+  Status sync(const char* what) const;
+
+  PoolSpec spec_;
+  bool configured_ = false;
+  SlotLayout layout_;
+  RopeParams rope_;
+  std::int64_t slots_ = 0;         // states * ring_rows
+  std::int64_t scratch_rows_ = 0;  // window keys + max_step_rows
+  std::int64_t item_cap_ = 0;      // entries of the per-row staging arrays
+  std::int64_t index_cap_ = 0;     // entries of the index staging array
+  std::int32_t splits_cap_ = 1;
+  int sm_count_ = 1;
+  double scale_ = 1.0;
+  DeviceState d_;
+  mutable std::vector<std::uint8_t> host_slot_;  // [slot_bytes] read_row staging
+};
+
+bool CudaBackend::supports(const PoolSpec& spec, std::string* why) const {
+  auto no = [&](std::string text) {
+    if (why) *why = std::move(text);
+    return false;
+  };
+  if (spec.rope_style != RopeStyle::kNone) {
+    if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
+      return no("rope_dims must be even and at most head_dim");
+    }
+    if (!(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base)) {
+      return no("rope_base must be positive");
+    }
+  }
+  if (spec.shared_row && spec.kv_heads != 1) return no("shared rows need kv_heads == 1");
+  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0) {
+    return no("softmax_scale must be finite and >= 0");
+  }
+  if (spec.has_sink && !std::isfinite(spec.sink_logit)) return no("sink_logit must be finite");
+  if (spec.kv_heads > 0 && spec.q_heads % spec.kv_heads != 0) {
+    return no("q_heads must be a multiple of kv_heads");
+  }
+  if (spec.head_dim > kAttendMaxHeadDim) {
+    return no("cuda backend: head_dim " + std::to_string(spec.head_dim) + " > " +
+              std::to_string(kAttendMaxHeadDim) + " (attention kernel limit)");
+  }
+  return true;
+}
+
+Status CudaBackend::configure(const PoolSpec& spec) {
+  std::string why;
+  if (!cuda_device_available(&why)) return Status::fail(CacheError::kNoDevice, why);
+  if (!supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
+  if (spec.states <= 0 || spec.ring_rows <= 0) return Status::fail(CacheError::kZeroRing, "zero ring");
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
+      spec.max_step_rows <= 0) {
+    return Status::fail(CacheError::kZeroShape, "zero shape");
+  }
+  SlotLayout layout;
+  layout.kv_heads = spec.kv_heads;
+  layout.head_dim = spec.head_dim;
+  layout.shared_row = spec.shared_row;
+  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  const std::int64_t scratch_rows = keys + spec.max_step_rows;
+  const std::int64_t item_cap = std::max(spec.max_step_rows, scratch_rows);
+  std::int64_t slots = 0, pool_bytes = 0, scratch_bytes = 0, q_elements = 0, step_q = 0,
+               step_kv = 0, index_cap = 0, per_split = 0;
+  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
+      mul_overflows(spec.kv_heads, spec.head_dim, &layout.row_elements) ||
+      mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
+      mul_overflows(spec.max_step_rows, q_elements, &step_q) ||
+      mul_overflows(spec.max_step_rows, layout.row_elements, &step_kv) ||
+      mul_overflows(spec.max_step_rows, scratch_rows, &index_cap) ||
+      mul_overflows(step_q, spec.head_dim + 2, &per_split) ||
+      layout.row_elements > (std::int64_t{1} << 40)) {
+    return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
+  }
+  layout.row_bytes = ring_row_bytes(spec.format, layout.row_elements);
+  layout.slot_bytes = spec.shared_row ? layout.row_bytes : 2 * layout.row_bytes;
+  index_cap = std::max(index_cap, item_cap);
+  if (mul_overflows(slots, layout.slot_bytes, &pool_bytes) ||
+      mul_overflows(scratch_rows, layout.slot_bytes, &scratch_bytes) ||
+      step_q > (std::int64_t{1} << 58) / 8 || step_kv > (std::int64_t{1} << 58) / 8 ||
+      index_cap > (std::int64_t{1} << 58) / static_cast<std::int64_t>(sizeof(Tag)) ||
+      slots > std::numeric_limits<int>::max()) {
+    return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
+  }
+  // Splits the workspace can hold for a full step: at least 1 (a step always
+  // fits one split), at most kMaxSplits.
+  const std::int64_t acc_bytes = spec.format == ElementFormat::kF64 ? 8 : 4;
+  std::int64_t splits_cap = kWorkspaceBytes / std::max<std::int64_t>(1, per_split * acc_bytes);
+  splits_cap = std::clamp<std::int64_t>(splits_cap, 1, kMaxSplits);
+
+  KVCHECK_CUDA_TRY("cudaSetDevice", cudaSetDevice(0));
+  int sm_count = 1;
+  KVCHECK_CUDA_TRY("cudaDeviceGetAttribute(multiProcessorCount)",
+                   cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+
+  DeviceState d;
+  const std::int64_t tag_bytes = sizeof(Tag);
+  KVCHECK_CUDA_TRY("cudaMalloc(pool)", d.pool.allocate(pool_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(tags)", d.tags.allocate(spec.track_tags ? slots * tag_bytes : 0));
+  KVCHECK_CUDA_TRY("cudaMalloc(scratch)", d.scratch.allocate(scratch_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(scratch tags)", d.scratch_tags.allocate(scratch_rows * tag_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(scratch origin)", d.scratch_origin.allocate(scratch_rows * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(counts)", d.counts.allocate(slots * 4));
+  KVCHECK_CUDA_TRY("cudaMalloc(winner)", d.winner.allocate(slots * 4));
+  KVCHECK_CUDA_TRY("cudaMalloc(flags)", d.flags.allocate(16));
+  KVCHECK_CUDA_TRY("cudaMalloc(queries)",
+                   d.queries.allocate(item_cap * static_cast<std::int64_t>(sizeof(QueryRef))));
+  KVCHECK_CUDA_TRY("cudaMalloc(meta)",
+                   d.meta.allocate(item_cap * static_cast<std::int64_t>(sizeof(ReadMeta))));
+  KVCHECK_CUDA_TRY("cudaMalloc(slots)", d.slots.allocate(item_cap * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(positions)", d.positions.allocate(item_cap * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(tags in)", d.tags_in.allocate(item_cap * tag_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(k in)", d.k_in.allocate(step_kv * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(v in)", d.v_in.allocate(step_kv * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(k rot)", d.k_rot.allocate(step_kv * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(v chk)", d.v_chk.allocate(step_kv * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(q in)", d.q_in.allocate(step_q * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(q rot)", d.q_rot.allocate(step_q * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(out)", d.out.allocate(step_q * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(index)", d.index.allocate(index_cap * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(read tags)", d.read_tags.allocate(index_cap * tag_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(read slots)", d.read_slots.allocate(index_cap * 8));
+  KVCHECK_CUDA_TRY("cudaMalloc(partial acc)", d.part_acc.allocate(step_q * splits_cap * acc_bytes));
+  KVCHECK_CUDA_TRY("cudaMalloc(partial ml)",
+                   d.part_ml.allocate(spec.max_step_rows * spec.q_heads * splits_cap * 2 * acc_bytes));
+
+  // Fresh pool: zero bytes, empty tags, no claims, origin -1.
+  KVCHECK_CUDA_TRY("cudaMemset(pool)", cudaMemset(d.pool.as<void>(), 0, static_cast<std::size_t>(pool_bytes)));
+  KVCHECK_CUDA_TRY("cudaMemset(scratch)",
+                   cudaMemset(d.scratch.as<void>(), 0, static_cast<std::size_t>(scratch_bytes)));
+  KVCHECK_CUDA_TRY("cudaMemset(counts)", cudaMemset(d.counts.as<void>(), 0, static_cast<std::size_t>(slots * 4)));
+  KVCHECK_CUDA_TRY("cudaMemset(winner)", cudaMemset(d.winner.as<void>(), 0xFF, static_cast<std::size_t>(slots * 4)));
+  KVCHECK_CUDA_TRY("cudaMemset(flags)", cudaMemset(d.flags.as<void>(), 0, 16));
+  if (spec.track_tags) {
+    ring_fill_kernel<Tag><<<ring_grid(slots), kElementwiseThreads>>>(d.tags.as<Tag>(), slots, Tag{});
+    KVCHECK_CUDA_TRY("launch ring_fill_kernel(tags)", cudaGetLastError());
+  }
+  ring_fill_kernel<Tag><<<ring_grid(scratch_rows), kElementwiseThreads>>>(d.scratch_tags.as<Tag>(),
+                                                                         scratch_rows, Tag{});
+  KVCHECK_CUDA_TRY("launch ring_fill_kernel(scratch tags)", cudaGetLastError());
+  ring_fill_kernel<std::int64_t><<<ring_grid(scratch_rows), kElementwiseThreads>>>(
+      d.scratch_origin.as<std::int64_t>(), scratch_rows, std::int64_t{-1});
+  KVCHECK_CUDA_TRY("launch ring_fill_kernel(scratch origin)", cudaGetLastError());
+  KVCHECK_CUDA_TRY("configure (device sync)", cudaDeviceSynchronize());
+
+  try {
+    host_slot_.assign(static_cast<std::size_t>(layout.slot_bytes), 0);
+  } catch (const std::bad_alloc&) {
+    return Status::fail(CacheError::kAllocation, "read_row staging allocation failed");
+  }
+  d_ = std::move(d);
+  spec_ = spec;
+  layout_ = layout;
+  rope_.style = spec.rope_style;
+  rope_.rope_dims = spec.rope_dims;
+  rope_.base = spec.rope_base;
+  rope_.ring_rows = spec.ring_rows;
+  rope_.fault = spec.fault;
+  slots_ = slots;
+  scratch_rows_ = scratch_rows;
+  item_cap_ = item_cap;
+  index_cap_ = index_cap;
+  splits_cap_ = static_cast<std::int32_t>(splits_cap);
+  sm_count_ = sm_count > 0 ? sm_count : 1;
+  scale_ = spec.softmax_scale > 0.0 ? spec.softmax_scale
+                                    : 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
+  configured_ = true;
+  return {};
+}
+
+Status CudaBackend::check_configured() const {
+  if (!configured_) return Status::fail(CacheError::kUnsupported, "backend not configured");
+  return {};
+}
+
+Status CudaBackend::sync(const char* what) const {
+  return device_status(what, cudaDeviceSynchronize());
+}
+
+Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (out.size() != queries.size()) return Status::fail(CacheError::kTooManyRows, "metadata: out size");
+  for (const auto& q : queries) {
+    if (q.state < 0 || q.state >= spec_.states) {
+      return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
+    }
+    if (q.position < 0) return Status::fail(CacheError::kNegativePosition, "metadata: negative position");
+  }
+  const auto n = static_cast<std::int64_t>(queries.size());
+  if (n == 0) return {};
+  if (n > item_cap_) {
+    return Status::fail(CacheError::kTooManyRows, "metadata: more queries than the device staging holds");
+  }
+  KVCHECK_CUDA_TRY("cudaMemcpy(queries)",
+                   cudaMemcpy(d_.queries.as<void>(), queries.data(), queries.size_bytes(),
+                              cudaMemcpyHostToDevice));
+  ring_metadata_kernel<<<ring_grid(n), kElementwiseThreads>>>(
+      d_.queries.as<QueryRef>(), n, spec_.window_rows, spec_.ring_rows, spec_.states, spec_.fault,
+      d_.meta.as<ReadMeta>());
+  KVCHECK_CUDA_TRY("launch ring_metadata_kernel", cudaGetLastError());
+  KVCHECK_CUDA_TRY("cudaMemcpy(meta)", cudaMemcpy(out.data(), d_.meta.as<void>(), out.size_bytes(),
+                                                  cudaMemcpyDeviceToHost));
+  return {};
+}
+
+Status CudaBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
+                                 std::span<std::int64_t> index) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
+    return Status::fail(CacheError::kTooManyRows, "expand_index: index size != queries * width");
+  }
+  for (const auto& m : meta) {
+    if (m.read_offset < 0 || m.read_offset >= slots_ || m.length < 0) {
+      return Status::fail(CacheError::kStateOutOfRange, "expand_index: read offset outside the pool");
+    }
+  }
+  const auto n = static_cast<std::int64_t>(meta.size());
+  const auto total = static_cast<std::int64_t>(index.size());
+  if (total == 0) return {};
+  if (n > item_cap_ || total > index_cap_) {
+    return Status::fail(CacheError::kTooManyRows, "expand_index: larger than the device staging holds");
+  }
+  KVCHECK_CUDA_TRY("cudaMemcpy(meta)", cudaMemcpy(d_.meta.as<void>(), meta.data(), meta.size_bytes(),
+                                                  cudaMemcpyHostToDevice));
+  ring_expand_index_kernel<<<ring_grid(total), kElementwiseThreads>>>(
+      d_.meta.as<ReadMeta>(), n, width, spec_.ring_rows, spec_.fault, d_.index.as<std::int64_t>());
+  KVCHECK_CUDA_TRY("launch ring_expand_index_kernel", cudaGetLastError());
+  KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(index.data(), d_.index.as<void>(),
+                                                   index.size_bytes(), cudaMemcpyDeviceToHost));
+  return {};
+}
+
+Status CudaBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
+                               const double* k, const double* v) {
+  if (rows > spec_.max_step_rows) {
+    return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
+  }
+  if (static_cast<std::int64_t>(rope_positions.size()) != rows) {
+    return Status::fail(CacheError::kTooManyRows, "rope_positions size != rows");
+  }
+  if (rows > 0 && (k == nullptr || (!spec_.shared_row && v == nullptr))) {
+    return Status::fail(CacheError::kNonFinite, "missing key or value rows");
+  }
+  const std::int64_t n = rows * layout_.row_elements;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(k[i]) || (!spec_.shared_row && !std::isfinite(v[i]))) {
+      return Status::fail(CacheError::kNonFinite, "non-finite key or value element");
+    }
+  }
+  for (auto p : rope_positions) {
+    if (p < 0) return Status::fail(CacheError::kNegativePosition, "negative rope position");
+  }
+  if (rows == 0) return {};
+  const double limit = spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max()
+                                                           : kFloatRowLimit;
+  const auto bytes = static_cast<std::size_t>(n) * sizeof(double);
+  unsigned int* flag = reinterpret_cast<unsigned int*>(d_.flags.as<std::uint8_t>() + 8);
+  KVCHECK_CUDA_TRY("cudaMemset(range flag)", cudaMemset(flag, 0, sizeof(unsigned int)));
+  KVCHECK_CUDA_TRY("cudaMemcpy(positions)",
+                   cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
+                              rope_positions.size_bytes(), cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(k)", cudaMemcpy(d_.k_in.as<void>(), k, bytes, cudaMemcpyHostToDevice));
+  ring_rotate_rows_kernel<double><<<ring_grid(n), kElementwiseThreads>>>(
+      d_.k_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim, d_.positions.as<std::int64_t>(),
+      rope_, true, 1.0, limit, flag, d_.k_rot.as<double>());
+  KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(k)", cudaGetLastError());
+  if (!spec_.shared_row) {
+    KVCHECK_CUDA_TRY("cudaMemcpy(v)", cudaMemcpy(d_.v_in.as<void>(), v, bytes, cudaMemcpyHostToDevice));
+    ring_rotate_rows_kernel<double><<<ring_grid(n), kElementwiseThreads>>>(
+        d_.v_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim,
+        d_.positions.as<std::int64_t>(), rope_, false, 1.0, limit, flag, d_.v_chk.as<double>());
+    KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(v)", cudaGetLastError());
+  }
+  unsigned int out_of_range = 0;
+  KVCHECK_CUDA_TRY("cudaMemcpy(range flag)", cudaMemcpy(&out_of_range, flag, sizeof out_of_range,
+                                                        cudaMemcpyDeviceToHost));
+  if (out_of_range != 0) {
+    return Status::fail(CacheError::kNonFinite, "key or value row leaves the element format's range");
+  }
+  return {};
+}
+
+Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base,
+                                const std::int64_t* dest_rows, std::int64_t dest_first,
+                                std::int64_t dest_count, const int* winner) {
+  const std::int64_t units = spec_.format == ElementFormat::kFp8E4m3
+                                 ? (layout_.row_elements + kFp8BlockElements - 1) / kFp8BlockElements
+                                 : layout_.row_elements;
+  const unsigned grid = ring_grid(rows * (spec_.shared_row ? 1 : 2) * units);
+  const double* k = d_.k_rot.as<double>();
+  const double* v = d_.v_chk.as<double>();
+  switch (spec_.format) {
+    case ElementFormat::kF64:
+      ring_encode_rows_kernel<ElementFormat::kF64><<<grid, kElementwiseThreads>>>(
+          k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
+      break;
+    case ElementFormat::kF32:
+      ring_encode_rows_kernel<ElementFormat::kF32><<<grid, kElementwiseThreads>>>(
+          k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
+      break;
+    case ElementFormat::kBf16:
+      ring_encode_rows_kernel<ElementFormat::kBf16><<<grid, kElementwiseThreads>>>(
+          k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
+      break;
+    case ElementFormat::kFp8E4m3:
+      ring_encode_rows_kernel<ElementFormat::kFp8E4m3><<<grid, kElementwiseThreads>>>(
+          k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
+      break;
+  }
+  return device_status("launch ring_encode_rows_kernel", cudaGetLastError());
+}
+
+Status CudaBackend::store(std::span<const std::int64_t> slots,
+                          std::span<const std::int64_t> rope_positions, const double* k,
+                          const double* v, std::span<const Tag> tags, StoreReport* report) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto rows = static_cast<std::int64_t>(slots.size());
+  for (auto s : slots) {
+    if (s < 0 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "store: slot outside the pool");
+  }
+  if (spec_.track_tags && tags.size() != slots.size()) {
+    return Status::fail(CacheError::kTooManyRows, "store: tags size != slots size");
+  }
+  if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
+  if (rows == 0) {
+    if (report) report->duplicate_slots = 0;
+    return {};
+  }
+  // Commit. The claim kernel elects one writer per slot (the last row, as a
+  // sequential store leaves it) and counts the slots written twice, so a
+  // same-launch write-write collision is reported, never a race.
+  auto* duplicates = d_.flags.as<unsigned long long>();
+  KVCHECK_CUDA_TRY("cudaMemset(duplicates)", cudaMemset(duplicates, 0, sizeof(unsigned long long)));
+  KVCHECK_CUDA_TRY("cudaMemcpy(slots)", cudaMemcpy(d_.slots.as<void>(), slots.data(),
+                                                   slots.size_bytes(), cudaMemcpyHostToDevice));
+  const bool track = spec_.track_tags;
+  if (track) {
+    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(),
+                                                    tags.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  const auto* d_slots = d_.slots.as<std::int64_t>();
+  ring_claim_slots_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
+      d_slots, rows, slots_, d_.counts.as<unsigned int>(), d_.winner.as<int>(), duplicates);
+  KVCHECK_CUDA_TRY("launch ring_claim_slots_kernel", cudaGetLastError());
+  if (auto st = encode_rows(rows, d_.pool.as<std::uint8_t>(), d_slots, 0, slots_,
+                            d_.winner.as<int>());
+      !st.ok()) {
+    return st;
+  }
+  if (track) {
+    ring_write_row_meta_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
+        rows, d_slots, 0, slots_, d_.winner.as<int>(), d_.tags_in.as<Tag>(), d_.tags.as<Tag>(),
+        nullptr, nullptr);
+    KVCHECK_CUDA_TRY("launch ring_write_row_meta_kernel", cudaGetLastError());
+  }
+  ring_release_slots_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
+      d_slots, rows, slots_, d_.counts.as<unsigned int>(), d_.winner.as<int>());
+  KVCHECK_CUDA_TRY("launch ring_release_slots_kernel", cudaGetLastError());
+  unsigned long long dup = 0;
+  KVCHECK_CUDA_TRY("cudaMemcpy(duplicates)",
+                   cudaMemcpy(&dup, duplicates, sizeof dup, cudaMemcpyDeviceToHost));
+  if (report) report->duplicate_slots = static_cast<std::int64_t>(dup);
+  return {};
+}
+
+Status CudaBackend::load(std::span<const std::int64_t> index, std::int64_t scratch_first) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto n = static_cast<std::int64_t>(index.size());
+  if (scratch_first < 0 || scratch_first + n > scratch_rows_) {
+    return Status::fail(CacheError::kTooManyRows, "load: scratch rows out of range");
+  }
+  for (auto s : index) {
+    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "load: slot outside the pool");
+  }
+  if (n == 0) return {};
+  if (n > index_cap_) return Status::fail(CacheError::kTooManyRows, "load: larger than the device staging holds");
+  KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(),
+                                                   index.size_bytes(), cudaMemcpyHostToDevice));
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
+  ring_gather_kernel<<<grid, kElementwiseThreads>>>(
+      d_.index.as<std::int64_t>(), n, scratch_first, d_.pool.as<std::uint8_t>(), slots_,
+      spec_.track_tags ? d_.tags.as<Tag>() : nullptr, d_.scratch.as<std::uint8_t>(), scratch_rows_,
+      d_.scratch_tags.as<Tag>(), d_.scratch_origin.as<std::int64_t>(), layout_.slot_bytes);
+  KVCHECK_CUDA_TRY("launch ring_gather_kernel", cudaGetLastError());
+  return sync("load (device sync)");
+}
+
+Status CudaBackend::scratch_store(std::int64_t scratch_first,
+                                  std::span<const std::int64_t> origin_slots,
+                                  std::span<const std::int64_t> rope_positions, const double* k,
+                                  const double* v, std::span<const Tag> tags) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto rows = static_cast<std::int64_t>(origin_slots.size());
+  if (scratch_first < 0 || scratch_first + rows > scratch_rows_) {
+    return Status::fail(CacheError::kTooManyRows, "scratch_store: scratch rows out of range");
+  }
+  for (auto s : origin_slots) {
+    if (s < -1 || s >= slots_) {
+      return Status::fail(CacheError::kStateOutOfRange, "scratch_store: origin slot outside the pool");
+    }
+  }
+  if (spec_.track_tags && tags.size() != origin_slots.size()) {
+    return Status::fail(CacheError::kTooManyRows, "scratch_store: tags size != rows");
+  }
+  if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
+  if (rows == 0) return {};
+  KVCHECK_CUDA_TRY("cudaMemcpy(origins)", cudaMemcpy(d_.slots.as<void>(), origin_slots.data(),
+                                                     origin_slots.size_bytes(), cudaMemcpyHostToDevice));
+  const bool track = spec_.track_tags;
+  if (track) {
+    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(),
+                                                    tags.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  if (auto st = encode_rows(rows, d_.scratch.as<std::uint8_t>(), nullptr, scratch_first,
+                            scratch_rows_, nullptr);
+      !st.ok()) {
+    return st;
+  }
+  ring_write_row_meta_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
+      rows, nullptr, scratch_first, scratch_rows_, nullptr, track ? d_.tags_in.as<Tag>() : nullptr,
+      track ? d_.scratch_tags.as<Tag>() : nullptr, d_.slots.as<std::int64_t>(),
+      d_.scratch_origin.as<std::int64_t>());
+  KVCHECK_CUDA_TRY("launch ring_write_row_meta_kernel", cudaGetLastError());
+  return sync("scratch_store (device sync)");
+}
+
+Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions,
+                           const double* q, std::span<const std::int64_t> index,
+                           std::int64_t width, double* out, Tag* read_tags,
+                           std::int64_t* read_slots) {
+  if (auto st = check_configured(); !st.ok()) return st;
+  const auto n = static_cast<std::int64_t>(rope_positions.size());
+  if (n > spec_.max_step_rows) {
+    return Status::fail(CacheError::kTooManyRows, "attend: more queries than max_step_rows");
+  }
+  if (width < 0 || width > scratch_rows_ || index.size() != static_cast<std::size_t>(n * width)) {
+    return Status::fail(CacheError::kTooManyRows, "attend: index size != queries * width");
+  }
+  const bool scratch = source == KvSource::kScratch;
+  const std::int64_t limit = scratch ? scratch_rows_ : slots_;
+  for (auto s : index) {
+    if (s < -1 || s >= limit) return Status::fail(CacheError::kStateOutOfRange, "attend: index outside the source");
+  }
+  for (auto p : rope_positions) {
+    if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");
+  }
+  const std::int64_t qn = n * spec_.q_heads * spec_.head_dim;
+  if (n > 0 && q == nullptr) return Status::fail(CacheError::kNonFinite, "attend: no query rows");
+  for (std::int64_t i = 0; i < qn; ++i) {
+    if (!std::isfinite(q[i])) return Status::fail(CacheError::kNonFinite, "attend: non-finite query element");
+  }
+  if (n == 0) return {};
+  const auto total = static_cast<std::int64_t>(index.size());
+  KVCHECK_CUDA_TRY("cudaMemcpy(positions)",
+                   cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
+                              rope_positions.size_bytes(), cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(q)", cudaMemcpy(d_.q_in.as<void>(), q,
+                                               static_cast<std::size_t>(qn) * sizeof(double),
+                                               cudaMemcpyHostToDevice));
+  if (total > 0) {
+    KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(),
+                                                     index.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  const std::uint8_t* rows = scratch ? d_.scratch.as<std::uint8_t>() : d_.pool.as<std::uint8_t>();
+  const std::int32_t head_tiles = ring_attend_head_tiles(spec_.q_heads, spec_.kv_heads);
+  const std::int32_t splits =
+      ring_attend_splits(n, spec_.kv_heads, head_tiles, width, sm_count_, splits_cap_);
+  const double inf = std::numeric_limits<double>::infinity();
+  // The float path scales the rotated query in double before narrowing it,
+  // as the CPU backend does; the f64 path scales each dot product.
+  auto run = [&](auto format_tag) -> Status {
+    constexpr ElementFormat F = decltype(format_tag)::value;
+    using Acc = RingAccT<F>;
+    const bool f64 = F == ElementFormat::kF64;
+    ring_rotate_rows_kernel<Acc><<<ring_grid(qn), kElementwiseThreads>>>(
+        d_.q_in.as<double>(), n, spec_.q_heads, spec_.head_dim, d_.positions.as<std::int64_t>(),
+        rope_, true, f64 ? 1.0 : scale_, inf, nullptr, d_.q_rot.as<Acc>());
+    KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(q)", cudaGetLastError());
+    AttendArgs<Acc> a;
+    a.q = d_.q_rot.as<Acc>();
+    a.index = d_.index.as<std::int64_t>();
+    a.rows = rows;
+    a.row_count = limit;
+    a.n = n;
+    a.width = width;
+    a.q_heads = spec_.q_heads;
+    a.layout = layout_;
+    a.scale = f64 ? static_cast<Acc>(scale_) : Acc(1);
+    a.has_sink = spec_.has_sink;
+    a.sink = static_cast<Acc>(spec_.sink_logit);
+    a.splits = splits;
+    a.part_acc = d_.part_acc.as<Acc>();
+    a.part_ml = d_.part_ml.as<Acc>();
+    a.out = d_.out.as<double>();
+    return device_status("launch ring_attend", ring_attend_launch<F>(a, nullptr));
+  };
+  Status st;
+  switch (spec_.format) {
+    case ElementFormat::kF64:
+      st = run(std::integral_constant<ElementFormat, ElementFormat::kF64>{});
+      break;
+    case ElementFormat::kF32:
+      st = run(std::integral_constant<ElementFormat, ElementFormat::kF32>{});
+      break;
+    case ElementFormat::kBf16:
+      st = run(std::integral_constant<ElementFormat, ElementFormat::kBf16>{});
+      break;
+    case ElementFormat::kFp8E4m3:
+      st = run(std::integral_constant<ElementFormat, ElementFormat::kFp8E4m3>{});
+      break;
+  }
+  if (!st.ok()) return st;
+  const bool track = spec_.track_tags && read_tags != nullptr && read_slots != nullptr;
+  if (track && total > 0) {
+    ring_read_tags_kernel<<<ring_grid(total), kElementwiseThreads>>>(
+        d_.index.as<std::int64_t>(), total, limit,
+        scratch ? d_.scratch_tags.as<Tag>() : d_.tags.as<Tag>(),
+        scratch ? d_.scratch_origin.as<std::int64_t>() : nullptr, d_.read_tags.as<Tag>(),
+        d_.read_slots.as<std::int64_t>());
+    KVCHECK_CUDA_TRY("launch ring_read_tags_kernel", cudaGetLastError());
+  }
+  KVCHECK_CUDA_TRY("cudaMemcpy(out)", cudaMemcpy(out, d_.out.as<void>(),
+                                                 static_cast<std::size_t>(qn) * sizeof(double),
+                                                 cudaMemcpyDeviceToHost));
+  if (track && total > 0) {
+    KVCHECK_CUDA_TRY("cudaMemcpy(read tags)",
+                     cudaMemcpy(read_tags, d_.read_tags.as<void>(),
+                                static_cast<std::size_t>(total) * sizeof(Tag), cudaMemcpyDeviceToHost));
+    KVCHECK_CUDA_TRY("cudaMemcpy(read slots)",
+                     cudaMemcpy(read_slots, d_.read_slots.as<void>(),
+                                static_cast<std::size_t>(total) * sizeof(std::int64_t),
+                                cudaMemcpyDeviceToHost));
+  }
+  return {};
+}
+
+Tag CudaBackend::slot_tag(std::int64_t slot) const {
+  // The CPU backend asserts here; a device backend answers an empty tag for
+  // a bad slot or a failed copy instead of aborting the checker.
+  if (!configured_ || !spec_.track_tags || slot < 0 || slot >= slots_) return Tag{};
+  Tag tag;
+  if (cudaMemcpy(&tag, d_.tags.as<Tag>() + slot, sizeof(Tag), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    return Tag{};
+  }
+  return tag;
+}
+
+Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) const {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row: slot outside the pool");
+  KVCHECK_CUDA_TRY("cudaMemcpy(read_row)",
+                   cudaMemcpy(host_slot_.data(), d_.pool.as<std::uint8_t>() + slot * layout_.slot_bytes,
+                              host_slot_.size(), cudaMemcpyDeviceToHost));
+  // Host decode through the same element_format.hpp functions as the CPU.
+  const std::int64_t n = layout_.row_elements;
+  auto decode = [&](const std::uint8_t* row, double* dst) {
+    switch (spec_.format) {
+      case ElementFormat::kF64:
+        std::memcpy(dst, row, static_cast<std::size_t>(n) * sizeof(double));
+        return;
+      case ElementFormat::kF32:
+        for (std::int64_t i = 0; i < n; ++i) {
+          float x;
+          std::memcpy(&x, row + 4 * i, sizeof x);
+          dst[i] = x;
+        }
+        return;
+      case ElementFormat::kBf16:
+        for (std::int64_t i = 0; i < n; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, row + 2 * i, sizeof h);
+          dst[i] = bf16_to_float(h);
+        }
+        return;
+      case ElementFormat::kFp8E4m3:
+        fp8_decode_row(row, n, dst);
+        return;
+    }
+  };
+  decode(host_slot_.data(), key);
+  decode(host_slot_.data() + (spec_.shared_row ? 0 : layout_.row_bytes), value);
+  return {};
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the (non-sticky) error for later calls
+    if (why) *why = std::string("no CUDA device: ") + cudaGetErrorString(err);
+    return false;
+  }
+  if (count <= 0) {
+    if (why) *why = "no CUDA device: cudaGetDeviceCount found 0 devices";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<KvBackend> make_cuda_backend(std::string* why) {
+  if (!cuda_device_available(why)) return nullptr;
+  return std::make_unique<cuda::CudaBackend>();
+}
+
+}  // namespace kvcheck::impl

@@ -1,0 +1,384 @@
+// RingPool: SPEC §3 step semantics composed from a KvBackend's kernels.
+// Every step validates everything it can before the first kernel that writes
+// the pool (store), so a refused step leaves pool bytes, tags and logical
+// state exactly as they were; the kernels themselves validate again.
+#include "impl/ring_pool.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "impl/element_format.hpp"
+#include "impl/ring_index.hpp"
+#include "support/assert.hpp"
+
+namespace kvcheck::impl {
+
+namespace {
+
+bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+bool all_finite(const double* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec_in,
+                        std::unique_ptr<RingPool>* out) {
+  if (!backend) return Status::fail(CacheError::kUnsupported, "no backend");
+  if (out == nullptr) return Status::fail(CacheError::kUnsupported, "no output pointer");
+  PoolSpec spec = spec_in;
+  if (spec.states <= 0 || spec.ring_rows <= 0) {
+    return Status::fail(CacheError::kZeroRing, "states and ring_rows must be positive");
+  }
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
+      spec.max_step_rows <= 0) {
+    return Status::fail(CacheError::kZeroShape,
+                        "q_heads, kv_heads, head_dim, window_rows and max_step_rows must be positive");
+  }
+  if (spec.q_heads % spec.kv_heads != 0) {
+    return Status::fail(CacheError::kZeroShape, "q_heads must be a multiple of kv_heads");
+  }
+  if (spec.shared_row && spec.kv_heads != 1) {
+    return Status::fail(CacheError::kUnsupported, "shared rows need kv_heads == 1");
+  }
+  if (spec.rope_style != RopeStyle::kNone &&
+      (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim ||
+       !(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base))) {
+    return Status::fail(CacheError::kUnsupported, "rope_dims must be even and <= head_dim, base > 0");
+  }
+  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0 ||
+      (spec.has_sink && !std::isfinite(spec.sink_logit))) {
+    return Status::fail(CacheError::kNonFinite, "softmax_scale and sink_logit must be finite");
+  }
+  if (spec.fault == Fault::kRingSizedWindow) spec.ring_rows = spec.window_rows;
+  // Overflow of every size the pool and its step buffers derive from.
+  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  std::int64_t slots = 0, row_elements = 0, row_bytes = 0, pool_bytes = 0, q_elements = 0;
+  std::int64_t out_elements = 0, index_elements = 0;
+  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
+      mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
+      row_elements > std::numeric_limits<std::int64_t>::max() / 16 ||
+      (row_bytes = format_row_bytes(spec.format, row_elements) * (spec.shared_row ? 1 : 2), false) ||
+      mul_overflows(slots, row_bytes, &pool_bytes) ||
+      keys > std::numeric_limits<std::int64_t>::max() - spec.max_step_rows ||
+      mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
+      mul_overflows(q_elements, spec.max_step_rows, &out_elements) ||
+      mul_overflows(keys + spec.max_step_rows, spec.max_step_rows, &index_elements) ||
+      static_cast<std::uint64_t>(pool_bytes) > std::numeric_limits<std::size_t>::max() / 2 ||
+      static_cast<std::uint64_t>(index_elements) > (std::uint64_t{1} << 40)) {
+    return Status::fail(CacheError::kSizeOverflow, "pool or step buffer size overflows");
+  }
+  std::string why;
+  if (!backend->supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
+  if (auto st = backend->configure(spec); !st.ok()) return st;
+
+  std::unique_ptr<RingPool> pool(new RingPool());
+  try {
+    pool->spec_ = spec;
+    pool->backend_ = std::move(backend);
+    const auto states = static_cast<std::size_t>(spec.states);
+    const auto rows = static_cast<std::size_t>(spec.max_step_rows);
+    const auto width = static_cast<std::size_t>(keys);
+    pool->states_.assign(states, StateInfo{});
+    pool->high_water_.assign(states, 0);
+    pool->occupant_high_.assign(states, 0);
+    pool->reused_.assign(states, false);
+    pool->queries_.resize(rows);
+    pool->meta_.resize(rows);
+    pool->index_.resize(rows * width);
+    pool->slots_.resize(rows);
+    pool->rope_positions_.resize(rows);
+    pool->tags_.resize(rows);
+    pool->out_.resize(rows * static_cast<std::size_t>(q_elements));
+    if (spec.track_tags) {
+      pool->read_slots_.resize(rows * width);
+      pool->read_tags_.resize(rows * width);
+      pool->writes_.reserve(rows);
+    }
+  } catch (const std::bad_alloc&) {
+    return Status::fail(CacheError::kAllocation, "step buffers could not be allocated");
+  }
+  *out = std::move(pool);
+  return {};
+}
+
+const StateInfo& RingPool::state(std::int64_t state) const {
+  KVCHECK_ASSERT(state >= 0 && state < spec_.states);
+  return states_[static_cast<std::size_t>(state)];
+}
+
+Status RingPool::begin(std::int64_t state, std::int64_t request) {
+  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "begin: state out of range");
+  if (request < 0) return Status::fail(CacheError::kNegativePosition, "begin: request id must be >= 0");
+  auto& s = states_[static_cast<std::size_t>(state)];
+  if (s.busy) return Status::fail(CacheError::kStateBusy, "begin: state is in use");
+  const auto b = static_cast<std::size_t>(state);
+  if (reused_[b] || occupant_high_[b] > 0) {
+    high_water_[b] = std::max(high_water_[b], occupant_high_[b]);
+    reused_[b] = true;
+  }
+  occupant_high_[b] = 0;
+  s = StateInfo{true, request, 0, -1};
+  return {};
+}
+
+std::int64_t RingPool::read_width() const noexcept {
+  return ring_window_keys(spec_.window_rows, spec_.fault);
+}
+
+void RingPool::note_length(std::int64_t state) {
+  const auto b = static_cast<std::size_t>(state);
+  occupant_high_[b] = std::max(occupant_high_[b], states_[b].length);
+}
+
+Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const {
+  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "step: state out of range");
+  const auto& s = states_[static_cast<std::size_t>(state)];
+  if (!s.busy) return Status::fail(CacheError::kStateFree, "step: state has no request");
+  if (s.pending_drafts >= 0) return Status::fail(CacheError::kBadAccept, "step: a verify awaits accept");
+  if (rows <= 0 || rows > spec_.max_step_rows) {
+    return Status::fail(CacheError::kTooManyRows, "step: rows must be in [1, max_step_rows]");
+  }
+  if (in.k == nullptr || in.q == nullptr || (!spec_.shared_row && in.v == nullptr)) {
+    return Status::fail(CacheError::kNonFinite, "step: missing k, v or q rows");
+  }
+  const std::int64_t kv = rows * spec_.kv_heads * spec_.head_dim;
+  const std::int64_t qn = rows * spec_.q_heads * spec_.head_dim;
+  if (!all_finite(in.k, kv) || (!spec_.shared_row && !all_finite(in.v, kv)) || !all_finite(in.q, qn)) {
+    return Status::fail(CacheError::kNonFinite, "step: non-finite key, value or query element");
+  }
+  return {};
+}
+
+// Computes write slots, rope positions and tags of `rows` rows at
+// first_position.. and stores them; fills writes_ with the replaced tags.
+Status RingPool::run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows,
+                           const StepRows& in, StoreReport* report) {
+  const auto n = static_cast<std::size_t>(rows);
+  const std::int64_t request = states_[static_cast<std::size_t>(state)].request;
+  for (std::size_t i = 0; i < n; ++i) {
+    queries_[i] = QueryRef{state, first_position + static_cast<std::int64_t>(i)};
+  }
+  std::span<const QueryRef> qs(queries_.data(), n);
+  std::span<ReadMeta> ms(meta_.data(), n);
+  if (auto st = backend_->metadata(qs, ms); !st.ok()) return st;
+  for (std::size_t i = 0; i < n; ++i) {
+    slots_[i] = meta_[i].write_slot;
+    rope_positions_[i] = ring_rope_position(queries_[i].position, spec_.ring_rows, spec_.fault);
+    if (spec_.track_tags) tags_[i] = Tag{request, queries_[i].position, write_seq_ + 1 + i};
+  }
+  writes_.clear();
+  if (spec_.track_tags) {
+    for (std::size_t i = 0; i < n; ++i) writes_.push_back(WriteRecord{slots_[i], tags_[i], backend_->slot_tag(slots_[i])});
+  }
+  std::span<const Tag> tags(tags_.data(), spec_.track_tags ? n : 0);
+  if (auto st = backend_->store(std::span<const std::int64_t>(slots_.data(), n),
+                                std::span<const std::int64_t>(rope_positions_.data(), n), in.k,
+                                spec_.shared_row ? nullptr : in.v, tags, report);
+      !st.ok()) {
+    writes_.clear();
+    return st;
+  }
+  // Tags of one store call are consecutive; the pool counter moves past them.
+  write_seq_ += n;
+  return {};
+}
+
+// Every query of the step reads the pool through metadata + index expansion.
+Status RingPool::run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
+                                const StepRows& in) {
+  const auto n = static_cast<std::size_t>(rows);
+  const std::int64_t width = read_width();
+  for (std::size_t i = 0; i < n; ++i) {
+    queries_[i] = QueryRef{state, first_position + static_cast<std::int64_t>(i)};
+    rope_positions_[i] = ring_rope_position(queries_[i].position, spec_.ring_rows, spec_.fault);
+  }
+  if (auto st = backend_->metadata(std::span<const QueryRef>(queries_.data(), n),
+                                   std::span<ReadMeta>(meta_.data(), n));
+      !st.ok()) {
+    return st;
+  }
+  const auto b = static_cast<std::size_t>(state);
+  if (spec_.fault == Fault::kFreedStateReadable && reused_[b]) {
+    // The freed-state fault: the new occupant's index columns run over the
+    // old occupant's (stale) rows up to its high-water length.
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t p = queries_[i].position;
+      meta_[i].length = std::min(std::max(p + 1, high_water_[b]), width);
+    }
+  }
+  std::span<std::int64_t> index(index_.data(), n * static_cast<std::size_t>(width));
+  if (auto st = backend_->expand_index(std::span<const ReadMeta>(meta_.data(), n), width, index);
+      !st.ok()) {
+    return st;
+  }
+  return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n),
+                          in.q, index, width, out_.data(),
+                          spec_.track_tags ? read_tags_.data() : nullptr,
+                          spec_.track_tags ? read_slots_.data() : nullptr);
+}
+
+void RingPool::fill_result(std::int64_t rows, std::int64_t first_position, KvSource source,
+                           std::int64_t duplicates, StepResult* result) const {
+  if (result == nullptr) return;
+  const auto n = static_cast<std::size_t>(rows);
+  const std::int64_t width = read_width();
+  const auto cells = n * static_cast<std::size_t>(width);
+  result->queries = rows;
+  result->width = width;
+  result->source = source;
+  result->first_position = first_position;
+  result->out = std::span<const double>(out_.data(), n * static_cast<std::size_t>(spec_.q_heads) *
+                                                         static_cast<std::size_t>(spec_.head_dim));
+  if (spec_.track_tags) {
+    result->read_slots = std::span<const std::int64_t>(read_slots_.data(), cells);
+    result->read_tags = std::span<const Tag>(read_tags_.data(), cells);
+  } else {
+    result->read_slots = {};
+    result->read_tags = {};
+  }
+  result->writes = std::span<const WriteRecord>(writes_.data(), writes_.size());
+  result->duplicate_slots = duplicates;
+}
+
+Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in,
+                         PrefillOrder order, StepResult* result) {
+  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+  if (spec_.fault == Fault::kStoreThenLoadPrefill) order = PrefillOrder::kStoreThenLoad;
+  auto& s = states_[static_cast<std::size_t>(state)];
+  const std::int64_t first = s.length;
+  StoreReport report;
+  if (order == PrefillOrder::kStoreThenLoad) {
+    if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
+    s.length = first + rows;
+    note_length(state);
+    // Inputs were validated; a read failure here is a broken invariant.
+    const Status st = run_pool_reads(state, first, rows, in);
+    KVCHECK_ASSERT(st.ok());
+    fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
+    return {};
+  }
+  // load_then_store: the old window (first query's index row minus its own
+  // column) goes to scratch rows [0, m) before the chunk is stored.
+  const std::int64_t width = read_width();
+  QueryRef q0{state, first};
+  ReadMeta m0;
+  if (auto st = backend_->metadata(std::span<const QueryRef>(&q0, 1), std::span<ReadMeta>(&m0, 1));
+      !st.ok()) {
+    return st;
+  }
+  const std::int64_t m = m0.length - 1;  // old rows: positions first - m .. first - 1
+  std::span<std::int64_t> old_index(index_.data(), static_cast<std::size_t>(width));
+  if (auto st = backend_->expand_index(std::span<const ReadMeta>(&m0, 1), width, old_index); !st.ok()) {
+    return st;
+  }
+  if (auto st = backend_->load(std::span<const std::int64_t>(index_.data(), static_cast<std::size_t>(m)), 0);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
+  s.length = first + rows;
+  note_length(state);
+  const auto n = static_cast<std::size_t>(rows);
+  std::span<const Tag> tags(tags_.data(), spec_.track_tags ? n : 0);
+  Status st = backend_->scratch_store(m, std::span<const std::int64_t>(slots_.data(), n),
+                                      std::span<const std::int64_t>(rope_positions_.data(), n),
+                                      in.k, spec_.shared_row ? nullptr : in.v, tags);
+  KVCHECK_ASSERT(st.ok());
+  // Query i at position first + i sees scratch rows of positions
+  // max(first + i - keys + 1, first - m) .. first + i; scratch row of
+  // position p is p - (first - m).
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = first + static_cast<std::int64_t>(i);
+    const std::int64_t len = std::min(p + 1, width);
+    const std::int64_t lo = p - len + 1;
+    std::int64_t* row = index_.data() + i * static_cast<std::size_t>(width);
+    for (std::int64_t c = 0; c < width; ++c) row[c] = c < len ? lo + c - (first - m) : -1;
+    rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
+  }
+  st = backend_->attend(KvSource::kScratch, std::span<const std::int64_t>(rope_positions_.data(), n),
+                        in.q, std::span<const std::int64_t>(index_.data(), n * static_cast<std::size_t>(width)),
+                        width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
+                        spec_.track_tags ? read_slots_.data() : nullptr);
+  KVCHECK_ASSERT(st.ok());
+  fill_result(rows, first, KvSource::kScratch, report.duplicate_slots, result);
+  return {};
+}
+
+Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* result) {
+  if (auto st = check_step(state, 1, in); !st.ok()) return st;
+  auto& s = states_[static_cast<std::size_t>(state)];
+  const std::int64_t first = s.length;
+  StoreReport report;
+  if (auto st = run_store(state, first, 1, in, &report); !st.ok()) return st;
+  s.length = first + 1;
+  note_length(state);
+  const Status st = run_pool_reads(state, first, 1, in);
+  KVCHECK_ASSERT(st.ok());
+  fill_result(1, first, KvSource::kPool, report.duplicate_slots, result);
+  return {};
+}
+
+Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows& in,
+                        StepResult* result) {
+  if (drafts < 0) return Status::fail(CacheError::kBadAccept, "verify: negative draft count");
+  if (drafts >= spec_.max_step_rows) {
+    return Status::fail(CacheError::kTooManyRows, "verify: k + 1 rows exceed max_step_rows");
+  }
+  const std::int64_t rows = drafts + 1;
+  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+  auto& s = states_[static_cast<std::size_t>(state)];
+  const std::int64_t first = s.length;
+  StoreReport report;
+  if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
+  s.length = first + rows;
+  s.pending_drafts = drafts;
+  note_length(state);
+  const Status st = run_pool_reads(state, first, rows, in);
+  KVCHECK_ASSERT(st.ok());
+  fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
+  return {};
+}
+
+Status RingPool::accept(std::int64_t state, std::int64_t accepted) {
+  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "accept: state out of range");
+  auto& s = states_[static_cast<std::size_t>(state)];
+  if (!s.busy) return Status::fail(CacheError::kStateFree, "accept: state has no request");
+  if (s.pending_drafts < 0) return Status::fail(CacheError::kBadAccept, "accept: no verify pending");
+  if (accepted < 0 || accepted > s.pending_drafts) {
+    return Status::fail(CacheError::kBadAccept, "accept: a must be in [0, k]");
+  }
+  // verify at length p stored p..p+k and left length p+k+1.
+  const std::int64_t p = s.length - s.pending_drafts - 1;
+  if (spec_.fault != Fault::kAcceptNoRollback) s.length = p + 1 + accepted;
+  s.pending_drafts = -1;
+  return {};
+}
+
+Status RingPool::finish(std::int64_t state) {
+  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "finish: state out of range");
+  auto& s = states_[static_cast<std::size_t>(state)];
+  if (!s.busy) return Status::fail(CacheError::kStateFree, "finish: state has no request");
+  note_length(state);
+  s.busy = false;
+  s.pending_drafts = -1;
+  return {};
+}
+
+Status RingPool::reset(std::int64_t state) {
+  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "reset: state out of range");
+  auto& s = states_[static_cast<std::size_t>(state)];
+  if (!s.busy) return Status::fail(CacheError::kStateFree, "reset: state has no request");
+  s.length = 0;
+  s.pending_drafts = -1;
+  return {};
+}
+
+}  // namespace kvcheck::impl

@@ -1,0 +1,215 @@
+#include "properties/check.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "scenarios/scenario_json.hpp"
+#include "support/error.hpp"
+#include "support/prng.hpp"
+
+namespace kvcheck::properties {
+
+namespace {
+
+using scenarios::Scenario;
+using scenarios::StepKind;
+
+bool valid(const Scenario& sc) {
+  try {
+    scenarios::validate_scenario(sc);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+/// Every one-step-smaller variant of `sc`, most aggressive first.
+std::vector<Scenario> variants(const Scenario& sc) {
+  std::vector<Scenario> out;
+  // Drop a whole request.
+  if (sc.requests.size() > 1) {
+    for (std::size_t r = 0; r < sc.requests.size(); ++r) {
+      Scenario v = sc;
+      const std::int64_t id = sc.requests[r].id;
+      v.requests.erase(v.requests.begin() + static_cast<std::ptrdiff_t>(r));
+      std::erase_if(v.steps, [id](const scenarios::Step& s) { return s.request == id; });
+      out.push_back(std::move(v));
+    }
+  }
+  // Drop one step, or a verify together with its accept.
+  for (std::size_t i = 0; i < sc.steps.size(); ++i) {
+    Scenario v = sc;
+    v.steps.erase(v.steps.begin() + static_cast<std::ptrdiff_t>(i));
+    out.push_back(v);
+    if (sc.steps[i].kind == StepKind::kVerify) {
+      for (std::size_t j = i + 1; j < sc.steps.size(); ++j) {
+        if (sc.steps[j].request == sc.steps[i].request && sc.steps[j].kind == StepKind::kAccept) {
+          Scenario w = sc;
+          w.steps.erase(w.steps.begin() + static_cast<std::ptrdiff_t>(j));
+          w.steps.erase(w.steps.begin() + static_cast<std::ptrdiff_t>(i));
+          out.push_back(std::move(w));
+          break;
+        }
+      }
+    }
+  }
+  // Smaller steps.
+  for (std::size_t i = 0; i < sc.steps.size(); ++i) {
+    const auto& s = sc.steps[i];
+    if (s.kind == StepKind::kPrefill && s.rows > 1) {
+      for (const std::int64_t rows : {s.rows / 2, s.rows - 1}) {
+        Scenario v = sc;
+        v.steps[i].rows = std::max<std::int64_t>(1, rows);
+        out.push_back(std::move(v));
+      }
+    }
+    if (s.kind == StepKind::kVerify && s.drafts > 0) {
+      Scenario v = sc;
+      v.steps[i].drafts -= 1;
+      for (std::size_t j = i + 1; j < v.steps.size(); ++j) {
+        if (v.steps[j].request == s.request && v.steps[j].kind == StepKind::kAccept) {
+          v.steps[j].accepted = std::min(v.steps[j].accepted, v.steps[i].drafts);
+          break;
+        }
+      }
+      out.push_back(std::move(v));
+    }
+    if (s.kind == StepKind::kAccept && s.accepted > 0) {
+      Scenario v = sc;
+      v.steps[i].accepted -= 1;
+      out.push_back(std::move(v));
+    }
+  }
+  // Simpler cache: one layer, fewer heads, narrower heads, exact rows, no RoPE.
+  auto with = [&](auto&& edit) {
+    Scenario v = sc;
+    edit(v.cache);
+    out.push_back(std::move(v));
+  };
+  if (sc.cache.layers > 1) with([](auto& c) { c.layers = 1; });
+  if (sc.cache.q_heads > sc.cache.kv_heads) with([](auto& c) { c.q_heads = c.kv_heads; });
+  if (sc.cache.kv_heads > 1) with([](auto& c) { c.kv_heads = 1; c.q_heads = 1; });
+  if (sc.cache.head_dim > 2) {
+    with([](auto& c) {
+      c.head_dim /= 2;
+      c.rope.rotary_dims = std::min(c.rope.rotary_dims, c.head_dim);
+    });
+  }
+  if (sc.cache.format != scenarios::Format::kF64) with([](auto& c) { c.format = scenarios::Format::kF64; });
+  if (sc.cache.rope.style != scenarios::RopeStyle::kNone) {
+    with([](auto& c) { c.rope = scenarios::Rope{}; });
+  }
+  if (sc.cache.sink_logit) with([](auto& c) { c.sink_logit.reset(); });
+  if (sc.cache.shared_row) with([](auto& c) { c.shared_row = false; });
+  return out;
+}
+
+}  // namespace
+
+std::uint64_t case_seed(std::uint64_t seed, std::int64_t index) {
+  return mix_seed(seed, static_cast<std::uint64_t>(index));
+}
+
+Scenario shrink_scenario(const Scenario& failing, const std::function<bool(const Scenario&)>& fails,
+                         std::int64_t* runs) {
+  Scenario best = failing;
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (Scenario& v : variants(best)) {
+      // Explicit rows of dropped positions are harmless; keep data as is.
+      if (!valid(v)) continue;
+      if (runs) ++*runs;
+      if (fails(v)) {
+        best = std::move(v);
+        progress = true;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+CheckResult run_check(const CheckOptions& options) {
+  CheckResult result;
+  result.cases = options.cases;
+  const auto names = coverage_names();
+  const int threads = std::max(1, options.threads);
+
+  struct CaseOutcome {
+    bool failed = false;
+    std::vector<bool> coverage;
+  };
+  std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(std::max<std::int64_t>(options.cases, 0)));
+  std::atomic<std::int64_t> next{0}, done{0};
+  std::atomic<std::int64_t> first_failure{options.cases};
+  std::vector<std::string> errors(static_cast<std::size_t>(threads));
+
+  auto worker = [&](int id) {
+    try {
+      RunOptions run = options.run;
+      run.record_reads = false;
+      run.record_ring = false;
+      for (;;) {
+        const std::int64_t i = next.fetch_add(1);
+        if (i >= options.cases) break;
+        const Scenario sc = generate_scenario(case_seed(options.seed, i));
+        CaseOutcome& out = outcomes[static_cast<std::size_t>(i)];
+        out.coverage = coverage_flags(classify(sc));
+        out.failed = !run_scenario(sc, run).passed;
+        if (out.failed) {
+          std::int64_t cur = first_failure.load();
+          while (i < cur && !first_failure.compare_exchange_weak(cur, i)) {
+          }
+        }
+        done.fetch_add(1);
+      }
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(id)] = e.what();
+      next.store(options.cases);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+  while (done.load() < options.cases) {
+    bool any_error = false;
+    for (const auto& e : errors) any_error = any_error || !e.empty();
+    if (any_error) break;
+    if (options.progress) options.progress(done.load(), options.cases);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors) {
+    if (!e.empty()) throw Error(ErrorId::kUsage, "check", e);
+  }
+  if (options.progress) options.progress(options.cases, options.cases);
+
+  result.coverage_counts.assign(names.size(), 0);
+  for (const auto& o : outcomes) {
+    if (o.failed) ++result.failures;
+    for (std::size_t k = 0; k < o.coverage.size(); ++k) result.coverage_counts[k] += o.coverage[k];
+  }
+  for (const auto c : result.coverage_counts) result.coverage_ok = result.coverage_ok && c > 0;
+
+  if (first_failure.load() < options.cases) {
+    result.found_failure = true;
+    result.failing_case_seed = case_seed(options.seed, first_failure.load());
+    result.original = generate_scenario(result.failing_case_seed);
+    RunOptions run = options.run;
+    run.record_reads = false;
+    run.record_ring = false;
+    result.shrunk = shrink_scenario(
+        result.original, [&run](const Scenario& s) { return !run_scenario(s, run).passed; },
+        &result.shrink_runs);
+    result.shrunk.name = "counterexample-" + std::string(impl::fault_name(options.run.fault)) +
+                         "-seed" + std::to_string(options.seed);
+    result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
+                                " of `kvcheck check --seed " + std::to_string(options.seed) + "`";
+    result.shrunk_run = run_scenario(result.shrunk, options.run);
+  }
+  return result;
+}
+
+}  // namespace kvcheck::properties

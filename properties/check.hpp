@@ -1,0 +1,57 @@
+// `kvcheck check`: many generated cases on both cores, coverage gates, and a
+// shrunk counterexample for the first failure. The cases are split by index
+// between worker threads and their results merged in case order, so the
+// outcome (and every report) depends only on the seed, never on timing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "properties/generator.hpp"
+#include "properties/observation.hpp"
+#include "properties/runner.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace kvcheck::properties {
+
+/// Options of one check run.
+struct CheckOptions {
+  std::int64_t cases = 200;
+  std::uint64_t seed = 1;
+  RunOptions run;
+  int threads = 2;
+  /// Called from the coordinating thread with cases finished so far.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+};
+
+/// Result of a check run.
+struct CheckResult {
+  std::int64_t cases = 0;
+  std::int64_t failures = 0;
+  std::vector<std::int64_t> coverage_counts;  ///< per coverage_names() entry
+  bool coverage_ok = true;                    ///< every class reached at least once
+  bool found_failure = false;
+  std::uint64_t failing_case_seed = 0;        ///< seed of the first failing case
+  scenarios::Scenario original;               ///< the first failing case as drawn
+  scenarios::Scenario shrunk;                 ///< its shrunk counterexample
+  RunObservation shrunk_run;                  ///< observation of the shrunk case
+  std::int64_t shrink_runs = 0;               ///< scenarios run while shrinking
+};
+
+/// Seed of case `index` of a check run with `seed`.
+std::uint64_t case_seed(std::uint64_t seed, std::int64_t index);
+
+/// Runs the cases; on failure shrinks the first failing case (lowest index).
+CheckResult run_check(const CheckOptions& options);
+
+/// Greedy shrinking: repeatedly tries smaller variants (fewer requests,
+/// fewer steps, shorter chunks, fewer drafts, one layer, fewer heads,
+/// narrower heads, f64 rows, no RoPE, no sink) and keeps any that still
+/// fails, until none does. `fails` must be deterministic.
+scenarios::Scenario shrink_scenario(const scenarios::Scenario& failing,
+                                    const std::function<bool(const scenarios::Scenario&)>& fails,
+                                    std::int64_t* runs);
+
+}  // namespace kvcheck::properties

@@ -1,0 +1,89 @@
+// What a run observes, per query and per step (SPEC §4). Produced by
+// properties/runner.hpp from one scenario run on the model and an
+// implementation; consumed by reports/. Plain values, no JSON here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck::properties {
+
+/// The tag a read returned, in plain integers (request < 0: empty slot).
+struct ReadTag {
+  std::int64_t slot = -1;
+  std::int64_t request = -1;
+  std::int64_t position = -1;
+  std::uint64_t write_seq = 0;
+  bool operator==(const ReadTag&) const = default;
+};
+
+/// One query of one step on one layer.
+struct QueryObservation {
+  std::int64_t position = 0;                ///< the query's absolute position (model truth)
+  std::int64_t visible_first = 0;           ///< first visible position (window convention applied)
+  std::vector<std::int64_t> overwritten;    ///< visible positions whose slot held another tag when read
+  std::vector<std::int64_t> missing;        ///< visible positions not read at all
+  std::vector<ReadTag> extra;               ///< reads that no visible position accounts for
+  std::vector<ReadTag> reads;               ///< every read, in index-column order
+  double abs_diff = 0;        ///< max |impl - reference on the dequantized rows| (kernel error)
+  double rel_diff = 0;        ///< abs_diff / max(|reference|, 1e-30), max over elements
+  double eps_units = 0;       ///< abs_diff / epsilon of the element format
+  double quant_abs_diff = 0;  ///< max |impl - reference on the exact rows| (includes quantization)
+  double tolerance = 0;       ///< abs tolerance the kernel error was judged against
+  bool output_ok = true;
+};
+
+/// Slot collisions of one step (SPEC §4, three kinds).
+struct Collisions {
+  std::int64_t same_step = 0;      ///< two rows of one step written to one slot
+  std::int64_t outside_block = 0;  ///< writes outside the request's own state block
+  std::int64_t replaced_needed = 0;///< writes replacing a row a query of the same step still reads
+  std::int64_t total() const noexcept { return same_step + outside_block + replaced_needed; }
+};
+
+/// One step of the schedule on one layer.
+struct StepObservation {
+  std::int64_t step = 0;            ///< index into the scenario's steps
+  std::int32_t layer = 0;
+  std::string kind;                 ///< "prefill", "decode", ...
+  std::string order;                ///< prefill order, else empty
+  std::int64_t request = 0;
+  std::int64_t state = 0;
+  std::int64_t first_position = 0;  ///< model's first written position
+  std::vector<std::int64_t> written_slots;
+  Collisions collisions;
+  std::vector<QueryObservation> queries;
+  /// Ring contents of the request's state block right after the step:
+  /// positions held per slot of the block (-1 empty, -2 another request).
+  std::vector<std::int64_t> ring_positions;
+  std::string error;                ///< a typed refusal the impl returned, if any
+  bool expectation_failed = false;  ///< a per-step scenario expectation was not met
+  std::string expectation_detail;
+};
+
+/// Totals and the verdict of one run.
+struct RunObservation {
+  std::string scenario_name;
+  std::string backend;
+  std::string fault;                ///< "none" or a fault name
+  std::string window_convention;    ///< "keys", "left", "off-by-one"
+  std::int64_t window_keys = 0;
+  std::int64_t ring_rows = 0;
+  std::string format;
+  int precision_bits = 0;           ///< reference significand bits
+  std::vector<StepObservation> steps;
+  std::int64_t lost_rows = 0;       ///< sum of overwritten + missing over all queries
+  std::int64_t extra_reads = 0;
+  std::int64_t collisions = 0;
+  std::int64_t output_failures = 0;
+  double max_abs_diff = 0;
+  double max_eps_units = 0;
+  double max_quant_abs_diff = 0;
+  std::int64_t queries = 0;
+  bool passed = true;
+  std::string first_failure;        ///< one line: what failed first, where
+};
+
+}  // namespace kvcheck::properties

@@ -1,0 +1,41 @@
+#include "properties/rows.hpp"
+
+#include "support/prng.hpp"
+
+namespace kvcheck::properties {
+
+RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t request,
+                 std::int64_t first, std::int64_t n, std::int64_t step_index) {
+  const auto& c = sc.cache;
+  const std::int64_t kv_width = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
+  const std::int64_t q_width = static_cast<std::int64_t>(c.q_heads) * c.head_dim;
+  RowSet rows;
+  rows.k.reserve(static_cast<std::size_t>(n * kv_width));
+  if (!c.shared_row) rows.v.reserve(static_cast<std::size_t>(n * kv_width));
+  rows.q.reserve(static_cast<std::size_t>(n * q_width));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t p = first + i;
+    const scenarios::ExplicitRow* given = nullptr;
+    for (const auto& r : sc.data.rows) {
+      if (r.layer == layer && r.request == request && r.position == p) given = &r;
+    }
+    if (given) {
+      rows.k.insert(rows.k.end(), given->k.begin(), given->k.end());
+      if (!c.shared_row) rows.v.insert(rows.v.end(), given->v.begin(), given->v.end());
+      rows.q.insert(rows.q.end(), given->q.begin(), given->q.end());
+      continue;
+    }
+    std::uint64_t s = mix_seed(sc.data.seed, static_cast<std::uint64_t>(layer));
+    s = mix_seed(s, static_cast<std::uint64_t>(request));
+    s = mix_seed(s, static_cast<std::uint64_t>(p));
+    Prng rng(mix_seed(s, static_cast<std::uint64_t>(step_index)));
+    for (std::int64_t e = 0; e < kv_width; ++e) rows.k.push_back(rng.signed_unit());
+    if (!c.shared_row) {
+      for (std::int64_t e = 0; e < kv_width; ++e) rows.v.push_back(rng.signed_unit());
+    }
+    for (std::int64_t e = 0; e < q_width; ++e) rows.q.push_back(rng.signed_unit());
+  }
+  return rows;
+}
+
+}  // namespace kvcheck::properties

@@ -1,0 +1,67 @@
+// write_file_atomic: a fresh temporary file in the target's directory + rename(2). rename is
+// atomic within one file system, which is why the temporary file lives next
+// to the target and not in /tmp.
+#include "reports/atomic_write.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "support/error.hpp"
+
+namespace kvcheck::reports {
+namespace {
+
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& what, int err) {
+  throw Error(ErrorId::kIo, path.string(), what + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+  if (path.empty() || !path.has_filename()) throw Error(ErrorId::kIo, path.string(), "not a file path");
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  // open(O_CREAT | O_EXCL, 0666) rather than mkstemp: mkstemp makes 0600
+  // files, and fixing the mode would need the process-wide umask.
+  static std::atomic<std::uint64_t> counter{0};
+  std::string temp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    temp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(counter.fetch_add(1))))
+               .string();
+    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) fail(path, "cannot create a temporary file in " + dir.string(), errno);
+
+  // From here on every failure removes the temporary file before throwing.
+  const auto abandon = [&](const std::string& what, int err) {
+    ::unlink(temp.c_str());
+    fail(path, what, err);
+  };
+
+  const char* data = content.data();
+  std::size_t left = content.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      abandon("cannot write", err);
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) abandon("cannot close", errno);
+  if (::rename(temp.c_str(), path.c_str()) != 0) abandon("cannot replace", errno);
+}
+
+}  // namespace kvcheck::reports

@@ -1,0 +1,516 @@
+// HTML report writer. Coordinates are printed with std::to_chars (locale
+// independent, fixed two decimals) so the page is byte-stable.
+#include "reports/report_html.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numbers>
+
+#include "reports/report_text.hpp"
+#include "reports/xml_escape.hpp"
+
+namespace kvcheck::reports {
+namespace {
+
+using detail::xml_escape;
+using properties::QueryObservation;
+using properties::ReadTag;
+using properties::RunObservation;
+using properties::StepObservation;
+
+// Runs pictured when none failed, and at most when many failed (the summary
+// table still lists every run).
+constexpr std::size_t kPassingRunsPictured = 3;
+constexpr std::size_t kFailingRunsPictured = 50;
+// Rings larger than this are drawn as runs of equally coloured slots.
+constexpr std::int64_t kMaxSlotElements = 1024;
+// Rings up to this size get a position label inside every slot.
+constexpr std::int64_t kMaxLabelledSlots = 160;
+// Steps listed per run table (failing steps are always listed, up to this many).
+constexpr std::size_t kStepsListed = 100;
+// Bars drawn per chart.
+constexpr std::size_t kMaxBars = 64;
+
+std::string num(double v) {
+  char buffer[64];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer, v, std::chars_format::fixed, 2);
+  std::string s(buffer, r.ptr);
+  // Trim "12.50" -> "12.5", "12.00" -> "12" to keep the SVG small.
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  if (s == "-0") s = "0";
+  return s;
+}
+
+// What a slot holds, judged against the pictured query (SPEC §4).
+enum class SlotClass { kVisible, kOverwritten, kExtra, kStale, kEmpty, kHeld };
+
+const char* class_name(SlotClass c) {
+  switch (c) {
+    case SlotClass::kVisible: return "visible";
+    case SlotClass::kOverwritten: return "overwritten";
+    case SlotClass::kExtra: return "extra";
+    case SlotClass::kStale: return "stale";
+    case SlotClass::kEmpty: return "empty";
+    case SlotClass::kHeld: return "held";
+  }
+  return "empty";
+}
+
+const char* class_colour(SlotClass c) {
+  switch (c) {
+    case SlotClass::kVisible: return "#4caf50";
+    case SlotClass::kOverwritten: return "#e53935";
+    case SlotClass::kExtra: return "#8e24aa";
+    case SlotClass::kStale: return "#f0c36d";
+    case SlotClass::kEmpty: return "#e0e0e0";
+    case SlotClass::kHeld: return "#90caf9";
+  }
+  return "#e0e0e0";
+}
+
+const char* class_legend(SlotClass c) {
+  switch (c) {
+    case SlotClass::kVisible: return "visible row, correct";
+    case SlotClass::kOverwritten: return "visible row overwritten";
+    case SlotClass::kExtra: return "extra read (not visible)";
+    case SlotClass::kStale: return "stale / out of window";
+    case SlotClass::kEmpty: return "empty";
+    case SlotClass::kHeld: return "holds a row (no query)";
+  }
+  return "";
+}
+
+struct Slot {
+  std::int64_t held = -1;      // position held (-1 empty, -2 another request, -3 unknown)
+  std::int64_t expected = -1;  // visible position the query wanted here, if overwritten
+  bool read = false;           // read by the pictured query
+  SlotClass cls = SlotClass::kEmpty;
+};
+
+std::int64_t floor_mod(std::int64_t a, std::int64_t m) {
+  const std::int64_t r = a % m;
+  return r < 0 ? r + m : r;
+}
+
+// Classifies every slot of the step's state block for query `q` (may be null).
+// Read slots are judged by the tag they held at the read; the others by the
+// ring contents after the step.
+std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservation* q, std::int64_t ring_rows) {
+  std::vector<Slot> slots(static_cast<std::size_t>(ring_rows));
+  for (std::int64_t i = 0; i < ring_rows; ++i) {
+    auto& s = slots[static_cast<std::size_t>(i)];
+    s.held = i < static_cast<std::int64_t>(step.ring_positions.size()) ? step.ring_positions[static_cast<std::size_t>(i)]
+                                                                        : -3;
+  }
+  const auto visible = [&](std::int64_t p) { return q != nullptr && p >= q->visible_first && p <= q->position; };
+  for (auto& s : slots) {
+    if (s.held == -1 || s.held == -3) {
+      s.cls = SlotClass::kEmpty;
+    } else if (q == nullptr) {
+      s.cls = s.held >= 0 ? SlotClass::kHeld : SlotClass::kStale;
+    } else {
+      s.cls = s.held >= 0 && visible(s.held) ? SlotClass::kVisible : SlotClass::kStale;
+    }
+  }
+  if (q == nullptr) return slots;
+
+  // The block is slots [state * S, state * S + S) (the oracle's layout);
+  // reads outside it are extra reads and show in the tables, not the ring.
+  const std::int64_t base = step.state * ring_rows;
+  for (const ReadTag& r : q->reads) {
+    if (r.slot < base || r.slot >= base + ring_rows) continue;
+    auto& s = slots[static_cast<std::size_t>(r.slot - base)];
+    s.read = true;
+    s.held = r.request < 0 ? -1 : (r.request != step.request ? -2 : r.position);
+    const bool is_extra = std::find(q->extra.begin(), q->extra.end(), r) != q->extra.end();
+    if (r.request == step.request && visible(r.position)) {
+      s.cls = SlotClass::kVisible;
+    } else if (is_extra) {
+      s.cls = SlotClass::kExtra;
+    } else {
+      s.cls = SlotClass::kOverwritten;
+    }
+  }
+  // Overwritten positions live at position mod S in a ring; this names the
+  // lost row in each red slot, and marks them when no reads were recorded.
+  for (const std::int64_t p : q->overwritten) {
+    auto& s = slots[static_cast<std::size_t>(floor_mod(p, ring_rows))];
+    if (q->reads.empty() || s.cls == SlotClass::kOverwritten) {
+      s.cls = SlotClass::kOverwritten;
+      s.expected = p;
+    }
+  }
+  return slots;
+}
+
+std::string held_label(std::int64_t held) {
+  if (held == -2) return "\u00d7";  // another request's row
+  if (held < 0) return "";
+  return std::to_string(held);
+}
+
+// Annular sector from angle a0 to a1 (radians, 0 = up, clockwise).
+std::string sector_path(double cx, double cy, double r_in, double r_out, double a0, double a1) {
+  const auto x = [&](double r, double a) { return num(cx + r * std::sin(a)); };
+  const auto y = [&](double r, double a) { return num(cy - r * std::cos(a)); };
+  const int large = (a1 - a0) > std::numbers::pi ? 1 : 0;
+  std::string d = "M" + x(r_out, a0) + "," + y(r_out, a0);
+  d += "A" + num(r_out) + "," + num(r_out) + " 0 " + std::to_string(large) + " 1 " + x(r_out, a1) + "," + y(r_out, a1);
+  d += "L" + x(r_in, a1) + "," + y(r_in, a1);
+  d += "A" + num(r_in) + "," + num(r_in) + " 0 " + std::to_string(large) + " 0 " + x(r_in, a0) + "," + y(r_in, a0);
+  return d + "Z";
+}
+
+std::string ring_svg(const RunObservation& run, const StepObservation& step, std::int64_t query_index) {
+  const std::int64_t ring_rows =
+      step.ring_positions.empty() ? std::max<std::int64_t>(run.ring_rows, 1)
+                                  : static_cast<std::int64_t>(step.ring_positions.size());
+  const QueryObservation* q =
+      query_index >= 0 ? &step.queries[static_cast<std::size_t>(query_index)] : nullptr;
+  const auto slots = classify_ring(step, q, ring_rows);
+
+  constexpr double kCx = 300, kCy = 300, kOut = 250, kIn = 185;
+  constexpr double kTau = 2 * std::numbers::pi;
+  const double width = kTau / static_cast<double>(ring_rows);
+  const double gap = ring_rows <= kMaxSlotElements ? std::min(width * 0.08, 0.01) : 0;
+
+  std::string svg = "<svg class=\"ring\" width=\"840\" height=\"600\" "
+                    "viewBox=\"0 0 840 600\" role=\"img\">\n";
+  svg += "<title>ring of " + std::to_string(ring_rows) + " slots, state " + std::to_string(step.state) + "</title>\n";
+
+  if (ring_rows <= kMaxSlotElements) {
+    for (std::int64_t i = 0; i < ring_rows; ++i) {
+      const Slot& s = slots[static_cast<std::size_t>(i)];
+      const double a0 = width * static_cast<double>(i) + gap / 2;
+      const double a1 = width * static_cast<double>(i + 1) - gap / 2;
+      std::string tip = "slot " + std::to_string(step.state * ring_rows + i) + " (ring " + std::to_string(i) + "): ";
+      tip += s.held == -1 ? "empty" : s.held == -2 ? "another request's row" : s.held == -3 ? "unknown"
+                                                                               : "position " + std::to_string(s.held);
+      if (s.expected >= 0) tip += "; query needed position " + std::to_string(s.expected);
+      if (s.read) tip += "; read";
+      svg += "<path class=\"slot " + std::string(class_name(s.cls)) + "\" d=\"" +
+             sector_path(kCx, kCy, kIn, kOut, a0, a1) + "\" fill=\"" + class_colour(s.cls) + "\"";
+      svg += s.read ? " stroke=\"#222\" stroke-width=\"1.2\"" : " stroke=\"#fff\" stroke-width=\"0.5\"";
+      svg += "><title>" + xml_escape(tip) + "</title></path>\n";
+    }
+  } else {
+    // Too many slots to draw one by one: one arc per run of equal classes.
+    std::int64_t start = 0;
+    for (std::int64_t i = 1; i <= ring_rows; ++i) {
+      if (i < ring_rows && slots[static_cast<std::size_t>(i)].cls == slots[static_cast<std::size_t>(start)].cls) {
+        continue;
+      }
+      const SlotClass cls = slots[static_cast<std::size_t>(start)].cls;
+      svg += "<path class=\"slots " + std::string(class_name(cls)) + "\" d=\"" +
+             sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(start), width * static_cast<double>(i)) +
+             "\" fill=\"" + class_colour(cls) + "\"><title>ring slots " + std::to_string(start) + ".." +
+             std::to_string(i - 1) + ": " + class_legend(cls) + "</title></path>\n";
+      start = i;
+    }
+  }
+
+  // Labels: the position each slot holds, written along the radius so that
+  // up to ~160 slots stay legible; larger rings label only overwritten slots.
+  const double mid = (kIn + kOut) / 2;
+  const double arc = width * mid;
+  const double font = std::clamp(arc * 0.75, 5.0, 14.0);
+  for (std::int64_t i = 0; i < ring_rows; ++i) {
+    const Slot& s = slots[static_cast<std::size_t>(i)];
+    const bool inside = ring_rows <= kMaxLabelledSlots;
+    if (!inside && s.cls != SlotClass::kOverwritten) continue;
+    const std::string label = held_label(s.held);
+    if (label.empty()) continue;
+    const double a = width * (static_cast<double>(i) + 0.5);
+    double deg = a * 180 / std::numbers::pi - 90;  // text runs outward along the radius
+    const bool flip = deg > 90;                    // left half: keep the text upright
+    if (flip) deg -= 180;
+    const double r = inside ? mid : kOut + 6;
+    const std::string anchor = inside ? "middle" : (flip ? "end" : "start");
+    const double size = inside ? font : 8;
+    svg += "<text class=\"label\" x=\"" + num(kCx + r * std::sin(a)) + "\" y=\"" + num(kCy - r * std::cos(a)) +
+           "\" font-size=\"" + num(size) + "\" text-anchor=\"" + anchor +
+           "\" dominant-baseline=\"central\" transform=\"rotate(" + num(deg) + " " + num(kCx + r * std::sin(a)) +
+           " " + num(kCy - r * std::cos(a)) + ")\"" +
+           (s.cls == SlotClass::kOverwritten || s.cls == SlotClass::kExtra ? " fill=\"#fff\" font-weight=\"bold\"" : "") +
+           ">" + xml_escape(label) + "</text>\n";
+  }
+
+  // Slot index ticks at eight points around the ring (ring-relative index).
+  const std::int64_t tick_every = std::max<std::int64_t>(1, (ring_rows + 7) / 8);
+  for (std::int64_t i = 0; i < ring_rows; i += tick_every) {
+    const double a = width * static_cast<double>(i);
+    const double r = kOut + (ring_rows > kMaxLabelledSlots ? 30 : 12);
+    // Anchor away from the ring so side labels do not run into it.
+    const double side = std::sin(a);
+    const char* anchor = side > 0.3 ? "start" : side < -0.3 ? "end" : "middle";
+    svg += "<line x1=\"" + num(kCx + kOut * std::sin(a)) + "\" y1=\"" + num(kCy - kOut * std::cos(a)) + "\" x2=\"" +
+           num(kCx + (kOut + 8) * std::sin(a)) + "\" y2=\"" + num(kCy - (kOut + 8) * std::cos(a)) +
+           "\" stroke=\"#555\"/>\n";
+    svg += "<text class=\"tick\" x=\"" + num(kCx + r * std::sin(a)) + "\" y=\"" + num(kCy - r * std::cos(a)) +
+           "\" font-size=\"10\" fill=\"#555\" text-anchor=\"" + anchor + "\" dominant-baseline=\"central\">slot " +
+           std::to_string(i) + "</text>\n";
+  }
+
+  // Centre: what is pictured.
+  std::vector<std::string> lines;
+  lines.push_back("step " + std::to_string(step.step) + " \u00b7 " + step.kind);
+  lines.push_back("state " + std::to_string(step.state) + ", S = " + std::to_string(ring_rows));
+  if (q != nullptr) {
+    lines.push_back("query at position " + std::to_string(q->position));
+    lines.push_back("visible " + std::to_string(q->visible_first) + ".." + std::to_string(q->position));
+    lines.push_back(std::to_string(q->overwritten.size()) + " overwritten, " + std::to_string(q->missing.size()) +
+                    " missing, " + std::to_string(q->extra.size()) + " extra");
+  } else {
+    lines.push_back("no query in this step");
+  }
+  double y = kCy - 9.0 * static_cast<double>(lines.size() - 1);
+  for (std::size_t i = 0; i < lines.size(); ++i, y += 18) {
+    svg += "<text x=\"" + num(kCx) + "\" y=\"" + num(y) + "\" font-size=\"" + (i == 2 ? "15" : "13") +
+           "\" text-anchor=\"middle\"" + (i == 2 ? " font-weight=\"bold\"" : "") + ">" + xml_escape(lines[i]) +
+           "</text>\n";
+  }
+
+  // Legend.
+  double ly = 40;
+  svg += "<text x=\"620\" y=\"" + num(ly) + "\" font-size=\"13\" font-weight=\"bold\">slot holds</text>\n";
+  const SlotClass legend[] = {SlotClass::kVisible, SlotClass::kOverwritten, SlotClass::kExtra, SlotClass::kStale,
+                              SlotClass::kEmpty};
+  for (const SlotClass c : legend) {
+    ly += 24;
+    svg += "<rect x=\"620\" y=\"" + num(ly - 8) + "\" width=\"16\" height=\"16\" fill=\"" + class_colour(c) +
+           "\" stroke=\"#999\" stroke-width=\"0.5\"/><text x=\"644\" y=\"" + num(ly) +
+           "\" font-size=\"12\" dominant-baseline=\"central\">" + class_legend(c) + "</text>\n";
+  }
+  ly += 24;
+  svg += "<rect x=\"620\" y=\"" + num(ly - 8) +
+         "\" width=\"16\" height=\"16\" fill=\"#fff\" stroke=\"#222\" stroke-width=\"1.2\"/><text x=\"644\" y=\"" +
+         num(ly) + "\" font-size=\"12\" dominant-baseline=\"central\">read by this query</text>\n";
+  ly += 30;
+  const char* notes[] = {"labels: position held", "\u00d7: another request's row",
+                         "read slots: tag at the read", "others: ring after the step"};
+  for (const char* n : notes) {
+    svg += "<text x=\"620\" y=\"" + num(ly) + "\" font-size=\"11\" fill=\"#555\">" + xml_escape(n) + "</text>\n";
+    ly += 16;
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string bar_chart_svg(const StepObservation& step, std::int64_t focus) {
+  const std::size_t n = std::min(step.queries.size(), kMaxBars);
+  std::int64_t max_count = 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& q = step.queries[i];
+    max_count = std::max<std::int64_t>(max_count, static_cast<std::int64_t>(q.overwritten.size() + q.missing.size()));
+  }
+  const double bar = n <= 8 ? 48 : n <= 32 ? 20 : 10;
+  const double left = 44, top = 30, plot_h = 180;
+  const double w = left + bar * static_cast<double>(n) + 20;
+  const double h = top + plot_h + 50;
+  std::string svg = "<svg class=\"bars\" width=\"" + num(std::max(w, 460.0)) +
+                    "\" height=\"" + num(h) + "\" viewBox=\"0 0 " + num(std::max(w, 460.0)) + " " + num(h) +
+                    "\" role=\"img\">\n";
+  svg += "<text x=\"" + num(left) + "\" y=\"16\" font-size=\"13\" font-weight=\"bold\">overwritten (red) and missing "
+         "(orange) rows per query</text>\n";
+  // Axis with ticks at 0, max/2, max.
+  svg += "<line x1=\"" + num(left) + "\" y1=\"" + num(top) + "\" x2=\"" + num(left) + "\" y2=\"" + num(top + plot_h) +
+         "\" stroke=\"#555\"/>\n";
+  svg += "<line x1=\"" + num(left) + "\" y1=\"" + num(top + plot_h) + "\" x2=\"" + num(w - 10) + "\" y2=\"" +
+         num(top + plot_h) + "\" stroke=\"#555\"/>\n";
+  for (const std::int64_t t : {std::int64_t{0}, max_count / 2, max_count}) {
+    const double ty = top + plot_h - plot_h * static_cast<double>(t) / static_cast<double>(max_count);
+    svg += "<text x=\"" + num(left - 6) + "\" y=\"" + num(ty) +
+           "\" font-size=\"10\" text-anchor=\"end\" dominant-baseline=\"central\">" + std::to_string(t) + "</text>\n";
+  }
+  const std::size_t label_every = n <= 16 ? 1 : (n + 15) / 16;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& q = step.queries[i];
+    const double x = left + bar * static_cast<double>(i) + bar * 0.15;
+    const double bw = bar * 0.7;
+    const auto over = static_cast<double>(q.overwritten.size());
+    const auto miss = static_cast<double>(q.missing.size());
+    const double oh = plot_h * over / static_cast<double>(max_count);
+    const double mh = plot_h * miss / static_cast<double>(max_count);
+    const bool is_focus = static_cast<std::int64_t>(i) == focus;
+    const std::string stroke = is_focus ? " stroke=\"#222\" stroke-width=\"1.5\"" : "";
+    svg += "<rect class=\"bar\" x=\"" + num(x) + "\" y=\"" + num(top + plot_h - oh) + "\" width=\"" + num(bw) +
+           "\" height=\"" + num(oh) + "\" fill=\"#e53935\"" + stroke + "><title>query " + std::to_string(q.position) +
+           ": " + std::to_string(q.overwritten.size()) + " overwritten</title></rect>\n";
+    if (miss > 0) {
+      svg += "<rect x=\"" + num(x) + "\" y=\"" + num(top + plot_h - oh - mh) + "\" width=\"" + num(bw) +
+             "\" height=\"" + num(mh) + "\" fill=\"#fb8c00\"><title>query " + std::to_string(q.position) + ": " +
+             std::to_string(q.missing.size()) + " missing</title></rect>\n";
+    }
+    if (bar >= 20) {
+      svg += "<text x=\"" + num(x + bw / 2) + "\" y=\"" + num(top + plot_h - oh - mh - 4) +
+             "\" font-size=\"10\" text-anchor=\"middle\">" + std::to_string(q.overwritten.size() + q.missing.size()) +
+             "</text>\n";
+    }
+    if (i % label_every == 0) {
+      svg += "<text x=\"" + num(x + bw / 2) + "\" y=\"" + num(top + plot_h + 14) +
+             "\" font-size=\"10\" text-anchor=\"middle\"" + (is_focus ? " font-weight=\"bold\"" : "") + ">" +
+             std::to_string(q.position) + "</text>\n";
+    }
+  }
+  svg += "<text x=\"" + num(left + bar * static_cast<double>(n) / 2) + "\" y=\"" + num(top + plot_h + 34) +
+         "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">query position" +
+         (step.queries.size() > n ? " (first " + std::to_string(n) + " of " + std::to_string(step.queries.size()) + ")"
+                                  : std::string()) +
+         "</text>\n";
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string badge(bool passed) {
+  return passed ? "<span class=\"badge pass\">PASS</span>" : "<span class=\"badge fail\">FAIL</span>";
+}
+
+std::string steps_table(const RunObservation& run, std::int64_t pictured) {
+  std::string out = "<table class=\"steps\">\n<tr><th>step</th><th>kind</th><th>layer</th><th>request</th>"
+                    "<th>state</th><th>first position</th><th>queries</th><th>overwritten per query</th>"
+                    "<th>missing</th><th>extra</th><th>collisions<br>same / outside / replaced</th>"
+                    "<th>max eps</th><th>note</th></tr>\n";
+  std::size_t listed = 0, failing_listed = 0, omitted = 0;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    const auto& s = run.steps[i];
+    const bool failed = step_failed(s);
+    const bool show = static_cast<std::int64_t>(i) == pictured || (failed ? failing_listed < kStepsListed : listed < kStepsListed);
+    if (!show) {
+      ++omitted;
+      continue;
+    }
+    (failed ? failing_listed : listed) += 1;
+    std::int64_t missing = 0, extra = 0;
+    double max_eps = 0;
+    for (const auto& q : s.queries) {
+      missing += static_cast<std::int64_t>(q.missing.size());
+      extra += static_cast<std::int64_t>(q.extra.size());
+      max_eps = std::max(max_eps, q.eps_units);
+    }
+    std::string note = s.error.empty() ? std::string() : "refusal: " + s.error;
+    if (s.expectation_failed) note += (note.empty() ? "" : "; ") + ("expectation: " + s.expectation_detail);
+    const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\"" : failed ? " class=\"failed\"" : "";
+    out += "<tr" + cls + "><td>" + std::to_string(s.step) + "</td><td>" + xml_escape(s.kind) +
+           (s.order.empty() ? "" : " <small>" + xml_escape(s.order) + "</small>") + "</td><td>" +
+           std::to_string(s.layer) + "</td><td>" + std::to_string(s.request) + "</td><td>" + std::to_string(s.state) +
+           "</td><td>" + std::to_string(s.first_position) + "</td><td>" + std::to_string(s.queries.size()) +
+           "</td><td class=\"mono\">" + xml_escape(overwritten_counts(s)) + "</td><td>" + std::to_string(missing) +
+           "</td><td>" + std::to_string(extra) + "</td><td>" + std::to_string(s.collisions.same_step) + " / " +
+           std::to_string(s.collisions.outside_block) + " / " + std::to_string(s.collisions.replaced_needed) +
+           "</td><td>" + xml_escape(format_double(max_eps)) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
+  }
+  if (omitted != 0) {
+    out += "<tr><td colspan=\"13\">\u2026 " + std::to_string(omitted) + " more steps (see the JSON report)</td></tr>\n";
+  }
+  return out + "</table>\n";
+}
+
+constexpr const char* kStyle = R"(body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;padding:0 16px;color:#222}
+h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}tr.failed td{background:#fdecea}tr.pictured td{background:#f9c9c4}
+.badge{display:inline-block;padding:1px 7px;border-radius:4px;font-weight:bold;font-size:12px;color:#fff}
+.pass{background:#2e7d32}.fail{background:#c62828}.mono,code,pre{font-family:ui-monospace,Menlo,Consolas,monospace}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}.figs{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+.context{color:#555}svg text{font-family:system-ui,sans-serif}svg .label{font-family:ui-monospace,Menlo,monospace}
+)";
+
+}  // namespace
+
+std::string report_html(const Report& report) {
+  const auto& ctx = report.context;
+  std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  out += "<title>kvcheck report: " + std::string(report.passed() ? "PASS" : "FAIL") + "</title>\n";
+  out += "<style>\n" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
+  out += "<h1>kvcheck report " + badge(report.passed()) + "</h1>\n";
+  out += "<p class=\"context\">kvcheck " + xml_escape(ctx.tool_version) + " \u00b7 backend " + xml_escape(ctx.backend) +
+         " \u00b7 fault " + xml_escape(ctx.fault) + " \u00b7 seed " + std::to_string(ctx.seed) + " \u00b7 reference " +
+         std::to_string(ctx.precision_bits) + " bits</p>\n";
+  if (!ctx.command.empty()) out += "<p>command: <code>" + xml_escape(ctx.command) + "</code></p>\n";
+
+  // Summary table.
+  out += "<h2>Runs</h2>\n<table class=\"runs\">\n<tr><th>verdict</th><th>scenario</th><th>backend</th><th>fault</th>"
+         "<th>window</th><th>S</th><th>format</th><th>steps</th><th>queries</th><th>lost rows</th><th>extra reads</th>"
+         "<th>collisions</th><th>output failures</th><th>max eps</th><th>first failure</th></tr>\n";
+  std::vector<std::size_t> pictured;
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    if (!report.runs[i].passed && pictured.size() < kFailingRunsPictured) pictured.push_back(i);
+  }
+  if (pictured.empty()) {
+    for (std::size_t i = 0; i < report.runs.size() && i < kPassingRunsPictured; ++i) pictured.push_back(i);
+  }
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    const auto& r = report.runs[i];
+    const bool linked = std::find(pictured.begin(), pictured.end(), i) != pictured.end();
+    const std::string name = xml_escape(r.scenario_name);
+    out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + badge(r.passed) + "</td><td>" +
+           (linked ? "<a href=\"#run-" + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
+           xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" + std::to_string(r.window_keys) +
+           " " + xml_escape(r.window_convention) + "</td><td>" + std::to_string(r.ring_rows) + "</td><td>" +
+           xml_escape(r.format) + "</td><td>" + std::to_string(r.steps.size()) + "</td><td>" +
+           std::to_string(r.queries) + "</td><td>" + std::to_string(r.lost_rows) + "</td><td>" +
+           std::to_string(r.extra_reads) + "</td><td>" + std::to_string(r.collisions) + "</td><td>" +
+           std::to_string(r.output_failures) + "</td><td>" + xml_escape(format_double(r.max_eps_units)) +
+           "</td><td>" + xml_escape(r.first_failure) + "</td></tr>\n";
+  }
+  out += "</table>\n";
+
+  if (report.check) {
+    const auto& c = *report.check;
+    out += "<h2>Property check " + badge(c.passed()) + "</h2>\n<p>" + std::to_string(c.cases) + " cases, " +
+           std::to_string(c.failures) + " failed.</p>\n";
+    if (!c.coverage.empty()) {
+      out += "<table class=\"coverage\">\n<tr><th>coverage class</th><th>cases</th><th>minimum</th><th></th></tr>\n";
+      for (const auto& k : c.coverage) {
+        out += std::string("<tr") + (k.met() ? "" : " class=\"failed\"") + "><td>" + xml_escape(k.name) + "</td><td>" +
+               std::to_string(k.count) + "</td><td>" + std::to_string(k.minimum) + "</td><td>" + badge(k.met()) +
+               "</td></tr>\n";
+      }
+      out += "</table>\n";
+    }
+    if (!c.counterexample_file.empty()) {
+      out += "<p>counterexample: <code>" + xml_escape(c.counterexample_file) + "</code></p>\n";
+    }
+    if (c.failures != 0) out += "<p>failing case seed: <code>" + std::to_string(c.failing_case_seed) + "</code></p>\n";
+    if (!c.replay_command.empty()) out += "<p>replay: <code>" + xml_escape(c.replay_command) + "</code></p>\n";
+  }
+
+  for (const std::size_t i : pictured) {
+    const auto& r = report.runs[i];
+    out += "<section class=\"run\" id=\"run-" + std::to_string(i) + "\">\n<h2>" + badge(r.passed) + " " +
+           xml_escape(r.scenario_name) + "</h2>\n";
+    if (!r.passed) out += "<pre>" + xml_escape(run_explanation(report, r)) + "</pre>\n";
+    // The step to picture: the first failing one, else the last with queries.
+    std::int64_t step_index = first_failing_step(r);
+    if (step_index < 0) {
+      for (std::size_t k = r.steps.size(); k-- > 0;) {
+        if (!r.steps[k].queries.empty()) {
+          step_index = static_cast<std::int64_t>(k);
+          break;
+        }
+      }
+    }
+    if (step_index < 0 && !r.steps.empty()) step_index = static_cast<std::int64_t>(r.steps.size()) - 1;
+    if (step_index >= 0) {
+      const auto& s = r.steps[static_cast<std::size_t>(step_index)];
+      const std::int64_t focus = focus_query(s);
+      out += "<p>Ring of state " + std::to_string(s.state) + " at " +
+             (focus >= 0 ? "the read of query " + std::to_string(s.queries[static_cast<std::size_t>(focus)].position)
+                         : std::string("the end")) +
+             " in step " + std::to_string(s.step) + " (" + xml_escape(s.kind) + ").</p>\n";
+      out += "<div class=\"figs\">\n" + ring_svg(r, s, focus);
+      if (!s.queries.empty()) out += bar_chart_svg(s, focus);
+      out += "</div>\n";
+    } else {
+      out += "<p>No steps were observed.</p>\n";
+    }
+    out += steps_table(r, step_index);
+    out += "</section>\n";
+  }
+  out += "</body>\n</html>\n";
+  return out;
+}
+
+}  // namespace kvcheck::reports

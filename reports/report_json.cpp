@@ -1,0 +1,162 @@
+// JSON report writer. Field order is the order of insertion (ordered_json).
+#include "reports/report_json.hpp"
+
+#include <cmath>
+
+namespace kvcheck::reports {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// nlohmann writes NaN and Inf as null; say so explicitly so the schema is
+// "number or null" and a reader knows null means "not finite".
+Json number(double value) {
+  if (!std::isfinite(value)) return nullptr;
+  return value;
+}
+
+Json tag_json(const properties::ReadTag& tag) {
+  Json j;
+  j["slot"] = tag.slot;
+  j["request"] = tag.request;
+  j["position"] = tag.position;
+  j["write_seq"] = tag.write_seq;
+  return j;
+}
+
+Json query_json(const properties::QueryObservation& q) {
+  Json j;
+  j["position"] = q.position;
+  j["visible"] = Json{{"first", q.visible_first}, {"last", q.position}};
+  j["failed"] = query_failed(q);
+  j["overwritten"] = q.overwritten;
+  j["missing"] = q.missing;
+  Json extra = Json::array();
+  for (const auto& t : q.extra) extra.push_back(tag_json(t));
+  j["extra_reads"] = std::move(extra);
+  j["reads"] = static_cast<std::int64_t>(q.reads.size());
+  Json out;
+  out["abs_diff"] = number(q.abs_diff);
+  out["rel_diff"] = number(q.rel_diff);
+  out["eps_units"] = number(q.eps_units);
+  out["quant_abs_diff"] = number(q.quant_abs_diff);
+  out["tolerance"] = number(q.tolerance);
+  out["ok"] = q.output_ok;
+  j["output"] = std::move(out);
+  return j;
+}
+
+Json step_json(const properties::StepObservation& s) {
+  Json j;
+  j["step"] = s.step;
+  j["layer"] = s.layer;
+  j["kind"] = s.kind;
+  j["order"] = s.order;
+  j["request"] = s.request;
+  j["state"] = s.state;
+  j["first_position"] = s.first_position;
+  j["failed"] = step_failed(s);
+  j["written_slots"] = s.written_slots;
+  j["collisions"] = Json{{"same_step", s.collisions.same_step},
+                         {"outside_block", s.collisions.outside_block},
+                         {"replaced_needed", s.collisions.replaced_needed},
+                         {"total", s.collisions.total()}};
+  std::vector<std::int64_t> counts;
+  for (const auto& q : s.queries) counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
+  j["overwritten_counts"] = counts;
+  Json queries = Json::array();
+  for (const auto& q : s.queries) queries.push_back(query_json(q));
+  j["queries"] = std::move(queries);
+  // Ring contents cost ring_rows numbers per step; keep them where they
+  // explain something (failing steps) so long passing runs stay small.
+  j["ring_positions"] = step_failed(s) ? Json(s.ring_positions) : Json::array();
+  j["error"] = s.error;
+  j["expectation_failed"] = s.expectation_failed;
+  j["expectation_detail"] = s.expectation_detail;
+  return j;
+}
+
+Json run_json(const properties::RunObservation& r) {
+  Json j;
+  j["scenario"] = r.scenario_name;
+  j["backend"] = r.backend;
+  j["fault"] = r.fault;
+  j["window"] = Json{{"convention", r.window_convention}, {"keys", r.window_keys}};
+  j["ring_rows"] = r.ring_rows;
+  j["format"] = r.format;
+  j["precision_bits"] = r.precision_bits;
+  j["verdict"] = r.passed ? "pass" : "fail";
+  j["first_failure"] = r.first_failure;
+  j["first_failing_step"] = first_failing_step(r);
+  Json totals;
+  totals["steps"] = static_cast<std::int64_t>(r.steps.size());
+  totals["queries"] = r.queries;
+  totals["lost_rows"] = r.lost_rows;
+  totals["extra_reads"] = r.extra_reads;
+  totals["collisions"] = r.collisions;
+  totals["output_failures"] = r.output_failures;
+  totals["max_abs_diff"] = number(r.max_abs_diff);
+  totals["max_eps_units"] = number(r.max_eps_units);
+  totals["max_quant_abs_diff"] = number(r.max_quant_abs_diff);
+  j["totals"] = std::move(totals);
+  Json steps = Json::array();
+  for (const auto& s : r.steps) steps.push_back(step_json(s));
+  j["steps"] = std::move(steps);
+  return j;
+}
+
+Json check_json(const CheckSummary& c) {
+  Json j;
+  j["verdict"] = c.passed() ? "pass" : "fail";
+  j["cases"] = c.cases;
+  j["failures"] = c.failures;
+  Json coverage = Json::array();
+  for (const auto& k : c.coverage) {
+    coverage.push_back(Json{{"name", k.name}, {"count", k.count}, {"minimum", k.minimum}, {"met", k.met()}});
+  }
+  j["coverage"] = std::move(coverage);
+  j["counterexample_file"] = c.counterexample_file;
+  j["replay_command"] = c.replay_command;
+  j["failing_case_seed"] = c.failing_case_seed;
+  return j;
+}
+
+}  // namespace
+
+Json report_to_json(const Report& report) {
+  std::int64_t failed = 0;
+  for (const auto& r : report.runs) failed += r.passed ? 0 : 1;
+  const auto& ctx = report.context;
+
+  Json j;
+  j["report_version"] = kReportVersion;
+  j["schema_version"] = kReportSchemaVersion;
+  j["name"] = "kvcheck report";
+  j["description"] = std::to_string(report.runs.size()) + " run(s) on backend " + ctx.backend +
+                     ", fault " + ctx.fault + ": " + std::to_string(failed) + " failed" +
+                     (report.check ? ", property check " + std::string(report.check->passed() ? "passed" : "failed")
+                                   : std::string());
+  j["verdict"] = report.passed() ? "pass" : "fail";
+  j["context"] = Json{{"tool_version", ctx.tool_version},
+                      {"seed", ctx.seed},
+                      {"backend", ctx.backend},
+                      {"fault", ctx.fault},
+                      {"precision_bits", ctx.precision_bits},
+                      {"command", ctx.command}};
+  j["summary"] = Json{{"runs", static_cast<std::int64_t>(report.runs.size())},
+                      {"passed_runs", static_cast<std::int64_t>(report.runs.size()) - failed},
+                      {"failed_runs", failed}};
+  j["check"] = report.check ? check_json(*report.check) : Json(nullptr);
+  Json runs = Json::array();
+  for (const auto& r : report.runs) runs.push_back(run_json(r));
+  j["runs"] = std::move(runs);
+  return j;
+}
+
+std::string report_json_text(const Report& report) {
+  // Names and commands come from user files; replace bad UTF-8 rather than
+  // throw halfway through writing a report.
+  return report_to_json(report).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace kvcheck::reports

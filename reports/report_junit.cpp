@@ -1,0 +1,100 @@
+// JUnit XML writer.
+#include "reports/report_junit.hpp"
+
+#include "reports/report_text.hpp"
+#include "reports/xml_escape.hpp"
+
+namespace kvcheck::reports {
+
+namespace detail {
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        if (byte < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') {
+          out += "\xEF\xBF\xBD";  // U+FFFD: XML 1.0 has no escape for these
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+std::string report_junit(const Report& report) {
+  using detail::xml_escape;
+  const auto& ctx = report.context;
+  std::size_t tests = report.runs.size();
+  std::size_t failures = 0;
+  for (const auto& run : report.runs) failures += run.passed ? 0 : 1;
+  if (report.check) {
+    ++tests;
+    failures += report.check->passed() ? 0 : 1;
+  }
+
+  const std::string suite = "kvcheck." + ctx.backend + "." + ctx.fault;
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out += "<testsuites name=\"kvcheck\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
+         std::to_string(failures) + "\" errors=\"0\">\n";
+  out += "  <testsuite name=\"" + xml_escape(suite) + "\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
+         std::to_string(failures) + "\" errors=\"0\" skipped=\"0\">\n";
+  out += "    <properties>\n";
+  const auto property = [&out](const std::string& name, const std::string& value) {
+    out += "      <property name=\"" + xml_escape(name) + "\" value=\"" + xml_escape(value) + "\"/>\n";
+  };
+  property("tool_version", ctx.tool_version);
+  property("seed", std::to_string(ctx.seed));
+  property("backend", ctx.backend);
+  property("fault", ctx.fault);
+  property("precision_bits", std::to_string(ctx.precision_bits));
+  property("command", ctx.command);
+  out += "    </properties>\n";
+
+  for (const auto& run : report.runs) {
+    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(run.scenario_name) + "\"";
+    if (run.passed) {
+      out += "/>\n";
+      continue;
+    }
+    const std::string message = run.first_failure.empty() ? std::string("run failed") : run.first_failure;
+    out += ">\n      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.run\">" +
+           xml_escape(run_explanation(report, run)) + "</failure>\n    </testcase>\n";
+  }
+  if (report.check) {
+    const auto& c = *report.check;
+    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"property check\"";
+    if (c.passed()) {
+      out += "/>\n";
+    } else {
+      std::string body = std::to_string(c.failures) + " of " + std::to_string(c.cases) + " cases failed\n";
+      for (const auto& k : c.coverage) {
+        if (!k.met()) {
+          body += "coverage " + k.name + ": " + std::to_string(k.count) + " below minimum " +
+                  std::to_string(k.minimum) + "\n";
+        }
+      }
+      if (!c.counterexample_file.empty()) body += "counterexample: " + c.counterexample_file + "\n";
+      if (c.failures != 0) body += "failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+      if (!c.replay_command.empty()) body += "replay: " + c.replay_command + "\n";
+      const std::string message = c.failures != 0 ? std::to_string(c.failures) + " failing case(s)"
+                                                  : std::string("coverage below minimum");
+      out += ">\n      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.check\">" +
+             xml_escape(body) + "</failure>\n    </testcase>\n";
+    }
+  }
+  out += "  </testsuite>\n</testsuites>\n";
+  return out;
+}
+
+}  // namespace kvcheck::reports

@@ -1,0 +1,1200 @@
+// Scenario JSON I/O: a SAX-built document (duplicate keys, depth and
+// non-finite numbers caught with their path), a strict converter (types,
+// unknown and missing keys), a validator that simulates the schedule, and a
+// canonical printer. See scenario_json.hpp for the contract.
+#include "scenarios/scenario_json.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <tuple>
+#include <utility>
+
+#include "support/error.hpp"
+
+namespace kvcheck::scenarios {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+// ---- paths and errors --------------------------------------------------------
+
+std::string join_key(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+std::string join_index(const std::string& path, std::size_t index) {
+  return path + "[" + std::to_string(index) + "]";
+}
+
+[[noreturn]] void fail(ErrorId id, std::string where, const std::string& rule) {
+  throw Error(id, std::move(where), rule);
+}
+
+// ---- SAX document builder ------------------------------------------------------
+
+/// Builds a json DOM like nlohmann's own SAX DOM parser, and additionally
+/// rejects duplicate keys (the default parser keeps the last silently),
+/// non-finite numbers (1e999 parses to inf) and nesting beyond kMaxJsonDepth,
+/// each with the JSON path where it happened.
+class DomBuilder {
+ public:
+  explicit DomBuilder(json& root) : root_(root) {}
+
+  bool null() { return put(json(nullptr)) != nullptr; }
+  bool boolean(bool value) { return put(json(value)) != nullptr; }
+  bool number_integer(json::number_integer_t value) { return put(json(value)) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t value) { return put(json(value)) != nullptr; }
+  bool number_float(json::number_float_t value, const json::string_t& text) {
+    if (!std::isfinite(value)) {
+      fail(ErrorId::kNonFinite, next_path(), "number " + text + " does not fit a double");
+    }
+    return put(json(value)) != nullptr;
+  }
+  bool string(json::string_t& value) { return put(json(std::move(value))) != nullptr; }
+  bool binary(json::binary_t& /*value*/) {
+    fail(ErrorId::kJsonSyntax, next_path(), "binary values are not JSON text");
+  }
+  bool start_object(std::size_t /*elements*/) { return open(json::object()); }
+  bool key(json::string_t& key) {
+    Frame& top = frames_.back();
+    if (top.node->contains(key)) {
+      fail(ErrorId::kJsonSyntax, join_key(frame_path(frames_.size() - 1), key),
+           "duplicate key '" + key + "'");
+    }
+    top.key = std::move(key);
+    return true;
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t /*elements*/) { return open(json::array()); }
+  bool end_array() {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& ex) {
+    // Number literals beyond the double range (1e999) arrive here as
+    // out_of_range 406; they are non-finite values, reported at their path.
+    if (ex.id == 406) {
+      fail(ErrorId::kNonFinite, next_path(), "number does not fit a double (overflows to infinity)");
+    }
+    // nlohmann's text reads "[json.exception.parse_error.101] parse error at
+    // line 1, column 5: syntax error ..."; keep what follows "parse error at ".
+    std::string message = ex.what();
+    const auto at = message.find("parse error at ");
+    if (at != std::string::npos) message = message.substr(at + 15);
+    fail(ErrorId::kJsonSyntax, "byte " + std::to_string(position), "malformed JSON: " + message);
+  }
+
+ private:
+  struct Frame {
+    json* node;
+    std::string key;  // current key when node is an object
+  };
+
+  // Path of the container at frames_[i] (its position inside its parent).
+  std::string frame_path(std::size_t i) const {
+    std::string path;
+    for (std::size_t f = 0; f < i; ++f) {
+      const Frame& frame = frames_[f];
+      path = frame.node->is_object() ? join_key(path, frame.key)
+                                     : join_index(path, frame.node->size() - 1);
+    }
+    return path;
+  }
+
+  // Path the next value put will have.
+  std::string next_path() const {
+    if (frames_.empty()) return "";
+    const Frame& top = frames_.back();
+    const std::string parent = frame_path(frames_.size() - 1);
+    return top.node->is_object() ? join_key(parent, top.key) : join_index(parent, top.node->size());
+  }
+
+  bool open(json&& container) {
+    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
+      fail(ErrorId::kJsonSyntax, next_path(),
+           "nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    }
+    json* node = put(std::move(container));
+    frames_.push_back({node, {}});
+    return true;
+  }
+
+  // Places a value in the open container (or as the root). Pointers into an
+  // array stay valid: nothing is appended to a parent while a child is open.
+  json* put(json&& value) {
+    if (frames_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Frame& top = frames_.back();
+    if (top.node->is_array()) {
+      top.node->push_back(std::move(value));
+      return &top.node->back();
+    }
+    json& slot = (*top.node)[top.key];
+    slot = std::move(value);
+    return &slot;
+  }
+
+  json& root_;
+  std::vector<Frame> frames_;
+};
+
+// ---- enum names ---------------------------------------------------------------
+
+template <typename E, std::size_t N>
+bool parse_enum(std::string_view text, const E (&values)[N], std::string_view (*name)(E) noexcept,
+                E* out) {
+  for (E value : values) {
+    if (name(value) == text) {
+      *out = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+template <typename E, std::size_t N>
+std::string enum_choices(const E (&values)[N], std::string_view (*name)(E) noexcept) {
+  std::string out;
+  for (E value : values) {
+    if (!out.empty()) out += ", ";
+    out += "'" + std::string(name(value)) + "'";
+  }
+  return out;
+}
+
+constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16, Format::kFp8};
+constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
+constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
+constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
+constexpr StepKind kStepKinds[] = {StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
+                                   StepKind::kAccept,  StepKind::kFinish, StepKind::kReset};
+
+// ---- typed reads ------------------------------------------------------------------
+
+std::string describe(const json& j) {
+  if (j.is_number_float()) return "a floating-point number";
+  if (j.is_number()) return "an integer";
+  if (j.is_string()) return "a string";
+  if (j.is_boolean()) return "a boolean";
+  if (j.is_null()) return "null";
+  if (j.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void type_error(const json& j, const std::string& path, std::string_view expected) {
+  fail(ErrorId::kJsonType, path, "expected " + std::string(expected) + ", found " + describe(j));
+}
+
+const json& as_object(const json& j, const std::string& path) {
+  if (!j.is_object()) type_error(j, path, "an object");
+  return j;
+}
+
+const json& as_array(const json& j, const std::string& path) {
+  if (!j.is_array()) type_error(j, path, "an array");
+  return j;
+}
+
+void check_keys(const json& object, const std::string& path,
+                std::initializer_list<std::string_view> allowed, std::string_view owner = "") {
+  for (const auto& item : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), item.key()) != allowed.end()) continue;
+    std::string list;
+    for (std::string_view key : allowed) {
+      if (!list.empty()) list += ", ";
+      list += key;
+    }
+    const std::string what =
+        owner.empty() ? "unknown key '" + item.key() + "'"
+                      : "key '" + item.key() + "' does not belong to " + std::string(owner);
+    fail(ErrorId::kJsonUnknownKey, join_key(path, item.key()), what + " (allowed: " + list + ")");
+  }
+}
+
+const json* find(const json& object, std::string_view key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+const json& require(const json& object, const std::string& path, std::string_view key) {
+  const json* value = find(object, key);
+  if (value == nullptr) {
+    fail(ErrorId::kJsonMissingKey, join_key(path, key),
+         "missing required key '" + std::string(key) + "'");
+  }
+  return *value;
+}
+
+std::int64_t get_i64(const json& j, const std::string& path) {
+  if (j.is_number_integer() && !j.is_number_unsigned()) return j.get<std::int64_t>();
+  if (j.is_number_unsigned()) {
+    const auto value = j.get<std::uint64_t>();
+    if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(ErrorId::kSize, path, "integer " + std::to_string(value) + " exceeds the 64-bit range");
+    }
+    return static_cast<std::int64_t>(value);
+  }
+  if (j.is_number_float()) {
+    // Integer literals beyond uint64 parse as doubles; name the real problem.
+    const double value = j.get<double>();
+    if (std::trunc(value) == value && std::fabs(value) >= 0x1p63) {
+      fail(ErrorId::kSize, path, "integer exceeds the 64-bit range");
+    }
+  }
+  type_error(j, path, "an integer");
+}
+
+std::int32_t get_i32(const json& j, const std::string& path) {
+  const std::int64_t value = get_i64(j, path);
+  if (value > std::numeric_limits<std::int32_t>::max() ||
+      value < std::numeric_limits<std::int32_t>::min()) {
+    fail(ErrorId::kSize, path, "integer " + std::to_string(value) + " exceeds the 32-bit range");
+  }
+  return static_cast<std::int32_t>(value);
+}
+
+std::uint64_t get_u64(const json& j, const std::string& path) {
+  if (j.is_number_unsigned()) return j.get<std::uint64_t>();
+  if (j.is_number_integer()) {
+    fail(ErrorId::kJsonValue, path, "expected a non-negative integer, found " + j.dump());
+  }
+  if (j.is_number_float()) {
+    const double value = j.get<double>();
+    if (std::trunc(value) == value && std::fabs(value) >= 0x1p64) {
+      fail(ErrorId::kSize, path, "integer exceeds the unsigned 64-bit range");
+    }
+  }
+  type_error(j, path, "a non-negative integer");
+}
+
+double get_f64(const json& j, const std::string& path) {
+  if (!j.is_number()) type_error(j, path, "a number");
+  return j.get<double>();  // finite: the DOM builder rejected inf
+}
+
+std::optional<double> get_optional_f64(const json& j, const std::string& path) {
+  if (j.is_null()) return std::nullopt;
+  if (!j.is_number()) type_error(j, path, "a number or null");
+  return j.get<double>();
+}
+
+bool get_bool(const json& j, const std::string& path) {
+  if (!j.is_boolean()) type_error(j, path, "a boolean");
+  return j.get<bool>();
+}
+
+std::string get_string(const json& j, const std::string& path) {
+  if (!j.is_string()) type_error(j, path, "a string");
+  return j.get<std::string>();
+}
+
+template <typename E, std::size_t N>
+E get_enum(const json& j, const std::string& path, const E (&values)[N],
+           std::string_view (*name)(E) noexcept) {
+  const std::string text = get_string(j, path);
+  E out{};
+  if (!parse_enum(text, values, name, &out)) {
+    fail(ErrorId::kJsonValue, path,
+         "unknown name '" + text + "' (one of " + enum_choices(values, name) + ")");
+  }
+  return out;
+}
+
+std::vector<double> get_f64_array(const json& j, const std::string& path) {
+  as_array(j, path);
+  std::vector<double> out;
+  out.reserve(j.size());
+  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(get_f64(j[i], join_index(path, i)));
+  return out;
+}
+
+// ---- document -> Scenario ----------------------------------------------------------
+
+Rope read_rope(const json& j, const std::string& path) {
+  as_object(j, path);
+  check_keys(j, path, {"style", "rotary_dims", "base"});
+  Rope rope;
+  if (const json* v = find(j, "style")) {
+    rope.style = get_enum(*v, join_key(path, "style"), kRopeStyles, rope_style_name);
+  }
+  if (const json* v = find(j, "rotary_dims")) rope.rotary_dims = get_i32(*v, join_key(path, "rotary_dims"));
+  if (const json* v = find(j, "base")) rope.base = get_f64(*v, join_key(path, "base"));
+  return rope;
+}
+
+CacheConfig read_cache(const json& j, const std::string& path) {
+  as_object(j, path);
+  check_keys(j, path,
+             {"window", "window_convention", "ring_rows", "states", "q_heads", "kv_heads",
+              "head_dim", "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit"});
+  CacheConfig c;
+  c.window = get_i64(require(j, path, "window"), join_key(path, "window"));
+  c.ring_rows = get_i64(require(j, path, "ring_rows"), join_key(path, "ring_rows"));
+  if (const json* v = find(j, "window_convention")) {
+    c.convention = get_enum(*v, join_key(path, "window_convention"), kConventions, convention_name);
+  }
+  if (const json* v = find(j, "states")) c.states = get_i64(*v, join_key(path, "states"));
+  if (const json* v = find(j, "q_heads")) c.q_heads = get_i32(*v, join_key(path, "q_heads"));
+  if (const json* v = find(j, "kv_heads")) c.kv_heads = get_i32(*v, join_key(path, "kv_heads"));
+  if (const json* v = find(j, "head_dim")) c.head_dim = get_i32(*v, join_key(path, "head_dim"));
+  if (const json* v = find(j, "shared_row")) c.shared_row = get_bool(*v, join_key(path, "shared_row"));
+  if (const json* v = find(j, "format")) {
+    c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
+  }
+  if (const json* v = find(j, "rope")) c.rope = read_rope(*v, join_key(path, "rope"));
+  if (const json* v = find(j, "layers")) c.layers = get_i32(*v, join_key(path, "layers"));
+  if (const json* v = find(j, "softmax_scale")) {
+    c.softmax_scale = get_optional_f64(*v, join_key(path, "softmax_scale"));
+  }
+  if (const json* v = find(j, "sink_logit")) {
+    c.sink_logit = get_optional_f64(*v, join_key(path, "sink_logit"));
+  }
+  return c;
+}
+
+Data read_data(const json& j, const std::string& path) {
+  as_object(j, path);
+  check_keys(j, path, {"seed", "rows"});
+  Data d;
+  if (const json* v = find(j, "seed")) d.seed = get_u64(*v, join_key(path, "seed"));
+  if (const json* v = find(j, "rows")) {
+    const std::string rows_path = join_key(path, "rows");
+    as_array(*v, rows_path);
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string p = join_index(rows_path, i);
+      const json& r = as_object((*v)[i], p);
+      check_keys(r, p, {"layer", "request", "position", "k", "v", "q"});
+      ExplicitRow row;
+      row.layer = get_i32(require(r, p, "layer"), join_key(p, "layer"));
+      row.request = get_i64(require(r, p, "request"), join_key(p, "request"));
+      row.position = get_i64(require(r, p, "position"), join_key(p, "position"));
+      row.k = get_f64_array(require(r, p, "k"), join_key(p, "k"));
+      if (const json* vv = find(r, "v")) row.v = get_f64_array(*vv, join_key(p, "v"));
+      row.q = get_f64_array(require(r, p, "q"), join_key(p, "q"));
+      d.rows.push_back(std::move(row));
+    }
+  }
+  return d;
+}
+
+std::vector<Request> read_requests(const json& j, const std::string& path) {
+  as_array(j, path);
+  std::vector<Request> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const std::string p = join_index(path, i);
+    const json& r = as_object(j[i], p);
+    check_keys(r, p, {"id", "state"});
+    Request request;
+    request.id = get_i64(require(r, p, "id"), join_key(p, "id"));
+    request.state = get_i64(require(r, p, "state"), join_key(p, "state"));
+    out.push_back(request);
+  }
+  return out;
+}
+
+Step read_step(const json& j, const std::string& p) {
+  as_object(j, p);
+  Step step;
+  step.kind = get_enum(require(j, p, "kind"), join_key(p, "kind"), kStepKinds, step_kind_name);
+  const std::string owner = "a " + std::string(step_kind_name(step.kind)) + " step";
+  switch (step.kind) {
+    case StepKind::kPrefill: check_keys(j, p, {"kind", "request", "rows", "order"}, owner); break;
+    case StepKind::kVerify: check_keys(j, p, {"kind", "request", "drafts"}, owner); break;
+    case StepKind::kAccept: check_keys(j, p, {"kind", "request", "accepted"}, owner); break;
+    default: check_keys(j, p, {"kind", "request"}, owner); break;
+  }
+  step.request = get_i64(require(j, p, "request"), join_key(p, "request"));
+  switch (step.kind) {
+    case StepKind::kPrefill:
+      step.rows = get_i64(require(j, p, "rows"), join_key(p, "rows"));
+      step.order = get_enum(require(j, p, "order"), join_key(p, "order"), kOrders, order_name);
+      break;
+    case StepKind::kVerify:
+      step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts"));
+      break;
+    case StepKind::kAccept:
+      step.accepted = get_i64(require(j, p, "accepted"), join_key(p, "accepted"));
+      break;
+    default: break;
+  }
+  return step;
+}
+
+std::optional<Expectations> read_expect(const json& j, const std::string& path) {
+  if (j.is_null()) return std::nullopt;
+  if (!j.is_object()) type_error(j, path, "an object or null");
+  check_keys(j, path, {"overwritten", "collisions", "output_tolerance"});
+  Expectations e;
+  if (const json* v = find(j, "overwritten")) {
+    const std::string list_path = join_key(path, "overwritten");
+    as_array(*v, list_path);
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string p = join_index(list_path, i);
+      const json& o = as_object((*v)[i], p);
+      check_keys(o, p, {"step", "counts"});
+      OverwriteExpectation ow;
+      ow.step = get_i64(require(o, p, "step"), join_key(p, "step"));
+      const std::string counts_path = join_key(p, "counts");
+      const json& counts = as_array(require(o, p, "counts"), counts_path);
+      for (std::size_t c = 0; c < counts.size(); ++c) {
+        ow.counts.push_back(get_i64(counts[c], join_index(counts_path, c)));
+      }
+      e.overwritten.push_back(std::move(ow));
+    }
+  }
+  if (const json* v = find(j, "collisions"); v != nullptr && !v->is_null()) {
+    e.collisions = get_i64(*v, join_key(path, "collisions"));
+  }
+  if (const json* v = find(j, "output_tolerance")) {
+    e.output_tolerance = get_optional_f64(*v, join_key(path, "output_tolerance"));
+  }
+  return e;
+}
+
+Scenario read_scenario(const json& root) {
+  const std::string path;
+  as_object(root, path);
+  check_keys(root, path,
+             {"schema_version", "name", "description", "cache", "data", "requests", "steps",
+              "expect"});
+  const json& version = require(root, path, "schema_version");
+  if (get_i64(version, "schema_version") != Scenario::kSchemaVersion) {
+    fail(ErrorId::kJsonValue, "schema_version",
+         "unsupported schema_version " + version.dump() + " (this build reads " +
+             std::to_string(Scenario::kSchemaVersion) + ")");
+  }
+  Scenario s;
+  s.name = get_string(require(root, path, "name"), "name");
+  s.description = get_string(require(root, path, "description"), "description");
+  s.cache = read_cache(require(root, path, "cache"), "cache");
+  if (const json* v = find(root, "data")) s.data = read_data(*v, "data");
+  s.requests = read_requests(require(root, path, "requests"), "requests");
+  const json& steps = as_array(require(root, path, "steps"), "steps");
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    s.steps.push_back(read_step(steps[i], join_index("steps", i)));
+  }
+  if (const json* v = find(root, "expect")) s.expect = read_expect(*v, "expect");
+  return s;
+}
+
+// ---- validation -----------------------------------------------------------------------
+
+bool valid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    for (std::size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values beyond U+10FFFF are invalid.
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+void check_real(double value, const std::string& path) {
+  if (!std::isfinite(value)) fail(ErrorId::kNonFinite, path, "value must be finite");
+  if (std::fabs(value) > kMaxMagnitude) {
+    fail(ErrorId::kNonFinite, path, "magnitude exceeds 1e18 (products would overflow f32)");
+  }
+}
+
+void check_count(std::int64_t value, std::int64_t lo, std::int64_t hi, const std::string& path,
+                 std::string_view what) {
+  if (value < lo) {
+    fail(ErrorId::kSize, path,
+         std::string(what) + " " + std::to_string(value) + " is below " + std::to_string(lo));
+  }
+  if (value > hi) {
+    fail(ErrorId::kSize, path,
+         std::string(what) + " " + std::to_string(value) + " exceeds " + std::to_string(hi));
+  }
+}
+
+/// Visible keys of the window parameter under its convention (SPEC §1, model/visible.hpp).
+std::int64_t window_keys(const CacheConfig& c) {
+  return c.convention == Convention::kKeys ? c.window : c.window + 1;
+}
+
+void validate_cache(const CacheConfig& c) {
+  check_count(c.window, 1, kMaxRows - 1, "cache.window", "window");
+  check_count(c.ring_rows, 1, kMaxRows - 1, "cache.ring_rows", "ring_rows");
+  check_count(c.states, 1, kMaxRows - 1, "cache.states", "states");
+  check_count(c.q_heads, 1, std::numeric_limits<std::int32_t>::max(), "cache.q_heads", "q_heads");
+  check_count(c.kv_heads, 1, std::numeric_limits<std::int32_t>::max(), "cache.kv_heads", "kv_heads");
+  check_count(c.head_dim, 1, std::numeric_limits<std::int32_t>::max(), "cache.head_dim", "head_dim");
+  check_count(c.layers, 1, std::numeric_limits<std::int32_t>::max(), "cache.layers", "layers");
+  if (c.q_heads % c.kv_heads != 0) {
+    fail(ErrorId::kJsonValue, "cache.q_heads",
+         "q_heads " + std::to_string(c.q_heads) + " is not a multiple of kv_heads " +
+             std::to_string(c.kv_heads));
+  }
+  if (c.shared_row && c.kv_heads != 1) {
+    fail(ErrorId::kJsonValue, "cache.shared_row",
+         "a shared key/value row needs kv_heads 1, found " + std::to_string(c.kv_heads));
+  }
+  const std::int32_t dims = c.rope.rotary_dims;
+  if (c.rope.style == RopeStyle::kNone) {
+    if (dims != 0) {
+      fail(ErrorId::kJsonValue, "cache.rope.rotary_dims",
+           "rotary_dims must be 0 when rope style is 'none', found " + std::to_string(dims));
+    }
+  } else if (dims < 2 || dims % 2 != 0 || dims > c.head_dim) {
+    fail(ErrorId::kJsonValue, "cache.rope.rotary_dims",
+         "rotary_dims " + std::to_string(dims) + " must be even, at least 2 and at most head_dim " +
+             std::to_string(c.head_dim));
+  }
+  check_real(c.rope.base, "cache.rope.base");
+  if (!(c.rope.base > 0)) fail(ErrorId::kJsonValue, "cache.rope.base", "base must be positive");
+  if (c.softmax_scale) {
+    check_real(*c.softmax_scale, "cache.softmax_scale");
+    if (!(*c.softmax_scale > 0)) {
+      fail(ErrorId::kJsonValue, "cache.softmax_scale", "softmax_scale must be positive");
+    }
+  }
+  if (c.sink_logit) check_real(*c.sink_logit, "cache.sink_logit");
+
+  // Bytes of the pool at 8 bytes per element (the widest format):
+  // layers * states * ring_rows * kv_heads * head_dim * (1 shared or 2) * 8.
+  std::int64_t bytes = 8 * (c.shared_row ? 1 : 2);
+  bool overflow = false;
+  for (std::int64_t factor : {std::int64_t{c.layers}, c.states, c.ring_rows,
+                              std::int64_t{c.kv_heads}, std::int64_t{c.head_dim}}) {
+    overflow = overflow || __builtin_mul_overflow(bytes, factor, &bytes);
+  }
+  std::int64_t q_bytes = 8;
+  for (std::int64_t factor : {std::int64_t{c.q_heads}, std::int64_t{c.head_dim}}) {
+    overflow = overflow || __builtin_mul_overflow(q_bytes, factor, &q_bytes);
+  }
+  if (overflow) {
+    fail(ErrorId::kSize, "cache",
+         "layers*states*ring_rows*kv_heads*head_dim*2*8 bytes overflows 64 bits");
+  }
+}
+
+/// What the schedule simulation learns, used by the data and expect checks.
+struct Simulation {
+  std::map<std::int64_t, std::int64_t> written_end;  // request -> 1 + highest position written
+  std::vector<std::int64_t> first_position;          // per step: position of its first row
+};
+
+void check_default_fields(const Step& step, const std::string& p) {
+  const Step defaults;
+  const std::string owner = "a " + std::string(step_kind_name(step.kind)) + " step";
+  if (step.kind != StepKind::kPrefill) {
+    if (step.rows != defaults.rows) fail(ErrorId::kJsonValue, join_key(p, "rows"), "rows is not a field of " + owner);
+    if (step.order != defaults.order) fail(ErrorId::kJsonValue, join_key(p, "order"), "order is not a field of " + owner);
+  }
+  if (step.kind != StepKind::kVerify && step.drafts != defaults.drafts) {
+    fail(ErrorId::kJsonValue, join_key(p, "drafts"), "drafts is not a field of " + owner);
+  }
+  if (step.kind != StepKind::kAccept && step.accepted != defaults.accepted) {
+    fail(ErrorId::kJsonValue, join_key(p, "accepted"), "accepted is not a field of " + owner);
+  }
+}
+
+Simulation simulate(const Scenario& s) {
+  struct Live {
+    std::int64_t state = 0;
+    enum class Phase { kIdle, kActive, kFinished } phase = Phase::kIdle;
+    std::int64_t length = 0;               // logical length
+    std::int64_t written = 0;              // rows written over the whole schedule
+    std::optional<std::size_t> verify_at;  // step index of a pending verify
+    std::size_t finished_at = 0;
+  };
+  std::map<std::int64_t, Live> live;
+  for (std::size_t i = 0; i < s.requests.size(); ++i) {
+    const Request& r = s.requests[i];
+    const std::string p = join_index("requests", i);
+    if (r.id < 0) {
+      fail(ErrorId::kJsonValue, join_key(p, "id"), "request id " + std::to_string(r.id) + " is negative");
+    }
+    if (r.state < 0 || r.state >= s.cache.states) {
+      fail(ErrorId::kJsonValue, join_key(p, "state"),
+           "state " + std::to_string(r.state) + " is outside 0.." + std::to_string(s.cache.states - 1));
+    }
+    if (!live.emplace(r.id, Live{}).second) {
+      fail(ErrorId::kJsonValue, join_key(p, "id"), "duplicate request id " + std::to_string(r.id));
+    }
+    live[r.id].state = r.state;
+  }
+
+  Simulation sim;
+  std::map<std::int64_t, std::int64_t> holder;  // state -> active request
+  for (std::size_t i = 0; i < s.steps.size(); ++i) {
+    const Step& step = s.steps[i];
+    const std::string p = join_index("steps", i);
+    check_default_fields(step, p);
+    const auto it = live.find(step.request);
+    if (it == live.end()) {
+      fail(ErrorId::kJsonValue, join_key(p, "request"),
+           "unknown request " + std::to_string(step.request));
+    }
+    Live& r = it->second;
+    const std::string name = "request " + std::to_string(step.request);
+    if (r.phase == Live::Phase::kFinished) {
+      fail(ErrorId::kJsonValue, join_key(p, "request"),
+           name + " finished at steps[" + std::to_string(r.finished_at) + "]");
+    }
+    if (r.phase == Live::Phase::kIdle) {
+      // A request starts at its first step and takes its state, which must be free.
+      if (const auto h = holder.find(r.state); h != holder.end()) {
+        fail(ErrorId::kJsonValue, join_key(p, "request"),
+             name + " starts on state " + std::to_string(r.state) +
+                 ", still held by active request " + std::to_string(h->second));
+      }
+      holder[r.state] = step.request;
+      r.phase = Live::Phase::kActive;
+    }
+    const bool writes = step.kind == StepKind::kPrefill || step.kind == StepKind::kDecode ||
+                        step.kind == StepKind::kVerify;
+    if (step.kind == StepKind::kPrefill) {
+      check_count(step.rows, 1, kMaxPrefillRows, join_key(p, "rows"), "prefill rows");
+    }
+    if (step.kind == StepKind::kVerify) {
+      check_count(step.drafts, 0, kMaxDrafts, join_key(p, "drafts"), "drafts");
+    }
+    if (writes && r.verify_at) {
+      fail(ErrorId::kJsonValue, join_key(p, "kind"),
+           std::string(step_kind_name(step.kind)) + " while the verify at steps[" +
+               std::to_string(*r.verify_at) + "] of " + name + " awaits its accept");
+    }
+    sim.first_position.push_back(writes ? r.length : 0);
+    switch (step.kind) {
+      case StepKind::kPrefill:
+      case StepKind::kDecode:
+      case StepKind::kVerify: {
+        const std::int64_t rows = step_rows(step);
+        r.written += rows;
+        if (r.written >= kMaxRows) {
+          fail(ErrorId::kSize, p, name + " writes 2^40 rows or more over the schedule");
+        }
+        auto& end = sim.written_end[step.request];
+        end = std::max(end, r.length + rows);
+        if (step.kind == StepKind::kVerify) {
+          r.verify_at = i;
+        } else {
+          r.length += rows;
+        }
+        break;
+      }
+      case StepKind::kAccept: {
+        if (!r.verify_at) {
+          fail(ErrorId::kJsonValue, join_key(p, "kind"),
+               "accept without a pending verify of " + name);
+        }
+        const std::int64_t drafts = s.steps[*r.verify_at].drafts;
+        if (step.accepted < 0) {
+          fail(ErrorId::kJsonValue, join_key(p, "accepted"),
+               "accept " + std::to_string(step.accepted) + " is negative");
+        }
+        if (step.accepted > drafts) {
+          fail(ErrorId::kJsonValue, join_key(p, "accepted"),
+               "accept " + std::to_string(step.accepted) + " exceeds the " +
+                   std::to_string(drafts) + " drafts of the pending verify at steps[" +
+                   std::to_string(*r.verify_at) + "]");
+        }
+        // The verified last token plus the accepted drafts become committed.
+        r.length += 1 + step.accepted;
+        r.verify_at.reset();
+        break;
+      }
+      case StepKind::kFinish:
+        r.phase = Live::Phase::kFinished;
+        r.finished_at = i;
+        r.verify_at.reset();
+        holder.erase(r.state);
+        break;
+      case StepKind::kReset:
+        r.length = 0;
+        r.verify_at.reset();
+        break;
+    }
+  }
+  return sim;
+}
+
+void validate_data(const Scenario& s, const Simulation& sim) {
+  const CacheConfig& c = s.cache;
+  const auto kv_width = static_cast<std::size_t>(c.kv_heads) * static_cast<std::size_t>(c.head_dim);
+  const auto q_width = static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(c.head_dim);
+  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t>, std::size_t> seen;
+  for (std::size_t i = 0; i < s.data.rows.size(); ++i) {
+    const ExplicitRow& row = s.data.rows[i];
+    const std::string p = join_index("data.rows", i);
+    if (row.layer < 0 || row.layer >= c.layers) {
+      fail(ErrorId::kJsonValue, join_key(p, "layer"),
+           "layer " + std::to_string(row.layer) + " is outside 0.." + std::to_string(c.layers - 1));
+    }
+    const bool known = std::any_of(s.requests.begin(), s.requests.end(),
+                                   [&](const Request& r) { return r.id == row.request; });
+    if (!known) {
+      fail(ErrorId::kJsonValue, join_key(p, "request"), "unknown request " + std::to_string(row.request));
+    }
+    const auto end = sim.written_end.find(row.request);
+    const std::int64_t written = end == sim.written_end.end() ? 0 : end->second;
+    if (row.position < 0 || row.position >= written) {
+      fail(ErrorId::kJsonValue, join_key(p, "position"),
+           "position " + std::to_string(row.position) + " is never written by request " +
+               std::to_string(row.request) + " (positions 0.." + std::to_string(written - 1) + ")");
+    }
+    const auto [prior, inserted] = seen.emplace(std::tuple(row.layer, row.request, row.position), i);
+    if (!inserted) {
+      fail(ErrorId::kJsonValue, p,
+           "duplicate row for this layer, request and position (first at data.rows[" +
+               std::to_string(prior->second) + "])");
+    }
+    const auto check_width = [&](const std::vector<double>& values, std::size_t width,
+                                 std::string_view key, std::string_view rule) {
+      const std::string vp = join_key(p, key);
+      if (values.size() != width) {
+        fail(ErrorId::kJsonValue, vp,
+             "has " + std::to_string(values.size()) + " values, expected " + std::string(rule) +
+                 " = " + std::to_string(width));
+      }
+      for (std::size_t e = 0; e < values.size(); ++e) check_real(values[e], join_index(vp, e));
+    };
+    check_width(row.k, kv_width, "k", "kv_heads*head_dim");
+    if (c.shared_row) {
+      check_width(row.v, 0, "v", "0 for a shared row");
+    } else {
+      check_width(row.v, kv_width, "v", "kv_heads*head_dim");
+    }
+    check_width(row.q, q_width, "q", "q_heads*head_dim");
+  }
+}
+
+void validate_expect(const Scenario& s, const Simulation& sim) {
+  if (!s.expect) return;
+  const Expectations& e = *s.expect;
+  const std::int64_t keys = window_keys(s.cache);
+  std::set<std::int64_t> seen;
+  for (std::size_t i = 0; i < e.overwritten.size(); ++i) {
+    const OverwriteExpectation& o = e.overwritten[i];
+    const std::string p = join_index("expect.overwritten", i);
+    if (o.step < 0 || o.step >= static_cast<std::int64_t>(s.steps.size())) {
+      fail(ErrorId::kJsonValue, join_key(p, "step"),
+           "step " + std::to_string(o.step) + " is outside 0.." + std::to_string(static_cast<std::int64_t>(s.steps.size()) - 1));
+    }
+    const Step& step = s.steps[static_cast<std::size_t>(o.step)];
+    if (step_rows(step) == 0) {
+      fail(ErrorId::kJsonValue, join_key(p, "step"),
+           "steps[" + std::to_string(o.step) + "] is a " + std::string(step_kind_name(step.kind)) +
+               " step, which runs no query");
+    }
+    if (!seen.insert(o.step).second) {
+      fail(ErrorId::kJsonValue, join_key(p, "step"),
+           "a second expectation for steps[" + std::to_string(o.step) + "]");
+    }
+    const std::string cp = join_key(p, "counts");
+    if (static_cast<std::int64_t>(o.counts.size()) != step_rows(step)) {
+      fail(ErrorId::kJsonValue, cp,
+           "has " + std::to_string(o.counts.size()) + " counts, but steps[" +
+               std::to_string(o.step) + "] runs " + std::to_string(step_rows(step)) + " queries");
+    }
+    const std::int64_t first = sim.first_position[static_cast<std::size_t>(o.step)];
+    for (std::size_t q = 0; q < o.counts.size(); ++q) {
+      const std::int64_t position = first + static_cast<std::int64_t>(q);
+      const std::int64_t visible = std::min(position + 1, keys);
+      if (o.counts[q] < 0 || o.counts[q] > visible) {
+        fail(ErrorId::kJsonValue, join_index(cp, q),
+             "count " + std::to_string(o.counts[q]) + " is outside 0.." + std::to_string(visible) +
+                 " (rows visible to the query at position " + std::to_string(position) + ")");
+      }
+    }
+  }
+  if (e.collisions && *e.collisions < 0) {
+    fail(ErrorId::kJsonValue, "expect.collisions", "collisions " + std::to_string(*e.collisions) + " is negative");
+  }
+  if (e.output_tolerance) {
+    check_real(*e.output_tolerance, "expect.output_tolerance");
+    if (*e.output_tolerance < 0) {
+      fail(ErrorId::kJsonValue, "expect.output_tolerance", "output_tolerance is negative");
+    }
+  }
+}
+
+// ---- Scenario -> canonical text ----------------------------------------------------------
+
+ojson optional_number(const std::optional<double>& v) { return v ? ojson(*v) : ojson(nullptr); }
+
+ojson to_document(const Scenario& s) {
+  ojson root = ojson::object();
+  root["schema_version"] = Scenario::kSchemaVersion;
+  root["name"] = s.name;
+  root["description"] = s.description;
+  const CacheConfig& c = s.cache;
+  ojson cache = ojson::object();
+  cache["window"] = c.window;
+  cache["window_convention"] = convention_name(c.convention);
+  cache["ring_rows"] = c.ring_rows;
+  cache["states"] = c.states;
+  cache["q_heads"] = c.q_heads;
+  cache["kv_heads"] = c.kv_heads;
+  cache["head_dim"] = c.head_dim;
+  cache["shared_row"] = c.shared_row;
+  cache["format"] = format_name(c.format);
+  ojson rope = ojson::object();
+  rope["style"] = rope_style_name(c.rope.style);
+  rope["rotary_dims"] = c.rope.rotary_dims;
+  rope["base"] = c.rope.base;
+  cache["rope"] = std::move(rope);
+  cache["layers"] = c.layers;
+  cache["softmax_scale"] = optional_number(c.softmax_scale);
+  cache["sink_logit"] = optional_number(c.sink_logit);
+  root["cache"] = std::move(cache);
+
+  ojson data = ojson::object();
+  data["seed"] = s.data.seed;
+  ojson rows = ojson::array();
+  for (const ExplicitRow& r : s.data.rows) {
+    ojson row = ojson::object();
+    row["layer"] = r.layer;
+    row["request"] = r.request;
+    row["position"] = r.position;
+    row["k"] = r.k;
+    row["v"] = r.v;
+    row["q"] = r.q;
+    rows.push_back(std::move(row));
+  }
+  data["rows"] = std::move(rows);
+  root["data"] = std::move(data);
+
+  ojson requests = ojson::array();
+  for (const Request& r : s.requests) {
+    ojson request = ojson::object();
+    request["id"] = r.id;
+    request["state"] = r.state;
+    requests.push_back(std::move(request));
+  }
+  root["requests"] = std::move(requests);
+
+  ojson steps = ojson::array();
+  for (const Step& st : s.steps) {
+    ojson step = ojson::object();
+    step["kind"] = step_kind_name(st.kind);
+    step["request"] = st.request;
+    switch (st.kind) {
+      case StepKind::kPrefill:
+        step["rows"] = st.rows;
+        step["order"] = order_name(st.order);
+        break;
+      case StepKind::kVerify: step["drafts"] = st.drafts; break;
+      case StepKind::kAccept: step["accepted"] = st.accepted; break;
+      default: break;
+    }
+    steps.push_back(std::move(step));
+  }
+  root["steps"] = std::move(steps);
+
+  if (s.expect) {
+    ojson expect = ojson::object();
+    ojson overwritten = ojson::array();
+    for (const OverwriteExpectation& o : s.expect->overwritten) {
+      ojson entry = ojson::object();
+      entry["step"] = o.step;
+      entry["counts"] = o.counts;
+      overwritten.push_back(std::move(entry));
+    }
+    expect["overwritten"] = std::move(overwritten);
+    expect["collisions"] = s.expect->collisions ? ojson(*s.expect->collisions) : ojson(nullptr);
+    expect["output_tolerance"] = optional_number(s.expect->output_tolerance);
+    root["expect"] = std::move(expect);
+  } else {
+    root["expect"] = nullptr;
+  }
+  return root;
+}
+
+bool is_scalar_array(const ojson& j) {
+  return j.is_array() && std::all_of(j.begin(), j.end(), [](const ojson& e) { return e.is_primitive(); });
+}
+
+/// Flat containers (children are scalars or arrays of scalars) print on one line.
+bool is_flat(const ojson& j) {
+  return std::all_of(j.begin(), j.end(),
+                     [](const ojson& e) { return e.is_primitive() || is_scalar_array(e); });
+}
+
+void print(const ojson& j, int indent, std::string& out) {
+  if (j.is_primitive()) {
+    // Doubles print as the shortest text that reads back to the same value
+    // (and always with a '.' or exponent, so they stay doubles).
+    out += j.dump(-1, ' ', false, ojson::error_handler_t::strict);
+    return;
+  }
+  const bool object = j.is_object();
+  const char open = object ? '{' : '[';
+  const char close = object ? '}' : ']';
+  if (j.empty()) {
+    out += open;
+    out += close;
+    return;
+  }
+  const bool flat = is_flat(j);
+  const std::string pad(static_cast<std::size_t>(indent + 2), ' ');
+  out += open;
+  bool first = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (flat) {
+      if (it != j.begin()) out += ' ';
+    } else {
+      out += '\n';
+      out += pad;
+    }
+    if (object) {
+      out += ojson(it.key()).dump(-1, ' ', false, ojson::error_handler_t::strict);
+      out += ": ";
+    }
+    print(*it, indent + 2, out);
+  }
+  if (!flat) {
+    out += '\n';
+    out += std::string(static_cast<std::size_t>(indent), ' ');
+  }
+  out += close;
+}
+
+std::string errno_text(int error) { return std::system_category().message(error); }
+
+}  // namespace
+
+// ---- public API ------------------------------------------------------------------------------
+
+std::string_view format_name(Format f) noexcept {
+  switch (f) {
+    case Format::kF64: return "f64";
+    case Format::kF32: return "f32";
+    case Format::kBf16: return "bf16";
+    case Format::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+std::string_view convention_name(Convention c) noexcept {
+  switch (c) {
+    case Convention::kKeys: return "keys";
+    case Convention::kLeft: return "left";
+    case Convention::kOffByOne: return "off-by-one";
+  }
+  return "?";
+}
+
+std::string_view rope_style_name(RopeStyle s) noexcept {
+  switch (s) {
+    case RopeStyle::kNone: return "none";
+    case RopeStyle::kNeox: return "neox";
+    case RopeStyle::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::string_view order_name(Order o) noexcept {
+  switch (o) {
+    case Order::kLoadThenStore: return "load_then_store";
+    case Order::kStoreThenLoad: return "store_then_load";
+  }
+  return "?";
+}
+
+std::string_view step_kind_name(StepKind k) noexcept {
+  switch (k) {
+    case StepKind::kPrefill: return "prefill";
+    case StepKind::kDecode: return "decode";
+    case StepKind::kVerify: return "verify";
+    case StepKind::kAccept: return "accept";
+    case StepKind::kFinish: return "finish";
+    case StepKind::kReset: return "reset";
+  }
+  return "?";
+}
+
+void validate_scenario(const Scenario& s) {
+  if (s.name.empty()) fail(ErrorId::kJsonValue, "name", "name is empty");
+  if (s.name.size() > 200) fail(ErrorId::kJsonValue, "name", "name is longer than 200 bytes");
+  for (const char ch : s.name) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7F) fail(ErrorId::kJsonValue, "name", "name contains a control character");
+  }
+  if (!valid_utf8(s.name)) fail(ErrorId::kJsonValue, "name", "name is not valid UTF-8");
+  if (!valid_utf8(s.description)) {
+    fail(ErrorId::kJsonValue, "description", "description is not valid UTF-8");
+  }
+  validate_cache(s.cache);
+  const Simulation sim = simulate(s);
+  validate_data(s, sim);
+  validate_expect(s, sim);
+}
+
+Scenario parse_scenario(std::string_view text, const std::string& source) {
+  try {
+    json root;
+    DomBuilder builder(root);
+    json::sax_parse(text.begin(), text.end(), &builder, json::input_format_t::json,
+                    /*strict=*/true, /*ignore_comments=*/false);
+    Scenario s = read_scenario(root);
+    validate_scenario(s);
+    return s;
+  } catch (const Error& e) {
+    if (source.empty()) throw;
+    // Re-issue with the source named after the rule; where() stays the path.
+    const std::string prefix = "kvcheck error " + std::to_string(static_cast<int>(e.id())) +
+                               " at " + (e.where().empty() ? std::string("<input>") : e.where()) +
+                               ": ";
+    std::string rule = e.what();
+    if (rule.compare(0, prefix.size(), prefix) == 0) rule.erase(0, prefix.size());
+    throw Error(e.id(), e.where(), rule + " (in " + source + ")");
+  }
+}
+
+Scenario load_scenario_file(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(ErrorId::kIo, name, "is a directory, not a scenario file");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail(ErrorId::kIo, name, "cannot read: " + ec.message());
+  if (size > kMaxFileBytes) fail(ErrorId::kSize, name, "file is larger than 256 MiB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorId::kIo, name, "cannot open for reading");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) fail(ErrorId::kIo, name, "read failed");
+  return parse_scenario(buffer.str(), name);
+}
+
+std::string save_scenario(const Scenario& scenario) {
+  validate_scenario(scenario);
+  std::string out;
+  print(to_document(scenario), 0, out);
+  out += '\n';
+  return out;
+}
+
+void write_scenario_file(const std::filesystem::path& path, const Scenario& scenario) {
+  const std::string text = save_scenario(scenario);  // throws before touching the disk
+  const std::string name = path.string();
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  // A unique temporary beside the target, so rename(2) replaces it atomically.
+  static std::atomic<unsigned> counter{0};
+  const std::filesystem::path temp =
+      dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+             std::to_string(counter.fetch_add(1)));
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    fail(ErrorId::kIo, name, "cannot create a temporary file in " + dir.string() + ": " + errno_text(errno));
+  }
+  const auto abandon = [&](const std::string& what, int error) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    fail(ErrorId::kIo, name, what + ": " + errno_text(error));
+  };
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      abandon("write failed", errno);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) abandon("fsync failed", errno);
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    fail(ErrorId::kIo, name, "close failed: " + errno_text(error));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    fail(ErrorId::kIo, name, "rename failed: " + errno_text(error));
+  }
+  // Persist the rename itself; failure here leaves a complete file either way.
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::vector<std::filesystem::path> collect_scenario_files(
+    const std::vector<std::string>& files_or_dirs) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  const auto is_scenario_name = [](const fs::path& p) {
+    const std::string file = p.filename().string();
+    const std::string_view suffix = ".schema.json";
+    return p.extension() == ".json" &&
+           !(file.size() >= suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0);
+  };
+  for (const std::string& arg : files_or_dirs) {
+    const fs::path root(arg);
+    std::error_code ec;
+    const fs::file_status status = fs::status(root, ec);
+    if (ec || !fs::exists(status)) fail(ErrorId::kIo, arg, "no such file or directory");
+    if (!fs::is_directory(status)) {
+      out.push_back(root.lexically_normal());
+      continue;
+    }
+    fs::recursive_directory_iterator it(root, ec), end;
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+      std::error_code entry_ec;
+      if (it->is_regular_file(entry_ec) && is_scenario_name(it->path())) {
+        out.push_back(it->path().lexically_normal());
+      }
+    }
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+  }
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
+    return a.generic_string() < b.generic_string();
+  });
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace kvcheck::scenarios

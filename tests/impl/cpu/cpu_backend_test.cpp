@@ -1,0 +1,116 @@
+// CpuBackend kernel tests beyond the conformance suite: SPEC §6 ring trace
+// through the metadata kernel, same-step collisions, names of faults,
+// formats and errors, and the factory.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "impl/cpu/cpu_backend.hpp"
+#include "impl/kv_cache.hpp"
+#include "impl/ring_pool.hpp"
+#include "model/address.hpp"
+
+using namespace kvcheck::impl;
+namespace model = kvcheck::model;
+
+TEST_CASE("CpuBackend: SPEC ring trace W = 128, S = 134 through metadata and index kernels") {
+  auto b = make_backend("cpu", nullptr);
+  REQUIRE(b);
+  PoolSpec spec;
+  spec.states = 4;
+  spec.window_rows = 128;
+  spec.ring_rows = 134;
+  REQUIRE(b->configure(spec).ok());
+  struct Row {
+    std::int64_t state, p, first, last, write;
+  };
+  const Row rows[] = {{2, 127, 268, 395, 395}, {2, 128, 269, 396, 396}, {2, 133, 274, 401, 401},
+                      {2, 134, 275, 268, 268}, {3, 134, 409, 402, 402}};
+  for (const auto& r : rows) {
+    QueryRef q{r.state, r.p};
+    ReadMeta m;
+    REQUIRE(b->metadata({&q, 1}, {&m, 1}).ok());
+    std::vector<std::int64_t> index(128);
+    REQUIRE(b->expand_index({&m, 1}, 128, index).ok());
+    CHECK(m.read_offset == r.first);
+    CHECK(m.write_slot == r.write);
+    CHECK(index.front() == r.first);
+    CHECK(index.back() == r.last);
+    const model::Ring ring{4, 134, 128};
+    CHECK(index == model::expand_index(r.state, r.p, ring, 128));
+  }
+  QueryRef early{1, 3};
+  ReadMeta m;
+  REQUIRE(b->metadata({&early, 1}, {&m, 1}).ok());
+  std::vector<std::int64_t> index(128);
+  REQUIRE(b->expand_index({&m, 1}, 128, index).ok());
+  CHECK(index == model::expand_index(1, 3, model::Ring{4, 134, 128}, 128));
+  CHECK(index[4] == -1);
+  QueryRef bad{4, 0};
+  CHECK(b->metadata({&bad, 1}, {&m, 1}).code == CacheError::kStateOutOfRange);
+  bad = {0, -1};
+  CHECK(b->metadata({&bad, 1}, {&m, 1}).code == CacheError::kNegativePosition);
+}
+
+TEST_CASE("CpuBackend: store reports same-step write-write collisions") {
+  cpu::CpuBackend b;
+  PoolSpec spec;
+  spec.states = 2;
+  spec.window_rows = 4;
+  spec.ring_rows = 4;
+  spec.head_dim = 2;
+  spec.max_step_rows = 6;
+  REQUIRE(b.configure(spec).ok());
+  std::vector<double> k(12, 1.0), v(12, 2.0);
+  std::vector<std::int64_t> slots = {0, 1, 0, 5, 1, 0};
+  std::vector<std::int64_t> pos = {0, 1, 4, 1, 5, 8};
+  std::vector<Tag> tags(6);
+  for (std::size_t i = 0; i < 6; ++i) tags[i] = Tag{1, pos[i], i + 1};
+  StoreReport report;
+  REQUIRE(b.store(slots, pos, k.data(), v.data(), tags, &report).ok());
+  CHECK(report.duplicate_slots == 2);  // slots 0 (three writes) and 1 (two)
+  CHECK(b.slot_tag(0) == tags[5]);     // the last write wins on the CPU
+  REQUIRE(b.store({slots.data(), 2}, {pos.data(), 2}, k.data(), v.data(), {tags.data(), 2}, &report).ok());
+  CHECK(report.duplicate_slots == 0);
+  // A refused store (slot outside the pool) changes no byte.
+  const std::vector<std::uint8_t> before(b.pool_bytes().begin(), b.pool_bytes().end());
+  std::vector<std::int64_t> bad = {3, 8};
+  CHECK(b.store(bad, {pos.data(), 2}, k.data(), v.data(), {tags.data(), 2}, &report).code ==
+        CacheError::kStateOutOfRange);
+  CHECK(std::vector<std::uint8_t>(b.pool_bytes().begin(), b.pool_bytes().end()) == before);
+}
+
+TEST_CASE("CpuBackend: names of faults, formats and errors are unique and parse back") {
+  std::set<std::string> names;
+  for (int i = 0; i < kFaultCount; ++i) {
+    const auto f = static_cast<Fault>(i);
+    const std::string name(fault_name(f));
+    CHECK(names.insert(name).second);
+    CHECK(name != "?");
+    CHECK(!fault_description(f).empty());
+    Fault back = Fault::kNone;
+    CHECK(parse_fault(name, &back));
+    CHECK(back == f);
+  }
+  Fault f = Fault::kNone;
+  CHECK(!parse_fault("no-such-fault", &f));
+  CHECK(fault_name(Fault::kRingSizedWindow) == "ring-sized-window");
+  CHECK(format_name(ElementFormat::kFp8E4m3) == "fp8");
+  CHECK(cache_error_name(CacheError::kStateOutOfRange) == "state-out-of-range");
+  std::string why;
+  CHECK(make_backend("tpu", &why) == nullptr);
+  CHECK(why.find("tpu") != std::string::npos);
+}
+
+TEST_CASE("CpuBackend: the ring-sized-window fault allocates exactly W rows") {
+  PoolSpec spec;
+  spec.states = 2;
+  spec.window_rows = 6;
+  spec.ring_rows = 9;
+  spec.fault = Fault::kRingSizedWindow;
+  std::unique_ptr<RingPool> pool;
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), spec, &pool).ok());
+  CHECK(pool->spec().ring_rows == 6);
+}
