@@ -50,6 +50,14 @@ impl::Fault fault_flag(const Args& args) {
   return fault;
 }
 
+int precision_flag(const Args& args) {
+  const auto bits = args.integer("--precision", 113, 1, 1024);
+  if (bits != 53 && bits != 113 && bits != 169) {
+    throw Error(ErrorId::kUsage, "--precision", "must be 53, 113 (default) or 169 bits");
+  }
+  return static_cast<int>(bits);
+}
+
 std::string impl_flag(const Args& args) {
   const std::string name = args.get_or("--impl", "cpu");
   std::string why;
@@ -202,9 +210,11 @@ int command_trace(int argc, char** argv) {
 }
 
 int command_check(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--impl", "--fault", "--cases", "--seed", "--out", "--threads"}, {});
+  Args args(argc, argv, 2,
+            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision"}, {});
   properties::CheckOptions options;
   options.run.backend = impl_flag(args);
+  options.run.precision_bits = precision_flag(args);
   options.run.fault = fault_flag(args);
   options.cases = args.integer("--cases", 200, 1, 100000000);
   options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
@@ -213,6 +223,7 @@ int command_check(int argc, char** argv) {
   const fs::path out = args.get_or("--out", "kvcheck-out");
   reports::Report report;
   report.context = context_for(argc, argv, options.seed, options.run.backend, options.run.fault);
+  report.context.precision_bits = options.run.precision_bits;
   const int code = run_check_into(options, out, report);
   write_reports(report, out);
   std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out.string().c_str(),
@@ -221,11 +232,12 @@ int command_check(int argc, char** argv) {
 }
 
 int command_replay(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--impl", "--fault", "--report", "--junit", "--html"}, {});
+  Args args(argc, argv, 2, {"--impl", "--fault", "--report", "--junit", "--html", "--precision"}, {});
   if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   properties::RunOptions options;
   options.backend = impl_flag(args);
   options.fault = fault_flag(args);
+  options.precision_bits = precision_flag(args);
   const auto files = scenarios::collect_scenario_files(args.positional());
   if (files.empty()) throw Error(ErrorId::kUsage, "FILE", "no *.json scenario files found");
   // Load everything first: a bad file stops the run before anything is written.
@@ -233,6 +245,7 @@ int command_replay(int argc, char** argv) {
   for (const auto& f : files) loaded.push_back(scenarios::load_scenario_file(f));
   reports::Report report;
   report.context = context_for(argc, argv, 0, options.backend, options.fault);
+  report.context.precision_bits = options.precision_bits;
   for (std::size_t i = 0; i < loaded.size(); ++i) {
     auto run = properties::run_scenario(loaded[i], options);
     if (run.scenario_name.empty()) run.scenario_name = files[i].stem().string();

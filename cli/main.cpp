@@ -22,8 +22,8 @@ constexpr const char* kUsage = R"(kvcheck: verify LLM attention KV caches agains
 usage:
   kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
-  kvcheck check  [--impl cpu] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T]
-  kvcheck replay FILE|DIR... [--impl cpu] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE]
+  kvcheck check  [--impl cpu] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
+  kvcheck replay FILE|DIR... [--impl cpu] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
   kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
                  [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]

@@ -4,8 +4,10 @@
 // state exactly as they were; the kernels themselves validate again.
 #include "impl/ring_pool.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <string>
 
 #include "impl/element_format.hpp"

@@ -21,7 +21,6 @@ namespace kvcheck::properties {
 
 namespace {
 
-using model::Real;
 using scenarios::Scenario;
 using scenarios::StepKind;
 
@@ -76,18 +75,20 @@ const char* kind_name(StepKind kind) {
 
 /// The model's truth for one written row: exact rotated key and value, and
 /// the same rows rounded through the element format (what the cache holds).
+template <class R>
 struct TruthRow {
-  model::Projected<Real> exact;
-  model::Projected<Real> dequantized;
+  model::Projected<R> exact;
+  model::Projected<R> dequantized;
 };
 
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
 
 /// Everything the model keeps for one layer.
+template <class R>
 struct LayerTruth {
   explicit LayerTruth(const model::Ring& ring) : oracle(ring) {}
   model::SlotOracle oracle;
-  std::map<RowKey, TruthRow> rows;
+  std::map<RowKey, TruthRow<R>> rows;
   std::map<RowKey, std::uint64_t> latest_seq;
   std::unique_ptr<impl::RingPool> pool;
 };
@@ -105,17 +106,19 @@ double accumulation_epsilon(impl::ElementFormat f) {
   return f == impl::ElementFormat::kF64 ? 0x1.0p-53 : 0x1.0p-24;
 }
 
-model::Row<Real> to_real(const double* x, std::int64_t n) {
-  model::Row<Real> r;
+template <class R>
+model::Row<R> to_real(const double* x, std::int64_t n) {
+  model::Row<R> r;
   r.reserve(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) r.emplace_back(x[i]);
   return r;
 }
 
-void rotate_heads(model::Row<Real>& flat, std::int32_t heads, std::int32_t head_dim,
+template <class R>
+void rotate_heads(model::Row<R>& flat, std::int32_t heads, std::int32_t head_dim,
                   std::int64_t position, const model::Rope& rope) {
   for (std::int32_t h = 0; h < heads; ++h) {
-    model::Row<Real> slice = model::head_slice(flat, h, head_dim);
+    model::Row<R> slice = model::head_slice(flat, h, head_dim);
     model::rope_rotate(slice, position, rope);
     std::copy(slice.begin(), slice.end(), flat.begin() + static_cast<std::ptrdiff_t>(h) * head_dim);
   }
@@ -127,15 +130,33 @@ std::string fmt_g(double x) {
   return buf;
 }
 
-model::Row<Real> round_trip(impl::ElementFormat f, const model::Row<Real>& row) {
+template <class R>
+model::Row<R> round_trip(impl::ElementFormat f, const model::Row<R>& row) {
   std::vector<double> in, out(row.size());
   in.reserve(row.size());
-  for (const Real& x : row) in.push_back(model::to_double(x));
+  for (const R& x : row) in.push_back(model::to_double(x));
   impl::format_round_trip(f, in.data(), out.data(), static_cast<std::int64_t>(in.size()));
-  return to_real(out.data(), static_cast<std::int64_t>(out.size()));
+  return to_real<R>(out.data(), static_cast<std::int64_t>(out.size()));
 }
 
 }  // namespace
+
+namespace {
+template <class Real>
+RunObservation run_with(const Scenario& sc, const RunOptions& options);
+}  // namespace
+
+RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
+  switch (options.precision_bits) {
+    case 53: return run_with<double>(sc, options);
+    case 113: return run_with<model::Real>(sc, options);
+    case 169: return run_with<model::Real50>(sc, options);
+    default:
+      throw Error(ErrorId::kUsage, "--precision",
+                  "reference precision must be 53, 113 or 169 bits, got " +
+                      std::to_string(options.precision_bits));
+  }
+}
 
 std::int64_t window_keys(const scenarios::CacheConfig& cache) {
   const model::Window w{cache.window, to_model(cache.convention)};
@@ -167,7 +188,10 @@ impl::PoolSpec pool_spec(const Scenario& scenario, impl::Fault fault) {
   return spec;
 }
 
-RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
+namespace {
+
+template <class Real>
+RunObservation run_with(const Scenario& sc, const RunOptions& options) {
   const auto& cache = sc.cache;
   const impl::PoolSpec spec = pool_spec(sc, options.fault);
   const std::int64_t keys = spec.window_rows;
@@ -175,6 +199,7 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
   const model::Ring ring{cache.states, cache.ring_rows, keys};
   const model::Heads heads{cache.q_heads, cache.kv_heads, cache.head_dim, cache.shared_row};
   const model::Rope rope{to_model(cache.rope.style), cache.rope.rotary_dims, cache.rope.base};
+  using std::sqrt;
   const Real scale = cache.softmax_scale ? Real(*cache.softmax_scale)
                                          : Real(1) / sqrt(Real(cache.head_dim));
   const std::optional<Real> sink =
@@ -195,10 +220,10 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
   const double format_eps = impl::format_epsilon(spec.format);
   const double accum_eps = accumulation_epsilon(spec.format);
 
-  std::vector<LayerTruth> layers;
+  std::vector<LayerTruth<Real>> layers;
   layers.reserve(static_cast<std::size_t>(cache.layers));
   for (std::int32_t l = 0; l < cache.layers; ++l) {
-    LayerTruth& truth = layers.emplace_back(ring);
+    LayerTruth<Real>& truth = layers.emplace_back(ring);
     std::string why;
     auto backend = impl::make_backend(options.backend, &why);
     if (!backend) throw Error(ErrorId::kDevice, "--impl", why);
@@ -225,7 +250,7 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
     bool stop = false;
 
     for (std::int32_t l = 0; l < cache.layers && !stop; ++l) {
-      LayerTruth& truth = layers[static_cast<std::size_t>(l)];
+      LayerTruth<Real>& truth = layers[static_cast<std::size_t>(l)];
       impl::RingPool& pool = *truth.pool;
       if (!req.begun) {
         const impl::Status st = pool.begin(req.state, step.request);
@@ -293,10 +318,10 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
         truth.oracle.write(req.state, step.request, p);
         const std::int64_t slot = model::slot_of(req.state, p, cache.ring_rows);
         truth.latest_seq[{step.request, p}] = truth.oracle.at(slot).write_seq;
-        TruthRow row;
-        row.exact.k = to_real(rows.k.data() + i * kv_width, kv_width);
+        TruthRow<Real> row;
+        row.exact.k = to_real<Real>(rows.k.data() + i * kv_width, kv_width);
         rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
-        if (!cache.shared_row) row.exact.v = to_real(rows.v.data() + i * kv_width, kv_width);
+        if (!cache.shared_row) row.exact.v = to_real<Real>(rows.v.data() + i * kv_width, kv_width);
         row.dequantized.k = round_trip(spec.format, row.exact.k);
         if (!cache.shared_row) row.dequantized.v = round_trip(spec.format, row.exact.v);
         truth.rows[{step.request, p}] = std::move(row);
@@ -373,12 +398,12 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
         if (options.record_reads) q.reads = std::move(reads);
 
         if (options.check_outputs) {
-          model::Row<Real> query = to_real(rows.q.data() + i * q_width, q_width);
+          model::Row<Real> query = to_real<Real>(rows.q.data() + i * q_width, q_width);
           rotate_heads(query, cache.q_heads, cache.head_dim, p, rope);
           std::vector<const model::Projected<Real>*> exact, deq;
           double vmax = 0;
           for (std::int64_t j = visible.first; j <= visible.last; ++j) {
-            const TruthRow& row = truth.rows.at({step.request, j});
+            const TruthRow<Real>& row = truth.rows.at({step.request, j});
             exact.push_back(&row.exact);
             deq.push_back(&row.dequantized);
             for (const Real& x : cache.shared_row ? row.dequantized.k : row.dequantized.v) {
@@ -518,5 +543,7 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
   }
   return run;
 }
+
+}  // namespace
 
 }  // namespace kvcheck::properties

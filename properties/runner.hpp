@@ -25,6 +25,7 @@ struct RunOptions {
   bool record_reads = true;           ///< keep every read in QueryObservation::reads
   bool record_ring = true;            ///< keep StepObservation::ring_positions (S <= 512)
   bool check_outputs = true;          ///< false: tags only (faster; used by sweeps)
+  int precision_bits = 113;           ///< reference significand bits: 53, 113 (default) or 169
 };
 
 /// Visible keys per query of a cache configuration (window convention applied).

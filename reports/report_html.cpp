@@ -133,14 +133,14 @@ std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservat
       s.cls = SlotClass::kOverwritten;
     }
   }
-  // Overwritten positions live at position mod S in a ring; this names the
-  // lost row in each red slot, and marks them when no reads were recorded.
+  // An overwritten position p is one whose oracle slot (p mod S in the block)
+  // held another row, or a stale write of p, when read (properties/runner.cpp).
+  // Mark that slot even when the row it held is visible for another query
+  // position (S < W) or carries p with an old write_seq: p was lost there.
   for (const std::int64_t p : q->overwritten) {
     auto& s = slots[static_cast<std::size_t>(floor_mod(p, ring_rows))];
-    if (q->reads.empty() || s.cls == SlotClass::kOverwritten) {
-      s.cls = SlotClass::kOverwritten;
-      s.expected = p;
-    }
+    s.cls = SlotClass::kOverwritten;
+    s.expected = p;
   }
   return slots;
 }
@@ -171,13 +171,13 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
       query_index >= 0 ? &step.queries[static_cast<std::size_t>(query_index)] : nullptr;
   const auto slots = classify_ring(step, q, ring_rows);
 
-  constexpr double kCx = 300, kCy = 300, kOut = 250, kIn = 185;
+  constexpr double kCx = 330, kCy = 300, kOut = 250, kIn = 185;  // left margin for "slot N" ticks
   constexpr double kTau = 2 * std::numbers::pi;
   const double width = kTau / static_cast<double>(ring_rows);
   const double gap = ring_rows <= kMaxSlotElements ? std::min(width * 0.08, 0.01) : 0;
 
-  std::string svg = "<svg class=\"ring\" width=\"840\" height=\"600\" "
-                    "viewBox=\"0 0 840 600\" role=\"img\">\n";
+  std::string svg = "<svg class=\"ring\" width=\"880\" height=\"600\" "
+                    "viewBox=\"0 0 880 600\" role=\"img\">\n";
   svg += "<title>ring of " + std::to_string(ring_rows) + " slots, state " + std::to_string(step.state) + "</title>\n";
 
   if (ring_rows <= kMaxSlotElements) {
@@ -265,6 +265,9 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   } else {
     lines.push_back("no query in this step");
   }
+  // The runner records ring contents only for small rings; then only the
+  // slots this query read are known.
+  if (step.ring_positions.empty()) lines.push_back("(ring not recorded: read slots only)");
   double y = kCy - 9.0 * static_cast<double>(lines.size() - 1);
   for (std::size_t i = 0; i < lines.size(); ++i, y += 18) {
     svg += "<text x=\"" + num(kCx) + "\" y=\"" + num(y) + "\" font-size=\"" + (i == 2 ? "15" : "13") +
@@ -274,24 +277,24 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
 
   // Legend.
   double ly = 40;
-  svg += "<text x=\"620\" y=\"" + num(ly) + "\" font-size=\"13\" font-weight=\"bold\">slot holds</text>\n";
+  svg += "<text x=\"680\" y=\"" + num(ly) + "\" font-size=\"13\" font-weight=\"bold\">slot holds</text>\n";
   const SlotClass legend[] = {SlotClass::kVisible, SlotClass::kOverwritten, SlotClass::kExtra, SlotClass::kStale,
                               SlotClass::kEmpty};
   for (const SlotClass c : legend) {
     ly += 24;
-    svg += "<rect x=\"620\" y=\"" + num(ly - 8) + "\" width=\"16\" height=\"16\" fill=\"" + class_colour(c) +
-           "\" stroke=\"#999\" stroke-width=\"0.5\"/><text x=\"644\" y=\"" + num(ly) +
+    svg += "<rect x=\"680\" y=\"" + num(ly - 8) + "\" width=\"16\" height=\"16\" fill=\"" + class_colour(c) +
+           "\" stroke=\"#999\" stroke-width=\"0.5\"/><text x=\"704\" y=\"" + num(ly) +
            "\" font-size=\"12\" dominant-baseline=\"central\">" + class_legend(c) + "</text>\n";
   }
   ly += 24;
-  svg += "<rect x=\"620\" y=\"" + num(ly - 8) +
-         "\" width=\"16\" height=\"16\" fill=\"#fff\" stroke=\"#222\" stroke-width=\"1.2\"/><text x=\"644\" y=\"" +
+  svg += "<rect x=\"680\" y=\"" + num(ly - 8) +
+         "\" width=\"16\" height=\"16\" fill=\"#fff\" stroke=\"#222\" stroke-width=\"1.2\"/><text x=\"704\" y=\"" +
          num(ly) + "\" font-size=\"12\" dominant-baseline=\"central\">read by this query</text>\n";
   ly += 30;
   const char* notes[] = {"labels: position held", "\u00d7: another request's row",
                          "read slots: tag at the read", "others: ring after the step"};
   for (const char* n : notes) {
-    svg += "<text x=\"620\" y=\"" + num(ly) + "\" font-size=\"11\" fill=\"#555\">" + xml_escape(n) + "</text>\n";
+    svg += "<text x=\"680\" y=\"" + num(ly) + "\" font-size=\"11\" fill=\"#555\">" + xml_escape(n) + "</text>\n";
     ly += 16;
   }
   svg += "</svg>\n";

@@ -16,6 +16,10 @@
 #include "impl/ring_index.hpp"
 #include "support/assert.hpp"
 
+// The 8-lane vector helpers below are internal and always inlined, so the
+// AVX argument-passing ABI note GCC gives for them does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace kvcheck::impl::cpu {
 
 namespace {
@@ -24,27 +28,91 @@ namespace {
 // rounding and fp8 dequantization (448 * 2^119 at most) inside float range.
 constexpr double kFloatRowLimit = 0x1.0p126;
 
-/// Dot product with eight independent partial sums, so the compiler can keep
-/// them in vector lanes without reassociating a single sum.
-inline float dot_f32(const float* a, const float* b, std::int64_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
-  }
-  float t = 0;
-  for (; i < n; ++i) t += a[i] * b[i];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t;
+// GCC/Clang vector extensions: 8 float lanes, lowered to whatever the
+// function's target has (AVX/AVX-512 in the multiversioned kernel, SSE pairs
+// in the baseline).
+typedef float V8f __attribute__((vector_size(32)));
+typedef std::uint32_t V8u __attribute__((vector_size(32)));
+typedef std::uint16_t V8h __attribute__((vector_size(16)));
+typedef std::uint8_t V8b __attribute__((vector_size(8)));
+
+[[gnu::always_inline]] inline V8f load8(const float* p) {
+  V8f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, V8f v) { __builtin_memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline float hsum8(V8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-inline void axpy_f32(float w, const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += w * x[i];
+/// Dot product in 8-lane partial sums (two accumulators), tail in scalar.
+[[gnu::always_inline]] inline float dot_f32(const float* a, const float* b, std::int64_t n) {
+  V8f s0 = {}, s1 = {};
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 += load8(a + i) * load8(b + i);
+    s1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) s0 += load8(a + i) * load8(b + i);
+  float t = hsum8(s0 + s1);
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+
+[[gnu::always_inline]] inline void axpy_f32(float w, const float* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  const V8f wv = {w, w, w, w, w, w, w, w};
+  for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + wv * load8(x + i));
+  for (; i < n; ++i) y[i] += w * x[i];
+}
+
+/// Four dot products of four query heads against one key head: the key is
+/// loaded once per 8 lanes (GQA groups are usually multiples of four).
+[[gnu::always_inline]] inline void dot4_f32(const float* q, std::int64_t q_stride, const float* k,
+                                            std::int64_t n, float* out, std::int64_t out_stride) {
+  V8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const V8f kv = load8(k + i);
+    s0 += load8(q + i) * kv;
+    s1 += load8(q + q_stride + i) * kv;
+    s2 += load8(q + 2 * q_stride + i) * kv;
+    s3 += load8(q + 3 * q_stride + i) * kv;
+  }
+  float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
+  for (; i < n; ++i) {
+    for (int h = 0; h < 4; ++h) t[h] += q[h * q_stride + i] * k[i];
+  }
+  for (int h = 0; h < 4; ++h) out[h * out_stride] = t[h];
+}
+
+/// y_h += w_h * x for four heads sharing one value row: x loaded once.
+[[gnu::always_inline]] inline void axpy4_f32(const float* w, std::int64_t w_stride, const float* x,
+                                             float* y, std::int64_t y_stride, std::int64_t n) {
+  const float w0 = w[0], w1 = w[w_stride], w2 = w[2 * w_stride], w3 = w[3 * w_stride];
+  const V8f v0 = {w0, w0, w0, w0, w0, w0, w0, w0}, v1 = {w1, w1, w1, w1, w1, w1, w1, w1};
+  const V8f v2 = {w2, w2, w2, w2, w2, w2, w2, w2}, v3 = {w3, w3, w3, w3, w3, w3, w3, w3};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const V8f xv = load8(x + i);
+    store8(y + i, load8(y + i) + v0 * xv);
+    store8(y + y_stride + i, load8(y + y_stride + i) + v1 * xv);
+    store8(y + 2 * y_stride + i, load8(y + 2 * y_stride + i) + v2 * xv);
+    store8(y + 3 * y_stride + i, load8(y + 3 * y_stride + i) + v3 * xv);
+  }
+  for (; i < n; ++i) {
+    y[i] += w0 * x[i];
+    y[y_stride + i] += w1 * x[i];
+    y[2 * y_stride + i] += w2 * x[i];
+    y[3 * y_stride + i] += w3 * x[i];
+  }
 }
 
 /// exp(x) for x <= 0 in float, branch-free so it vectorizes: x = n ln2 + r,
 /// |r| <= ln2/2, degree-6 polynomial for e^r (relative error ~2e-7), 2^n
 /// through the exponent bits. Below -87 the result is 0 (float underflow).
-inline float exp_neg_f32(float x) {
+[[gnu::always_inline]] inline float exp_neg_f32(float x) {
   x = x < -87.0f ? -87.0f : x;
   const float n = static_cast<float>(static_cast<int>(x * 1.44269504f - 0.5f));
   // Cody-Waite split of ln2 keeps r exact enough.
@@ -63,7 +131,7 @@ inline float exp_neg_f32(float x) {
 /// Decodes one e4m3 code to float with integer ops only (vectorizable):
 /// normal codes move their exponent and mantissa into float position and
 /// rebias by +120; subnormals (exponent 0) are m * 2^-9.
-inline float fp8_fast(std::uint8_t c) {
+[[gnu::always_inline]] inline float fp8_fast(std::uint8_t c) {
   const std::uint32_t mag = c & 0x7Fu;
   const float normal = format_bits_float((mag << 20) + (120u << 23));
   const float sub = static_cast<float>(mag) * 0.001953125f;
@@ -73,14 +141,26 @@ inline float fp8_fast(std::uint8_t c) {
 
 /// Decodes one stored row into floats; returns a pointer to the floats
 /// (the row itself for f32, `buf` otherwise).
-inline const float* row_as_f32(ElementFormat f, const std::uint8_t* row, std::int64_t n,
+[[gnu::always_inline]] inline const float* row_as_f32(ElementFormat f, const std::uint8_t* row, std::int64_t n,
                                float* buf) {
   switch (f) {
     case ElementFormat::kF32:
       return std::launder(reinterpret_cast<const float*>(row));
     case ElementFormat::kBf16: {
-      const auto* h = std::launder(reinterpret_cast<const std::uint16_t*>(row));
-      for (std::int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(h[i]);
+      std::int64_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        V8h h;
+        __builtin_memcpy(&h, row + 2 * i, sizeof h);
+        const V8u u = __builtin_convertvector(h, V8u) << 16;
+        V8f f;
+        __builtin_memcpy(&f, &u, sizeof f);
+        store8(buf + i, f);
+      }
+      for (; i < n; ++i) {
+        std::uint16_t h;
+        __builtin_memcpy(&h, row + 2 * i, sizeof h);
+        buf[i] = bf16_to_float(h);
+      }
       return buf;
     }
     case ElementFormat::kFp8E4m3: {
@@ -88,7 +168,31 @@ inline const float* row_as_f32(ElementFormat f, const std::uint8_t* row, std::in
       for (std::int64_t b0 = 0; b0 < n; b0 += kFp8BlockElements) {
         const std::int64_t b1 = std::min(n, b0 + kFp8BlockElements);
         const float s = ue8m0_to_float(scales[b0 / kFp8BlockElements]);
-        for (std::int64_t i = b0; i < b1; ++i) buf[i] = fp8_fast(row[i]) * s;
+        std::int64_t i = b0;
+        if (b1 - b0 == kFp8BlockElements) {
+          // Normal codes: exponent and mantissa moved into float position,
+          // rebiased by +120 (x 2^120 folded into the exponent add);
+          // subnormal codes (exponent 0) are m * 2^-9. Sign goes to bit 31.
+          const V8f sv = {s, s, s, s, s, s, s, s};
+          for (; i < b1; i += 8) {
+            V8b c8;
+            __builtin_memcpy(&c8, row + i, sizeof c8);
+            const V8u c = __builtin_convertvector(c8, V8u);
+            const V8u mag = c & 0x7Fu;
+            const V8u normal_bits = (mag << 20) + (120u << 23);
+            V8f normal;
+            __builtin_memcpy(&normal, &normal_bits, sizeof normal);
+            const V8f sub = __builtin_convertvector(mag, V8f) * 0.001953125f;
+            const V8f a = mag < 8u ? sub : normal;
+            V8u bits;
+            __builtin_memcpy(&bits, &a, sizeof bits);
+            bits |= (c & 0x80u) << 24;
+            V8f f;
+            __builtin_memcpy(&f, &bits, sizeof f);
+            store8(buf + i, f * sv);
+          }
+        }
+        for (; i < b1; ++i) buf[i] = fp8_fast(row[i]) * s;
       }
       return buf;
     }
@@ -149,6 +253,91 @@ void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n, double
       return;
   }
   KVCHECK_ASSERT(false);
+}
+
+/// Prefetches `bytes` bytes at p. Each index row lives in its own pages, so
+/// the hardware stream prefetcher (which stops at page boundaries) never
+/// runs ahead into the next row; the kernel asks for it a few rows early.
+[[gnu::always_inline]] inline void prefetch_bytes(const std::uint8_t* p, std::int64_t bytes) {
+  for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+/// Everything the float attention kernel needs for one query.
+struct FloatJob {
+  ElementFormat format;
+  const std::uint8_t* base;   // [rows, slot_bytes]
+  std::int64_t slot_bytes, value_offset, row_elements, row_bytes;
+  std::int64_t head_dim, q_heads, group, width;
+  const std::int64_t* index;  // [width]
+  const float* q;             // [q_heads, head_dim], RoPE'd and pre-scaled
+  float* scores;              // [q_heads, width]
+  float* acc;                 // [q_heads, head_dim]
+  float* row;                 // [row_elements] decode buffer
+  bool has_sink;
+  float sink;
+};
+
+/// One query's attention in float: pass 1 scores every index row's keys,
+/// pass 2 mixes the value rows. Compiled for AVX-512, AVX2+FMA and the
+/// baseline; the loader picks one at start-up (GCC function multiversioning).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void attend_query_f32(const FloatJob& j) {
+  const std::int64_t hd = j.head_dim, width = j.width;
+  for (std::int64_t c = 0; c < width; ++c) {
+    const std::int64_t e = j.index[c];
+    if (e < 0) {
+      for (std::int64_t h = 0; h < j.q_heads; ++h) j.scores[h * width + c] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    constexpr std::int64_t kAhead = 3;
+    if (c + kAhead < width && j.index[c + kAhead] >= 0) {
+      prefetch_bytes(j.base + j.index[c + kAhead] * j.slot_bytes, j.row_bytes);
+    }
+    const float* key = row_as_f32(j.format, j.base + e * j.slot_bytes, j.row_elements, j.row);
+    if (j.group % 4 == 0) {
+      for (std::int64_t h = 0; h < j.q_heads; h += 4) {
+        dot4_f32(j.q + h * hd, hd, key + (h / j.group) * hd, hd, j.scores + h * width + c, width);
+      }
+    } else {
+      for (std::int64_t h = 0; h < j.q_heads; ++h) {
+        j.scores[h * width + c] = dot_f32(j.q + h * hd, key + (h / j.group) * hd, hd);
+      }
+    }
+  }
+  for (std::int64_t h = 0; h < j.q_heads; ++h) {
+    float* sc = j.scores + h * width;
+    float m = j.has_sink ? j.sink : -std::numeric_limits<float>::infinity();
+    for (std::int64_t c = 0; c < width; ++c) m = sc[c] > m ? sc[c] : m;
+    if (!(m > -std::numeric_limits<float>::infinity())) m = 0.0f;  // no valid column
+    float total = j.has_sink ? exp_neg_f32(j.sink - m) : 0.0f;
+    for (std::int64_t c = 0; c < width; ++c) {
+      // Skipped columns hold -inf; exp_neg_f32 clamps them to e^-87, so mask.
+      const float p = exp_neg_f32(sc[c] - m);
+      sc[c] = j.index[c] < 0 ? 0.0f : p;
+      total += sc[c];
+    }
+    const float inv = total > 0 ? 1.0f / total : 0.0f;
+    for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
+  }
+  for (std::int64_t x = 0; x < j.q_heads * hd; ++x) j.acc[x] = 0.0f;
+  for (std::int64_t c = 0; c < width; ++c) {
+    const std::int64_t e = j.index[c];
+    if (e < 0) continue;
+    constexpr std::int64_t kAhead = 3;
+    if (c + kAhead < width && j.index[c + kAhead] >= 0) {
+      prefetch_bytes(j.base + j.index[c + kAhead] * j.slot_bytes + j.value_offset, j.row_bytes);
+    }
+    const float* val = row_as_f32(j.format, j.base + e * j.slot_bytes + j.value_offset, j.row_elements, j.row);
+    if (j.group % 4 == 0) {
+      for (std::int64_t h = 0; h < j.q_heads; h += 4) {
+        axpy4_f32(j.scores + h * width + c, width, val + (h / j.group) * hd, j.acc + h * hd, hd, hd);
+      }
+    } else {
+      for (std::int64_t h = 0; h < j.q_heads; ++h) {
+        axpy_f32(j.scores[h * width + c], val + (h / j.group) * hd, j.acc + h * hd, hd);
+      }
+    }
+  }
 }
 
 bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
@@ -506,7 +695,6 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
     double* o = out + i * qe;
     if (f64) {
       // scores_: [q_heads, width]; -inf marks a skipped column.
-      double peak = spec_.has_sink ? spec_.sink_logit : -std::numeric_limits<double>::infinity();
       for (std::int64_t c = 0; c < width; ++c) {
         const std::int64_t e = idx[c];
         for (std::int64_t h = 0; h < qh; ++h) {
@@ -534,7 +722,6 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
         const double inv = total > 0 ? 1.0 / total : 0.0;
         for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
       }
-      (void)peak;
       for (std::int64_t c = 0; c < width; ++c) {
         const std::int64_t e = idx[c];
         if (e < 0) continue;
@@ -551,44 +738,10 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
     }
     // Float path: [q_heads, width] scores, [q_heads, head_dim] accumulators.
     for (std::int64_t x = 0; x < qe; ++x) q_f32_[static_cast<std::size_t>(x)] = static_cast<float>(q_rot_[static_cast<std::size_t>(x)] * scale_f64_);
-    float* sc_all = scores_f32_.data();
-    const ElementFormat f = spec_.format;
-    for (std::int64_t c = 0; c < width; ++c) {
-      const std::int64_t e = idx[c];
-      if (e < 0) {
-        for (std::int64_t h = 0; h < qh; ++h) sc_all[h * width + c] = -std::numeric_limits<float>::infinity();
-        continue;
-      }
-      const float* key = row_as_f32(f, base + e * slot_bytes_, row_elements_, row_f32_.data());
-      for (std::int64_t h = 0; h < qh; ++h) {
-        sc_all[h * width + c] = dot_f32(q_f32_.data() + h * hd, key + (h / group) * hd, hd);
-      }
-    }
-    const float sink = static_cast<float>(spec_.sink_logit);
-    for (std::int64_t h = 0; h < qh; ++h) {
-      float* sc = sc_all + h * width;
-      float m = spec_.has_sink ? sink : -std::numeric_limits<float>::infinity();
-      for (std::int64_t c = 0; c < width; ++c) m = sc[c] > m ? sc[c] : m;
-      if (!(m > -std::numeric_limits<float>::infinity())) m = 0.0f;  // no valid column
-      float total = spec_.has_sink ? exp_neg_f32(sink - m) : 0.0f;
-      for (std::int64_t c = 0; c < width; ++c) {
-        // Skipped columns hold -inf; exp_neg_f32 clamps them to e^-87, so mask.
-        const float p = exp_neg_f32(sc[c] - m);
-        sc[c] = idx[c] < 0 ? 0.0f : p;
-        total += sc[c];
-      }
-      const float inv = total > 0 ? 1.0f / total : 0.0f;
-      for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
-    }
-    std::fill(acc_f32_.begin(), acc_f32_.end(), 0.0f);
-    for (std::int64_t c = 0; c < width; ++c) {
-      const std::int64_t e = idx[c];
-      if (e < 0) continue;
-      const float* val = row_as_f32(f, base + e * slot_bytes_ + value_offset, row_elements_, row_f32_.data());
-      for (std::int64_t h = 0; h < qh; ++h) {
-        axpy_f32(sc_all[h * width + c], val + (h / group) * hd, acc_f32_.data() + h * hd, hd);
-      }
-    }
+    const FloatJob job{spec_.format, base, slot_bytes_, value_offset, row_elements_, row_bytes_, hd, qh, group,
+                       width, idx, q_f32_.data(), scores_f32_.data(), acc_f32_.data(), row_f32_.data(),
+                       spec_.has_sink, static_cast<float>(spec_.sink_logit)};
+    attend_query_f32(job);
     for (std::int64_t x = 0; x < qe; ++x) o[x] = acc_f32_[static_cast<std::size_t>(x)];
   }
 }

@@ -312,8 +312,6 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   rope_.style = spec.rope_style;
   rope_.rope_dims = spec.rope_dims;
   rope_.base = spec.rope_base;
-  rope_.ring_rows = spec.ring_rows;
-  rope_.fault = spec.fault;
   slots_ = slots;
   scratch_rows_ = scratch_rows;
   item_cap_ = item_cap;
@@ -748,7 +746,10 @@ bool cuda_device_available(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the (non-sticky) error for later calls
-    if (why) *why = std::string("no CUDA device: ") + cudaGetErrorString(err);
+    if (why) {
+      *why = std::string("no CUDA device: cudaGetDeviceCount failed with ") + cudaGetErrorName(err) +
+             " (" + cudaGetErrorString(err) + ")";
+    }
     return false;
   }
   if (count <= 0) {

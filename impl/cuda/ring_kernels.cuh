@@ -45,13 +45,13 @@ struct SlotLayout {
 };
 
 /// RoPE of one pool: style, rotary width (the first rope_dims of each head)
-/// and base; ring_rows and fault feed ring_rope_position.
+/// and base. Kernels rotate at the positions they are given; the
+/// resident-length fault is applied by RingPool through ring_rope_position
+/// (impl/ring_index.hpp) before any backend sees a position, as for the CPU.
 struct RopeParams {
   RopeStyle style = RopeStyle::kNone;
   std::int32_t rope_dims = 0;
   double base = 10000.0;
-  std::int64_t ring_rows = 1;
-  Fault fault = Fault::kNone;
 };
 
 /// Bytes of one stored element, and of one row of n elements (element_format.hpp).
@@ -161,7 +161,7 @@ __device__ inline double ring_rope_element(const double* head, std::int32_t d,
   const double theta =
       pow(rope.base, static_cast<double>(-2 * i) / static_cast<double>(rope.rope_dims));
   const double angle =
-      __dmul_rn(static_cast<double>(ring_rope_position(position, rope.ring_rows, rope.fault)), theta);
+      __dmul_rn(static_cast<double>(position), theta);
   double s, c;
   sincos(angle, &s, &c);
   const double x = head[a];

@@ -362,6 +362,18 @@ TEST_CASE("HTML report: self-contained, one ring of S slots per failing run, bar
   REQUIRE(html.find("[5,4,3,2,1,0]") != std::string::npos);
 }
 
+TEST_CASE("HTML report: a stale write of a visible row is drawn as overwritten") {
+  Report report;
+  report.runs.push_back(verify_run(134, 200));
+  auto& q = report.runs[0].steps[1].queries[0];
+  q.overwritten.push_back(150);  // read (r, 150) with an older write_seq
+  report.runs[0].passed = false;
+  const std::string ring = ring_svg_of(kvcheck::reports::report_html(report), 0);
+  REQUIRE(count(ring, "class=\"slot ") == 134);
+  REQUIRE(count(ring, "class=\"slot overwritten\"") == 1);
+  REQUIRE(ring.find("query needed position 150") != std::string::npos);
+}
+
 TEST_CASE("HTML report: with no failures the first runs are pictured") {
   Report report;
   for (int i = 0; i < 5; ++i) report.runs.push_back(verify_run(134, 200));

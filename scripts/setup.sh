@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvcheck builds with, only those that are
+# missing; does nothing (and needs no network) when all are present.
+set -euo pipefail
+
+packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
+          libmpfr-dev libgmp-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "kvcheck setup: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

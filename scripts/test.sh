@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up, build everything (CUDA sources too when nvcc is present) with
+# warnings as errors, run the whole test suite through ctest, then build and
+# run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# KVCHECK_SKIP_SANITIZE=1 skips the second build (for quick local runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON \
+        -DKVCHECK_CUDA=OFF -DKVCHECK_BENCH=OFF
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+fi

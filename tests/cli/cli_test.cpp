@@ -1,0 +1,178 @@
+// The kvcheck executable end to end: exit codes, one-line errors, the fault
+// acceptance runs, replay of counterexamples, and byte-identical reports.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "scenarios/scenario_json.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Outcome {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("kvcheck-cli-test-" + name + "-" +
+                                                    std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+Outcome run(const std::string& args) {
+  static int counter = 0;
+  const fs::path dir = temp_dir("run" + std::to_string(counter++));
+  const std::string cmd = std::string(KVCHECK_BINARY) + " " + args + " >" + (dir / "out").string() +
+                          " 2>" + (dir / "err").string();
+  const int status = std::system(cmd.c_str());
+  Outcome o;
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.out = slurp(dir / "out");
+  o.err = slurp(dir / "err");
+  fs::remove_all(dir);
+  return o;
+}
+
+std::size_t lines(const std::string& s) {
+  std::size_t n = 0;
+  for (const char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("CLI: trace prints the SPEC table and its JSON form") {
+  const Outcome text = run("trace --window 128 --ring 134 --state 2 --positions 127,128,133,134");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("134 | 7..134          | 275 / 268             | 268") != std::string::npos);
+  const Outcome json = run("trace --window 128 --ring 134 --state 3 --positions 134 --json");
+  REQUIRE(json.code == 0);
+  const auto doc = nlohmann::json::parse(json.out);
+  REQUIRE(doc.size() == 1);
+  CHECK(doc[0]["first_read_slot"] == 409);
+  CHECK(doc[0]["last_read_slot"] == 402);
+  CHECK(doc[0]["write_slot"] == 402);
+  CHECK(doc[0]["logical_first"] == 7);
+}
+
+TEST_CASE("CLI: bad trace arguments give exit 2 and one line naming the flag") {
+  for (const char* args : {"trace --window 0 --ring 5 --state 0 --positions 1",
+                           "trace --window 3 --ring 5 --state 0 --positions 1,-2",
+                           "trace --window 3 --ring 5 --positions 1",
+                           "trace --window x --ring 5 --state 0 --positions 1",
+                           "trace --window 3 --ring 5 --state 0 --positions 1 --bogus 2"}) {
+    INFO(args);
+    const Outcome o = run(args);
+    CHECK(o.code == 2);
+    CHECK(lines(o.err) == 1);
+    CHECK(o.err.find("--") != std::string::npos);
+  }
+}
+
+TEST_CASE("CLI: faults lists every named fault") {
+  const Outcome o = run("faults");
+  REQUIRE(o.code == 0);
+  CHECK(lines(o.out) == 10);
+  CHECK(o.out.find("ring-sized-window") != std::string::npos);
+}
+
+TEST_CASE("CLI: every named fault fails check at 2000 cases, shrinks small and replays") {
+  const fs::path dir = temp_dir("faults");
+  const Outcome clean = run("check --cases 2000 --seed 1 --out " + (dir / "none").string());
+  CHECK(clean.code == 0);
+  const Outcome list = run("faults");
+  std::istringstream names(list.out);
+  std::string line;
+  int faults = 0;
+  while (std::getline(names, line)) {
+    const std::string fault = line.substr(0, line.find(' '));
+    INFO("fault " << fault);
+    ++faults;
+    const fs::path out = dir / fault;
+    const Outcome o = run("check --fault " + fault + " --cases 2000 --seed 1 --out " + out.string());
+    CHECK(o.code == 1);
+    const fs::path file = out / ("counterexample-" + fault + "-seed1.json");
+    REQUIRE(fs::exists(file));
+    const auto sc = kvcheck::scenarios::load_scenario_file(file);
+    CHECK(sc.requests.size() <= 3);
+    CHECK(sc.steps.size() <= 8);
+    CHECK(run("replay " + file.string() + " --fault " + fault).code == 1);
+    CHECK(run("replay " + file.string()).code == 0);
+  }
+  CHECK(faults == 10);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: the same seed gives byte-identical reports") {
+  const fs::path dir = temp_dir("determinism");
+  const std::string args = " --fault accept-no-rollback --cases 300 --seed 5 --out ";
+  CHECK(run("check" + args + (dir / "a").string()).code == 1);
+  CHECK(run("check" + args + (dir / "b").string()).code == 1);
+  for (const char* f : {"report.json", "report.txt", "report.html", "junit.xml"}) {
+    INFO(f);
+    std::string a = slurp(dir / "a" / f);
+    std::string b = slurp(dir / "b" / f);
+    // The output directory is part of the command line; normalise it.
+    for (auto* s : {&a, &b}) {
+      for (const char* d : {"/a", "/b"}) {
+        const std::string needle = (dir.string() + d);
+        for (auto pos = s->find(needle); pos != std::string::npos; pos = s->find(needle)) {
+          s->replace(pos, needle.size(), "<out>");
+        }
+      }
+    }
+    CHECK(!a.empty());
+    CHECK(a == b);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: malformed scenario files give exit 2 and one line with the JSON path") {
+  const fs::path dir = temp_dir("malformed");
+  const std::string good = slurp(fs::path(KVCHECK_SOURCE_DIR) / "scenarios/fast/verify-s133.json");
+  struct Case {
+    std::string name, text, where;
+  };
+  auto replace = [&good](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const auto pos = s.find(from);
+    REQUIRE(pos != std::string::npos);
+    return s.replace(pos, from.size(), to);
+  };
+  const Case cases[] = {
+      {"truncated", good.substr(0, good.size() / 2), "byte"},
+      {"wrong-type", replace("\"ring_rows\": 133", "\"ring_rows\": \"133\""), "cache.ring_rows"},
+      {"unknown-key", replace("\"ring_rows\": 133", "\"ring_rows\": 133, \"colour\": 1"), "cache.colour"},
+      {"zero-ring", replace("\"ring_rows\": 133", "\"ring_rows\": 0"), "cache.ring_rows"},
+      {"overflow", replace("\"ring_rows\": 133", "\"ring_rows\": 9223372036854775807"), "cache"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const fs::path file = dir / (c.name + ".json");
+    std::ofstream(file) << c.text;
+    const Outcome o = run("replay " + file.string());
+    CHECK(o.code == 2);
+    CHECK(lines(o.err) == 1);
+    CHECK(o.err.find(c.where) != std::string::npos);
+    CHECK(slurp(file) == c.text);  // the input is left as it was
+  }
+  fs::remove_all(dir);
+}
