@@ -1,0 +1,257 @@
+// The capacity sweep: for each (window W, drafts k, chunk C, prefill order)
+// the smallest ring S that loses no visible row, found by running the real
+// CPU backend (with tags) on worst-case schedules, never by evaluating the
+// SPEC §5 formula (which is reported beside it, with whether it agreed).
+//
+// Why the schedules run by probe_ring() are the worst cases (the argument is
+// backed by tests/reports/sweep/sweep_test.cpp, which runs randomized
+// schedules through the full runner at the reported minimum, every ring
+// phase, and every S below and above the minimum):
+//
+//  1. Canonical pool state. Before any step the block of a request at
+//     logical length L holds, per slot x, the latest write of the largest
+//     position < L congruent to x (mod S), plus at most k stale rejected
+//     drafts at positions L .. L+t-1 after an accept. So the state a step
+//     meets is fixed by (L mod S, t): the history that led there is
+//     irrelevant, and a probe writes any history (here positions 0..p0-1, two
+//     or more full wraps) and then runs every step kind from it.
+//  2. Full window. A window clipped at position 0 reads a subset of the
+//     slots a full window reads, so windows are full (p0 >= W + S).
+//  3. Phase. Once p0 >= S, adding 1 to every position adds 1 (mod S) to every
+//     slot: the pairs (query, lost position) translate, so whether a step
+//     loses rows does not depend on p0 mod S. Probes still run each state at
+//     its own phase (0: the step starts at slot 0; S-1: the step straddles
+//     the seam) to exercise the backend's wrap, and a test compares against
+//     every phase.
+//  4. Step size. A step that stores n rows before its queries read destroys
+//     the rows whose slots its n writes take; a shorter step of the same kind
+//     destroys a subset while each query reads the same window. So verify(k)
+//     with all k drafts and prefill chunks of exactly C dominate shorter ones,
+//     and decode (one row) is run as its own case. load_then_store reads the
+//     window it loaded before the store, so only a same-step collision
+//     (C > S) or a later step can lose rows there.
+//  5. Rollback. accept(a) leaves k - a stale drafts whose writes destroyed
+//     older rows; the next step's first query reads the window that reaches
+//     furthest back over them, and every later step rewrites more of the
+//     stale tail. So verify(k), accept(a) for every a in 0..k, then each step
+//     kind (decode, verify(k), prefill(C)) is the worst rollback schedule.
+//  6. States. A step writes only slots of its own block (checked on every
+//     write), so steps of other states cannot touch a block; probes run
+//     `states` states with their steps interleaved and check every read.
+//  7. Monotonicity in S. Writing position q destroys position q - S (its
+//     nearest live victim); a smaller S moves the victim later, into more
+//     windows, and a same-step collision needs n > S. So safe(S) implies
+//     safe(S + 1), and the minimum can be found by galloping/binary search
+//     (a test checks every S in a range against the search).
+//
+// Speed: a step's queries all read after its stores, so their windows are
+// slices of one union range [first - W + 1, first + n - 1]. The engine takes
+// the metadata of every query from the backend, expands the index of anchor
+// queries (first, last, and every W-th between: their rows cover the union),
+// checks that every other query's read offset and length fall on the same
+// slots, and reads each slot's tag once per step (O(W + n) per step instead
+// of O(W * n)). The counterexample at S_min - 1 is replayed through the full
+// RingPool + reference runner (properties::run_scenario).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "reports/sweep/formula.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace kvcheck::sweep {
+
+/// Prefill order of one configuration.
+enum class SweepOrder : std::uint8_t { kStoreThenLoad, kLoadThenStore };
+
+/// "store-then-load" / "load-then-store" (the command-line spelling).
+const char* order_flag_name(SweepOrder order) noexcept;
+/// "store_then_load" / "load_then_store" (the scenario file spelling).
+const char* order_file_name(SweepOrder order) noexcept;
+
+/// Parses a value list: comma-separated items, each `A`, `A:B` or `A:B:STEP`
+/// (inclusive, step >= 1), every value in [lo, hi], sorted and deduplicated.
+/// Throws kvcheck::Error(kUsage, flag, ...) for A > B, step 0, values out of
+/// range or malformed text.
+std::vector<std::int64_t> parse_value_list(const std::string& flag, const std::string& text,
+                                           std::int64_t lo, std::int64_t hi);
+/// Parses `store-then-load`, `load-then-store` or `both` (underscores accepted).
+std::vector<SweepOrder> parse_orders(const std::string& flag, const std::string& text);
+
+/// One configuration of the grid.
+struct SweepConfig {
+  std::int64_t window_rows = 1;
+  std::int64_t drafts = 0;
+  std::int64_t chunk_rows = 1;
+  SweepOrder order = SweepOrder::kStoreThenLoad;
+  bool operator==(const SweepConfig&) const = default;
+};
+
+/// The grid: every combination, in row order window, drafts, chunk, order.
+struct SweepGrid {
+  std::vector<std::int64_t> windows;
+  std::vector<std::int64_t> drafts;
+  std::vector<std::int64_t> chunks;
+  std::vector<SweepOrder> orders;
+  std::int64_t size() const noexcept;
+  SweepConfig at(std::int64_t row) const;
+};
+
+/// The default grid: W 64..4096 step 64, k 0..16, C 1, 16, 256, both orders.
+SweepGrid default_grid();
+
+/// Options of one probe (one configuration at one ring size).
+struct ProbeOptions {
+  std::int64_t states = 2;   ///< state blocks in the pool; steps of all states interleave
+  bool all_phases = false;   ///< run every ring phase 0..S-1 (tests), not two
+};
+
+/// Slot collisions of one step, counted as properties::run_scenario counts them.
+struct StepCollisions {
+  std::int64_t same_step = 0;        ///< slots written twice by one step
+  std::int64_t outside_block = 0;    ///< writes outside the request's block
+  std::int64_t replaced_needed = 0;  ///< writes over a live row a query of the step reads
+  std::int64_t total() const noexcept { return same_step + outside_block + replaced_needed; }
+};
+
+/// One step of a probe schedule.
+struct ProbeStep {
+  scenarios::StepKind kind = scenarios::StepKind::kDecode;
+  std::int64_t rows = 0;      ///< prefill rows
+  SweepOrder order = SweepOrder::kLoadThenStore;  ///< prefill order
+  std::int64_t drafts = 0;    ///< verify k
+  std::int64_t accepted = 0;  ///< accept a
+  bool operator==(const ProbeStep&) const = default;
+};
+
+/// What a probe found.
+struct ProbeResult {
+  bool safe = true;
+  std::int64_t ring_rows = 0;
+  std::int64_t steps_checked = 0;
+  // When unsafe: the first failing step and the path that led to it from the
+  // probe's history (e.g. verify(5); or verify(3), accept(0), decode).
+  std::vector<ProbeStep> path;
+  std::string hazard;                       ///< the path as text
+  std::vector<std::int64_t> overwritten;    ///< per query of the failing step
+  std::vector<std::int64_t> first_lost;     ///< positions lost by the first losing query, relative to its position (e.g. -127)
+  StepCollisions collisions;
+  std::int64_t extra_reads = 0;             ///< reads no visible position accounts for
+};
+
+/// Runs the worst-case schedules of `config` on the CPU backend with a ring
+/// of `ring_rows` rows; stops at the first step that loses a row or collides.
+ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const ProbeOptions& options);
+
+/// Search statistics of one configuration.
+struct SearchStats {
+  std::int64_t probes = 0;
+};
+
+/// Smallest safe ring of `config`: galloping from `guess` (clamped to >= 1),
+/// then binary search; relies on monotonicity in S (argument 7 above).
+/// `below` receives the probe at S_min - 1 (unsafe), when S_min > 1.
+std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
+                                const ProbeOptions& options, ProbeResult* below, SearchStats* stats);
+
+/// The baseline: probe S = W, W + 1, ... until one is safe.
+std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOptions& options,
+                                       ProbeResult* below, SearchStats* stats);
+
+/// Step results of a schedule run on the tag engine (for counterexamples).
+struct ScheduleStepResult {
+  std::vector<std::int64_t> overwritten;  ///< per query (empty for accept)
+  StepCollisions collisions;
+  std::int64_t extra_reads = 0;
+};
+
+/// Runs `steps` for one request on state 0 of a fresh one-state pool, from
+/// length 0, with the same tag checks as probe_ring (no early stop).
+std::vector<ScheduleStepResult> run_schedule(const SweepConfig& config, std::int64_t ring_rows,
+                                             const std::vector<ProbeStep>& steps);
+
+/// The counterexample at `ring_rows` (= S_min - 1): one request, load_then_store
+/// prefill chunks filling the window, then the failing path of `below`, with
+/// expectations (overwritten counts per losing step, total collisions) taken
+/// from run_schedule. Returns nullopt if the path does not fail from there.
+std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config,
+                                                       std::int64_t ring_rows,
+                                                       const ProbeResult& below);
+
+/// SPEC §5 bound: max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store.
+std::int64_t spec_bound(const SweepConfig& config) noexcept;
+/// The seed engine's allocation W + max(0, k + 1).
+std::int64_t seed_ring(const SweepConfig& config) noexcept;
+
+/// When counterexample files are written.
+enum class CounterexampleMode : std::uint8_t {
+  kAuto,  ///< every row when the grid has at most kAutoCounterexampleRows rows, else none
+  kAll,
+  kNone,
+};
+/// Grids up to this many rows get counterexample files in kAuto mode.
+inline constexpr std::int64_t kAutoCounterexampleRows = 64;
+/// Counterexamples are replayed through properties::run_scenario up to this
+/// window (the reference runner is O(W^3) on the fill).
+inline constexpr std::int64_t kReplayWindowLimit = 512;
+
+/// Options of a sweep.
+struct SweepOptions {
+  ProbeOptions probe;
+  int threads = 2;
+  bool linear_search = false;        ///< use the baseline search (benchmarks)
+  std::optional<Formula> formula;    ///< the user's rule, if any
+  CounterexampleMode counterexamples = CounterexampleMode::kAuto;
+  std::filesystem::path out_dir;     ///< where counterexample files go
+  /// Called from the coordinating thread with rows finished so far.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+};
+
+/// One row of the sweep.
+struct SweepRow {
+  SweepConfig config;
+  std::int64_t min_safe_ring = 0;
+  std::int64_t probes = 0;
+  std::int64_t spec_bound = 0;
+  bool spec_agrees = false;
+  std::int64_t seed_ring = 0;
+  // One row below the minimum (absent when S_min == 1).
+  bool has_below = false;
+  std::int64_t below_ring = 0;
+  std::string below_hazard;
+  std::vector<std::int64_t> below_overwritten;  ///< per query of the failing step
+  std::vector<std::int64_t> below_first_lost;   ///< relative positions lost by the first losing query
+  std::int64_t below_collisions = 0;
+  std::string counterexample;                   ///< file written, or empty
+  bool replayed = false;                        ///< replayed through properties::run_scenario
+  bool replay_ok = true;                        ///< the replay reproduced the expectations
+  std::string replay_detail;                    ///< first failure when not ok
+  // The user's formula, when given.
+  bool has_formula = false;
+  std::int64_t formula_ring = 0;
+  bool formula_safe = true;
+};
+
+/// Result of a sweep, rows in grid order.
+struct SweepResult {
+  SweepGrid grid;
+  std::int64_t states = 2;
+  std::vector<SweepRow> rows;
+  std::optional<std::string> formula;     ///< the formula text
+  std::int64_t formula_unsafe_rows = 0;
+  std::int64_t spec_disagreements = 0;
+  std::int64_t replay_failures = 0;
+  std::int64_t probes = 0;
+};
+
+/// Runs the sweep on `options.threads` threads (results do not depend on
+/// timing). Throws kvcheck::Error (kUsage for a formula that cannot be
+/// evaluated, kIo for files).
+SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options);
+
+}  // namespace kvcheck::sweep
