@@ -27,6 +27,7 @@ usage:
   kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
                  [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]
+                 [--counterexamples auto|all|none] [--threads T]
   kvcheck faults                                               list the named faults
 
 exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input

@@ -82,7 +82,8 @@ struct StateRun {
 /// Drives one backend pool and checks every read against the live writes.
 class TagEngine {
  public:
-  TagEngine(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states)
+  TagEngine(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
+            impl::Fault fault = impl::Fault::kNone)
       : config_(config), ring_rows_(ring_rows), window_(config.window_rows) {
     std::string why;
     backend_ = impl::make_backend("cpu", &why);
@@ -96,6 +97,7 @@ class TagEngine {
     spec.head_dim = 1;
     spec.format = impl::ElementFormat::kF32;
     spec.track_tags = true;
+    spec.fault = fault;
     max_rows_ = std::max({config.drafts + 1, config.chunk_rows, kHistoryChunkRows});
     spec.max_step_rows = max_rows_;
     const impl::Status st = backend_->configure(spec);
@@ -441,8 +443,11 @@ struct ProgramOp {
   ProbeStep step;
 };
 
-/// The worst-case cases of sweep.hpp, each from the same history, undone after.
-std::vector<ProgramOp> probe_program(const SweepConfig& c) {
+/// The worst-case cases of sweep.hpp that state `b` of `states` runs, each
+/// from the same history and undone after. The cases are split between the
+/// states (decode on one, the chunk on the next, the accept branches dealt
+/// round-robin), so more states interleave more without repeating work.
+std::vector<ProgramOp> probe_program(const SweepConfig& c, std::int64_t b, std::int64_t states) {
   using K = ProgramOp::Kind;
   const ProbeStep decode{StepKind::kDecode, 0, SweepOrder::kLoadThenStore, 0, 0};
   const ProbeStep chunk{StepKind::kPrefill, c.chunk_rows, c.order, 0, 0};
@@ -453,13 +458,15 @@ std::vector<ProgramOp> probe_program(const SweepConfig& c) {
     ops.push_back({K::kStep, s});
     ops.push_back({K::kUndo, {}});
   };
-  single(decode);  // argument 4: one row
-  single(chunk);   // argument 4: exactly C rows in the configured order
-  // Arguments 4 and 5: verify(k), then every accept count, then each step kind.
+  if (b == 0) single(decode);               // argument 4: one row
+  if (b == 1 % states) single(chunk);       // argument 4: exactly C rows in the configured order
+  // Arguments 4 and 5: verify(k) (on every state), then every accept count,
+  // then the next step: verify(k) again (its first query reads the window a
+  // decode would, after more writes, so it dominates decode) and the chunk.
   ops.push_back({K::kMark, {}});
   ops.push_back({K::kStep, verify});
-  for (std::int64_t a = 0; a <= c.drafts; ++a) {
-    for (const ProbeStep& next : {decode, verify, chunk}) {
+  for (std::int64_t a = b; a <= c.drafts; a += states) {
+    for (const ProbeStep& next : {verify, chunk}) {
       ops.push_back({K::kMark, {}});
       ops.push_back({K::kStep, ProbeStep{StepKind::kAccept, 0, SweepOrder::kLoadThenStore, 0, a}});
       ops.push_back({K::kStep, next});
@@ -477,18 +484,24 @@ std::int64_t history_rows(std::int64_t window_rows, std::int64_t ring_rows, std:
   return wraps * ring_rows + phase;
 }
 
-/// Runs the program on `phases.size()` states at once, interleaved op by op.
+/// Runs the programs of `phases.size()` states at once, interleaved op by op.
 ProbeResult run_round(const SweepConfig& config, std::int64_t ring_rows,
-                      const std::vector<std::int64_t>& phases, const std::vector<ProgramOp>& program,
-                      ProbeResult result) {
+                      const std::vector<std::int64_t>& phases, impl::Fault fault, ProbeResult result) {
   const auto states = static_cast<std::int64_t>(phases.size());
-  TagEngine engine(config, ring_rows, states);
+  TagEngine engine(config, ring_rows, states, fault);
+  std::vector<std::vector<ProgramOp>> programs;
+  std::size_t longest = 0;
   for (std::int64_t b = 0; b < states; ++b) {
     engine.history(b, history_rows(config.window_rows, ring_rows, phases[static_cast<std::size_t>(b)]));
+    programs.push_back(probe_program(config, b, states));
+    longest = std::max(longest, programs.back().size());
   }
   ScheduleStepResult step;
-  for (const ProgramOp& op : program) {
+  for (std::size_t at = 0; at < longest; ++at) {
     for (std::int64_t b = 0; b < states; ++b) {
+      const auto& program = programs[static_cast<std::size_t>(b)];
+      if (at >= program.size()) continue;
+      const ProgramOp& op = program[at];
       if (op.kind == ProgramOp::Kind::kMark) {
         engine.mark(b);
       } else if (op.kind == ProgramOp::Kind::kUndo) {
@@ -610,13 +623,10 @@ ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const 
   KVCHECK_ASSERT(ring_rows >= 1 && options.states >= 1);
   ProbeResult result;
   result.ring_rows = ring_rows;
-  const std::vector<ProgramOp> program = probe_program(config);
   if (options.all_phases) {
-    // Every phase 0..S-1, `states` of them per round.
-    for (std::int64_t phase = 0; phase < ring_rows; phase += options.states) {
-      std::vector<std::int64_t> phases;
-      for (std::int64_t b = 0; b < options.states && phase + b < ring_rows; ++b) phases.push_back(phase + b);
-      result = run_round(config, ring_rows, phases, program, result);
+    // Every phase 0..S-1, each on a one-state pool that runs every case.
+    for (std::int64_t phase = 0; phase < ring_rows; ++phase) {
+      result = run_round(config, ring_rows, {phase}, options.fault, result);
       if (!result.safe) return result;
     }
     return result;
@@ -627,7 +637,7 @@ ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const 
   for (std::int64_t b = 0; b < options.states; ++b) {
     phases.push_back(b == 0 ? 0 : b == 1 ? ring_rows - 1 : (b * ring_rows) / options.states);
   }
-  return run_round(config, ring_rows, phases, program, result);
+  return run_round(config, ring_rows, phases, options.fault, result);
 }
 
 std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,

@@ -61,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "impl/kv_cache.hpp"
 #include "reports/sweep/formula.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -108,7 +109,8 @@ SweepGrid default_grid();
 /// Options of one probe (one configuration at one ring size).
 struct ProbeOptions {
   std::int64_t states = 2;   ///< state blocks in the pool; steps of all states interleave
-  bool all_phases = false;   ///< run every ring phase 0..S-1 (tests), not two
+  bool all_phases = false;   ///< run every case at every ring phase 0..S-1 on one state (tests)
+  impl::Fault fault = impl::Fault::kNone;  ///< a named backend fault (tests: the checks must fire)
 };
 
 /// Slot collisions of one step, counted as properties::run_scenario counts them.

@@ -202,6 +202,29 @@ TEST_CASE("Sweep: the verdict does not depend on the ring phase (every phase vs 
   }
 }
 
+TEST_CASE("Sweep: probes catch backend faults in addressing at any ring size (the checks are live)") {
+  const SweepConfig cfg{8, 2, 4, SweepOrder::kStoreThenLoad};
+  const std::int64_t s_min = simulated_min(cfg);
+  REQUIRE(s_min == 11);
+  for (std::int64_t s : {s_min, s_min + 5, 3 * s_min}) {
+    ProbeOptions o;
+    o.fault = impl::Fault::kSlotNoStateOffset;  // state 1 writes into state 0's block
+    ProbeResult r = probe_ring(cfg, s, o);
+    CHECK_FALSE(r.safe);
+    // State 0's first read already sees rows state 1 wrote over (or state 1 writes outside its block).
+    CHECK((r.collisions.outside_block > 0 ||
+           std::any_of(r.overwritten.begin(), r.overwritten.end(), [](std::int64_t c) { return c > 0; })));
+    o.fault = impl::Fault::kModuloWholePool;
+    CHECK_FALSE(probe_ring(cfg, s, o).safe);
+    o.fault = impl::Fault::kWindowTooNarrow;  // reads W - 1 rows
+    r = probe_ring(cfg, s, o);
+    CHECK_FALSE(r.safe);
+    CHECK(r.extra_reads > 0);
+    o.fault = impl::Fault::kWindowTooWide;
+    CHECK_FALSE(probe_ring(cfg, s, o).safe);
+  }
+}
+
 TEST_CASE("Sweep: every counterexample at S_min - 1 replays through the reference runner") {
   SweepGrid g{{1, 2, 5, 9}, {0, 1, 4}, {1, 3, 12}, {SweepOrder::kStoreThenLoad, SweepOrder::kLoadThenStore}};
   SweepOptions o;

@@ -1,0 +1,126 @@
+// `kvcheck sweep`: flags in, reports/sweep/ does the work.
+//
+//   kvcheck sweep --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2]
+//                 --order store-then-load|load-then-store|both [--states N]
+//                 [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR]
+//                 [--out DIR] [--counterexamples auto|all|none] [--threads T]
+//
+// Every range flag also takes comma-separated items (`--chunk 1,16,256`).
+// Omitted flags take the default grid (W 64..4096 step 64, k 0..16,
+// C 1,16,256, both orders). FILE may be `-` (stdout; at most one of them);
+// otherwise a table goes to stdout. Exit codes: 0 every configuration was
+// computed (and --formula, if given, is safe everywhere); 1 the formula is
+// unsafe somewhere, or a counterexample did not replay; 2 bad usage.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "reports/atomic_write.hpp"
+#include "reports/sweep/sweep.hpp"
+#include "reports/sweep/sweep_output.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::cli {
+
+namespace {
+
+// Flag limits: far above real engines, low enough that one probe's buffers
+// (O(W + max(k + 1, C)) rows) stay small.
+constexpr std::int64_t kMaxWindowRows = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxDrafts = 4096;
+constexpr std::int64_t kMaxChunkRows = std::int64_t{1} << 16;
+
+std::function<void(std::int64_t, std::int64_t)> sweep_progress() {
+  if (!isatty(fileno(stderr))) return nullptr;
+  return [](std::int64_t done, std::int64_t total) {
+    const int width = 30;
+    const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\rsweep [%s%s] %lld/%lld", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total));
+    if (done >= total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
+
+void emit(const std::string& file, const std::string& text) {
+  if (file == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  } else {
+    reports::write_file_atomic(file, text);
+  }
+}
+
+}  // namespace
+
+int command_sweep(int argc, char** argv) {
+  const Args args(argc, argv, 2,
+                  {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg",
+                   "--formula", "--out", "--counterexamples", "--threads"},
+                  {});
+  if (!args.positional().empty()) {
+    throw Error(ErrorId::kUsage, args.positional().front(), "sweep takes no positional arguments");
+  }
+  sweep::SweepGrid grid = sweep::default_grid();
+  if (const auto v = args.get("--window")) grid.windows = sweep::parse_value_list("--window", *v, 1, kMaxWindowRows);
+  if (const auto v = args.get("--drafts")) grid.drafts = sweep::parse_value_list("--drafts", *v, 0, kMaxDrafts);
+  if (const auto v = args.get("--chunk")) grid.chunks = sweep::parse_value_list("--chunk", *v, 1, kMaxChunkRows);
+  if (const auto v = args.get("--order")) grid.orders = sweep::parse_orders("--order", *v);
+
+  sweep::SweepOptions options;
+  options.probe.states = args.integer("--states", 2, 1, 64);
+  options.threads = static_cast<int>(args.integer("--threads", 2, 1, 64));
+  if (const auto f = args.get("--formula")) options.formula = sweep::Formula::parse(*f, "--formula");
+  options.out_dir = args.get_or("--out", "kvcheck-out/sweep");
+  const std::string mode = args.get_or("--counterexamples", "auto");
+  if (mode == "auto") {
+    options.counterexamples = sweep::CounterexampleMode::kAuto;
+  } else if (mode == "all") {
+    options.counterexamples = sweep::CounterexampleMode::kAll;
+  } else if (mode == "none") {
+    options.counterexamples = sweep::CounterexampleMode::kNone;
+  } else {
+    throw Error(ErrorId::kUsage, "--counterexamples", "expects auto, all or none, got '" + mode + "'");
+  }
+  int to_stdout = 0;
+  for (const char* flag : {"--json", "--csv", "--svg"}) {
+    const auto v = args.get(flag);
+    if (v && v->empty()) throw Error(ErrorId::kUsage, flag, "needs a file name or '-'");
+    if (v == "-") ++to_stdout;
+  }
+  if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
+  options.progress = sweep_progress();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const sweep::SweepResult result = sweep::run_sweep(grid, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (const auto f = args.get("--json")) emit(*f, sweep::sweep_json(result));
+  if (const auto f = args.get("--csv")) emit(*f, sweep::sweep_csv(result));
+  if (const auto f = args.get("--svg")) emit(*f, sweep::sweep_svg(result));
+  if (to_stdout == 0) {
+    const std::string table = sweep::sweep_table(result);
+    std::fwrite(table.data(), 1, table.size(), stdout);
+  }
+  std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %d threads\n",
+               static_cast<long long>(result.rows.size()), static_cast<long long>(result.probes), seconds,
+               options.threads);
+  if (result.formula && result.formula_unsafe_rows > 0) {
+    std::fprintf(stderr, "kvcheck sweep: formula '%s' is unsafe on %lld of %lld configurations\n",
+                 result.formula->c_str(), static_cast<long long>(result.formula_unsafe_rows),
+                 static_cast<long long>(result.rows.size()));
+  }
+  if (result.replay_failures > 0) {
+    std::fprintf(stderr, "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
+                 static_cast<long long>(result.replay_failures));
+  }
+  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 ? 1 : 0;
+}
+
+}  // namespace kvcheck::cli
