@@ -38,3 +38,12 @@ double to_double(const R& x) {
 }
 
 }  // namespace kvcheck::model
+
+namespace kvcheck::model {
+
+/// Frees MPFR's per-thread caches (constants, exp/cos tables). Call at the
+/// end of every worker thread that used the model, or LeakSanitizer reports
+/// them when the thread exits.
+void release_thread_caches() noexcept;
+
+}  // namespace kvcheck::model

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "model/real.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 #include "support/prng.hpp"
@@ -170,6 +171,7 @@ CheckResult run_check(const CheckOptions& options) {
       errors[static_cast<std::size_t>(id)] = e.what();
       next.store(options.cases);
     }
+    model::release_thread_caches();
   };
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);

@@ -1,8 +1,9 @@
-// CpuBackend kernels. The attention kernel is two streaming passes over the
-// index rows of each query: scores (keys only), then a weighted sum of values,
-// so each pass reads one half of every slot in order. f64 pools accumulate in
-// double; f32, bf16 and fp8 pools decode to float and accumulate in float
-// (the production kernel). Tag work is a template parameter of the attention
+// CpuBackend kernels. f64 pools attend in two passes in double (scores, then
+// a weighted sum of values). f32, bf16 and fp8 pools (the production kernel)
+// decode to float and run one pass over each query's index rows in blocks
+// with an online softmax: each slot's key and value are read once, close
+// together, and each decoded element serves all query heads of a GQA
+// sub-group from registers. Tag work is a template parameter of the attention
 // loop, so a pool with tracking off runs a loop with no tag code in it.
 #include "impl/cpu/cpu_backend.hpp"
 
@@ -27,181 +28,6 @@ namespace {
 // Largest magnitude a non-f64 row may hold after RoPE: 2^126 keeps bf16
 // rounding and fp8 dequantization (448 * 2^119 at most) inside float range.
 constexpr double kFloatRowLimit = 0x1.0p126;
-
-// GCC/Clang vector extensions: 8 float lanes, lowered to whatever the
-// function's target has (AVX/AVX-512 in the multiversioned kernel, SSE pairs
-// in the baseline).
-typedef float V8f __attribute__((vector_size(32)));
-typedef std::uint32_t V8u __attribute__((vector_size(32)));
-typedef std::uint16_t V8h __attribute__((vector_size(16)));
-typedef std::uint8_t V8b __attribute__((vector_size(8)));
-
-[[gnu::always_inline]] inline V8f load8(const float* p) {
-  V8f v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-[[gnu::always_inline]] inline void store8(float* p, V8f v) { __builtin_memcpy(p, &v, sizeof v); }
-[[gnu::always_inline]] inline float hsum8(V8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-/// Dot product in 8-lane partial sums (two accumulators), tail in scalar.
-[[gnu::always_inline]] inline float dot_f32(const float* a, const float* b, std::int64_t n) {
-  V8f s0 = {}, s1 = {};
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 += load8(a + i) * load8(b + i);
-    s1 += load8(a + i + 8) * load8(b + i + 8);
-  }
-  for (; i + 8 <= n; i += 8) s0 += load8(a + i) * load8(b + i);
-  float t = hsum8(s0 + s1);
-  for (; i < n; ++i) t += a[i] * b[i];
-  return t;
-}
-
-[[gnu::always_inline]] inline void axpy_f32(float w, const float* x, float* y, std::int64_t n) {
-  std::int64_t i = 0;
-  const V8f wv = {w, w, w, w, w, w, w, w};
-  for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + wv * load8(x + i));
-  for (; i < n; ++i) y[i] += w * x[i];
-}
-
-/// Four dot products of four query heads against one key head: the key is
-/// loaded once per 8 lanes (GQA groups are usually multiples of four).
-[[gnu::always_inline]] inline void dot4_f32(const float* q, std::int64_t q_stride, const float* k,
-                                            std::int64_t n, float* out, std::int64_t out_stride) {
-  V8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V8f kv = load8(k + i);
-    s0 += load8(q + i) * kv;
-    s1 += load8(q + q_stride + i) * kv;
-    s2 += load8(q + 2 * q_stride + i) * kv;
-    s3 += load8(q + 3 * q_stride + i) * kv;
-  }
-  float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
-  for (; i < n; ++i) {
-    for (int h = 0; h < 4; ++h) t[h] += q[h * q_stride + i] * k[i];
-  }
-  for (int h = 0; h < 4; ++h) out[h * out_stride] = t[h];
-}
-
-/// y_h += w_h * x for four heads sharing one value row: x loaded once.
-[[gnu::always_inline]] inline void axpy4_f32(const float* w, std::int64_t w_stride, const float* x,
-                                             float* y, std::int64_t y_stride, std::int64_t n) {
-  const float w0 = w[0], w1 = w[w_stride], w2 = w[2 * w_stride], w3 = w[3 * w_stride];
-  const V8f v0 = {w0, w0, w0, w0, w0, w0, w0, w0}, v1 = {w1, w1, w1, w1, w1, w1, w1, w1};
-  const V8f v2 = {w2, w2, w2, w2, w2, w2, w2, w2}, v3 = {w3, w3, w3, w3, w3, w3, w3, w3};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V8f xv = load8(x + i);
-    store8(y + i, load8(y + i) + v0 * xv);
-    store8(y + y_stride + i, load8(y + y_stride + i) + v1 * xv);
-    store8(y + 2 * y_stride + i, load8(y + 2 * y_stride + i) + v2 * xv);
-    store8(y + 3 * y_stride + i, load8(y + 3 * y_stride + i) + v3 * xv);
-  }
-  for (; i < n; ++i) {
-    y[i] += w0 * x[i];
-    y[y_stride + i] += w1 * x[i];
-    y[2 * y_stride + i] += w2 * x[i];
-    y[3 * y_stride + i] += w3 * x[i];
-  }
-}
-
-/// exp(x) for x <= 0 in float, branch-free so it vectorizes: x = n ln2 + r,
-/// |r| <= ln2/2, degree-6 polynomial for e^r (relative error ~2e-7), 2^n
-/// through the exponent bits. Below -87 the result is 0 (float underflow).
-[[gnu::always_inline]] inline float exp_neg_f32(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = static_cast<float>(static_cast<int>(x * 1.44269504f - 0.5f));
-  // Cody-Waite split of ln2 keeps r exact enough.
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int e = static_cast<int>(n) + 127;
-  return p * format_bits_float(static_cast<std::uint32_t>(e) << 23);
-}
-
-/// Decodes one e4m3 code to float with integer ops only (vectorizable):
-/// normal codes move their exponent and mantissa into float position and
-/// rebias by +120; subnormals (exponent 0) are m * 2^-9.
-[[gnu::always_inline]] inline float fp8_fast(std::uint8_t c) {
-  const std::uint32_t mag = c & 0x7Fu;
-  const float normal = format_bits_float((mag << 20) + (120u << 23));
-  const float sub = static_cast<float>(mag) * 0.001953125f;
-  const float a = mag < 8u ? sub : normal;
-  return format_bits_float(format_float_bits(a) | ((static_cast<std::uint32_t>(c) & 0x80u) << 24));
-}
-
-/// Decodes one stored row into floats; returns a pointer to the floats
-/// (the row itself for f32, `buf` otherwise).
-[[gnu::always_inline]] inline const float* row_as_f32(ElementFormat f, const std::uint8_t* row, std::int64_t n,
-                               float* buf) {
-  switch (f) {
-    case ElementFormat::kF32:
-      return std::launder(reinterpret_cast<const float*>(row));
-    case ElementFormat::kBf16: {
-      std::int64_t i = 0;
-      for (; i + 8 <= n; i += 8) {
-        V8h h;
-        __builtin_memcpy(&h, row + 2 * i, sizeof h);
-        const V8u u = __builtin_convertvector(h, V8u) << 16;
-        V8f f;
-        __builtin_memcpy(&f, &u, sizeof f);
-        store8(buf + i, f);
-      }
-      for (; i < n; ++i) {
-        std::uint16_t h;
-        __builtin_memcpy(&h, row + 2 * i, sizeof h);
-        buf[i] = bf16_to_float(h);
-      }
-      return buf;
-    }
-    case ElementFormat::kFp8E4m3: {
-      const std::uint8_t* scales = row + n;
-      for (std::int64_t b0 = 0; b0 < n; b0 += kFp8BlockElements) {
-        const std::int64_t b1 = std::min(n, b0 + kFp8BlockElements);
-        const float s = ue8m0_to_float(scales[b0 / kFp8BlockElements]);
-        std::int64_t i = b0;
-        if (b1 - b0 == kFp8BlockElements) {
-          // Normal codes: exponent and mantissa moved into float position,
-          // rebiased by +120 (x 2^120 folded into the exponent add);
-          // subnormal codes (exponent 0) are m * 2^-9. Sign goes to bit 31.
-          const V8f sv = {s, s, s, s, s, s, s, s};
-          for (; i < b1; i += 8) {
-            V8b c8;
-            __builtin_memcpy(&c8, row + i, sizeof c8);
-            const V8u c = __builtin_convertvector(c8, V8u);
-            const V8u mag = c & 0x7Fu;
-            const V8u normal_bits = (mag << 20) + (120u << 23);
-            V8f normal;
-            __builtin_memcpy(&normal, &normal_bits, sizeof normal);
-            const V8f sub = __builtin_convertvector(mag, V8f) * 0.001953125f;
-            const V8f a = mag < 8u ? sub : normal;
-            V8u bits;
-            __builtin_memcpy(&bits, &a, sizeof bits);
-            bits |= (c & 0x80u) << 24;
-            V8f f;
-            __builtin_memcpy(&f, &bits, sizeof f);
-            store8(buf + i, f * sv);
-          }
-        }
-        for (; i < b1; ++i) buf[i] = fp8_fast(row[i]) * s;
-      }
-      return buf;
-    }
-    case ElementFormat::kF64:
-      break;
-  }
-  KVCHECK_ASSERT(false);
-  return nullptr;
-}
 
 /// Encodes n finite doubles into one row of format f.
 void encode_row(ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
@@ -255,89 +81,347 @@ void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n, double
   KVCHECK_ASSERT(false);
 }
 
-/// Prefetches `bytes` bytes at p. Each index row lives in its own pages, so
-/// the hardware stream prefetcher (which stops at page boundaries) never
-/// runs ahead into the next row; the kernel asks for it a few rows early.
+// ---- float attention kernel ------------------------------------------------
+//
+// GCC/Clang vector extensions: 16 float lanes, lowered to whatever the
+// function's target has (one zmm in the AVX-512 clone, two ymm in the AVX2
+// clone, four xmm in the baseline).
+typedef float V16f __attribute__((vector_size(64)));
+typedef float V8f __attribute__((vector_size(32)));
+typedef float V4f __attribute__((vector_size(16)));
+typedef std::int32_t V16i __attribute__((vector_size(64)));
+typedef std::uint32_t V16u __attribute__((vector_size(64)));
+typedef std::uint16_t V16h __attribute__((vector_size(32)));
+typedef std::uint8_t V16b __attribute__((vector_size(16)));
+
+/// Rows per block of the online softmax: one block's scores and weights live
+/// on the stack, its value accumulators in registers.
+constexpr int kBlockRows = 32;
+constexpr bool kPrefetch = true;
+
+[[gnu::always_inline]] inline V16f load16f(const float* p) {
+  V16f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store16f(float* p, V16f v) { __builtin_memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline V16f splat16(float x) {
+  return V16f{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/// Sum of 16 lanes in a fixed tree order (deterministic on one machine).
+[[gnu::always_inline]] inline float hsum16(V16f v) {
+  const V8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const V4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/// exp(x) for x <= 0 in float, branch-free so it vectorizes: x = n ln2 + r,
+/// |r| <= ln2/2, degree-6 polynomial for e^r (relative error ~2e-7), 2^n
+/// through the exponent bits. Below -87 the result is 0 (float underflow).
+[[gnu::always_inline]] inline float exp_neg_f32(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = static_cast<float>(static_cast<int>(x * 1.44269504f - 0.5f));
+  // Cody-Waite split of ln2 keeps r exact enough.
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int e = static_cast<int>(n) + 127;
+  return p * format_bits_float(static_cast<std::uint32_t>(e) << 23);
+}
+
+/// exp_neg_f32 on 16 lanes, operation for operation (same results).
+[[gnu::always_inline]] inline V16f exp_neg_v16(V16f x) {
+  x = x < -87.0f ? splat16(-87.0f) : x;
+  const V16i ni = __builtin_convertvector(x * 1.44269504f - 0.5f, V16i);
+  const V16f n = __builtin_convertvector(ni, V16f);
+  V16f r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  V16f p = splat16(1.3981999507e-3f);
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const V16u bits = __builtin_convertvector(ni + 127, V16u) << 23;
+  V16f scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+/// Decodes one e4m3 code to float with integer ops only: normal codes move
+/// their exponent and mantissa into float position and rebias by +120;
+/// subnormals (exponent 0) are m * 2^-9. Sign goes to bit 31.
+[[gnu::always_inline]] inline float fp8_fast(std::uint8_t c) {
+  const std::uint32_t mag = c & 0x7Fu;
+  const float normal = format_bits_float((mag << 20) + (120u << 23));
+  const float sub = static_cast<float>(mag) * 0.001953125f;
+  const float a = mag < 8u ? sub : normal;
+  return format_bits_float(format_float_bits(a) | ((static_cast<std::uint32_t>(c) & 0x80u) << 24));
+}
+
+/// Element i of a stored row of n elements in format F, as float (exact).
+template <ElementFormat F>
+[[gnu::always_inline]] inline float decode_one(const std::uint8_t* row, std::int64_t n, std::int64_t i) {
+  if constexpr (F == ElementFormat::kF32) {
+    float x;
+    __builtin_memcpy(&x, row + 4 * i, sizeof x);
+    return x;
+  } else if constexpr (F == ElementFormat::kBf16) {
+    std::uint16_t h;
+    __builtin_memcpy(&h, row + 2 * i, sizeof h);
+    return bf16_to_float(h);
+  } else {
+    return fp8_fast(row[i]) * ue8m0_to_float(row[n + i / kFp8BlockElements]);
+  }
+}
+
+/// Elements [i, i + count) (count <= 16) of a stored row of n elements in
+/// format F, as 16 float lanes; lanes past count are zero. Full chunks decode
+/// with vector integer ops; a short chunk, or an fp8 chunk that straddles two
+/// scale blocks, decodes element by element (same values).
+template <ElementFormat F>
+[[gnu::always_inline]] inline V16f load16(const std::uint8_t* row, std::int64_t n, std::int64_t i,
+                                          std::int64_t count) {
+  if constexpr (F == ElementFormat::kF32) {
+    if (count == 16) {
+      V16f v;
+      __builtin_memcpy(&v, row + 4 * i, sizeof v);
+      return v;
+    }
+  } else if constexpr (F == ElementFormat::kBf16) {
+    if (count == 16) {
+      // bf16 is the upper half of a float: widen and shift into place.
+      V16h h;
+      __builtin_memcpy(&h, row + 2 * i, sizeof h);
+      const V16u u = __builtin_convertvector(h, V16u) << 16;
+      V16f v;
+      __builtin_memcpy(&v, &u, sizeof v);
+      return v;
+    }
+  } else {
+    if (count == 16 && i % kFp8BlockElements <= kFp8BlockElements - 16) {
+      // As fp8_fast, 16 lanes at once, then one multiply by the block scale
+      // (a power of two, so exact).
+      const float s = ue8m0_to_float(row[n + i / kFp8BlockElements]);
+      V16b c8;
+      __builtin_memcpy(&c8, row + i, sizeof c8);
+      // Widened in two steps: GCC 12 scalarizes a direct 8-to-32-bit
+      // __builtin_convertvector into byte extracts, but vectorizes 8-to-16
+      // and 16-to-32 (vpmovzxbw, vpmovzxwd).
+      const V16u c = __builtin_convertvector(__builtin_convertvector(c8, V16h), V16u);
+      const V16u mag = c & 0x7Fu;
+      const V16u normal_bits = (mag << 20) + (120u << 23);
+      V16f normal;
+      __builtin_memcpy(&normal, &normal_bits, sizeof normal);
+      V16i mag_signed;
+      __builtin_memcpy(&mag_signed, &mag, sizeof mag_signed);
+      const V16f sub = __builtin_convertvector(mag_signed, V16f) * 0.001953125f;
+      const V16f a = mag < 8u ? sub : normal;
+      V16u bits;
+      __builtin_memcpy(&bits, &a, sizeof bits);
+      bits |= (c & 0x80u) << 24;
+      V16f v;
+      __builtin_memcpy(&v, &bits, sizeof v);
+      return v * s;
+    }
+  }
+  float t[16] = {};
+  for (std::int64_t k = 0; k < count; ++k) t[k] = decode_one<F>(row, n, i + k);
+  return load16f(t);
+}
+
+/// Prefetches `bytes` bytes at p. Index rows need not be adjacent in the
+/// pool, and the hardware stream prefetcher stops at page boundaries, so the
+/// kernel asks for each slot one block ahead.
 [[gnu::always_inline]] inline void prefetch_bytes(const std::uint8_t* p, std::int64_t bytes) {
-  for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+  for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
 }
 
 /// Everything the float attention kernel needs for one query.
 struct FloatJob {
   ElementFormat format;
   const std::uint8_t* base;   // [rows, slot_bytes]
-  std::int64_t slot_bytes, value_offset, row_elements, row_bytes;
-  std::int64_t head_dim, q_heads, group, width;
+  std::int64_t slot_bytes, value_offset, row_elements;
+  std::int64_t head_dim, head_stride, q_heads, group, width;
   const std::int64_t* index;  // [width]
-  const float* q;             // [q_heads, head_dim], RoPE'd and pre-scaled
-  float* scores;              // [q_heads, width]
-  float* acc;                 // [q_heads, head_dim]
-  float* row;                 // [row_elements] decode buffer
+  const float* q;             // [q_heads, head_stride], RoPE'd, pre-scaled, zero past head_dim
+  float* acc;                 // [q_heads, head_stride] out: the attention output
+  float* stats;               // [2, q_heads] running max, running sum
   bool has_sink;
   float sink;
 };
 
-/// One query's attention in float: pass 1 scores every index row's keys,
-/// pass 2 mixes the value rows. Compiled for AVX-512, AVX2+FMA and the
+/// Scores of kR rows (keys at rows[0..kR)) against kS query heads of KV head
+/// g: kR * kS independent accumulators, each key chunk decoded once and used
+/// kS times.
+template <ElementFormat F, int kS, int kR>
+[[gnu::always_inline]] inline void score_rows(const FloatJob& j, const std::uint8_t* const* rows,
+                                              std::int64_t g, const float* q0,
+                                              float (&sc)[kS][kBlockRows], int r0) {
+  const std::int64_t hd = j.head_dim, hs = j.head_stride, n = j.row_elements;
+  V16f a[kR][kS] = {};
+  for (std::int64_t d = 0; d < hd; d += 16) {
+    const std::int64_t count = hd - d < 16 ? hd - d : 16;
+    V16f k[kR];
+    for (int r = 0; r < kR; ++r) k[r] = load16<F>(rows[r], n, g * hd + d, count);
+    for (int s = 0; s < kS; ++s) {
+      const V16f qv = load16f(q0 + s * hs + d);
+      for (int r = 0; r < kR; ++r) a[r][s] += qv * k[r];
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int s = 0; s < kS; ++s) sc[s][r0 + r] = hsum16(a[r][s]);
+  }
+}
+
+/// acc[s] += sum_r p[s][r] * value_r over `lanes` (16 or 32) elements at
+/// column d of KV head g: the kS x lanes accumulators stay in registers for
+/// the whole block, each value chunk decoded once and used kS times.
+template <ElementFormat F, int kS, int kChunks>
+[[gnu::always_inline]] inline void mix_values(const FloatJob& j, const std::uint8_t* const* rows, int nb,
+                                              std::int64_t g, std::int64_t d,
+                                              const float (&p)[kS][kBlockRows], float* acc0) {
+  const std::int64_t hd = j.head_dim, hs = j.head_stride, n = j.row_elements;
+  V16f a[kChunks][kS];
+  for (int c = 0; c < kChunks; ++c) {
+    for (int s = 0; s < kS; ++s) a[c][s] = load16f(acc0 + s * hs + d + 16 * c);
+  }
+  std::int64_t count[kChunks];
+  for (int c = 0; c < kChunks; ++c) {
+    const std::int64_t left = hd - d - 16 * c;
+    count[c] = left < 16 ? left : 16;
+  }
+  for (int r = 0; r < nb; ++r) {
+    const std::uint8_t* val = rows[r] + j.value_offset;
+    V16f v[kChunks];
+    for (int c = 0; c < kChunks; ++c) v[c] = load16<F>(val, n, g * hd + d + 16 * c, count[c]);
+    for (int s = 0; s < kS; ++s) {
+      const V16f w = splat16(p[s][r]);
+      for (int c = 0; c < kChunks; ++c) a[c][s] += w * v[c];
+    }
+  }
+  for (int c = 0; c < kChunks; ++c) {
+    for (int s = 0; s < kS; ++s) store16f(acc0 + s * hs + d + 16 * c, a[c][s]);
+  }
+}
+
+/// One query's attention in float, one streaming pass over its index rows in
+/// blocks of kBlockRows with an online softmax (flash-decoding): per block
+/// and KV head, the scores of kS query heads at a time, then the running
+/// max/sum update (rescaling the accumulators only when the max grows), then
+/// the weighted values. Each slot's key and value are read once, close
+/// together, and each decoded element is used by kS query heads.
+template <ElementFormat F, int kS>
+[[gnu::always_inline]] inline void attend_query_blocks(const FloatJob& j) {
+  const std::int64_t hd = j.head_dim, hs = j.head_stride, qh = j.q_heads, group = j.group;
+  const std::int64_t kv_heads = qh / group, width = j.width;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float* m = j.stats;
+  float* l = j.stats + qh;
+  // The sink is one more logit with no value row: it starts the running max
+  // and contributes e^0 = 1 to the running sum.
+  for (std::int64_t h = 0; h < qh; ++h) {
+    m[h] = j.has_sink ? j.sink : kNegInf;
+    l[h] = j.has_sink ? 1.0f : 0.0f;
+  }
+  for (std::int64_t x = 0; x < qh * hs; ++x) j.acc[x] = 0.0f;
+  const std::uint8_t* rows[kBlockRows];
+  std::int64_t c = 0;
+  while (c < width) {
+    int nb = 0;
+    for (; c < width && nb < kBlockRows; ++c) {
+      const std::int64_t e = j.index[c];
+      if (e < 0) continue;  // padding: weight exactly 0, never read
+      rows[nb++] = j.base + e * j.slot_bytes;
+      if (kPrefetch && c + kBlockRows < width && j.index[c + kBlockRows] >= 0) {
+        prefetch_bytes(j.base + j.index[c + kBlockRows] * j.slot_bytes, j.slot_bytes);
+      }
+    }
+    if (nb == 0) break;
+    for (std::int64_t g = 0; g < kv_heads; ++g) {
+      for (std::int64_t s0 = 0; s0 < group; s0 += kS) {
+        const std::int64_t h0 = g * group + s0;
+        alignas(64) float sc[kS][kBlockRows];
+        alignas(64) float p[kS][kBlockRows];
+        int r = 0;
+        for (; r + 2 <= nb; r += 2) score_rows<F, kS, 2>(j, rows + r, g, j.q + h0 * hs, sc, r);
+        if (r < nb) score_rows<F, kS, 1>(j, rows + r, g, j.q + h0 * hs, sc, r);
+        for (int s = 0; s < kS; ++s) {
+          const std::int64_t h = h0 + s;
+          for (int t = nb; t < kBlockRows; ++t) sc[s][t] = kNegInf;
+          float bm = kNegInf;
+          for (int t = 0; t < nb; ++t) bm = sc[s][t] > bm ? sc[s][t] : bm;
+          if (bm > m[h]) {
+            // The max grew: rescale what was accumulated under the old max
+            // (nothing, the first time: alpha 0 on zeros).
+            const float alpha = m[h] == kNegInf ? 0.0f : exp_neg_f32(m[h] - bm);
+            l[h] *= alpha;
+            float* a = j.acc + h * hs;
+            for (std::int64_t x = 0; x < hs; x += 16) store16f(a + x, load16f(a + x) * alpha);
+            m[h] = bm;
+          }
+          V16f sum = {};
+          for (int t = 0; t < kBlockRows; t += 16) {
+            const V16f sv = load16f(&sc[s][t]);
+            // Rows past nb hold -inf, which exp_neg clamps to e^-87: mask.
+            const V16f pv = sv == kNegInf ? V16f{} : exp_neg_v16(sv - m[h]);
+            store16f(&p[s][t], pv);
+            sum += pv;
+          }
+          l[h] += hsum16(sum);
+        }
+        std::int64_t d = 0;
+        for (; d + 16 < hd; d += 32) mix_values<F, kS, 2>(j, rows, nb, g, d, p, j.acc + h0 * hs);
+        if (d < hd) mix_values<F, kS, 1>(j, rows, nb, g, d, p, j.acc + h0 * hs);
+      }
+    }
+  }
+  for (std::int64_t h = 0; h < qh; ++h) {
+    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    for (std::int64_t x = 0; x < hs; ++x) j.acc[h * hs + x] *= inv;
+  }
+}
+
+template <ElementFormat F>
+[[gnu::always_inline]] inline void attend_query_format(const FloatJob& j) {
+  // Query heads per pass over a KV head's rows: the largest of 4, 3, 2, 1
+  // that divides the GQA group.
+  if (j.group % 4 == 0) {
+    attend_query_blocks<F, 4>(j);
+  } else if (j.group % 3 == 0) {
+    attend_query_blocks<F, 3>(j);
+  } else if (j.group % 2 == 0) {
+    attend_query_blocks<F, 2>(j);
+  } else {
+    attend_query_blocks<F, 1>(j);
+  }
+}
+
+/// One query's attention in float. Compiled for AVX-512, AVX2+FMA and the
 /// baseline; the loader picks one at start-up (GCC function multiversioning).
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void attend_query_f32(const FloatJob& j) {
-  const std::int64_t hd = j.head_dim, width = j.width;
-  for (std::int64_t c = 0; c < width; ++c) {
-    const std::int64_t e = j.index[c];
-    if (e < 0) {
-      for (std::int64_t h = 0; h < j.q_heads; ++h) j.scores[h * width + c] = -std::numeric_limits<float>::infinity();
-      continue;
-    }
-    constexpr std::int64_t kAhead = 3;
-    if (c + kAhead < width && j.index[c + kAhead] >= 0) {
-      prefetch_bytes(j.base + j.index[c + kAhead] * j.slot_bytes, j.row_bytes);
-    }
-    const float* key = row_as_f32(j.format, j.base + e * j.slot_bytes, j.row_elements, j.row);
-    if (j.group % 4 == 0) {
-      for (std::int64_t h = 0; h < j.q_heads; h += 4) {
-        dot4_f32(j.q + h * hd, hd, key + (h / j.group) * hd, hd, j.scores + h * width + c, width);
-      }
-    } else {
-      for (std::int64_t h = 0; h < j.q_heads; ++h) {
-        j.scores[h * width + c] = dot_f32(j.q + h * hd, key + (h / j.group) * hd, hd);
-      }
-    }
+  switch (j.format) {
+    case ElementFormat::kF32:
+      attend_query_format<ElementFormat::kF32>(j);
+      return;
+    case ElementFormat::kBf16:
+      attend_query_format<ElementFormat::kBf16>(j);
+      return;
+    case ElementFormat::kFp8E4m3:
+      attend_query_format<ElementFormat::kFp8E4m3>(j);
+      return;
+    case ElementFormat::kF64:
+      break;
   }
-  for (std::int64_t h = 0; h < j.q_heads; ++h) {
-    float* sc = j.scores + h * width;
-    float m = j.has_sink ? j.sink : -std::numeric_limits<float>::infinity();
-    for (std::int64_t c = 0; c < width; ++c) m = sc[c] > m ? sc[c] : m;
-    if (!(m > -std::numeric_limits<float>::infinity())) m = 0.0f;  // no valid column
-    float total = j.has_sink ? exp_neg_f32(j.sink - m) : 0.0f;
-    for (std::int64_t c = 0; c < width; ++c) {
-      // Skipped columns hold -inf; exp_neg_f32 clamps them to e^-87, so mask.
-      const float p = exp_neg_f32(sc[c] - m);
-      sc[c] = j.index[c] < 0 ? 0.0f : p;
-      total += sc[c];
-    }
-    const float inv = total > 0 ? 1.0f / total : 0.0f;
-    for (std::int64_t c = 0; c < width; ++c) sc[c] *= inv;
-  }
-  for (std::int64_t x = 0; x < j.q_heads * hd; ++x) j.acc[x] = 0.0f;
-  for (std::int64_t c = 0; c < width; ++c) {
-    const std::int64_t e = j.index[c];
-    if (e < 0) continue;
-    constexpr std::int64_t kAhead = 3;
-    if (c + kAhead < width && j.index[c + kAhead] >= 0) {
-      prefetch_bytes(j.base + j.index[c + kAhead] * j.slot_bytes + j.value_offset, j.row_bytes);
-    }
-    const float* val = row_as_f32(j.format, j.base + e * j.slot_bytes + j.value_offset, j.row_elements, j.row);
-    if (j.group % 4 == 0) {
-      for (std::int64_t h = 0; h < j.q_heads; h += 4) {
-        axpy4_f32(j.scores + h * width + c, width, val + (h / j.group) * hd, j.acc + h * hd, hd, hd);
-      }
-    } else {
-      for (std::int64_t h = 0; h < j.q_heads; ++h) {
-        axpy_f32(j.scores[h * width + c], val + (h / j.group) * hd, j.acc + h * hd, hd);
-      }
-    }
-  }
+  KVCHECK_ASSERT(false);
 }
 
 bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
@@ -409,15 +493,18 @@ Status CpuBackend::configure(const PoolSpec& spec) {
     rotated_.assign(static_cast<std::size_t>(row_elements), 0.0);
     decoded_.assign(static_cast<std::size_t>(row_elements), 0.0);
     q_rot_.assign(static_cast<std::size_t>(q_elements), 0.0);
-    q_f32_.assign(static_cast<std::size_t>(q_elements), 0.0f);
     acc_.assign(static_cast<std::size_t>(q_elements), 0.0);
-    acc_f32_.assign(static_cast<std::size_t>(q_elements), 0.0f);
-    row_f32_.assign(static_cast<std::size_t>(row_elements), 0.0f);
     if (spec.format == ElementFormat::kF64) {
       scores_.assign(static_cast<std::size_t>(width_elements), 0.0);
-      scores_f32_.clear();
+      q_f32_.clear();
+      acc_f32_.clear();
+      softmax_f32_.clear();
     } else {
-      scores_f32_.assign(static_cast<std::size_t>(width_elements), 0.0f);
+      // Float kernel rows are padded to whole 16-lane chunks (zeros past head_dim).
+      const std::int64_t stride = (std::int64_t{spec.head_dim} + 15) / 16 * 16;
+      q_f32_.assign(static_cast<std::size_t>(spec.q_heads * stride), 0.0f);
+      acc_f32_.assign(static_cast<std::size_t>(spec.q_heads * stride), 0.0f);
+      softmax_f32_.assign(static_cast<std::size_t>(2 * spec.q_heads), 0.0f);
       scores_.clear();
     }
     inv_freq_.clear();
@@ -736,13 +823,21 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
       std::copy(acc_.begin(), acc_.end(), o);
       continue;
     }
-    // Float path: [q_heads, width] scores, [q_heads, head_dim] accumulators.
-    for (std::int64_t x = 0; x < qe; ++x) q_f32_[static_cast<std::size_t>(x)] = static_cast<float>(q_rot_[static_cast<std::size_t>(x)] * scale_f64_);
-    const FloatJob job{spec_.format, base, slot_bytes_, value_offset, row_elements_, row_bytes_, hd, qh, group,
-                       width, idx, q_f32_.data(), scores_f32_.data(), acc_f32_.data(), row_f32_.data(),
+    // Float path: [q_heads, hs] query and accumulators, padded with zeros.
+    const std::int64_t hs = static_cast<std::int64_t>(q_f32_.size()) / qh;
+    for (std::int64_t h = 0; h < qh; ++h) {
+      for (std::int64_t x = 0; x < hd; ++x) {
+        q_f32_[static_cast<std::size_t>(h * hs + x)] =
+            static_cast<float>(q_rot_[static_cast<std::size_t>(h * hd + x)] * scale_f64_);
+      }
+    }
+    const FloatJob job{spec_.format, base, slot_bytes_, value_offset, row_elements_, hd, hs, qh, group,
+                       width, idx, q_f32_.data(), acc_f32_.data(), softmax_f32_.data(),
                        spec_.has_sink, static_cast<float>(spec_.sink_logit)};
     attend_query_f32(job);
-    for (std::int64_t x = 0; x < qe; ++x) o[x] = acc_f32_[static_cast<std::size_t>(x)];
+    for (std::int64_t h = 0; h < qh; ++h) {
+      for (std::int64_t x = 0; x < hd; ++x) o[h * hd + x] = acc_f32_[static_cast<std::size_t>(h * hs + x)];
+    }
   }
 }
 

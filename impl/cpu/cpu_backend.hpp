@@ -82,12 +82,12 @@ class CpuBackend final : public KvBackend {
   std::uint64_t epoch_ = 0;
   // attend workspace
   std::vector<double> q_rot_;                // [q_heads, head_dim]
-  std::vector<float> q_f32_;                 // [q_heads, head_dim]
   std::vector<double> scores_;               // [q_heads, width_max] (f64 path)
-  std::vector<float> scores_f32_;            // [q_heads, width_max]
-  std::vector<double> acc_;                  // [q_heads, head_dim]
-  std::vector<float> acc_f32_;               // [q_heads, head_dim]
-  std::vector<float> row_f32_;               // [kv_heads * head_dim] decoded row
+  std::vector<double> acc_;                  // [q_heads, head_dim] (f64 path)
+  // Float path; head_stride = head_dim rounded up to 16 lanes, zeros past head_dim.
+  std::vector<float> q_f32_;                 // [q_heads, head_stride] RoPE'd, pre-scaled
+  std::vector<float> acc_f32_;               // [q_heads, head_stride] online-softmax accumulators
+  std::vector<float> softmax_f32_;           // [2, q_heads] running max, running sum
   std::int64_t width_max_ = 0;
 };
 

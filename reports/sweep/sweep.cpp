@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "impl/kv_cache.hpp"
+#include "model/real.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/assert.hpp"
@@ -915,6 +916,7 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
         done.fetch_add(1);
       }
     }
+    model::release_thread_caches();  // counterexample replays ran the model here
     std::lock_guard<std::mutex> lock(mu);
     --running;
     cv.notify_all();
