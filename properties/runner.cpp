@@ -518,6 +518,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options) {
       for (const auto& q : obs.queries) {
         if (!q.overwritten.empty() || !q.missing.empty() || !q.extra.empty()) {
           obs.expectation_failed = true;
+          obs.expectation_detail = "query " + std::to_string(q.position) +
+                                   " lost or misread rows, and the scenario expects none here";
           fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " +
                std::to_string(obs.layer) + " query " + std::to_string(q.position) + ": overwritten " +
                list(q.overwritten) + ", missing " + list(q.missing) + ", " +

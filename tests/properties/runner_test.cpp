@@ -142,3 +142,44 @@ TEST_CASE("Runner: ring contents after each step are recorded for the pictures")
   CHECK(ring[200 % 128] == 200);
   CHECK(ring[205 % 128] == 205);
 }
+
+TEST_CASE("Runner: the fast attention path (head_dim 128, GQA group 4) matches the reference in every format") {
+  scenarios::Step verify;
+  verify.kind = scenarios::StepKind::kVerify;
+  verify.drafts = 3;
+  for (const auto format : {scenarios::Format::kF64, scenarios::Format::kF32,
+                            scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+    for (const bool sink : {false, true}) {
+      auto sc = two_steps(40, 43, 90, verify);
+      scenarios::Step accept;
+      accept.kind = scenarios::StepKind::kAccept;
+      accept.accepted = 2;
+      sc.steps.push_back(accept);
+      sc.steps.push_back(verify);
+      sc.steps.push_back(accept);
+      sc.cache.format = format;
+      sc.cache.q_heads = 8;
+      sc.cache.kv_heads = 2;
+      sc.cache.head_dim = 128;
+      sc.cache.rope = {scenarios::RopeStyle::kNeox, 64, 10000.0};
+      if (sink) sc.cache.sink_logit = 0.5;
+      const auto run = run_scenario(sc, RunOptions{});
+      INFO("format " << static_cast<int>(format) << " sink " << sink << ": " << run.first_failure);
+      CHECK(run.passed);
+      CHECK(run.lost_rows == 0);
+      CHECK(run.queries > 90);
+    }
+  }
+  // Odd widths and a group of 3 take the padded-chunk path.
+  auto sc = two_steps(9, 12, 20, verify);
+  scenarios::Step accept;
+  accept.kind = scenarios::StepKind::kAccept;
+  sc.steps.push_back(accept);
+  sc.cache.format = scenarios::Format::kFp8;
+  sc.cache.q_heads = 3;
+  sc.cache.kv_heads = 1;
+  sc.cache.head_dim = 48;
+  const auto odd = run_scenario(sc, RunOptions{});
+  INFO(odd.first_failure);
+  CHECK(odd.passed);
+}
