@@ -78,9 +78,9 @@ struct RunObservation {
   std::int64_t extra_reads = 0;
   std::int64_t collisions = 0;
   std::int64_t output_failures = 0;
-  double max_abs_diff = 0;
-  double max_eps_units = 0;
-  double max_quant_abs_diff = 0;
+  double max_abs_diff = 0;       ///< over queries whose reads were all correct
+  double max_eps_units = 0;      ///< likewise, in units of the format's epsilon
+  double max_quant_abs_diff = 0; ///< likewise, against the exact rows
   std::int64_t queries = 0;
   bool passed = true;
   std::string first_failure;        ///< one line: what failed first, where

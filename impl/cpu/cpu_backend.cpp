@@ -13,6 +13,14 @@
 #include <limits>
 #include <new>
 
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(),
+// which -Wmaybe-uninitialized reports at the header's lines (a known false
+// positive); the warning stays on for this file's own code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 #include "impl/element_format.hpp"
 #include "impl/ring_index.hpp"
 #include "support/assert.hpp"
@@ -424,6 +432,297 @@ void attend_query_f32(const FloatJob& j) {
   KVCHECK_ASSERT(false);
 }
 
+// ---- AVX-512 decode-attention kernel -----------------------------------------
+//
+// The hot configuration (head_dim a multiple of 64 up to 256, GQA group a
+// multiple of 4, f32/bf16/fp8 rows) runs this kernel when the CPU has
+// AVX-512 (checked once in configure()); everything else, and every CPU
+// without AVX-512, runs the portable kernel above. Same online softmax, same
+// exp polynomial; only the summation order differs (float rounding).
+//
+// Per block of kZRows index rows and per KV head g, 4 query heads at a time:
+//  * scores: two rows at a time, each 32-element piece of the key decoded
+//    once into two zmm and used by all 4 heads (16 accumulators); the 4 heads'
+//    accumulators of 4 rows are reduced together by a shuffle tree into one
+//    zmm [head][row] instead of 16 separate horizontal sums;
+//  * softmax: one zmm of 16 rows per head (max, exp, sum, rescale factor);
+//  * values: 64 dims at a time, 4 heads x 4 chunks of accumulators in
+//    registers for the whole block, each value piece decoded once and
+//    weighted by a broadcast per head.
+// Decoding: bf16 is the upper half of a float, so one 64-byte load of 32
+// elements gives the even elements by a 16-bit left shift and the odd ones by
+// masking; the kernel therefore works in that order (even then odd elements
+// of each 32), and the caller permutes the query and un-permutes the output.
+// fp8 e4m3 codes moved to float bit position 20 (sign to bit 31) read as
+// float are exactly code_value * 2^-120 (subnormal codes included), and
+// vscalefps multiplies by 2^(scale - 7), i.e. the block scale times 2^120,
+// with one rounding, the same value as the portable decode.
+
+#define KVCHECK_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+
+constexpr int kZRows = 16;       // rows per block (one zmm of scores per head)
+constexpr int kZAheadBlocks = 1; // prefetch distance in blocks
+constexpr std::int64_t kZMaxScales = 128;  // fp8 scale bytes of a slot the block table holds
+
+/// 32 elements of a row starting at element i (a multiple of 32) as two zmm
+/// in kernel order. fexp: the block's fp8 scale exponent (scale byte - 7).
+template <ElementFormat F>
+KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline void z_decode32(const std::uint8_t* row, std::int64_t i,
+                                                                   const float* fexp, __m512& a, __m512& b) {
+  if constexpr (F == ElementFormat::kF32) {
+    (void)fexp;
+    a = _mm512_loadu_ps(row + 4 * i);
+    b = _mm512_loadu_ps(row + 4 * i + 64);
+  } else if constexpr (F == ElementFormat::kBf16) {
+    (void)fexp;
+    const __m512i x = _mm512_loadu_si512(row + 2 * i);
+    a = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    b = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else {
+    const __m512i m = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
+    const __m512 e = _mm512_set1_ps(*fexp);
+    // Sign-extended codes shifted by 20: magnitude at bits 20..26, sign
+    // copies at 27..31; the mask keeps the magnitude and bit 31.
+    const __m512i c0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+    const __m512i c1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i + 16)));
+    a = _mm512_scalef_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(c0, 20), m)), e);
+    b = _mm512_scalef_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(c1, 20), m)), e);
+  }
+}
+
+/// Lanes 4s..4s+3 of the result: four partial sums of a[s] (s = 0..3).
+KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline __m512 z_reduce_heads(__m512 a0, __m512 a1, __m512 a2,
+                                                                         __m512 a3) {
+  const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xDD));
+}
+
+/// From z_reduce_heads of rows 0..3: lane 4s + r is the full sum of head s, row r.
+KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline __m512 z_reduce_rows(__m512 v0, __m512 v1, __m512 v2,
+                                                                        __m512 v3) {
+  const __m512 w01 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+  const __m512 w23 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+  return _mm512_add_ps(_mm512_shuffle_ps(w01, w23, 0x44), _mm512_shuffle_ps(w01, w23, 0xEE));
+}
+
+template <ElementFormat F, int kPairs>
+KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
+  constexpr std::int64_t hd = 32 * kPairs;
+  const std::int64_t hs = j.head_stride, qh = j.q_heads, group = j.group, n = j.row_elements;
+  const std::int64_t kv_heads = qh / group, width = j.width, nscale = n / 32;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float* m = j.stats;
+  float* l = j.stats + qh;
+  for (std::int64_t h = 0; h < qh; ++h) {
+    m[h] = j.has_sink ? j.sink : kNegInf;
+    l[h] = j.has_sink ? 1.0f : 0.0f;
+  }
+  for (std::int64_t x = 0; x < qh * hs; ++x) j.acc[x] = 0.0f;
+  const std::int64_t pf_lines = (j.slot_bytes + 63) / 64;
+  const std::uint8_t* rows[kZRows];
+  // fp8 only: [row][K scales then V scales] scale exponents (byte - 7).
+  alignas(64) float fexp[F == ElementFormat::kFp8E4m3 ? kZRows : 1][F == ElementFormat::kFp8E4m3 ? 2 * kZMaxScales : 1];
+  std::int64_t c = 0;
+  while (c < width) {
+    int nb = 0;
+    for (; c < width && nb < kZRows; ++c) {
+      const std::int64_t e = j.index[c];
+      if (e < 0) continue;  // padding: weight exactly 0, never read
+      rows[nb++] = j.base + e * j.slot_bytes;
+    }
+    if (nb == 0) break;
+    // Rows past nb repeat row 0 (finite, read from cache) with weight 0.
+    const int nb4 = (nb + 3) & ~3;
+    for (int r = nb; r < kZRows; ++r) rows[r] = rows[0];
+    if constexpr (F == ElementFormat::kFp8E4m3) {
+      const __m512i seven = _mm512_set1_epi32(7);
+      for (int r = 0; r < nb4; ++r) {
+        for (int half = 0; half < 2; ++half) {
+          const std::uint8_t* sb = rows[r] + half * j.value_offset + n;
+          float* dst = fexp[r] + half * kZMaxScales;
+          for (std::int64_t k = 0; k < nscale; k += 16) {
+            // Masked: a row's last scales may end less than 16 bytes before the pool does.
+            const __mmask16 take = nscale - k >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (nscale - k)) - 1u);
+            const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(take, sb + k));
+            _mm512_store_ps(dst + k, _mm512_cvtepi32_ps(_mm512_sub_epi32(b, seven)));
+          }
+        }
+      }
+    }
+    const std::int64_t pf_first = c + (kZAheadBlocks - 1) * kZRows;
+    for (std::int64_t g = 0; g < kv_heads; ++g) {
+      // This KV head's share of the prefetch of a later block's rows.
+      const std::int64_t lo = g * pf_lines / kv_heads, hi = (g + 1) * pf_lines / kv_heads;
+      for (int r = 0; r < kZRows; ++r) {
+        const std::int64_t pos = pf_first + r;
+        if (pos >= width) break;
+        const std::int64_t e = j.index[pos];
+        if (e < 0) continue;
+        const std::uint8_t* p = j.base + e * j.slot_bytes;
+        for (std::int64_t o = lo; o < hi; ++o) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * o), _MM_HINT_T1);
+      }
+      for (std::int64_t s0 = 0; s0 < group; s0 += 4) {
+        const std::int64_t h0 = g * group + s0;
+        const float* q0 = j.q + h0 * hs;
+        // ---- scores: zs[k] lane 4s + i = head s, row 4k + i
+        __m512 zs[kZRows / 4];
+        for (int r = 0; r < nb4; r += 4) {
+          __m512 v[4];
+          for (int i = 0; i < 4; i += 2) {
+            const std::uint8_t* k0 = rows[r + i];
+            const std::uint8_t* k1 = rows[r + i + 1];
+            __m512 a0[4], b0[4], a1[4], b1[4];
+            for (int s = 0; s < 4; ++s) {
+              a0[s] = _mm512_setzero_ps();
+              b0[s] = _mm512_setzero_ps();
+              a1[s] = _mm512_setzero_ps();
+              b1[s] = _mm512_setzero_ps();
+            }
+            for (int p = 0; p < kPairs; ++p) {
+              const std::int64_t el = g * hd + 32 * p;
+              __m512 x0, y0, x1, y1;
+              z_decode32<F>(k0, el, fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] + (F == ElementFormat::kFp8E4m3 ? el / 32 : 0), x0, y0);
+              z_decode32<F>(k1, el, fexp[F == ElementFormat::kFp8E4m3 ? r + i + 1 : 0] + (F == ElementFormat::kFp8E4m3 ? el / 32 : 0), x1, y1);
+              for (int s = 0; s < 4; ++s) {
+                const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
+                const __m512 qb = _mm512_loadu_ps(q0 + s * hs + 32 * p + 16);
+                a0[s] = _mm512_fmadd_ps(qa, x0, a0[s]);
+                b0[s] = _mm512_fmadd_ps(qb, y0, b0[s]);
+                a1[s] = _mm512_fmadd_ps(qa, x1, a1[s]);
+                b1[s] = _mm512_fmadd_ps(qb, y1, b1[s]);
+              }
+            }
+            v[i] = z_reduce_heads(_mm512_add_ps(a0[0], b0[0]), _mm512_add_ps(a0[1], b0[1]),
+                                  _mm512_add_ps(a0[2], b0[2]), _mm512_add_ps(a0[3], b0[3]));
+            v[i + 1] = z_reduce_heads(_mm512_add_ps(a1[0], b1[0]), _mm512_add_ps(a1[1], b1[1]),
+                                      _mm512_add_ps(a1[2], b1[2]), _mm512_add_ps(a1[3], b1[3]));
+          }
+          zs[r / 4] = z_reduce_rows(v[0], v[1], v[2], v[3]);
+        }
+        for (int r = nb4; r < kZRows; r += 4) zs[r / 4] = _mm512_setzero_ps();
+        // ---- transpose to one zmm of 16 rows per head, then the softmax update
+        const __m512 p01lo = _mm512_shuffle_f32x4(zs[0], zs[1], 0x44);
+        const __m512 p01hi = _mm512_shuffle_f32x4(zs[0], zs[1], 0xEE);
+        const __m512 p23lo = _mm512_shuffle_f32x4(zs[2], zs[3], 0x44);
+        const __m512 p23hi = _mm512_shuffle_f32x4(zs[2], zs[3], 0xEE);
+        __m512 sc[4];
+        sc[0] = _mm512_shuffle_f32x4(p01lo, p23lo, 0x88);
+        sc[1] = _mm512_shuffle_f32x4(p01lo, p23lo, 0xDD);
+        sc[2] = _mm512_shuffle_f32x4(p01hi, p23hi, 0x88);
+        sc[3] = _mm512_shuffle_f32x4(p01hi, p23hi, 0xDD);
+        const __mmask16 live = static_cast<__mmask16>((1u << nb) - 1u);
+        alignas(64) float pw[4][kZRows];
+        float alpha[4];
+        for (int s = 0; s < 4; ++s) {
+          const std::int64_t h = h0 + s;
+          const __m512 sv = _mm512_mask_blend_ps(live, _mm512_set1_ps(kNegInf), sc[s]);
+          const float bm = _mm512_reduce_max_ps(sv);
+          const float mn = bm > m[h] ? bm : m[h];
+          // The max grew: what was accumulated under the old max is scaled
+          // by e^(old - new) (0 the first time; exactly 1 when it did not grow).
+          alpha[s] = m[h] == kNegInf ? 0.0f : exp_neg_f32(m[h] - mn);
+          m[h] = mn;
+          const __m512 pv = _mm512_maskz_mov_ps(
+              live, static_cast<__m512>(exp_neg_v16(static_cast<V16f>(_mm512_sub_ps(sv, _mm512_set1_ps(mn))))));
+          _mm512_store_ps(pw[s], pv);
+          l[h] = l[h] * alpha[s] + _mm512_reduce_add_ps(pv);
+        }
+        // ---- values, 64 dims at a time
+        for (int half = 0; half < kPairs / 2; ++half) {
+          const std::int64_t d = 64 * half;
+          __m512 acc[4][4];
+          for (int s = 0; s < 4; ++s) {
+            const __m512 al = _mm512_set1_ps(alpha[s]);
+            for (int k = 0; k < 4; ++k) acc[s][k] = _mm512_mul_ps(_mm512_loadu_ps(j.acc + (h0 + s) * hs + d + 16 * k), al);
+          }
+          const std::int64_t el = g * hd + d;
+          for (int r = 0; r < nb; ++r) {
+            const std::uint8_t* val = rows[r] + j.value_offset;
+            __m512 v[4];
+            const float* fe = fexp[F == ElementFormat::kFp8E4m3 ? r : 0] + (F == ElementFormat::kFp8E4m3 ? kZMaxScales + el / 32 : 0);
+            z_decode32<F>(val, el, fe, v[0], v[1]);
+            z_decode32<F>(val, el + 32, fe + (F == ElementFormat::kFp8E4m3 ? 1 : 0), v[2], v[3]);
+            for (int s = 0; s < 4; ++s) {
+              const __m512 w = _mm512_set1_ps(pw[s][r]);
+              for (int k = 0; k < 4; ++k) acc[s][k] = _mm512_fmadd_ps(w, v[k], acc[s][k]);
+            }
+          }
+          for (int s = 0; s < 4; ++s) {
+            for (int k = 0; k < 4; ++k) _mm512_storeu_ps(j.acc + (h0 + s) * hs + d + 16 * k, acc[s][k]);
+          }
+        }
+      }
+    }
+  }
+  for (std::int64_t h = 0; h < qh; ++h) {
+    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    for (std::int64_t x = 0; x < hs; ++x) j.acc[h * hs + x] *= inv;
+  }
+}
+
+template <ElementFormat F>
+KVCHECK_AVX512_TARGET void attend_query_z_format(const FloatJob& j) {
+  switch (j.head_dim) {
+    case 64: attend_query_z<F, 2>(j); return;
+    case 128: attend_query_z<F, 4>(j); return;
+    case 256: attend_query_z<F, 8>(j); return;
+    default: break;
+  }
+  KVCHECK_ASSERT(false);
+}
+
+/// True when the AVX-512 kernel can run this pool on this CPU.
+bool fast_kernel_fits(const PoolSpec& spec, std::int64_t row_elements) {
+  if (spec.format == ElementFormat::kF64) return false;
+  if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256) return false;
+  if (spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0 || (spec.q_heads / spec.kv_heads) % 4 != 0) return false;
+  if (spec.format == ElementFormat::kFp8E4m3 && row_elements / 32 > kZMaxScales) return false;
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("fma");
+  return cpu;
+}
+
+/// One query's attention through the AVX-512 kernel: bf16 works in
+/// even-then-odd element order within each 32, so q goes in permuted and the
+/// output comes back un-permuted (in place, through a 32-float buffer).
+void attend_query_fast(const FloatJob& j) {
+  const std::int64_t qn = j.q_heads * j.head_stride;
+  float* q = const_cast<float*>(j.q);
+  auto permute = [](float* p, std::int64_t count, bool forward) {
+    float t[32];
+    for (std::int64_t b = 0; b < count; b += 32) {
+      for (int k = 0; k < 16; ++k) {
+        if (forward) {
+          t[k] = p[b + 2 * k];
+          t[16 + k] = p[b + 2 * k + 1];
+        } else {
+          t[2 * k] = p[b + k];
+          t[2 * k + 1] = p[b + 16 + k];
+        }
+      }
+      for (int k = 0; k < 32; ++k) p[b + k] = t[k];
+    }
+  };
+  switch (j.format) {
+    case ElementFormat::kF32:
+      attend_query_z_format<ElementFormat::kF32>(j);
+      return;
+    case ElementFormat::kBf16:
+      permute(q, qn, true);
+      attend_query_z_format<ElementFormat::kBf16>(j);
+      permute(j.acc, qn, false);
+      return;
+    case ElementFormat::kFp8E4m3:
+      attend_query_z_format<ElementFormat::kFp8E4m3>(j);
+      return;
+    case ElementFormat::kF64:
+      break;
+  }
+  KVCHECK_ASSERT(false);
+}
+
 bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
@@ -526,6 +825,7 @@ Status CpuBackend::configure(const PoolSpec& spec) {
   epoch_ = 0;
   scale_f64_ = spec.softmax_scale > 0.0 ? spec.softmax_scale : 1.0 / std::sqrt(double(spec.head_dim));
   scale_ = static_cast<float>(scale_f64_);
+  fast_kernel_ = fast_kernel_fits(spec, row_elements);
   configured_ = true;
   return {};
 }
@@ -834,7 +1134,11 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
     const FloatJob job{spec_.format, base, slot_bytes_, value_offset, row_elements_, hd, hs, qh, group,
                        width, idx, q_f32_.data(), acc_f32_.data(), softmax_f32_.data(),
                        spec_.has_sink, static_cast<float>(spec_.sink_logit)};
-    attend_query_f32(job);
+    if (fast_kernel_) {
+      attend_query_fast(job);
+    } else {
+      attend_query_f32(job);
+    }
     for (std::int64_t h = 0; h < qh; ++h) {
       for (std::int64_t x = 0; x < hd; ++x) o[h * hd + x] = acc_f32_[static_cast<std::size_t>(h * hs + x)];
     }

@@ -89,6 +89,7 @@ class CpuBackend final : public KvBackend {
   std::vector<float> acc_f32_;               // [q_heads, head_stride] online-softmax accumulators
   std::vector<float> softmax_f32_;           // [2, q_heads] running max, running sum
   std::int64_t width_max_ = 0;
+  bool fast_kernel_ = false;                 // AVX-512 kernel fits this pool and CPU (configure)
 };
 
 }  // namespace kvcheck::impl::cpu
