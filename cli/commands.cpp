@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -22,6 +21,7 @@
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
 #include "reports/report_text.hpp"
+#include "reports/trace_table.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 
@@ -181,31 +181,14 @@ int command_trace(int argc, char** argv) {
   if (state > 0 && ring > kMax / (state + 1)) {
     throw Error(ErrorId::kSize, "--state", "state * ring overflows the slot range");
   }
-  const auto rows = model::ring_trace(window, ring, state, positions);
-  if (args.has("--json")) {
-    nlohmann::ordered_json out = nlohmann::ordered_json::array();
-    for (const auto& r : rows) {
-      out.push_back({{"position", r.position},
-                     {"logical_first", r.logical_first},
-                     {"logical_last", r.logical_last},
-                     {"first_read_slot", r.first_read_slot},
-                     {"last_read_slot", r.last_read_slot},
-                     {"write_slot", r.write_slot}});
-    }
-    std::printf("%s\n", out.dump(2).c_str());
-    return 0;
+  std::vector<reports::TraceLine> lines;
+  for (const auto& r : model::ring_trace(window, ring, state, positions)) {
+    lines.push_back({r.position, r.logical_first, r.logical_last, r.first_read_slot,
+                     r.last_read_slot, r.write_slot});
   }
-  std::printf("W = %lld, S = %lld, state %lld owns slots %lld..%lld\n", static_cast<long long>(window),
-              static_cast<long long>(ring), static_cast<long long>(state),
-              static_cast<long long>(state * ring), static_cast<long long>(state * ring + ring - 1));
-  std::printf("%10s | %-15s | %-21s | %s\n", "position", "logical range", "first/last read slot",
-              "write slot");
-  for (const auto& r : rows) {
-    const std::string range = std::to_string(r.logical_first) + ".." + std::to_string(r.logical_last);
-    const std::string reads = std::to_string(r.first_read_slot) + " / " + std::to_string(r.last_read_slot);
-    std::printf("%10lld | %-15s | %-21s | %lld\n", static_cast<long long>(r.position), range.c_str(),
-                reads.c_str(), static_cast<long long>(r.write_slot));
-  }
+  std::fputs(args.has("--json") ? reports::trace_json(lines).c_str()
+                                : reports::trace_text(window, ring, state, lines).c_str(),
+             stdout);
   return 0;
 }
 
