@@ -207,8 +207,10 @@ CheckResult run_check(const CheckOptions& options) {
         &result.shrink_runs);
     result.shrunk.name = "counterexample-" + std::string(impl::fault_name(options.run.fault)) +
                          "-seed" + std::to_string(options.seed);
-    result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
-                                " of `kvcheck check --seed " + std::to_string(options.seed) + "`";
+    result.shrunk.description =
+        "Shrunk from case seed " + std::to_string(result.failing_case_seed) + " of `kvcheck check --impl " +
+        options.run.backend + " --fault " + std::string(impl::fault_name(options.run.fault)) +
+        " --seed " + std::to_string(options.seed) + "`; passes without the fault";
     result.shrunk_run = run_scenario(result.shrunk, options.run);
   }
   return result;
