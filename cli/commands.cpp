@@ -21,6 +21,8 @@
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
 #include "reports/report_text.hpp"
+#include "reports/sweep/sweep.hpp"
+#include "reports/sweep/sweep_output.hpp"
 #include "reports/trace_table.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
@@ -265,10 +267,21 @@ int command_demo(int argc, char** argv) {
 
   std::printf("\n== 3. Randomized check of the CPU backend ==\n");
   const int check_code = run_check_into(options, out, report);
+
+  std::printf("\n== 4. Minimum safe ring sizes by simulation (kvcheck sweep) ==\n");
+  sweep::SweepGrid grid;
+  grid.windows = {128};
+  grid.drafts = {0, 1, 5};
+  grid.chunks = {1, 64};
+  grid.orders = {sweep::SweepOrder::kStoreThenLoad, sweep::SweepOrder::kLoadThenStore};
+  sweep::SweepOptions sweep_options;
+  sweep_options.counterexamples = sweep::CounterexampleMode::kNone;
+  const sweep::SweepResult swept = sweep::run_sweep(grid, sweep_options);
+  std::fputs(sweep::sweep_table(swept).c_str(), stdout);
   write_reports(report, out);
   std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n",
               out.string().c_str());
-  return spec_ok && report.passed() && check_code == 0 ? 0 : 1;
+  return spec_ok && report.passed() && check_code == 0 && swept.spec_disagreements == 0 ? 0 : 1;
 }
 
 }  // namespace kvcheck::cli
