@@ -1,5 +1,6 @@
 // CpuBackend: the production CPU implementation of the KvBackend kernel table
-// (impl/kv_cache.hpp). One contiguous pool of `states * ring_rows` slots, each
+// (impl/kv_cache.hpp). One contiguous pool of `states * ring_rows` slots (spaced
+// slot_stride() apart: 4 KiB-multiple slots get 64 zero padding bytes), each
 // slot a key row followed by a value row (or one shared row) in the pool's
 // element format, with a Tag array beside it. All buffers are allocated in
 // configure(); no kernel allocates. Every kernel validates all of its inputs
@@ -45,7 +46,11 @@ class CpuBackend final : public KvBackend {
 
   /// Bytes of one slot (key row + value row, or one shared row).
   std::int64_t slot_bytes() const noexcept { return slot_bytes_; }
-  /// Raw pool bytes [states * ring_rows, slot_bytes] (for byte-identity tests).
+  /// Bytes from one slot's start to the next in the pool (slot_bytes, plus
+  /// 64 zero padding bytes when slot_bytes is a multiple of 4 KiB).
+  std::int64_t slot_stride() const noexcept { return slot_stride_; }
+  /// Raw pool bytes [states * ring_rows, slot_stride] (for byte-identity tests),
+  /// padding included.
   std::span<const std::uint8_t> pool_bytes() const noexcept { return pool_; }
 
  private:
@@ -65,14 +70,15 @@ class CpuBackend final : public KvBackend {
   std::int64_t row_elements_ = 0;  // kv_heads * head_dim
   std::int64_t row_bytes_ = 0;     // format_row_bytes(format, row_elements)
   std::int64_t slot_bytes_ = 0;    // row_bytes (shared) or 2 * row_bytes
+  std::int64_t slot_stride_ = 0;   // bytes between slots in pool_ and scratch_ (>= slot_bytes_)
   std::int64_t scratch_rows_ = 0;  // window keys + max_step_rows
   float scale_ = 0.0f;
   double scale_f64_ = 0.0;
   std::vector<double> inv_freq_;   // [rope_dims / 2] base^(-2i/rope_dims)
 
-  std::vector<std::uint8_t> pool_;           // [slots, slot_bytes]
+  std::vector<std::uint8_t> pool_;           // [slots, slot_stride]
   std::vector<Tag> tags_;                    // [slots] (empty when not tracking)
-  std::vector<std::uint8_t> scratch_;        // [scratch_rows, slot_bytes]
+  std::vector<std::uint8_t> scratch_;        // [scratch_rows, slot_stride]
   std::vector<Tag> scratch_tags_;            // [scratch_rows]
   std::vector<std::int64_t> scratch_origin_; // [scratch_rows] pool slot each row represents
   std::vector<std::uint8_t> staging_;        // [max_step_rows, slot_bytes] quantized rows
