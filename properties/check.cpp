@@ -146,7 +146,8 @@ CheckResult run_check(const CheckOptions& options) {
   std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(std::max<std::int64_t>(options.cases, 0)));
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{options.cases};
-  std::vector<std::string> errors(static_cast<std::size_t>(threads));
+  std::vector<std::string> errors(static_cast<std::size_t>(threads));  // read after join only
+  std::atomic<bool> worker_failed{false};
 
   auto worker = [&](int id) {
     try {
@@ -170,15 +171,14 @@ CheckResult run_check(const CheckOptions& options) {
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(id)] = e.what();
       next.store(options.cases);
+      worker_failed.store(true);
     }
     model::release_thread_caches();
   };
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   while (done.load() < options.cases) {
-    bool any_error = false;
-    for (const auto& e : errors) any_error = any_error || !e.empty();
-    if (any_error) break;
+    if (worker_failed.load()) break;
     if (options.progress) options.progress(done.load(), options.cases);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
