@@ -22,6 +22,7 @@
 #pragma GCC diagnostic pop
 
 #include "impl/element_format.hpp"
+#include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
 #include "support/assert.hpp"
 
@@ -39,58 +40,6 @@ constexpr std::int64_t kSlotPadBytes = 64;
 // Largest magnitude a non-f64 row may hold after RoPE: 2^126 keeps bf16
 // rounding and fp8 dequantization (448 * 2^119 at most) inside float range.
 constexpr double kFloatRowLimit = 0x1.0p126;
-
-/// Encodes n finite doubles into one row of format f.
-void encode_row(ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
-  switch (f) {
-    case ElementFormat::kF64:
-      std::memcpy(row, in, static_cast<std::size_t>(n) * sizeof(double));
-      return;
-    case ElementFormat::kF32:
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float x = static_cast<float>(in[i]);
-        std::memcpy(row + 4 * i, &x, sizeof x);
-      }
-      return;
-    case ElementFormat::kBf16:
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::uint16_t h = bf16_from_double(in[i]);
-        std::memcpy(row + 2 * i, &h, sizeof h);
-      }
-      return;
-    case ElementFormat::kFp8E4m3:
-      fp8_encode_row(in, n, row);
-      return;
-  }
-  KVCHECK_ASSERT(false);
-}
-
-/// Decodes one row of format f into doubles (exact).
-void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n, double* out) {
-  switch (f) {
-    case ElementFormat::kF64:
-      std::memcpy(out, row, static_cast<std::size_t>(n) * sizeof(double));
-      return;
-    case ElementFormat::kF32:
-      for (std::int64_t i = 0; i < n; ++i) {
-        float x;
-        std::memcpy(&x, row + 4 * i, sizeof x);
-        out[i] = x;
-      }
-      return;
-    case ElementFormat::kBf16:
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, row + 2 * i, sizeof h);
-        out[i] = bf16_to_float(h);
-      }
-      return;
-    case ElementFormat::kFp8E4m3:
-      fp8_decode_row(row, n, out);
-      return;
-  }
-  KVCHECK_ASSERT(false);
-}
 
 // ---- float attention kernel ------------------------------------------------
 //

@@ -22,6 +22,7 @@
 
 #include "impl/cuda/ring_kernels.cuh"
 #include "impl/element_format.hpp"
+#include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
 
 namespace kvcheck::impl {
@@ -707,32 +708,9 @@ Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) cons
   KVCHECK_CUDA_TRY("cudaMemcpy(read_row)",
                    cudaMemcpy(host_slot_.data(), d_.pool.as<std::uint8_t>() + slot * layout_.slot_bytes,
                               host_slot_.size(), cudaMemcpyDeviceToHost));
-  // Host decode through the same element_format.hpp functions as the CPU.
+  // Host decode through the same row codec as the CPU backend.
   const std::int64_t n = layout_.row_elements;
-  auto decode = [&](const std::uint8_t* row, double* dst) {
-    switch (spec_.format) {
-      case ElementFormat::kF64:
-        std::memcpy(dst, row, static_cast<std::size_t>(n) * sizeof(double));
-        return;
-      case ElementFormat::kF32:
-        for (std::int64_t i = 0; i < n; ++i) {
-          float x;
-          std::memcpy(&x, row + 4 * i, sizeof x);
-          dst[i] = x;
-        }
-        return;
-      case ElementFormat::kBf16:
-        for (std::int64_t i = 0; i < n; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, row + 2 * i, sizeof h);
-          dst[i] = bf16_to_float(h);
-        }
-        return;
-      case ElementFormat::kFp8E4m3:
-        fp8_decode_row(row, n, dst);
-        return;
-    }
-  };
+  auto decode = [&](const std::uint8_t* row, double* dst) { decode_row(spec_.format, row, n, dst); };
   decode(host_slot_.data(), key);
   decode(host_slot_.data() + (spec_.shared_row ? 0 : layout_.row_bytes), value);
   return {};
