@@ -22,6 +22,7 @@
 #pragma GCC diagnostic pop
 
 #include "impl/element_format.hpp"
+#include "impl/kernel_checks.hpp"
 #include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
 #include "support/assert.hpp"
@@ -852,7 +853,6 @@ Status CpuBackend::configure(const PoolSpec& spec) {
   slot_bytes_ = slot_bytes;
   slot_stride_ = slot_stride;
   scratch_rows_ = scratch_rows;
-  width_max_ = scratch_rows;
   epoch_ = 0;
   scale_f64_ = spec.softmax_scale > 0.0 ? spec.softmax_scale : 1.0 / std::sqrt(double(spec.head_dim));
   scale_ = static_cast<float>(scale_f64_);
@@ -864,6 +864,11 @@ Status CpuBackend::configure(const PoolSpec& spec) {
 Status CpuBackend::check_configured() const {
   if (!configured_) return Status::fail(CacheError::kUnsupported, "backend not configured");
   return {};
+}
+
+KernelBounds CpuBackend::bounds() const {
+  return KernelBounds{spec_.states, slots_, scratch_rows_, spec_.max_step_rows, scratch_rows_,
+                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim, spec_.track_tags};
 }
 
 void CpuBackend::rotate(double* head, std::int64_t position) const {
@@ -883,13 +888,7 @@ void CpuBackend::rotate(double* head, std::int64_t position) const {
 
 Status CpuBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (out.size() != queries.size()) return Status::fail(CacheError::kTooManyRows, "metadata: out size");
-  for (const auto& q : queries) {
-    if (q.state < 0 || q.state >= spec_.states) {
-      return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
-    }
-    if (q.position < 0) return Status::fail(CacheError::kNegativePosition, "metadata: negative position");
-  }
+  if (auto st = check_metadata(bounds(), queries, out); !st.ok()) return st;
   for (std::size_t i = 0; i < queries.size(); ++i) {
     out[i] = ring_metadata(queries[i].state, queries[i].position, spec_.window_rows, spec_.ring_rows,
                            spec_.states, spec_.fault);
@@ -900,14 +899,7 @@ Status CpuBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMet
 Status CpuBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
                                 std::span<std::int64_t> index) {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
-    return Status::fail(CacheError::kTooManyRows, "expand_index: index size != queries * width");
-  }
-  for (const auto& m : meta) {
-    if (m.read_offset < 0 || m.read_offset >= slots_ || m.length < 0) {
-      return Status::fail(CacheError::kStateOutOfRange, "expand_index: read offset outside the pool");
-    }
-  }
+  if (auto st = check_expand_index(bounds(), meta, width, index); !st.ok()) return st;
   for (std::size_t i = 0; i < meta.size(); ++i) {
     for (std::int64_t c = 0; c < width; ++c) {
       index[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(c)] =
@@ -968,12 +960,7 @@ Status CpuBackend::store(std::span<const std::int64_t> slots,
                          const double* v, std::span<const Tag> tags, StoreReport* report) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(slots.size());
-  for (auto s : slots) {
-    if (s < 0 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "store: slot outside the pool");
-  }
-  if (spec_.track_tags && tags.size() != slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "store: tags size != slots size");
-  }
+  if (auto st = check_store(bounds(), slots, tags); !st.ok()) return st;
   if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
   // Commit: nothing below can fail.
   ++epoch_;
@@ -998,12 +985,7 @@ Status CpuBackend::store(std::span<const std::int64_t> slots,
 Status CpuBackend::load(std::span<const std::int64_t> index, std::int64_t scratch_first) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(index.size());
-  if (scratch_first < 0 || scratch_first + n > scratch_rows_) {
-    return Status::fail(CacheError::kTooManyRows, "load: scratch rows out of range");
-  }
-  for (auto s : index) {
-    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "load: slot outside the pool");
-  }
+  if (auto st = check_load(bounds(), index, scratch_first); !st.ok()) return st;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t s = index[static_cast<std::size_t>(i)];
     const auto row = static_cast<std::size_t>(scratch_first + i);
@@ -1026,15 +1008,7 @@ Status CpuBackend::scratch_store(std::int64_t scratch_first,
                                  const double* v, std::span<const Tag> tags) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(origin_slots.size());
-  if (scratch_first < 0 || scratch_first + rows > scratch_rows_) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: scratch rows out of range");
-  }
-  for (auto s : origin_slots) {
-    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "scratch_store: origin slot outside the pool");
-  }
-  if (spec_.track_tags && tags.size() != origin_slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: tags size != rows");
-  }
+  if (auto st = check_scratch_store(bounds(), scratch_first, origin_slots, tags); !st.ok()) return st;
   if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<std::size_t>(scratch_first + r);
@@ -1050,23 +1024,7 @@ Status CpuBackend::attend(KvSource source, std::span<const std::int64_t> rope_po
                           const double* q, std::span<const std::int64_t> index, std::int64_t width,
                           double* out, Tag* read_tags, std::int64_t* read_slots) {
   if (auto st = check_configured(); !st.ok()) return st;
-  const auto n = static_cast<std::int64_t>(rope_positions.size());
-  if (n > spec_.max_step_rows) return Status::fail(CacheError::kTooManyRows, "attend: more queries than max_step_rows");
-  if (width < 0 || width > width_max_ || index.size() != static_cast<std::size_t>(n * width)) {
-    return Status::fail(CacheError::kTooManyRows, "attend: index size != queries * width");
-  }
-  const std::int64_t limit = source == KvSource::kPool ? slots_ : scratch_rows_;
-  for (auto s : index) {
-    if (s < -1 || s >= limit) return Status::fail(CacheError::kStateOutOfRange, "attend: index outside the source");
-  }
-  for (auto p : rope_positions) {
-    if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");
-  }
-  const std::int64_t qn = n * spec_.q_heads * spec_.head_dim;
-  if (n > 0 && q == nullptr) return Status::fail(CacheError::kNonFinite, "attend: no query rows");
-  for (std::int64_t i = 0; i < qn; ++i) {
-    if (!std::isfinite(q[i])) return Status::fail(CacheError::kNonFinite, "attend: non-finite query element");
-  }
+  if (auto st = check_attend(bounds(), source, rope_positions, q, index, width); !st.ok()) return st;
   const bool scratch = source == KvSource::kScratch;
   const std::uint8_t* base = scratch ? scratch_.data() : pool_.data();
   const Tag* tags = scratch ? scratch_tags_.data() : tags_.data();

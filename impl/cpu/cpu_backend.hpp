@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "impl/kernel_checks.hpp"
 #include "impl/kv_cache.hpp"
 
 namespace kvcheck::impl::cpu {
@@ -55,6 +56,8 @@ class CpuBackend final : public KvBackend {
 
  private:
   Status check_configured() const;
+  /// The sizes the shared kernel argument checks (impl/kernel_checks.hpp) use.
+  KernelBounds bounds() const;
   Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
                     const double* k, const double* v);
   void rotate(double* head, std::int64_t position) const;
@@ -94,7 +97,6 @@ class CpuBackend final : public KvBackend {
   std::vector<float> q_f32_;                 // [q_heads, head_stride] RoPE'd, pre-scaled
   std::vector<float> acc_f32_;               // [q_heads, head_stride] online-softmax accumulators
   std::vector<float> softmax_f32_;           // [2, q_heads] running max, running sum
-  std::int64_t width_max_ = 0;
   bool fast_kernel_ = false;                 // AVX-512 kernel fits this pool and CPU (configure)
 };
 

@@ -22,6 +22,7 @@
 
 #include "impl/cuda/ring_kernels.cuh"
 #include "impl/element_format.hpp"
+#include "impl/kernel_checks.hpp"
 #include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
 
@@ -151,6 +152,8 @@ class CudaBackend final : public KvBackend {
 
  private:
   Status check_configured() const;
+  /// The sizes the shared kernel argument checks (impl/kernel_checks.hpp) use.
+  KernelBounds bounds() const;
   /// Validates, uploads, rotates and range-checks `rows` key/value rows into
   /// d_.k_rot / d_.v_chk (CpuBackend::stage_rows). Writes nothing to the pool.
   Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
@@ -330,19 +333,18 @@ Status CudaBackend::check_configured() const {
   return {};
 }
 
+KernelBounds CudaBackend::bounds() const {
+  return KernelBounds{spec_.states, slots_, scratch_rows_, spec_.max_step_rows, scratch_rows_,
+                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim, spec_.track_tags};
+}
+
 Status CudaBackend::sync(const char* what) const {
   return device_status(what, cudaDeviceSynchronize());
 }
 
 Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (out.size() != queries.size()) return Status::fail(CacheError::kTooManyRows, "metadata: out size");
-  for (const auto& q : queries) {
-    if (q.state < 0 || q.state >= spec_.states) {
-      return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
-    }
-    if (q.position < 0) return Status::fail(CacheError::kNegativePosition, "metadata: negative position");
-  }
+  if (auto st = check_metadata(bounds(), queries, out); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(queries.size());
   if (n == 0) return {};
   if (n > item_cap_) {
@@ -363,14 +365,7 @@ Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMe
 Status CudaBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
                                  std::span<std::int64_t> index) {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
-    return Status::fail(CacheError::kTooManyRows, "expand_index: index size != queries * width");
-  }
-  for (const auto& m : meta) {
-    if (m.read_offset < 0 || m.read_offset >= slots_ || m.length < 0) {
-      return Status::fail(CacheError::kStateOutOfRange, "expand_index: read offset outside the pool");
-    }
-  }
+  if (auto st = check_expand_index(bounds(), meta, width, index); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(meta.size());
   const auto total = static_cast<std::int64_t>(index.size());
   if (total == 0) return {};
@@ -472,12 +467,7 @@ Status CudaBackend::store(std::span<const std::int64_t> slots,
                           const double* v, std::span<const Tag> tags, StoreReport* report) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(slots.size());
-  for (auto s : slots) {
-    if (s < 0 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "store: slot outside the pool");
-  }
-  if (spec_.track_tags && tags.size() != slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "store: tags size != slots size");
-  }
+  if (auto st = check_store(bounds(), slots, tags); !st.ok()) return st;
   if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
   if (rows == 0) {
     if (report) report->duplicate_slots = 0;
@@ -523,12 +513,7 @@ Status CudaBackend::store(std::span<const std::int64_t> slots,
 Status CudaBackend::load(std::span<const std::int64_t> index, std::int64_t scratch_first) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(index.size());
-  if (scratch_first < 0 || scratch_first + n > scratch_rows_) {
-    return Status::fail(CacheError::kTooManyRows, "load: scratch rows out of range");
-  }
-  for (auto s : index) {
-    if (s < -1 || s >= slots_) return Status::fail(CacheError::kStateOutOfRange, "load: slot outside the pool");
-  }
+  if (auto st = check_load(bounds(), index, scratch_first); !st.ok()) return st;
   if (n == 0) return {};
   if (n > index_cap_) return Status::fail(CacheError::kTooManyRows, "load: larger than the device staging holds");
   KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(),
@@ -548,17 +533,7 @@ Status CudaBackend::scratch_store(std::int64_t scratch_first,
                                   const double* v, std::span<const Tag> tags) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(origin_slots.size());
-  if (scratch_first < 0 || scratch_first + rows > scratch_rows_) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: scratch rows out of range");
-  }
-  for (auto s : origin_slots) {
-    if (s < -1 || s >= slots_) {
-      return Status::fail(CacheError::kStateOutOfRange, "scratch_store: origin slot outside the pool");
-    }
-  }
-  if (spec_.track_tags && tags.size() != origin_slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: tags size != rows");
-  }
+  if (auto st = check_scratch_store(bounds(), scratch_first, origin_slots, tags); !st.ok()) return st;
   if (auto st = stage_rows(rows, rope_positions, k, v); !st.ok()) return st;
   if (rows == 0) return {};
   KVCHECK_CUDA_TRY("cudaMemcpy(origins)", cudaMemcpy(d_.slots.as<void>(), origin_slots.data(),
@@ -587,25 +562,10 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
                            std::int64_t* read_slots) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(rope_positions.size());
-  if (n > spec_.max_step_rows) {
-    return Status::fail(CacheError::kTooManyRows, "attend: more queries than max_step_rows");
-  }
-  if (width < 0 || width > scratch_rows_ || index.size() != static_cast<std::size_t>(n * width)) {
-    return Status::fail(CacheError::kTooManyRows, "attend: index size != queries * width");
-  }
+  if (auto st = check_attend(bounds(), source, rope_positions, q, index, width); !st.ok()) return st;
   const bool scratch = source == KvSource::kScratch;
   const std::int64_t limit = scratch ? scratch_rows_ : slots_;
-  for (auto s : index) {
-    if (s < -1 || s >= limit) return Status::fail(CacheError::kStateOutOfRange, "attend: index outside the source");
-  }
-  for (auto p : rope_positions) {
-    if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");
-  }
   const std::int64_t qn = n * spec_.q_heads * spec_.head_dim;
-  if (n > 0 && q == nullptr) return Status::fail(CacheError::kNonFinite, "attend: no query rows");
-  for (std::int64_t i = 0; i < qn; ++i) {
-    if (!std::isfinite(q[i])) return Status::fail(CacheError::kNonFinite, "attend: non-finite query element");
-  }
   if (n == 0) return {};
   const auto total = static_cast<std::int64_t>(index.size());
   KVCHECK_CUDA_TRY("cudaMemcpy(positions)",
