@@ -81,4 +81,16 @@ std::vector<std::int64_t> Args::integers(const std::string& flag, std::int64_t l
   return out;
 }
 
+double Args::seconds(const std::string& flag, double fallback, double hi) const {
+  const auto text = get(flag);
+  if (!text) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(text->c_str(), &end);
+  if (end == text->c_str() || *end != '\0' || !(v > 0) || v > hi) {
+    throw Error(ErrorId::kUsage, flag, "expects seconds in (0, " + std::to_string(static_cast<long long>(hi)) +
+                                           "], got '" + *text + "'");
+  }
+  return v;
+}
+
 }  // namespace kvcheck::cli

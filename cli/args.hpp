@@ -25,6 +25,8 @@ class Args {
   /// Integer value in [lo, hi]; throws naming the flag otherwise.
   std::int64_t integer(const std::string& flag, std::int64_t fallback, std::int64_t lo,
                        std::int64_t hi) const;
+  /// Seconds in (0, hi]; throws naming the flag otherwise.
+  double seconds(const std::string& flag, double fallback, double hi) const;
   /// Comma-separated integers in [lo, hi].
   std::vector<std::int64_t> integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const;
   const std::vector<std::string>& positional() const { return positional_; }

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "engines/factory.hpp"
 #include "impl/kv_cache.hpp"
 #include "model/spec_report.hpp"
 #include "model/trace.hpp"
@@ -60,12 +63,23 @@ int precision_flag(const Args& args) {
   return static_cast<int>(bits);
 }
 
+/// --impl: cpu, cuda, layer or exec:'COMMAND'. Backends are checked here
+/// (a missing CUDA device is one line before any work); an exec adapter is
+/// started by the run itself.
 std::string impl_flag(const Args& args) {
   const std::string name = args.get_or("--impl", "cpu");
-  std::string why;
-  if (!impl::make_backend(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+  if (name == "cpu" || name == "cuda") {
+    std::string why;
+    if (!impl::make_backend(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+  } else if (name != "layer" && !engines::is_exec(name)) {
+    throw Error(ErrorId::kUsage, "--impl", "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
+  } else if (name == "exec:") {
+    throw Error(ErrorId::kUsage, "--impl", "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
+  }
   return name;
 }
+
+double step_timeout_flag(const Args& args) { return args.seconds("--step-timeout", 10.0, 86400); }
 
 /// Progress on a terminal only; quiet when stderr is not a terminal.
 std::function<void(std::int64_t, std::int64_t)> progress_bar(const char* label) {
@@ -112,7 +126,8 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
   summary.failures = result.failures;
   const auto names = properties::coverage_names();
   for (std::size_t i = 0; i < names.size(); ++i) {
-    summary.coverage.push_back({names[i], result.coverage_counts[i], 1});
+    // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
+    summary.coverage.push_back({names[i], result.coverage_counts[i], result.reachable[i] ? 1 : 0});
   }
   summary.failing_case_seed = result.failing_case_seed;
   if (result.found_failure) {
@@ -129,9 +144,13 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
               static_cast<long long>(result.cases), static_cast<long long>(result.failures),
               static_cast<unsigned long long>(options.seed), options.run.backend.c_str(),
               std::string(impl::fault_name(options.run.fault)).c_str());
+  if (result.skipped > 0) {
+    std::printf("skipped: %lld cases the cache refused to open\n", static_cast<long long>(result.skipped));
+  }
   std::printf("coverage:");
   for (std::size_t i = 0; i < names.size(); ++i) {
-    std::printf(" %s=%lld", names[i].c_str(), static_cast<long long>(result.coverage_counts[i]));
+    std::printf(" %s=%lld%s", names[i].c_str(), static_cast<long long>(result.coverage_counts[i]),
+                result.reachable[i] ? "" : "(n/a)");
   }
   std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
   if (result.found_failure) {
@@ -196,9 +215,13 @@ int command_trace(int argc, char** argv) {
 
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision"}, {});
+            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout"}, {});
+  if (!args.positional().empty()) {
+    throw Error(ErrorId::kUsage, args.positional().front(), "check takes no positional arguments");
+  }
   properties::CheckOptions options;
   options.run.backend = impl_flag(args);
+  options.run.step_timeout_seconds = step_timeout_flag(args);
   options.run.precision_bits = precision_flag(args);
   options.run.fault = fault_flag(args);
   options.cases = args.integer("--cases", 200, 1, 100000000);
@@ -217,10 +240,12 @@ int command_check(int argc, char** argv) {
 }
 
 int command_replay(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--impl", "--fault", "--report", "--junit", "--html", "--precision"}, {});
+  Args args(argc, argv, 2,
+            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout"}, {});
   if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   properties::RunOptions options;
   options.backend = impl_flag(args);
+  options.step_timeout_seconds = step_timeout_flag(args);
   options.fault = fault_flag(args);
   options.precision_bits = precision_flag(args);
   const auto files = scenarios::collect_scenario_files(args.positional());
@@ -231,6 +256,9 @@ int command_replay(int argc, char** argv) {
   reports::Report report;
   report.context = context_for(argc, argv, 0, options.backend, options.fault);
   report.context.precision_bits = options.precision_bits;
+  // One provider for every file (one adapter process for exec).
+  const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
+  options.provider = provider.get();
   for (std::size_t i = 0; i < loaded.size(); ++i) {
     auto run = properties::run_scenario(loaded[i], options);
     if (run.scenario_name.empty()) run.scenario_name = files[i].stem().string();

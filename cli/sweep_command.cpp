@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -62,7 +63,7 @@ void emit(const std::string& file, const std::string& text) {
 int command_sweep(int argc, char** argv) {
   const Args args(argc, argv, 2,
                   {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg",
-                   "--formula", "--out", "--counterexamples", "--threads"},
+                   "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout"},
                   {});
   if (!args.positional().empty()) {
     throw Error(ErrorId::kUsage, args.positional().front(), "sweep takes no positional arguments");
@@ -74,6 +75,15 @@ int command_sweep(int argc, char** argv) {
   if (const auto v = args.get("--order")) grid.orders = sweep::parse_orders("--order", *v);
 
   sweep::SweepOptions options;
+  if (const auto impl = args.get("--impl"); impl && *impl != "cpu") {
+    // Any other cache is driven through the step-level interface: each
+    // candidate capacity goes to the cache, the worst-case schedule runs.
+    if (*impl != "layer" && impl->rfind("exec:", 0) != 0) {
+      throw Error(ErrorId::kUsage, "--impl", "sweep runs cpu (the tag engine), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
+    }
+    options.impl = *impl;
+  }
+  options.step_timeout_seconds = args.seconds("--step-timeout", 10.0, 86400);
   options.probe.states = args.integer("--states", 2, 1, 64);
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 64));
   if (const auto f = args.get("--formula")) options.formula = sweep::Formula::parse(*f, "--formula");

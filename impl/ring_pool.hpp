@@ -70,6 +70,7 @@ class RingPool {
 
   const PoolSpec& spec() const noexcept { return spec_; }
   KvBackend& backend() noexcept { return *backend_; }
+  const KvBackend& backend_const() const noexcept { return *backend_; }
   const StateInfo& state(std::int64_t state) const;
 
   /// Binds `request` to a free state id at length 0.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <memory>
 #include <chrono>
 #include <thread>
 
@@ -138,15 +140,22 @@ CheckResult run_check(const CheckOptions& options) {
   result.cases = options.cases;
   const auto names = coverage_names();
   const int threads = std::max(1, options.threads);
+  // The coordinating thread's cache provider: its capabilities steer the
+  // generator, and it runs the shrinker. Each worker opens its own (an exec
+  // adapter is one child process per worker).
+  std::unique_ptr<engines::CacheProvider> main_provider = make_provider(options.run);
+  const engines::Capabilities caps = main_provider->capabilities();
+  result.reachable = reachable_coverage(caps);
 
   struct CaseOutcome {
     bool failed = false;
+    bool skipped = false;
     std::vector<bool> coverage;
   };
   std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(std::max<std::int64_t>(options.cases, 0)));
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{options.cases};
-  std::vector<std::string> errors(static_cast<std::size_t>(threads));  // read after join only
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
   std::atomic<bool> worker_failed{false};
 
   auto worker = [&](int id) {
@@ -154,13 +163,20 @@ CheckResult run_check(const CheckOptions& options) {
       RunOptions run = options.run;
       run.record_reads = false;
       run.record_ring = false;
+      std::unique_ptr<engines::CacheProvider> provider;
       for (;;) {
         const std::int64_t i = next.fetch_add(1);
         if (i >= options.cases) break;
-        const Scenario sc = generate_scenario(case_seed(options.seed, i));
+        if (!provider) {
+          provider = make_provider(options.run);
+          run.provider = provider.get();
+        }
+        const Scenario sc = generate_scenario(case_seed(options.seed, i), caps);
         CaseOutcome& out = outcomes[static_cast<std::size_t>(i)];
         out.coverage = coverage_flags(classify(sc));
-        out.failed = !run_scenario(sc, run).passed;
+        const RunObservation obs = run_scenario(sc, run);
+        out.failed = !obs.passed;
+        out.skipped = obs.skipped;
         if (out.failed) {
           std::int64_t cur = first_failure.load();
           while (i < cur && !first_failure.compare_exchange_weak(cur, i)) {
@@ -168,8 +184,8 @@ CheckResult run_check(const CheckOptions& options) {
         }
         done.fetch_add(1);
       }
-    } catch (const std::exception& e) {
-      errors[static_cast<std::size_t>(id)] = e.what();
+    } catch (...) {
+      errors[static_cast<std::size_t>(id)] = std::current_exception();
       next.store(options.cases);
       worker_failed.store(true);
     }
@@ -184,26 +200,35 @@ CheckResult run_check(const CheckOptions& options) {
   }
   for (auto& t : pool) t.join();
   for (const auto& e : errors) {
-    if (!e.empty()) throw Error(ErrorId::kUsage, "check", e);
+    if (e) std::rethrow_exception(e);
   }
   if (options.progress) options.progress(options.cases, options.cases);
 
   result.coverage_counts.assign(names.size(), 0);
   for (const auto& o : outcomes) {
     if (o.failed) ++result.failures;
+    if (o.skipped) ++result.skipped;
+    if (o.skipped) continue;
     for (std::size_t k = 0; k < o.coverage.size(); ++k) result.coverage_counts[k] += o.coverage[k];
   }
-  for (const auto c : result.coverage_counts) result.coverage_ok = result.coverage_ok && c > 0;
+  for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
+    if (result.reachable[k]) result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
+  }
 
   if (first_failure.load() < options.cases) {
     result.found_failure = true;
     result.failing_case_seed = case_seed(options.seed, first_failure.load());
-    result.original = generate_scenario(result.failing_case_seed);
+    result.original = generate_scenario(result.failing_case_seed, caps);
     RunOptions run = options.run;
     run.record_reads = false;
     run.record_ring = false;
+    run.provider = main_provider.get();
     result.shrunk = shrink_scenario(
-        result.original, [&run](const Scenario& s) { return !run_scenario(s, run).passed; },
+        result.original,
+        [&run](const Scenario& s) {
+          const RunObservation obs = run_scenario(s, run);
+          return !obs.passed && !obs.skipped;
+        },
         &result.shrink_runs);
     result.shrunk.name = "counterexample-" + std::string(impl::fault_name(options.run.fault)) +
                          "-seed" + std::to_string(options.seed);
@@ -211,7 +236,9 @@ CheckResult run_check(const CheckOptions& options) {
         "Shrunk from case seed " + std::to_string(result.failing_case_seed) + " of `kvcheck check --impl " +
         options.run.backend + " --fault " + std::string(impl::fault_name(options.run.fault)) +
         " --seed " + std::to_string(options.seed) + "`; passes without the fault";
-    result.shrunk_run = run_scenario(result.shrunk, options.run);
+    RunOptions final_run = options.run;
+    final_run.provider = main_provider.get();
+    result.shrunk_run = run_scenario(result.shrunk, final_run);
   }
   return result;
 }

@@ -31,7 +31,9 @@ struct CheckResult {
   std::int64_t cases = 0;
   std::int64_t failures = 0;
   std::vector<std::int64_t> coverage_counts;  ///< per coverage_names() entry
-  bool coverage_ok = true;                    ///< every class reached at least once
+  std::vector<bool> reachable;                ///< per entry: whether the cache can reach it at all (gated)
+  bool coverage_ok = true;                    ///< every reachable class reached at least once
+  std::int64_t skipped = 0;                   ///< cases the cache refused to open
   bool found_failure = false;
   std::uint64_t failing_case_seed = 0;        ///< seed of the first failing case
   scenarios::Scenario original;               ///< the first failing case as drawn

@@ -5,6 +5,7 @@
 
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "scenarios/step_semantics.hpp"
 #include "support/prng.hpp"
 
 namespace kvcheck::properties {
@@ -40,7 +41,12 @@ std::vector<bool> coverage_flags(const Coverage& c) {
   return {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
 }
 
-Scenario generate_scenario(std::uint64_t seed) {
+std::vector<bool> reachable_coverage(const engines::Capabilities& caps) {
+  const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
+  return {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only, caps.finish};
+}
+
+Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(seed);
   Scenario sc;
   sc.name = "generated-" + std::to_string(seed);
@@ -55,6 +61,19 @@ Scenario generate_scenario(std::uint64_t seed) {
   }
   weights[kFinish] = std::min(weights[kFinish], 1);
   weights[kReset] = std::min(weights[kReset], 1);
+  // Only what the cache runs (no extra draws, so a full-featured cache keeps its cases).
+  if (!caps.prefill_load_then_store) weights[kPrefillLts] = 0;
+  if (!caps.prefill_store_then_load) weights[kPrefillStl] = 0;
+  if (!caps.decode) weights[kDecode] = 0;
+  if (!caps.verify) weights[kVerify] = 0;
+  if (!caps.finish) weights[kFinish] = 0;
+  if (!caps.reset) weights[kReset] = 0;
+  if (weights[kPrefillLts] + weights[kPrefillStl] + weights[kDecode] + weights[kVerify] == 0) {
+    if (caps.decode) weights[kDecode] = 2;
+    else if (caps.prefill_load_then_store) weights[kPrefillLts] = 2;
+    else if (caps.prefill_store_then_load) weights[kPrefillStl] = 2;
+    else weights[kVerify] = 2;
+  }
 
   auto& c = sc.cache;
   c.window = rng.range(1, 7);
@@ -62,9 +81,13 @@ Scenario generate_scenario(std::uint64_t seed) {
   c.convention = conv < 4 ? scenarios::Convention::kKeys
                           : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
   const std::int64_t keys = window_keys(c);
-  const std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
+  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
   const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  const std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
+  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
+  if (caps.max_step_rows > 0) {
+    max_chunk = std::min(max_chunk, caps.max_step_rows);
+    max_drafts = std::min(max_drafts, caps.max_step_rows - 1);
+  }
   // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
   std::int64_t safe = std::max(keys + max_drafts, max_chunk);
   if (weights[kPrefillStl] > 0) safe = std::max(safe, keys + max_chunk - 1);
@@ -85,6 +108,24 @@ Scenario generate_scenario(std::uint64_t seed) {
   }
   c.layers = rng.chance(1, 6) ? 2 : 1;
   if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
+  // Fit the configuration to the cache (no extra draws).
+  if (caps.max_states > 0) c.states = std::min(c.states, caps.max_states);
+  if (!caps.gqa) c.q_heads = c.kv_heads;
+  if (caps.max_heads > 0 && c.q_heads > caps.max_heads) c.q_heads = c.kv_heads = 1;
+  if (!caps.shared_row) c.shared_row = false;
+  if (caps.max_head_dim > 0) {
+    while (c.head_dim > 2 && c.head_dim > caps.max_head_dim) c.head_dim /= 2;
+  }
+  if (std::find(caps.formats.begin(), caps.formats.end(), c.format) == caps.formats.end() && !caps.formats.empty()) {
+    c.format = caps.formats.front();
+  }
+  if (std::find(caps.rope_styles.begin(), caps.rope_styles.end(), c.rope.style) == caps.rope_styles.end()) {
+    c.rope = scenarios::Rope{};
+  }
+  c.rope.rotary_dims = std::min(c.rope.rotary_dims, c.head_dim);
+  if (!caps.partial_rope && c.rope.style != scenarios::RopeStyle::kNone) c.rope.rotary_dims = c.head_dim;
+  if (caps.max_layers > 0) c.layers = static_cast<std::int32_t>(std::min<std::int64_t>(c.layers, caps.max_layers));
+  if (!caps.sink) c.sink_logit.reset();
 
   // Requests: 1..3, each with a state id; later requests may reuse a state.
   const std::int64_t request_count = rng.range(1, 3);
@@ -94,7 +135,7 @@ Scenario generate_scenario(std::uint64_t seed) {
 
   struct Live {
     bool started = false, finished = false;
-    std::int64_t pending = -1;  // drafts of a pending verify
+    scenarios::RequestProgress progress;
   };
   std::vector<Live> live(static_cast<std::size_t>(request_count));
   std::map<std::int64_t, std::int64_t> holder;  // state -> active request
@@ -114,10 +155,9 @@ Scenario generate_scenario(std::uint64_t seed) {
     Live& l = live[static_cast<std::size_t>(r)];
     Step step;
     step.request = r;
-    if (l.pending >= 0) {
+    if (l.progress.pending()) {
       step.kind = StepKind::kAccept;
-      step.accepted = rng.range(0, l.pending);
-      l.pending = -1;
+      step.accepted = rng.range(0, l.progress.pending_drafts);
     } else {
       const int kind = pick(rng, weights);
       switch (kind) {
@@ -132,7 +172,6 @@ Scenario generate_scenario(std::uint64_t seed) {
         case kVerify:
           step.kind = StepKind::kVerify;
           step.drafts = rng.range(0, max_drafts);
-          l.pending = step.drafts;
           break;
         case kFinish: step.kind = l.started ? StepKind::kFinish : StepKind::kDecode; break;
         default: step.kind = l.started ? StepKind::kReset : StepKind::kDecode; break;
@@ -146,15 +185,16 @@ Scenario generate_scenario(std::uint64_t seed) {
       l.finished = true;
       holder.erase(sc.requests[static_cast<std::size_t>(r)].state);
     }
+    scenarios::advance(l.progress, step);
     sc.steps.push_back(step);
   }
   // Close a pending verify so every schedule ends in a committed state.
   for (std::int64_t r = 0; r < request_count; ++r) {
-    if (live[static_cast<std::size_t>(r)].pending >= 0) {
+    if (live[static_cast<std::size_t>(r)].progress.pending()) {
       Step a;
       a.kind = StepKind::kAccept;
       a.request = r;
-      a.accepted = rng.range(0, live[static_cast<std::size_t>(r)].pending);
+      a.accepted = rng.range(0, live[static_cast<std::size_t>(r)].progress.pending_drafts);
       sc.steps.push_back(a);
     }
   }
@@ -164,6 +204,20 @@ Scenario generate_scenario(std::uint64_t seed) {
     if (live[static_cast<std::size_t>(req.id)].started) used.push_back(req);
   }
   sc.requests = used;
+  if (caps.full_window_only) {
+    // A cache that attends to every row it holds: window and capacity cover
+    // every position the schedule writes, so nothing ever slides or wraps.
+    std::map<std::int64_t, scenarios::RequestProgress> progress;
+    std::int64_t end = 1;
+    for (const auto& st : sc.steps) {
+      auto& pr = progress[st.request];
+      const std::int64_t first = scenarios::step_first_position(pr);
+      end = std::max(end, first + scenarios::step_rows(st));
+      scenarios::advance(pr, st);
+    }
+    c.convention = scenarios::Convention::kKeys;
+    c.window = c.ring_rows = end;
+  }
   scenarios::validate_scenario(sc);
   return sc;
 }
@@ -171,7 +225,7 @@ Scenario generate_scenario(std::uint64_t seed) {
 Coverage classify(const Scenario& sc) {
   Coverage cov;
   const std::int64_t keys = window_keys(sc.cache);
-  std::map<std::int64_t, std::int64_t> length, pending_first, pending_drafts;
+  std::map<std::int64_t, scenarios::RequestProgress> progress;
   std::map<std::int64_t, std::int64_t> state_of;
   for (const auto& r : sc.requests) state_of[r.id] = r.state;
   std::map<std::int64_t, bool> state_used, started;
@@ -182,26 +236,12 @@ Coverage classify(const Scenario& sc) {
       if (state_used[st]) cov.state_reuse = true;
       state_used[st] = true;
     }
+    scenarios::RequestProgress& p = progress[s.request];
     const std::int64_t n = scenarios::step_rows(s);
-    if (n > 0 && length[s.request] + n - 1 >= sc.cache.ring_rows) cov.ring_wrap = true;
-    switch (s.kind) {
-      case StepKind::kPrefill:
-        if (s.rows > keys) cov.chunk_longer_than_window = true;
-        length[s.request] += n;
-        break;
-      case StepKind::kDecode: length[s.request] += n; break;
-      case StepKind::kVerify:
-        pending_first[s.request] = length[s.request];
-        pending_drafts[s.request] = s.drafts;
-        length[s.request] += n;
-        break;
-      case StepKind::kAccept:
-        if (s.accepted < pending_drafts[s.request]) cov.verify_rejection = true;
-        length[s.request] = pending_first[s.request] + 1 + s.accepted;
-        break;
-      case StepKind::kReset: length[s.request] = 0; break;
-      case StepKind::kFinish: break;
-    }
+    if (n > 0 && scenarios::step_first_position(p) + n - 1 >= sc.cache.ring_rows) cov.ring_wrap = true;
+    if (s.kind == StepKind::kPrefill && s.rows > keys) cov.chunk_longer_than_window = true;
+    if (s.kind == StepKind::kAccept && s.accepted < p.pending_drafts) cov.verify_rejection = true;
+    scenarios::advance(p, s);
   }
   return cov;
 }

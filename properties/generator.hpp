@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engines/cache_under_test.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace kvcheck::properties {
@@ -29,8 +30,14 @@ std::vector<std::string> coverage_names();
 /// The classes as booleans, in coverage_names() order.
 std::vector<bool> coverage_flags(const Coverage& c);
 
-/// Draws one scenario from `seed` (deterministic on every platform).
-scenarios::Scenario generate_scenario(std::uint64_t seed);
+/// Draws one scenario from `seed` (deterministic on every platform), using
+/// only what `caps` supports. With every capability on (the default) the
+/// draw is the same as it always was, so seeds keep their cases.
+scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps = {});
+
+/// Which coverage classes a cache with `caps` can reach at all (a class it
+/// cannot reach, e.g. ring wrap for a cache without a sliding window, is not gated).
+std::vector<bool> reachable_coverage(const engines::Capabilities& caps);
 
 /// Which coverage classes a scenario reaches (computed from its schedule).
 Coverage classify(const scenarios::Scenario& scenario);

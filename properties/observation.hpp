@@ -33,6 +33,7 @@ struct QueryObservation {
   double quant_abs_diff = 0;  ///< max |impl - reference on the exact rows| (includes quantization)
   double tolerance = 0;       ///< abs tolerance the kernel error was judged against
   bool output_ok = true;
+  bool failed = false;        ///< the verdict of this query (set once, by the runner)
 };
 
 /// Slot collisions of one step (SPEC §4, three kinds).
@@ -61,6 +62,7 @@ struct StepObservation {
   std::string error;                ///< a typed refusal the impl returned, if any
   bool expectation_failed = false;  ///< a per-step scenario expectation was not met
   std::string expectation_detail;
+  bool failed = false;              ///< the verdict of this step (set once, by the runner)
 };
 
 /// Totals and the verdict of one run.
@@ -82,8 +84,15 @@ struct RunObservation {
   double max_eps_units = 0;      ///< likewise, in units of the format's epsilon
   double max_quant_abs_diff = 0; ///< likewise, against the exact rows
   std::int64_t queries = 0;
-  bool passed = true;
+  bool passed = true;               ///< == (first_failing_step < 0 && !skipped-with-failure)
+  std::int64_t first_failing_step = -1;  ///< index into `steps` of the first failed step, -1 when none
   std::string first_failure;        ///< one line: what failed first, where
+  bool skipped = false;             ///< the cache cannot run this scenario (it did not run)
+  std::string skip_reason;
+  /// Which observations the cache made available: "slots+outputs" (written
+  /// and read slots reported), "written-slots+outputs", "outputs".
+  std::string observed = "slots+outputs";
+  std::int64_t probes = 0;          ///< refusal probes sent (each must be refused, cache unchanged)
 };
 
 }  // namespace kvcheck::properties

@@ -8,12 +8,13 @@
 #include <memory>
 #include <utility>
 
-#include "impl/ring_pool.hpp"
-#include "model/address.hpp"
+#include "engines/factory.hpp"
 #include "model/attention.hpp"
 #include "model/real.hpp"
 #include "model/visible.hpp"
 #include "properties/rows.hpp"
+#include "properties/shadow.hpp"
+#include "scenarios/step_semantics.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
 
@@ -41,15 +42,6 @@ impl::ElementFormat to_impl(scenarios::Format f) {
     case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
   }
   return impl::ElementFormat::kF64;
-}
-
-impl::RopeStyle to_impl(scenarios::RopeStyle s) {
-  switch (s) {
-    case scenarios::RopeStyle::kNone: return impl::RopeStyle::kNone;
-    case scenarios::RopeStyle::kNeox: return impl::RopeStyle::kNeox;
-    case scenarios::RopeStyle::kInterleaved: return impl::RopeStyle::kInterleaved;
-  }
-  return impl::RopeStyle::kNone;
 }
 
 model::RopeStyle to_model(scenarios::RopeStyle s) {
@@ -83,22 +75,17 @@ struct TruthRow {
 
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
 
-/// Everything the model keeps for one layer.
+/// Everything kvcheck keeps for one layer: the model's rows and the shadow map.
 template <class R>
 struct LayerTruth {
-  explicit LayerTruth(const model::Ring& ring) : oracle(ring) {}
-  model::SlotOracle oracle;
   std::map<RowKey, TruthRow<R>> rows;
-  std::map<RowKey, std::uint64_t> latest_seq;
-  std::unique_ptr<impl::RingPool> pool;
+  ShadowMap shadow;
 };
 
 struct RequestState {
   std::int64_t state = 0;
   bool begun = false;
-  bool finished = false;
-  std::int64_t length = 0;
-  std::int64_t pending_first = -1;  // logical length when the pending verify ran
+  scenarios::RequestProgress progress;
 };
 
 /// Accumulation precision of the production kernels per format.
@@ -130,6 +117,12 @@ std::string fmt_g(double x) {
   return buf;
 }
 
+std::string list_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 template <class R>
 model::Row<R> round_trip(impl::ElementFormat f, const model::Row<R>& row) {
   std::vector<double> in, out(row.size());
@@ -139,18 +132,32 @@ model::Row<R> round_trip(impl::ElementFormat f, const model::Row<R>& row) {
   return to_real<R>(out.data(), static_cast<std::int64_t>(out.size()));
 }
 
+std::string refusal_text(const engines::Refusal& r) { return r.code + (r.detail.empty() ? "" : ": " + r.detail); }
+
 }  // namespace
 
 namespace {
 template <class Real>
-RunObservation run_with(const Scenario& sc, const RunOptions& options);
+RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::CacheProvider& provider);
 }  // namespace
 
+std::unique_ptr<engines::CacheProvider> make_provider(const RunOptions& options) {
+  engines::ExecOptions exec;
+  exec.step_timeout_seconds = options.step_timeout_seconds;
+  return engines::make_provider(options.backend, options.fault, exec);
+}
+
 RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
+  std::unique_ptr<engines::CacheProvider> owned;
+  engines::CacheProvider* provider = options.provider;
+  if (provider == nullptr) {
+    owned = make_provider(options);
+    provider = owned.get();
+  }
   switch (options.precision_bits) {
-    case 53: return run_with<double>(sc, options);
-    case 113: return run_with<model::Real>(sc, options);
-    case 169: return run_with<model::Real50>(sc, options);
+    case 53: return run_with<double>(sc, options, *provider);
+    case 113: return run_with<model::Real>(sc, options, *provider);
+    case 169: return run_with<model::Real50>(sc, options, *provider);
     default:
       throw Error(ErrorId::kUsage, "--precision",
                   "reference precision must be 53, 113 or 169 bits, got " +
@@ -163,40 +170,85 @@ std::int64_t window_keys(const scenarios::CacheConfig& cache) {
   return *w.keys();
 }
 
-impl::PoolSpec pool_spec(const Scenario& scenario, impl::Fault fault) {
-  const auto& c = scenario.cache;
-  impl::PoolSpec spec;
-  spec.states = c.states;
-  spec.ring_rows = c.ring_rows;
-  spec.window_rows = window_keys(c);
-  spec.q_heads = c.q_heads;
-  spec.kv_heads = c.kv_heads;
-  spec.head_dim = c.head_dim;
-  spec.shared_row = c.shared_row;
-  spec.format = to_impl(c.format);
-  spec.rope_style = to_impl(c.rope.style);
-  spec.rope_dims = c.rope.rotary_dims;
-  spec.rope_base = c.rope.base;
-  spec.softmax_scale = c.softmax_scale.value_or(0.0);
-  spec.has_sink = c.sink_logit.has_value();
-  spec.sink_logit = c.sink_logit.value_or(0.0);
+engines::CacheSpec cache_spec(const Scenario& scenario) {
+  engines::CacheSpec spec;
+  spec.cache = scenario.cache;
+  spec.window_keys = window_keys(scenario.cache);
   std::int64_t most = 1;
   for (const auto& s : scenario.steps) most = std::max(most, scenarios::step_rows(s));
   spec.max_step_rows = most;
-  spec.track_tags = true;
-  spec.fault = fault;
+  spec.softmax_scale = scenario.cache.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(scenario.cache.head_dim)));
   return spec;
 }
 
 namespace {
 
+/// Refusal probes: calls a correct cache must refuse, leaving it unchanged.
+/// The generic ones are ordinary calls in a state where they are invalid;
+/// the others are the cache's own (CacheUnderTest::probe).
+struct Prober {
+  const engines::Capabilities& caps;
+  engines::CacheUnderTest& cache;
+  std::int64_t sent = 0;
+
+  /// The probes that apply before `step` of a request in `progress`.
+  std::vector<std::string> applicable(const scenarios::Step& step, const scenarios::RequestProgress& progress,
+                                      bool begun) const {
+    std::vector<std::string> out;
+    const bool writes = scenarios::step_rows(step) > 0;
+    for (const std::string& p : caps.probes) {
+      if (p == "accept-without-verify" && !progress.pending() && begun) out.push_back(p);
+      else if (p == "accept-too-many" && progress.pending()) out.push_back(p);
+      else if (p == "begin-busy-state" && begun) out.push_back(p);
+      else if (p == "non-finite-row" && writes && !progress.pending() && begun) out.push_back(p);
+      else if (p != "accept-without-verify" && p != "accept-too-many" && p != "begin-busy-state" &&
+               p != "non-finite-row" && step.kind == StepKind::kDecode && begun) {
+        out.push_back(p);  // the cache's own probes go in front of a decode
+      }
+    }
+    return out;
+  }
+
+  /// Sends probe `name`; returns an empty string when it was refused and the
+  /// cache is unchanged, else what went wrong.
+  std::string run(const std::string& name, engines::StepCall call, const scenarios::RequestProgress& progress,
+                  const double* k_bad) {
+    ++sent;
+    const auto before = cache.fingerprint(call.layer);
+    engines::StepStatus st;
+    engines::StepAnswer scratch;
+    if (name == "accept-without-verify" || name == "accept-too-many") {
+      call.op = engines::StepCall::Op::kStep;
+      call.step.kind = StepKind::kAccept;
+      call.step.accepted = name == "accept-too-many" ? progress.pending_drafts + 1 : 0;
+      call.rows = 0;
+      st = cache.call(call, &scratch);
+    } else if (name == "begin-busy-state") {
+      call.op = engines::StepCall::Op::kBegin;
+      call.step.request = call.step.request + (std::int64_t{1} << 40);  // an id no schedule uses
+      st = cache.call(call, &scratch);
+    } else if (name == "non-finite-row") {
+      call.k = k_bad;
+      st = cache.call(call, &scratch);
+    } else {
+      st = cache.probe(name, call);
+    }
+    if (!st) return "probe " + name + ": the cache accepted a call it must refuse";
+    if (st->code == "unsupported-probe") return "probe " + name + ": " + st->detail;
+    const auto after = cache.fingerprint(call.layer);
+    if (before != after) {
+      return "probe " + name + ": refused (" + refusal_text(*st) + ") but the cache's storage changed";
+    }
+    return {};
+  }
+};
+
 template <class Real>
-RunObservation run_with(const Scenario& sc, const RunOptions& options) {
+RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::CacheProvider& provider) {
   const auto& cache = sc.cache;
-  const impl::PoolSpec spec = pool_spec(sc, options.fault);
-  const std::int64_t keys = spec.window_rows;
+  const engines::CacheSpec spec = cache_spec(sc);
+  const std::int64_t keys = spec.window_keys;
   const model::Window window{cache.window, to_model(cache.convention)};
-  const model::Ring ring{cache.states, cache.ring_rows, keys};
   const model::Heads heads{cache.q_heads, cache.kv_heads, cache.head_dim, cache.shared_row};
   const model::Rope rope{to_model(cache.rope.style), cache.rope.rotary_dims, cache.rope.base};
   using std::sqrt;
@@ -206,6 +258,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options) {
       cache.sink_logit ? std::optional<Real>(Real(*cache.sink_logit)) : std::nullopt;
   const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(cache.q_heads) * cache.head_dim;
+  const impl::ElementFormat format = to_impl(cache.format);
 
   RunObservation run;
   run.scenario_name = sc.name;
@@ -214,339 +267,310 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options) {
   run.window_convention = std::string(model::convention_name(window.convention));
   run.window_keys = keys;
   run.ring_rows = cache.ring_rows;
-  run.format = std::string(impl::format_name(spec.format));
+  run.format = std::string(impl::format_name(format));
   run.precision_bits = model::real_bits<Real>();
 
-  const double format_eps = impl::format_epsilon(spec.format);
-  const double accum_eps = accumulation_epsilon(spec.format);
-
-  std::vector<LayerTruth<Real>> layers;
-  layers.reserve(static_cast<std::size_t>(cache.layers));
-  for (std::int32_t l = 0; l < cache.layers; ++l) {
-    LayerTruth<Real>& truth = layers.emplace_back(ring);
-    std::string why;
-    auto backend = impl::make_backend(options.backend, &why);
-    if (!backend) throw Error(ErrorId::kDevice, "--impl", why);
-    const impl::Status st = impl::RingPool::create(std::move(backend), spec, &truth.pool);
-    if (!st.ok()) {
-      const ErrorId id = st.code == impl::CacheError::kNoDevice ? ErrorId::kDevice : ErrorId::kSize;
-      throw Error(id, st.code == impl::CacheError::kNoDevice ? "--impl" : "cache",
-                  std::string(impl::cache_error_name(st.code)) + ": " + st.detail);
-    }
+  const engines::Capabilities& caps = provider.capabilities();
+  run.observed = caps.reports_written_slots && caps.reports_read_slots
+                     ? "slots+outputs"
+                     : (caps.reports_written_slots ? "written-slots+outputs" : "outputs");
+  std::string why;
+  if (!caps.supports(sc, &why)) {
+    run.skipped = true;
+    run.skip_reason = caps.name + " does not support " + why;
+    return run;
+  }
+  engines::Refusal refused;
+  std::unique_ptr<engines::CacheUnderTest> cut = provider.open(spec, &refused);
+  if (!cut) {
+    run.skipped = true;
+    run.skip_reason = caps.name + " refused the configuration: " + refusal_text(refused);
+    return run;
   }
 
+  const double format_eps = impl::format_epsilon(format);
+  const double accum_eps = accumulation_epsilon(format);
+
+  std::vector<LayerTruth<Real>> layers(static_cast<std::size_t>(cache.layers));
   std::map<std::int64_t, RequestState> requests;
   for (const auto& r : sc.requests) requests[r.id].state = r.state;
+  Prober prober{caps, *cut};
 
-  auto fail = [&run](const std::string& why) {
-    if (run.passed) run.first_failure = why;
+  auto fail = [&run](const std::string& why_text) {
+    if (run.passed) run.first_failure = why_text;
     run.passed = false;
   };
+  // A step that ended the run early (a refusal, a probe the cache got wrong):
+  // recorded as a failed observation so the verdict and the reports agree.
+  auto stop_at = [&](std::size_t step_index, std::int32_t layer, const scenarios::Step& step,
+                     const RequestState& req, const std::string& error) {
+    StepObservation obs;
+    obs.step = static_cast<std::int64_t>(step_index);
+    obs.layer = layer;
+    obs.kind = kind_name(step.kind);
+    obs.request = step.request;
+    obs.state = req.state;
+    obs.first_position = scenarios::step_first_position(req.progress);
+    obs.error = error;
+    run.steps.push_back(std::move(obs));
+  };
 
+  engines::StepAnswer answer;
   for (std::size_t step_index = 0; step_index < sc.steps.size(); ++step_index) {
     const auto& step = sc.steps[step_index];
     RequestState& req = requests.at(step.request);
     const std::int64_t n = scenarios::step_rows(step);
+    const std::int64_t first = scenarios::step_first_position(req.progress);
     bool stop = false;
+    const RowSet rows = n > 0 ? make_rows(sc, 0, step.request, first, n, static_cast<std::int64_t>(step_index))
+                              : RowSet{};
 
     for (std::int32_t l = 0; l < cache.layers && !stop; ++l) {
       LayerTruth<Real>& truth = layers[static_cast<std::size_t>(l)];
-      impl::RingPool& pool = *truth.pool;
+      const RowSet layer_rows =
+          l == 0 ? RowSet{} : (n > 0 ? make_rows(sc, l, step.request, first, n, static_cast<std::int64_t>(step_index)) : RowSet{});
+      const RowSet& in = l == 0 ? rows : layer_rows;
+      engines::StepCall call;
+      call.step = step;
+      call.layer = l;
+      call.state = req.state;
+      call.position = first;
+      call.rows = n;
+      call.step_index = static_cast<std::int64_t>(step_index);
+      if (n > 0) {
+        call.k = in.k.data();
+        call.v = cache.shared_row ? nullptr : in.v.data();
+        call.q = in.q.data();
+      }
       if (!req.begun) {
-        const impl::Status st = pool.begin(req.state, step.request);
-        if (!st.ok()) {
-          fail("step " + std::to_string(step_index) + ": begin refused: " + st.detail);
+        engines::StepCall begin = call;
+        begin.op = engines::StepCall::Op::kBegin;
+        if (const auto st = cut->call(begin, nullptr)) {
+          const std::string e = "begin refused: " + refusal_text(*st);
+          fail("step " + std::to_string(step_index) + ": " + e);
+          stop_at(step_index, l, step, req, e);
           stop = true;
           break;
         }
       }
+      if (options.probes) {
+        // One probe per step and layer, rotating through those that apply.
+        const auto apply = prober.applicable(step, req.progress, true);
+        if (!apply.empty()) {
+          std::vector<double> k_bad = in.k;
+          if (!k_bad.empty()) k_bad[0] = std::numeric_limits<double>::quiet_NaN();
+          const std::string& name = apply[step_index % apply.size()];
+          const std::string problem = prober.run(name, call, req.progress, k_bad.data());
+          if (!problem.empty()) {
+            fail("step " + std::to_string(step_index) + " (" + kind_name(step.kind) + ") layer " +
+                 std::to_string(l) + ": " + problem);
+            stop_at(step_index, l, step, req, problem);
+            stop = true;
+            break;
+          }
+        }
+      }
       if (n == 0) {
-        impl::Status st;
-        if (step.kind == StepKind::kAccept) st = pool.accept(req.state, step.accepted);
-        if (step.kind == StepKind::kFinish) st = pool.finish(req.state);
-        if (step.kind == StepKind::kReset) st = pool.reset(req.state);
-        if (!st.ok()) {
-          fail("step " + std::to_string(step_index) + " (" + kind_name(step.kind) +
-               "): refused: " + std::string(impl::cache_error_name(st.code)) + " " + st.detail);
+        if (const auto st = cut->call(call, nullptr)) {
+          const std::string e = "refused: " + refusal_text(*st);
+          fail("step " + std::to_string(step_index) + " (" + kind_name(step.kind) + "): " + e);
+          stop_at(step_index, l, step, req, e);
           stop = true;
         }
         continue;
       }
 
-      // Rows of this step (the same on model and implementation).
-      const RowSet rows = make_rows(sc, l, step.request, req.length, n, static_cast<std::int64_t>(step_index));
-      impl::StepRows in{rows.k.data(), cache.shared_row ? nullptr : rows.v.data(), rows.q.data()};
-      impl::StepResult result;
-      impl::Status st;
-      switch (step.kind) {
-        case StepKind::kPrefill:
-          st = pool.prefill(req.state, n, in,
-                            step.order == scenarios::Order::kLoadThenStore
-                                ? impl::PrefillOrder::kLoadThenStore
-                                : impl::PrefillOrder::kStoreThenLoad,
-                            &result);
-          break;
-        case StepKind::kDecode: st = pool.decode(req.state, in, &result); break;
-        case StepKind::kVerify: st = pool.verify(req.state, step.drafts, in, &result); break;
-        default: break;
-      }
-
+      const engines::StepStatus st = cut->call(call, &answer);
       StepObservation obs;
       obs.step = static_cast<std::int64_t>(step_index);
       obs.layer = l;
       obs.kind = kind_name(step.kind);
       if (step.kind == StepKind::kPrefill) {
-        obs.order = step.order == scenarios::Order::kLoadThenStore ? "load_then_store"
-                                                                   : "store_then_load";
+        obs.order = step.order == scenarios::Order::kLoadThenStore ? "load_then_store" : "store_then_load";
       }
       obs.request = step.request;
       obs.state = req.state;
-      obs.first_position = req.length;
-      if (!st.ok()) {
-        obs.error = std::string(impl::cache_error_name(st.code)) + ": " + st.detail;
-        fail("step " + std::to_string(step_index) + " (" + obs.kind + "): implementation refused: " +
-             obs.error);
+      obs.first_position = first;
+      if (st) {
+        obs.error = refusal_text(*st);
+        fail("step " + std::to_string(step_index) + " (" + obs.kind + "): implementation refused: " + obs.error);
         run.steps.push_back(std::move(obs));
         stop = true;
         break;
       }
+      KVCHECK_ASSERT(static_cast<std::int64_t>(answer.out.size()) == n * q_width);
 
-      // Model: apply the writes, remember each row's exact and cached values.
-      const std::int64_t first = req.length;
+      // Model: remember each row's exact and cached values.
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t p = first + i;
-        truth.oracle.write(req.state, step.request, p);
-        const std::int64_t slot = model::slot_of(req.state, p, cache.ring_rows);
-        truth.latest_seq[{step.request, p}] = truth.oracle.at(slot).write_seq;
         TruthRow<Real> row;
-        row.exact.k = to_real<Real>(rows.k.data() + i * kv_width, kv_width);
+        row.exact.k = to_real<Real>(in.k.data() + i * kv_width, kv_width);
         rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
-        if (!cache.shared_row) row.exact.v = to_real<Real>(rows.v.data() + i * kv_width, kv_width);
-        row.dequantized.k = round_trip(spec.format, row.exact.k);
-        if (!cache.shared_row) row.dequantized.v = round_trip(spec.format, row.exact.v);
+        if (!cache.shared_row) row.exact.v = to_real<Real>(in.v.data() + i * kv_width, kv_width);
+        row.dequantized.k = round_trip(format, row.exact.k);
+        if (!cache.shared_row) row.dequantized.v = round_trip(format, row.exact.v);
         truth.rows[{step.request, p}] = std::move(row);
       }
 
-      // Collisions, from the implementation's own write records.
-      const std::int64_t block_first = req.state * cache.ring_rows;
-      std::map<std::int64_t, int> written;
-      for (const auto& w : result.writes) {
-        obs.written_slots.push_back(w.slot);
-        if (++written[w.slot] == 2) ++obs.collisions.same_step;
-        if (w.slot < block_first || w.slot >= block_first + cache.ring_rows) {
-          ++obs.collisions.outside_block;
-        }
-        if (result.source == impl::KvSource::kPool && w.replaced.request == step.request &&
-            w.replaced.position < first) {
-          const auto live = truth.latest_seq.find({step.request, w.replaced.position});
-          const bool is_live = live != truth.latest_seq.end() && live->second == w.replaced.write_seq;
-          bool needed = false;
-          for (std::int64_t i = 0; i < n && !needed; ++i) {
-            needed = model::visible_range(first + i, window).contains(w.replaced.position);
-          }
-          if (is_live && needed) ++obs.collisions.replaced_needed;
-        }
-      }
-      obs.collisions.same_step = std::max(obs.collisions.same_step, result.duplicate_slots);
+      // Slots: everything from what the cache reported, via the shadow map.
+      StepFacts facts;
+      facts.request = step.request;
+      facts.state = req.state;
+      facts.first_position = first;
+      facts.rows = n;
+      facts.window_keys = keys;
+      facts.has_written = answer.has_written;
+      facts.written = answer.written;
+      facts.has_reads = answer.has_reads;
+      facts.read_offsets = answer.read_offsets;
+      facts.read_slots = answer.read_slots;
+      facts.view = answer.view;
+      facts.duplicate_slots = answer.duplicate_slots;
+      facts.ring = caps.ring_addressing;
+      facts.ring_rows = cache.ring_rows;
+      facts.record_reads = options.record_reads;
+      facts.record_ring = options.record_ring;
+      truth.shadow.observe(facts, &obs);
 
-      // Reads and outputs, query by query.
-      for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t i = 0; i < n && options.check_outputs; ++i) {
+        QueryObservation& q = obs.queries[static_cast<std::size_t>(i)];
         const std::int64_t p = first + i;
         const model::PositionRange visible = model::visible_range(p, window);
-        QueryObservation q;
-        q.position = p;
-        q.visible_first = visible.first;
-        std::vector<ReadTag> reads;
-        for (std::int64_t c = 0; c < result.width; ++c) {
-          const std::int64_t slot = result.read_slots[static_cast<std::size_t>(i * result.width + c)];
-          if (slot < 0) continue;
-          const impl::Tag& t = result.read_tags[static_cast<std::size_t>(i * result.width + c)];
-          reads.push_back(ReadTag{slot, t.request, t.position, t.write_seq});
-        }
-        std::vector<bool> used(reads.size(), false);
-        auto claim = [&](auto&& match) {
-          for (std::size_t c = 0; c < reads.size(); ++c) {
-            if (!used[c] && match(reads[c])) {
-              used[c] = true;
-              return true;
-            }
-          }
-          return false;
-        };
-        std::vector<std::int64_t> unmatched;
+        model::Row<Real> query = to_real<Real>(in.q.data() + i * q_width, q_width);
+        rotate_heads(query, cache.q_heads, cache.head_dim, p, rope);
+        std::vector<const model::Projected<Real>*> exact, deq;
+        double vmax = 0;
         for (std::int64_t j = visible.first; j <= visible.last; ++j) {
-          const std::uint64_t seq = truth.latest_seq.at({step.request, j});
-          const bool ok = claim([&](const ReadTag& r) {
-            return r.request == step.request && r.position == j && r.write_seq == seq;
-          });
-          if (!ok) unmatched.push_back(j);
-        }
-        for (const std::int64_t j : unmatched) {
-          const std::int64_t slot = model::slot_of(req.state, j, cache.ring_rows);
-          const bool stale = claim([&](const ReadTag& r) {
-            return r.request == step.request && r.position == j;
-          });
-          if (stale || claim([&](const ReadTag& r) { return r.slot == slot; })) {
-            q.overwritten.push_back(j);
-          } else {
-            q.missing.push_back(j);
+          const TruthRow<Real>& row = truth.rows.at({step.request, j});
+          exact.push_back(&row.exact);
+          deq.push_back(&row.dequantized);
+          for (const Real& x : cache.shared_row ? row.dequantized.k : row.dequantized.v) {
+            vmax = std::max(vmax, std::fabs(model::to_double(x)));
           }
         }
-        for (std::size_t c = 0; c < reads.size(); ++c) {
-          if (!used[c]) q.extra.push_back(reads[c]);
+        const auto ref = model::attend_heads(query, deq, heads, scale, sink);
+        const auto ref_exact = model::attend_heads(query, exact, heads, scale, sink);
+        const double* out = answer.out.data() + i * q_width;
+        for (std::int64_t d = 0; d < q_width; ++d) {
+          const double r = model::to_double(ref[static_cast<std::size_t>(d)]);
+          const double diff = std::fabs(out[d] - r);
+          q.abs_diff = std::max(q.abs_diff, diff);
+          q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
+          q.quant_abs_diff = std::max(
+              q.quant_abs_diff, std::fabs(out[d] - model::to_double(ref_exact[static_cast<std::size_t>(d)])));
+          if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
         }
-        if (options.record_reads) q.reads = std::move(reads);
-
-        if (options.check_outputs) {
-          model::Row<Real> query = to_real<Real>(rows.q.data() + i * q_width, q_width);
-          rotate_heads(query, cache.q_heads, cache.head_dim, p, rope);
-          std::vector<const model::Projected<Real>*> exact, deq;
-          double vmax = 0;
-          for (std::int64_t j = visible.first; j <= visible.last; ++j) {
-            const TruthRow<Real>& row = truth.rows.at({step.request, j});
-            exact.push_back(&row.exact);
-            deq.push_back(&row.dequantized);
-            for (const Real& x : cache.shared_row ? row.dequantized.k : row.dequantized.v) {
-              vmax = std::max(vmax, std::fabs(model::to_double(x)));
-            }
-          }
-          const auto ref = model::attend_heads(query, deq, heads, scale, sink);
-          const auto ref_exact = model::attend_heads(query, exact, heads, scale, sink);
-          const double* out = result.out.data() + i * q_width;
-          for (std::int64_t d = 0; d < q_width; ++d) {
-            const double r = model::to_double(ref[static_cast<std::size_t>(d)]);
-            const double diff = std::fabs(out[d] - r);
-            q.abs_diff = std::max(q.abs_diff, diff);
-            q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
-            q.quant_abs_diff = std::max(
-                q.quant_abs_diff,
-                std::fabs(out[d] - model::to_double(ref_exact[static_cast<std::size_t>(d)])));
-            if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
-          }
-          q.eps_units = q.abs_diff / format_eps;
-          // Kernel error bound: accumulation rounding over the visible rows and
-          // the head width, scaled by the largest value the mixture can reach.
-          q.tolerance = sc.expect && sc.expect->output_tolerance
-                            ? *sc.expect->output_tolerance
-                            : 16.0 * accum_eps * static_cast<double>(keys + cache.head_dim) *
-                                  std::max(1.0, vmax);
-          const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
-          q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
-        }
-        obs.queries.push_back(std::move(q));
-      }
-
-      if (options.record_ring) {
-        const std::int64_t rows_per_state = pool.spec().ring_rows;
-        const std::int64_t states = pool.spec().states;
-        if (rows_per_state <= 512 && req.state < states) {
-          for (std::int64_t s = 0; s < rows_per_state; ++s) {
-            const impl::Tag t = pool.backend().slot_tag(req.state * rows_per_state + s);
-            obs.ring_positions.push_back(t.empty() ? -1 : (t.request == step.request ? t.position : -2));
-          }
-        }
+        q.eps_units = q.abs_diff / format_eps;
+        // Kernel error bound: accumulation rounding over the visible rows and
+        // the head width, scaled by the largest value the mixture can reach.
+        q.tolerance = sc.expect && sc.expect->output_tolerance
+                          ? *sc.expect->output_tolerance
+                          : 16.0 * accum_eps * static_cast<double>(keys + cache.head_dim) * std::max(1.0, vmax);
+        const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
+        q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
       }
       run.steps.push_back(std::move(obs));
     }
     if (stop) break;
 
-    // Model bookkeeping shared by all layers.
+    // Model bookkeeping shared by all layers (SPEC §3, scenarios/step_semantics.hpp).
     req.begun = true;
-    switch (step.kind) {
-      case StepKind::kPrefill:
-      case StepKind::kDecode: req.length += n; break;
-      case StepKind::kVerify:
-        req.pending_first = req.length;
-        req.length += n;
-        break;
-      case StepKind::kAccept:
-        req.length = req.pending_first + 1 + step.accepted;
-        req.pending_first = -1;
-        break;
-      case StepKind::kFinish: req.finished = true; break;
-      case StepKind::kReset:
-        req.length = 0;
-        req.pending_first = -1;
-        break;
-    }
+    const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
+    KVCHECK_ASSERT(refusal == scenarios::StepRefusal::kNone);  // scenarios are validated
   }
+  run.probes = prober.sent;
 
-  // Verdict: expectations first, then the default properties.
+  // The verdict, computed once: every query and step carries its own, the run
+  // fails exactly when some step failed, and reports only read these fields.
   std::map<std::int64_t, const scenarios::OverwriteExpectation*> expected;
   if (sc.expect) {
     for (const auto& e : sc.expect->overwritten) expected[e.step] = &e;
   }
+  const std::int64_t allowed = sc.expect && sc.expect->collisions ? *sc.expect->collisions : 0;
+  std::int64_t collisions_so_far = 0;
   for (auto& obs : run.steps) {
     const auto it = expected.find(obs.step);
     std::vector<std::int64_t> counts;
-    for (const auto& q : obs.queries) {
+    for (auto& q : obs.queries) {
       counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
       run.lost_rows += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size());
       run.extra_reads += static_cast<std::int64_t>(q.extra.size());
+      const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
       // Output errors of queries that read wrong rows are reported per query
       // but not in the run's maxima, which describe the kernel's arithmetic.
-      if (q.overwritten.empty() && q.missing.empty() && q.extra.empty()) {
+      if (reads_correct) {
         run.max_abs_diff = std::max(run.max_abs_diff, q.abs_diff);
         run.max_eps_units = std::max(run.max_eps_units, q.eps_units);
         run.max_quant_abs_diff = std::max(run.max_quant_abs_diff, q.quant_abs_diff);
       }
       ++run.queries;
+      // With an expectation for the step, its overwritten counts are judged
+      // as a list; missing and extra reads still fail the query.
+      const bool reads_fail = it != expected.end() ? (!q.missing.empty() || !q.extra.empty()) : !reads_correct;
+      q.failed = !q.output_ok || reads_fail;
       if (!q.output_ok) {
         ++run.output_failures;
-        fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) +
-             " query " + std::to_string(q.position) + ": output differs by " +
-             fmt_g(q.abs_diff) + " (tolerance " + fmt_g(q.tolerance) + ", " + fmt_g(q.eps_units) + " eps)");
+        fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + " query " +
+             std::to_string(q.position) + ": output differs by " + fmt_g(q.abs_diff) + " (tolerance " +
+             fmt_g(q.tolerance) + ", " + fmt_g(q.eps_units) + " eps)");
       }
-    }
-    run.collisions += obs.collisions.total();
-    auto list = [](const std::vector<std::int64_t>& v) {
-      std::string s = "[";
-      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-      return s + "]";
-    };
-    if (it != expected.end()) {
-      if (counts != it->second->counts) {
-        obs.expectation_failed = true;
-        obs.expectation_detail = "expected overwritten " + list(it->second->counts) + ", observed " + list(counts);
-        fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + ": " +
-             obs.expectation_detail);
-      }
-      for (const auto& q : obs.queries) {
-        if (!q.missing.empty() || !q.extra.empty()) {
-          fail("step " + std::to_string(obs.step) + " query " + std::to_string(q.position) +
-               ": " + std::to_string(q.missing.size()) + " missing, " +
-               std::to_string(q.extra.size()) + " extra reads");
-        }
-      }
-    } else {
-      for (const auto& q : obs.queries) {
-        if (!q.overwritten.empty() || !q.missing.empty() || !q.extra.empty()) {
+      if (reads_fail) {
+        if (it == expected.end() && !obs.expectation_failed) {
           obs.expectation_failed = true;
           obs.expectation_detail = "query " + std::to_string(q.position) +
                                    " lost or misread rows, and the scenario expects none here";
-          fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " +
-               std::to_string(obs.layer) + " query " + std::to_string(q.position) + ": overwritten " +
-               list(q.overwritten) + ", missing " + list(q.missing) + ", " +
-               std::to_string(q.extra.size()) + " extra reads");
-          break;
         }
+        fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+             " query " + std::to_string(q.position) + ": overwritten " + list_text(q.overwritten) + ", missing " +
+             list_text(q.missing) + ", " + std::to_string(q.extra.size()) + " extra reads");
       }
     }
-  }
-  const std::int64_t allowed = sc.expect && sc.expect->collisions ? *sc.expect->collisions : 0;
-  if (run.collisions != allowed) {
-    for (const auto& obs : run.steps) {
-      if (obs.collisions.total() > 0) {
-        fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " +
-             std::to_string(obs.collisions.same_step) + " same-step, " +
-             std::to_string(obs.collisions.outside_block) + " outside-block, " +
-             std::to_string(obs.collisions.replaced_needed) + " replaced-needed collisions (" +
-             std::to_string(run.collisions) + " in all, expected " + std::to_string(allowed) + ")");
-        break;
-      }
+    if (it != expected.end() && counts != it->second->counts) {
+      obs.expectation_failed = true;
+      obs.expectation_detail =
+          "expected overwritten " + list_text(it->second->counts) + ", observed " + list_text(counts);
+      fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + ": " + obs.expectation_detail);
     }
-    if (run.passed) fail("expected " + std::to_string(allowed) + " collisions, observed " + std::to_string(run.collisions));
+    run.collisions += obs.collisions.total();
+    collisions_so_far += obs.collisions.total();
+    bool collision_fail = false;
+    if (obs.collisions.total() > 0 && collisions_so_far > allowed) {
+      // The first step past the allowed total fails, and every later step with collisions.
+      collision_fail = true;
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + std::to_string(obs.collisions.same_step) +
+           " same-step, " + std::to_string(obs.collisions.outside_block) + " outside-block, " +
+           std::to_string(obs.collisions.replaced_needed) + " replaced-needed collisions (expected " +
+           std::to_string(allowed) + " in all)");
+    }
+    if (!obs.error.empty()) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + obs.error);
+    }
+    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() ||
+                 std::any_of(obs.queries.begin(), obs.queries.end(), [](const QueryObservation& q) { return q.failed; });
   }
+  if (run.collisions < allowed && !run.steps.empty()) {
+    // Fewer collisions than the scenario expects: known only at the end, so
+    // the last step carries it.
+    auto& last = run.steps.back();
+    last.failed = true;
+    last.expectation_failed = true;
+    last.expectation_detail = "expected " + std::to_string(allowed) + " collisions in all, observed " +
+                              std::to_string(run.collisions);
+    fail(last.expectation_detail);
+  } else if (run.collisions < allowed) {
+    fail("expected " + std::to_string(allowed) + " collisions, observed " + std::to_string(run.collisions));
+  }
+  run.first_failing_step = -1;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    if (run.steps[i].failed) {
+      run.first_failing_step = static_cast<std::int64_t>(i);
+      break;
+    }
+  }
+  // The one verdict: failed exactly when a step failed (a run with no steps
+  // at all that expected collisions is the single exception, kept failed).
+  if (run.first_failing_step >= 0) KVCHECK_ASSERT(!run.passed);
+  if (run.first_failing_step < 0 && !run.steps.empty()) KVCHECK_ASSERT(run.passed);
   return run;
 }
 

@@ -5,13 +5,18 @@
 // against the high-precision reference (kernel error on the dequantized rows,
 // quantization error on the exact rows).
 //
-// This is one of the two places (with cli/ and tests/) where the model and an
-// implementation meet; the translation between their types happens here.
+// The implementation is any cache under test behind the step-level interface
+// (engines/cache_under_test.hpp): every observation comes from what the cache
+// reported, through the shadow map of properties/shadow.hpp. This is one of
+// the places (with cli/ and tests/) where the model and an implementation
+// meet; the translation between their types happens here.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "engines/cache_under_test.hpp"
 #include "impl/kv_cache.hpp"
 #include "properties/observation.hpp"
 #include "scenarios/scenario.hpp"
@@ -20,7 +25,16 @@ namespace kvcheck::properties {
 
 /// How to run a scenario.
 struct RunOptions {
-  std::string backend = "cpu";        ///< make_backend name
+  /// The cache: "cpu", "cuda" (ring pool over that kernel table), "layer"
+  /// (the layer-bound cache) or "exec:COMMAND" (engines/exec_cache.hpp).
+  std::string backend = "cpu";
+  /// The provider to open caches from; when null one is made from `backend`
+  /// and `fault` for this run (an exec adapter is then started per run).
+  engines::CacheProvider* provider = nullptr;
+  /// Send refusal probes along the schedule: one call per step the cache
+  /// must refuse, leaving its fingerprint unchanged (Capabilities::probes).
+  bool probes = true;
+  double step_timeout_seconds = 10.0; ///< exec adapters: seconds per answer
   impl::Fault fault = impl::Fault::kNone;
   bool record_reads = true;           ///< keep every read in QueryObservation::reads
   bool record_ring = true;            ///< keep StepObservation::ring_positions (S <= 512)
@@ -31,12 +45,17 @@ struct RunOptions {
 /// Visible keys per query of a cache configuration (window convention applied).
 std::int64_t window_keys(const scenarios::CacheConfig& cache);
 
-/// The backend PoolSpec of a scenario (max_step_rows from its steps).
-impl::PoolSpec pool_spec(const scenarios::Scenario& scenario, impl::Fault fault);
+/// The cache spec of a scenario (window keys and scale resolved, max_step_rows from its steps).
+engines::CacheSpec cache_spec(const scenarios::Scenario& scenario);
 
-/// Runs `scenario`. Throws kvcheck::Error for a configuration the backend
-/// refuses (kSize, kDevice, ...); a refusal in the middle of a schedule is an
-/// observation (the run fails), not an exception.
+/// Makes the provider named by `options.backend` (with `options.fault`).
+std::unique_ptr<engines::CacheProvider> make_provider(const RunOptions& options);
+
+/// Runs `scenario`. A scenario the cache cannot run (capabilities, or the
+/// cache refused the configuration at open) comes back `skipped` with the
+/// reason. Throws kvcheck::Error for a broken provider (kDevice, kAdapter);
+/// a refusal in the middle of a schedule is an observation (the run fails),
+/// not an exception.
 RunObservation run_scenario(const scenarios::Scenario& scenario, const RunOptions& options);
 
 }  // namespace kvcheck::properties

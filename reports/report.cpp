@@ -21,25 +21,13 @@ bool Report::passed() const noexcept {
   return !check.has_value() || check->passed();
 }
 
-bool query_failed(const properties::QueryObservation& query) noexcept {
-  return !query.overwritten.empty() || !query.missing.empty() || !query.extra.empty() ||
-         !query.output_ok;
-}
+// The verdicts are computed once, by the runner (properties/runner.cpp), and
+// stored with each observation; writers only read them.
+bool query_failed(const properties::QueryObservation& query) noexcept { return query.failed; }
 
-bool step_failed(const properties::StepObservation& step) noexcept {
-  if (step.collisions.total() != 0 || step.expectation_failed) return true;
-  for (const auto& q : step.queries) {
-    if (query_failed(q)) return true;
-  }
-  return false;
-}
+bool step_failed(const properties::StepObservation& step) noexcept { return step.failed; }
 
-std::int64_t first_failing_step(const properties::RunObservation& run) noexcept {
-  for (std::size_t i = 0; i < run.steps.size(); ++i) {
-    if (step_failed(run.steps[i])) return static_cast<std::int64_t>(i);
-  }
-  return -1;
-}
+std::int64_t first_failing_step(const properties::RunObservation& run) noexcept { return run.first_failing_step; }
 
 std::int64_t focus_query(const properties::StepObservation& step) noexcept {
   for (std::size_t i = 0; i < step.queries.size(); ++i) {

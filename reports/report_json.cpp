@@ -85,8 +85,11 @@ Json run_json(const properties::RunObservation& r) {
   j["ring_rows"] = r.ring_rows;
   j["format"] = r.format;
   j["precision_bits"] = r.precision_bits;
-  j["verdict"] = r.passed ? "pass" : "fail";
+  j["verdict"] = r.skipped ? "skip" : (r.passed ? "pass" : "fail");
   j["first_failure"] = r.first_failure;
+  j["skip_reason"] = r.skip_reason;
+  j["observed"] = r.observed;
+  j["probes"] = r.probes;
   j["first_failing_step"] = first_failing_step(r);
   Json totals;
   totals["steps"] = static_cast<std::int64_t>(r.steps.size());

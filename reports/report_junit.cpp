@@ -37,7 +37,11 @@ std::string report_junit(const Report& report) {
   const auto& ctx = report.context;
   std::size_t tests = report.runs.size();
   std::size_t failures = 0;
-  for (const auto& run : report.runs) failures += run.passed ? 0 : 1;
+  std::size_t skipped = 0;
+  for (const auto& run : report.runs) {
+    failures += run.passed ? 0 : 1;
+    skipped += run.skipped ? 1 : 0;
+  }
   if (report.check) {
     ++tests;
     failures += report.check->passed() ? 0 : 1;
@@ -48,7 +52,7 @@ std::string report_junit(const Report& report) {
   out += "<testsuites name=\"kvcheck\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
          std::to_string(failures) + "\" errors=\"0\">\n";
   out += "  <testsuite name=\"" + xml_escape(suite) + "\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
-         std::to_string(failures) + "\" errors=\"0\" skipped=\"0\">\n";
+         std::to_string(failures) + "\" errors=\"0\" skipped=\"" + std::to_string(skipped) + "\">\n";
   out += "    <properties>\n";
   const auto property = [&out](const std::string& name, const std::string& value) {
     out += "      <property name=\"" + xml_escape(name) + "\" value=\"" + xml_escape(value) + "\"/>\n";
@@ -63,6 +67,10 @@ std::string report_junit(const Report& report) {
 
   for (const auto& run : report.runs) {
     out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(run.scenario_name) + "\"";
+    if (run.skipped) {
+      out += ">\n      <skipped message=\"" + xml_escape(run.skip_reason) + "\"/>\n    </testcase>\n";
+      continue;
+    }
     if (run.passed) {
       out += "/>\n";
       continue;

@@ -30,8 +30,9 @@ std::string tag_list(const std::vector<properties::ReadTag>& tags, std::size_t l
 }  // namespace
 
 std::string run_summary_line(const properties::RunObservation& run) {
-  std::string line = run.passed ? "PASS  " : "FAIL  ";
+  std::string line = run.skipped ? "SKIP  " : (run.passed ? "PASS  " : "FAIL  ");
   line += run.scenario_name;
+  if (run.skipped) return line + "  (" + run.skip_reason + ")";
   line += "  S=" + std::to_string(run.ring_rows) + " W=" + std::to_string(run.window_keys) + "(" +
           run.window_convention + ") " + run.format;
   line += "  steps=" + std::to_string(run.steps.size()) + " queries=" + std::to_string(run.queries);
@@ -39,6 +40,8 @@ std::string run_summary_line(const properties::RunObservation& run) {
   line += " collisions=" + std::to_string(run.collisions);
   line += " output_failures=" + std::to_string(run.output_failures);
   line += " max_eps=" + format_double(run.max_eps_units);
+  if (run.observed != "slots+outputs") line += " observed=" + run.observed;
+  if (run.probes > 0) line += " probes=" + std::to_string(run.probes);
   return line;
 }
 

@@ -114,6 +114,13 @@ struct Scenario {
   bool operator==(const Scenario&) const = default;
 };
 
+/// Keys a query sees under the cache's window convention, itself included
+/// (keys: W; left and off-by-one: W + 1). The reference model derives the
+/// same number on its own (model/visible.hpp).
+constexpr std::int64_t declared_window_keys(const CacheConfig& c) noexcept {
+  return c.convention == Convention::kKeys ? c.window : c.window + 1;
+}
+
 /// Rows a step writes (and queries it runs): prefill n, decode 1, verify k+1, else 0.
 constexpr std::int64_t step_rows(const Step& s) noexcept {
   switch (s.kind) {

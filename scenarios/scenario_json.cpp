@@ -4,6 +4,8 @@
 // canonical printer. See scenario_json.hpp for the contract.
 #include "scenarios/scenario_json.hpp"
 
+#include "scenarios/step_semantics.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -640,7 +642,7 @@ Simulation simulate(const Scenario& s) {
   struct Live {
     std::int64_t state = 0;
     enum class Phase { kIdle, kActive, kFinished } phase = Phase::kIdle;
-    std::int64_t length = 0;               // logical length
+    RequestProgress progress;              // logical length and pending drafts
     std::int64_t written = 0;              // rows written over the whole schedule
     std::optional<std::size_t> verify_at;  // step index of a pending verify
     std::size_t finished_at = 0;
@@ -697,12 +699,28 @@ Simulation simulate(const Scenario& s) {
     if (step.kind == StepKind::kVerify) {
       check_count(step.drafts, 0, kMaxDrafts, join_key(p, "drafts"), "drafts");
     }
-    if (writes && r.verify_at) {
-      fail(ErrorId::kJsonValue, join_key(p, "kind"),
-           std::string(step_kind_name(step.kind)) + " while the verify at steps[" +
-               std::to_string(*r.verify_at) + "] of " + name + " awaits its accept");
+    // How the step changes the request: scenarios/step_semantics.hpp, the one place.
+    const std::int64_t first = step_first_position(r.progress);
+    switch (advance(r.progress, step)) {
+      case StepRefusal::kNone: break;
+      case StepRefusal::kWriteWhileVerifyPending:
+        fail(ErrorId::kJsonValue, join_key(p, "kind"),
+             std::string(step_kind_name(step.kind)) + " while the verify at steps[" +
+                 std::to_string(*r.verify_at) + "] of " + name + " awaits its accept");
+      case StepRefusal::kAcceptWithoutVerify:
+        fail(ErrorId::kJsonValue, join_key(p, "kind"), "accept without a pending verify of " + name);
+      case StepRefusal::kAcceptNegative:
+        fail(ErrorId::kJsonValue, join_key(p, "accepted"),
+             "accept " + std::to_string(step.accepted) + " is negative");
+      case StepRefusal::kAcceptTooMany:
+        fail(ErrorId::kJsonValue, join_key(p, "accepted"),
+             "accept " + std::to_string(step.accepted) + " exceeds the " +
+                 std::to_string(s.steps[*r.verify_at].drafts) + " drafts of the pending verify at steps[" +
+                 std::to_string(*r.verify_at) + "]");
+      case StepRefusal::kBadRows:
+        fail(ErrorId::kJsonValue, p, "prefill rows must be >= 1 and verify drafts >= 0");
     }
-    sim.first_position.push_back(writes ? r.length : 0);
+    sim.first_position.push_back(writes ? first : 0);
     switch (step.kind) {
       case StepKind::kPrefill:
       case StepKind::kDecode:
@@ -713,45 +731,18 @@ Simulation simulate(const Scenario& s) {
           fail(ErrorId::kSize, p, name + " writes 2^40 rows or more over the schedule");
         }
         auto& end = sim.written_end[step.request];
-        end = std::max(end, r.length + rows);
-        if (step.kind == StepKind::kVerify) {
-          r.verify_at = i;
-        } else {
-          r.length += rows;
-        }
+        end = std::max(end, first + rows);
+        if (step.kind == StepKind::kVerify) r.verify_at = i;
         break;
       }
-      case StepKind::kAccept: {
-        if (!r.verify_at) {
-          fail(ErrorId::kJsonValue, join_key(p, "kind"),
-               "accept without a pending verify of " + name);
-        }
-        const std::int64_t drafts = s.steps[*r.verify_at].drafts;
-        if (step.accepted < 0) {
-          fail(ErrorId::kJsonValue, join_key(p, "accepted"),
-               "accept " + std::to_string(step.accepted) + " is negative");
-        }
-        if (step.accepted > drafts) {
-          fail(ErrorId::kJsonValue, join_key(p, "accepted"),
-               "accept " + std::to_string(step.accepted) + " exceeds the " +
-                   std::to_string(drafts) + " drafts of the pending verify at steps[" +
-                   std::to_string(*r.verify_at) + "]");
-        }
-        // The verified last token plus the accepted drafts become committed.
-        r.length += 1 + step.accepted;
-        r.verify_at.reset();
-        break;
-      }
+      case StepKind::kAccept: r.verify_at.reset(); break;
       case StepKind::kFinish:
         r.phase = Live::Phase::kFinished;
         r.finished_at = i;
         r.verify_at.reset();
         holder.erase(r.state);
         break;
-      case StepKind::kReset:
-        r.length = 0;
-        r.verify_at.reset();
-        break;
+      case StepKind::kReset: r.verify_at.reset(); break;
     }
   }
   return sim;

@@ -21,6 +21,7 @@ enum class ErrorId : int {
   kNonFinite = 301,      ///< NaN or Inf where a finite number is required
   kIo = 400,             ///< a file cannot be read or written
   kDevice = 500,         ///< CUDA requested but no device is present
+  kAdapter = 600,        ///< an exec adapter broke the protocol (crash, bad line, timeout)
 };
 
 /// Bad input. `where()` names the field, flag or JSON path at fault.

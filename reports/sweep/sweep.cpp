@@ -15,10 +15,12 @@
 #include <system_error>
 #include <thread>
 
+#include "engines/cache_under_test.hpp"
 #include "impl/kv_cache.hpp"
 #include "model/real.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "scenarios/step_semantics.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
 
@@ -66,14 +68,12 @@ struct LogEntry {
 /// What the engine knows about one state's request.
 struct StateRun {
   std::int64_t request = 0;
-  std::int64_t length = 0;
-  std::int64_t pending = -1;                 ///< drafts of a verify awaiting accept
+  scenarios::RequestProgress progress;       ///< length and pending drafts (scenarios/step_semantics.hpp)
   std::vector<std::uint64_t> live_seq;       ///< [positions] write seq of the live row, 0 = none
   std::vector<LogEntry> log;
   struct Mark {
     std::size_t log_size;
-    std::int64_t length;
-    std::int64_t pending;
+    scenarios::RequestProgress progress;
     std::size_t path_size;
   };
   std::vector<Mark> marks;
@@ -117,19 +117,19 @@ class TagEngine {
   /// Writes positions 0..rows-1 of state b in order, without reads (argument 1).
   void history(std::int64_t b, std::int64_t rows) {
     StateRun& s = state(b);
-    KVCHECK_ASSERT(s.length == 0);
+    KVCHECK_ASSERT(s.progress.length == 0);
     const std::int64_t chunk = std::min(max_rows_, ring_rows_);
     for (std::int64_t first = 0; first < rows; first += chunk) {
       const std::int64_t n = std::min(chunk, rows - first);
       compute_meta(b, first, n);
       write_rows(b, first, n, /*log=*/false, nullptr, nullptr);
     }
-    s.length = rows;
+    s.progress.length = rows;
   }
 
   void mark(std::int64_t b) {
     StateRun& s = state(b);
-    s.marks.push_back({s.log.size(), s.length, s.pending, s.path.size()});
+    s.marks.push_back({s.log.size(), s.progress, s.path.size()});
   }
 
   /// Restores state b (pool tags and bookkeeping) to its last mark.
@@ -160,8 +160,7 @@ class TagEngine {
       at += n;
     }
     s.log.resize(m.log_size);
-    s.length = m.length;
-    s.pending = m.pending;
+    s.progress = m.progress;
     s.path.resize(m.path_size);
   }
 
@@ -170,18 +169,15 @@ class TagEngine {
     StateRun& s = state(b);
     s.path.push_back(step);
     *out = ScheduleStepResult{};
-    if (step.kind == StepKind::kAccept) {
-      KVCHECK_ASSERT(s.pending >= 0 && step.accepted >= 0 && step.accepted <= s.pending);
-      const std::int64_t p = s.length - s.pending - 1;
-      s.length = p + 1 + step.accepted;
-      s.pending = -1;
-      return false;
-    }
-    KVCHECK_ASSERT(s.pending < 0);
-    const std::int64_t first = s.length;
-    std::int64_t n = 1;
-    if (step.kind == StepKind::kVerify) n = step.drafts + 1;
-    if (step.kind == StepKind::kPrefill) n = step.rows;
+    scenarios::Step as_step;
+    as_step.kind = step.kind;
+    as_step.rows = step.rows;
+    as_step.drafts = step.drafts;
+    as_step.accepted = step.accepted;
+    const std::int64_t first = scenarios::step_first_position(s.progress);
+    KVCHECK_ASSERT(scenarios::advance(s.progress, as_step) == scenarios::StepRefusal::kNone);
+    if (step.kind == StepKind::kAccept) return false;
+    const std::int64_t n = scenarios::step_rows(as_step);
     KVCHECK_ASSERT(n >= 1 && n <= max_rows_);
     if (step.kind == StepKind::kPrefill && step.order == SweepOrder::kLoadThenStore) {
       scratch_step(b, first, n, out);
@@ -190,8 +186,6 @@ class TagEngine {
       write_rows(b, first, n, /*log=*/true, out, /*count_replaced=*/&out->collisions);
       pool_reads(b, first, n, out);
     }
-    s.length = first + n;
-    if (step.kind == StepKind::kVerify) s.pending = step.drafts;
     std::int64_t lost = 0;
     for (auto c : out->overwritten) lost += c;
     return lost > 0 || out->collisions.same_step > 0 || out->collisions.outside_block > 0 ||
@@ -641,15 +635,19 @@ ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const 
   return run_round(config, ring_rows, phases, options.fault, result);
 }
 
-std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
-                                const ProbeOptions& options, ProbeResult* below, SearchStats* stats) {
+namespace {
+
+/// Galloping from `guess`, then binary search, for the smallest S with
+/// probe(S).safe; relies on monotonicity in S (argument 7 above).
+template <class Probe>
+std::int64_t gallop_search(std::int64_t guess, Probe&& probe_at, ProbeResult* below, SearchStats* stats) {
   std::int64_t lo = 0;   // largest ring known unsafe (0: not a ring)
   std::int64_t hi = -1;  // smallest ring known safe
   ProbeResult lo_result;
   auto probe = [&](std::int64_t s) {
     KVCHECK_ASSERT(s >= 1 && s <= kMaxProbeRing);
     if (stats) ++stats->probes;
-    ProbeResult r = probe_ring(config, s, options);
+    ProbeResult r = probe_at(s);
     if (r.safe) {
       hi = hi < 0 ? s : std::min(hi, s);
       return true;
@@ -674,6 +672,120 @@ std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
   if (below && lo >= 1) *below = std::move(lo_result);
   return hi;
 }
+
+}  // namespace
+
+std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
+                                const ProbeOptions& options, ProbeResult* below, SearchStats* stats) {
+  return gallop_search(guess, [&](std::int64_t s) { return probe_ring(config, s, options); }, below, stats);
+}
+
+scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
+                                        const engines::Capabilities& caps) {
+  scenarios::Scenario sc;
+  sc.name = "sweep-live-w" + std::to_string(config.window_rows) + "-k" + std::to_string(config.drafts) + "-c" +
+            std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" + std::to_string(ring_rows);
+  sc.description = "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) + " (W=" +
+                   std::to_string(config.window_rows) + ", k=" + std::to_string(config.drafts) + ", C=" +
+                   std::to_string(config.chunk_rows) + ", " + order_file_name(config.order) + ")";
+  sc.cache.window = config.window_rows;
+  sc.cache.convention = scenarios::Convention::kKeys;
+  sc.cache.ring_rows = ring_rows;
+  sc.cache.states = states;
+  sc.cache.q_heads = sc.cache.kv_heads = 1;
+  sc.cache.head_dim = 2;
+  sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
+  sc.data.seed = 1;
+  const scenarios::Order order =
+      config.order == SweepOrder::kStoreThenLoad ? scenarios::Order::kStoreThenLoad : scenarios::Order::kLoadThenStore;
+  std::vector<scenarios::Step> program;
+  auto add = [&](scenarios::Step st) {
+    if (caps.supports_step(st)) program.push_back(st);
+  };
+  scenarios::Step decode;
+  decode.kind = StepKind::kDecode;
+  const std::int64_t fill = history_rows(config.window_rows, ring_rows, 0);
+  const std::int64_t chunk = std::min(config.window_rows, ring_rows);
+  for (std::int64_t done = 0; done < fill;) {
+    scenarios::Step st;
+    st.kind = StepKind::kPrefill;
+    st.order = scenarios::Order::kLoadThenStore;
+    st.rows = std::min(chunk, fill - done);
+    if (!caps.supports_step(st) || (caps.max_step_rows > 0 && st.rows > caps.max_step_rows)) {
+      st = decode;
+    }
+    program.push_back(st);
+    done += scenarios::step_rows(st);
+  }
+  scenarios::Step prefill;
+  prefill.kind = StepKind::kPrefill;
+  prefill.order = order;
+  prefill.rows = config.chunk_rows;
+  scenarios::Step verify;
+  verify.kind = StepKind::kVerify;
+  verify.drafts = config.drafts;
+  add(decode);
+  add(prefill);
+  for (std::int64_t a = 0; a <= config.drafts && caps.verify; ++a) {
+    scenarios::Step accept;
+    accept.kind = StepKind::kAccept;
+    accept.accepted = a;
+    for (const auto& then : {decode, prefill}) {
+      add(verify);
+      add(accept);
+      add(then);
+    }
+  }
+  for (std::int64_t b = 0; b < states; ++b) sc.requests.push_back(scenarios::Request{b, b});
+  for (const auto& st : program) {
+    for (std::int64_t b = 0; b < states; ++b) {
+      scenarios::Step mine = st;
+      mine.request = b;
+      sc.steps.push_back(mine);
+    }
+  }
+  return sc;
+}
+
+namespace {
+
+/// One live probe: the worst-case scenario at capacity S through the runner
+/// (slot observations only: outputs are the check's business).
+ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const ProbeOptions& probe,
+                       properties::RunOptions run) {
+  const auto sc = worst_case_scenario(config, ring_rows, probe.states, run.provider->capabilities());
+  run.record_reads = false;
+  run.record_ring = false;
+  run.check_outputs = false;
+  run.probes = false;
+  const properties::RunObservation obs = properties::run_scenario(sc, run);
+  if (obs.skipped) {
+    throw Error(ErrorId::kUsage, "--impl", "the cache cannot run the sweep's schedule: " + obs.skip_reason);
+  }
+  ProbeResult r;
+  r.ring_rows = ring_rows;
+  r.safe = obs.passed;
+  r.steps_checked = static_cast<std::int64_t>(obs.steps.size());
+  if (!obs.passed) {
+    r.hazard = obs.first_failure;
+    if (obs.first_failing_step >= 0) {
+      const auto& step = obs.steps[static_cast<std::size_t>(obs.first_failing_step)];
+      for (const auto& q : step.queries) r.overwritten.push_back(static_cast<std::int64_t>(q.overwritten.size()));
+      r.collisions.same_step = step.collisions.same_step;
+      r.collisions.outside_block = step.collisions.outside_block;
+      r.collisions.replaced_needed = step.collisions.replaced_needed;
+      for (const auto& q : step.queries) {
+        r.extra_reads += static_cast<std::int64_t>(q.extra.size());
+        if (r.first_lost.empty() && !q.overwritten.empty()) {
+          for (const auto j : q.overwritten) r.first_lost.push_back(j - q.position);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
 
 std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOptions& options,
                                        ProbeResult* below, SearchStats* stats) {
@@ -875,6 +987,9 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   std::int64_t error_row = total;
 
   auto work = [&] {
+    // A live cache (`--impl`): one provider (one adapter process) per worker.
+    std::unique_ptr<engines::CacheProvider> provider;
+    properties::RunOptions live;
     for (;;) {
       const std::size_t u = next_unit.fetch_add(1);
       if (u >= units) break;
@@ -885,7 +1000,18 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
         try {
           ProbeResult below;
           SearchStats stats;
-          if (options.linear_search) {
+          if (!options.impl.empty()) {
+            if (!provider) {
+              live.backend = options.impl;
+              live.step_timeout_seconds = options.step_timeout_seconds;
+              provider = properties::make_provider(live);
+              live.provider = provider.get();
+            }
+            const std::int64_t guess =
+                prev_min < 0 ? row.config.window_rows : prev_min + (row.config.window_rows - prev_window);
+            row.min_safe_ring = gallop_search(
+                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below, &stats);
+          } else if (options.linear_search) {
             row.min_safe_ring = find_min_safe_ring_linear(row.config, options.probe, &below, &stats);
           } else {
             const std::int64_t guess =
@@ -904,7 +1030,15 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             row.below_overwritten = below.overwritten;
             row.below_first_lost = below.first_lost;
             row.below_collisions = below.collisions.total();
-            if (write_files) counterexample_for(options, below, &row);
+            if (write_files && options.impl.empty()) counterexample_for(options, below, &row);
+            if (write_files && !options.impl.empty()) {
+              // Live: the worst-case schedule at S_min - 1 is the counterexample.
+              const auto sc = worst_case_scenario(row.config, row.below_ring, options.probe.states,
+                                                  provider->capabilities());
+              const std::filesystem::path path = options.out_dir / (sc.name + ".json");
+              scenarios::write_scenario_file(path, sc);
+              row.counterexample = path.string();
+            }
           }
         } catch (...) {
           std::lock_guard<std::mutex> lock(mu);

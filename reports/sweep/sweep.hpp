@@ -61,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "engines/cache_under_test.hpp"
 #include "impl/kv_cache.hpp"
 #include "reports/sweep/formula.hpp"
 #include "scenarios/scenario.hpp"
@@ -202,8 +203,25 @@ inline constexpr std::int64_t kAutoCounterexampleRows = 64;
 /// window (the reference runner is O(W^3) on the fill).
 inline constexpr std::int64_t kReplayWindowLimit = 512;
 
+/// The worst-case schedule of `config` as a scenario at capacity `ring_rows`,
+/// for caches kvcheck can only drive through the step-level interface
+/// (`sweep --impl exec:...`): `states` requests on their own states, steps
+/// interleaved; each fills its window (load_then_store chunks of at most
+/// min(W, S) rows, or decodes when `lts_fill` is false) for two wraps, then
+/// runs decode, prefill(C), and for every a in 0..k: verify(k), accept(a),
+/// decode, verify(k), accept(a), prefill(C) (arguments 1-5 above); steps the
+/// cache does not declare are left out.
+scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
+                                        const engines::Capabilities& caps);
+
 /// Options of a sweep.
 struct SweepOptions {
+  /// Empty: the in-tree tag engine over the CPU backend. Otherwise a cache
+  /// name for properties::make_provider ("layer", "exec:COMMAND", "cpu"):
+  /// each candidate capacity is passed to the cache (the exec handshake's
+  /// `capacity`) and worst_case_scenario() is run through the runner.
+  std::string impl;
+  double step_timeout_seconds = 10.0;  ///< exec adapters: seconds per answer
   ProbeOptions probe;
   int threads = 2;
   bool linear_search = false;        ///< use the baseline search (benchmarks)

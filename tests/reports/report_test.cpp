@@ -30,6 +30,22 @@ using kvcheck::properties::RunObservation;
 using kvcheck::properties::StepObservation;
 using kvcheck::reports::Report;
 
+// The verdict fields the runner sets (reports only read them), set here the
+// way the runner would for a run without expectations.
+void settle(RunObservation& run) {
+  run.first_failing_step = -1;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    auto& step = run.steps[i];
+    step.failed = step.collisions.total() > 0 || step.expectation_failed || !step.error.empty();
+    for (auto& q : step.queries) {
+      q.failed = !q.overwritten.empty() || !q.missing.empty() || !q.extra.empty() || !q.output_ok;
+      step.failed = step.failed || q.failed;
+    }
+    if (step.failed && run.first_failing_step < 0) run.first_failing_step = static_cast<std::int64_t>(i);
+  }
+  if (run.first_failing_step >= 0) run.passed = false;
+}
+
 // Verify of six queries p..p+5 in a ring of S slots, W = 128 visible keys,
 // all six rows stored before the reads (SPEC §6): with S = 128 the draft rows
 // p+1..p+5 land on the slots of the oldest visible rows.
@@ -94,6 +110,7 @@ RunObservation verify_run(std::int64_t ring_rows, std::int64_t p, std::int64_t s
   run.steps.push_back(std::move(step));
   run.passed = run.lost_rows == 0;
   if (!run.passed) run.first_failure = "step 1 (verify): query " + std::to_string(p) + " lost 5 visible rows";
+  settle(run);
   return run;
 }
 
@@ -303,6 +320,7 @@ TEST_CASE("Text report: a long failure stays under 25 lines and truncates lists"
   step.queries.assign(64, q);
   step.collisions = {1, 0, 2};
   step.error = "CacheFull";
+  settle(report.runs[0]);
   const std::string explanation = kvcheck::reports::run_explanation(report, report.runs[0]);
   REQUIRE(count(explanation, "\n") <= 25);
   REQUIRE(explanation.find("(88 more)") != std::string::npos);
@@ -367,7 +385,7 @@ TEST_CASE("HTML report: a stale write of a visible row is drawn as overwritten")
   report.runs.push_back(verify_run(134, 200));
   auto& q = report.runs[0].steps[1].queries[0];
   q.overwritten.push_back(150);  // read (r, 150) with an older write_seq
-  report.runs[0].passed = false;
+  settle(report.runs[0]);
   const std::string ring = ring_svg_of(kvcheck::reports::report_html(report), 0);
   REQUIRE(count(ring, "class=\"slot ") == 134);
   REQUIRE(count(ring, "class=\"slot overwritten\"") == 1);

@@ -1,0 +1,166 @@
+// The step-level interface of a cache under test: the one thing the runner,
+// `check`, `replay`, `sweep` and `audit` talk to. A cache may be one of ours
+// (the ring pool over the CPU or CUDA kernel table, the layer-bound cache),
+// an engine's cache in another process (`--impl exec:...`, the JSON Lines
+// protocol of adapters/PROTOCOL.md), or anything a user implements in C++.
+//
+// A step goes in with its rows (keys and values before RoPE, queries before
+// RoPE) and comes back with the outputs and, when the cache can tell, the
+// physical slot each new row was written to and the slots each query read.
+// Slots are opaque integers: kvcheck keeps its own shadow map (slot -> the
+// row the cache last said it wrote there) and derives every observation from
+// it, so a cache needs no tags and no particular addressing.
+//
+// A cache declares what it supports (Capabilities); the generator draws only
+// that, and replay skips, with the reason, a scenario the cache cannot run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "scenarios/scenario.hpp"
+
+namespace kvcheck::engines {
+
+/// What a cache under test can run. Defaults: everything.
+struct Capabilities {
+  std::string name;                       ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
+  bool prefill_load_then_store = true;
+  bool prefill_store_then_load = true;
+  bool decode = true;
+  bool verify = true;                     ///< verify(k) and accept(a)
+  bool finish = true;
+  bool reset = true;
+  std::vector<scenarios::Format> formats = {scenarios::Format::kF64, scenarios::Format::kF32,
+                                            scenarios::Format::kBf16, scenarios::Format::kFp8};
+  std::vector<scenarios::RopeStyle> rope_styles = {
+      scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox, scenarios::RopeStyle::kInterleaved};
+  bool gqa = true;         ///< q_heads a multiple > 1 of kv_heads (includes MQA)
+  bool shared_row = true;  ///< one stored row is both key and value
+  bool sink = true;        ///< an attention-sink logit
+  bool softmax_scale = true;  ///< a scale other than 1/sqrt(head_dim)
+  bool partial_rope = true;   ///< rotary_dims < head_dim
+  /// The cache attends to every row it holds (no sliding window): the
+  /// generator then sets window = ring = a capacity no schedule exceeds.
+  bool full_window_only = false;
+  std::int64_t max_states = 0;     ///< 0: no limit
+  std::int64_t max_layers = 0;
+  std::int64_t max_step_rows = 0;
+  std::int64_t max_head_dim = 0;
+  std::int64_t max_heads = 0;
+  bool reports_written_slots = true;
+  bool reports_read_slots = true;
+  /// Slots are state * capacity + position mod capacity: kvcheck then also
+  /// counts writes outside the request's block and shows ring contents.
+  bool ring_addressing = false;
+  /// Refusal probes the cache supports (see properties/probes.hpp).
+  std::vector<std::string> probes;
+
+  /// Whether `cache` (with steps of at most `max_step_rows` rows) fits; on
+  /// false `why` names the first thing that does not.
+  bool supports(const scenarios::CacheConfig& cache, std::int64_t max_step_rows,
+                std::string* why) const;
+  /// Whether the cache runs this step kind (and prefill order).
+  bool supports_step(const scenarios::Step& step) const noexcept;
+  /// Whether a whole scenario fits (configuration and every step).
+  bool supports(const scenarios::Scenario& scenario, std::string* why) const;
+};
+
+/// What the cache is asked to be for one run.
+struct CacheSpec {
+  scenarios::CacheConfig cache;      ///< ring_rows is the capacity per state
+  std::int64_t window_keys = 1;      ///< keys a query sees, itself included
+  std::int64_t max_step_rows = 1;
+  double softmax_scale = 1.0;        ///< resolved (default 1/sqrt(head_dim))
+};
+
+/// One step sent to a cache (prefill, decode, verify, accept, finish, reset)
+/// or a begin.
+struct StepCall {
+  enum class Op : std::uint8_t { kBegin, kStep };
+  Op op = Op::kStep;
+  scenarios::Step step;              ///< kind, request, rows/order/drafts/accepted
+  std::int32_t layer = 0;
+  std::int64_t state = 0;
+  std::int64_t position = 0;         ///< first position written (the logical length)
+  std::int64_t rows = 0;             ///< rows written / queries run (0 for bookkeeping steps)
+  std::int64_t step_index = -1;      ///< index into the scenario's steps (for error messages)
+  const double* k = nullptr;         ///< [rows, kv_heads * head_dim], before RoPE
+  const double* v = nullptr;         ///< [rows, kv_heads * head_dim]; nullptr for shared rows
+  const double* q = nullptr;         ///< [rows, q_heads * head_dim], before RoPE
+};
+
+/// How a step's reads relate to its own writes.
+enum class ReadView : std::uint8_t {
+  kAfterWrites,  ///< all rows stored, then every query read (decode, verify, store_then_load)
+  kCausal,       ///< each query saw the step's rows up to itself, else the pool before the step
+};
+
+/// What a step answered. Vectors are reused between calls.
+struct StepAnswer {
+  std::vector<double> out;                    ///< [rows, q_heads * head_dim]
+  bool has_written = false;
+  std::vector<std::int64_t> written;          ///< [rows] slot of each new row
+  bool has_reads = false;
+  std::vector<std::int64_t> read_offsets;     ///< [rows + 1] query i read read_slots[off[i], off[i+1])
+  std::vector<std::int64_t> read_slots;       ///< -1 entries are ignored
+  ReadView view = ReadView::kAfterWrites;
+  /// Same-step write-write collisions the cache itself detected (beyond what
+  /// `written` shows; e.g. a GPU race counter). 0 when unknown.
+  std::int64_t duplicate_slots = 0;
+  void clear() {
+    out.clear();
+    has_written = has_reads = false;
+    written.clear();
+    read_offsets.clear();
+    read_slots.clear();
+    view = ReadView::kAfterWrites;
+    duplicate_slots = 0;
+  }
+};
+
+/// A typed refusal of the cache (its own vocabulary: "state-busy", "full", ...).
+struct Refusal {
+  std::string code;
+  std::string detail;
+};
+
+/// The result of a call: nullopt when it went through.
+using StepStatus = std::optional<Refusal>;
+
+/// One cache instance for one run (all layers of it).
+class CacheUnderTest {
+ public:
+  virtual ~CacheUnderTest() = default;
+  /// begin, or a step (prefill/decode/verify fill `answer`; others leave it empty).
+  /// A refusal must leave the cache exactly as it was.
+  virtual StepStatus call(const StepCall& call, StepAnswer* answer) = 0;
+  /// A refusal probe (properties/probes.hpp): a call the cache must refuse.
+  /// Returns the refusal, or nullopt when the cache wrongly accepted it.
+  virtual StepStatus probe(const std::string& name, const StepCall& context);
+  /// A fingerprint of everything the cache stores for `layer` (bytes,
+  /// lengths, bindings), when the cache can give one; refused calls and
+  /// probes must leave it unchanged.
+  virtual std::optional<std::uint64_t> fingerprint(std::int32_t layer) const;
+};
+
+/// Makes caches of one kind; one provider per worker thread (an exec
+/// provider owns one child process and reuses it for every run).
+class CacheProvider {
+ public:
+  virtual ~CacheProvider() = default;
+  virtual const Capabilities& capabilities() = 0;
+  /// Opens a cache for `spec`, or returns the refusal (the run is skipped).
+  /// Throws kvcheck::Error for a broken provider (an adapter that crashed).
+  virtual std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) = 0;
+  /// A name for reports ("cpu", "cuda", "layer", "exec:python3 adapters/ring_cache.py").
+  virtual std::string name() const = 0;
+};
+
+/// FNV-1a over bytes, for fingerprints.
+std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = 1469598103934665603ull) noexcept;
+
+}  // namespace kvcheck::engines

@@ -1,0 +1,34 @@
+// Engines as external processes: `--impl exec:'COMMAND ARGS'`. kvcheck starts
+// COMMAND with /bin/sh -c as a child (its own process group) and speaks the
+// versioned JSON Lines protocol of adapters/PROTOCOL.md over its stdin and
+// stdout (schema: scenarios/schema/exec-protocol.schema.json).
+//
+// One provider owns one child and reuses it for every run (open ... close),
+// so process start-up is paid once per worker thread. A misbehaving adapter
+// (a crash, a line that is not JSON, a missing or mistyped field, wrong
+// shapes, NaN, no answer within the step timeout) ends the run with
+// kvcheck::Error(kAdapter) naming the step and the JSON path, followed by the
+// tail of the adapter's stderr; the child's whole process group is killed and
+// reaped when the provider goes away, so none is left behind.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engines/cache_under_test.hpp"
+
+namespace kvcheck::engines {
+
+/// Options of exec providers.
+struct ExecOptions {
+  double step_timeout_seconds = 10.0;  ///< per answer, hello and open included
+};
+
+/// The protocol version this build speaks.
+inline constexpr int kExecProtocolVersion = 1;
+
+/// Starts `command` and performs the hello handshake. Throws kvcheck::Error
+/// (kAdapter) when the command cannot start or answers badly.
+std::unique_ptr<CacheProvider> make_exec_provider(const std::string& command, const ExecOptions& options);
+
+}  // namespace kvcheck::engines

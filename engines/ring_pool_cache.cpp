@@ -1,0 +1,182 @@
+#include "engines/ring_pool_cache.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "impl/ring_pool.hpp"
+#include "support/assert.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::engines {
+
+namespace {
+
+using scenarios::StepKind;
+
+impl::ElementFormat to_impl(scenarios::Format f) {
+  switch (f) {
+    case scenarios::Format::kF64: return impl::ElementFormat::kF64;
+    case scenarios::Format::kF32: return impl::ElementFormat::kF32;
+    case scenarios::Format::kBf16: return impl::ElementFormat::kBf16;
+    case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
+  }
+  return impl::ElementFormat::kF64;
+}
+
+impl::RopeStyle to_impl(scenarios::RopeStyle s) {
+  switch (s) {
+    case scenarios::RopeStyle::kNone: return impl::RopeStyle::kNone;
+    case scenarios::RopeStyle::kNeox: return impl::RopeStyle::kNeox;
+    case scenarios::RopeStyle::kInterleaved: return impl::RopeStyle::kInterleaved;
+  }
+  return impl::RopeStyle::kNone;
+}
+
+Refusal refusal(const impl::Status& st) {
+  return Refusal{std::string(impl::cache_error_name(st.code)), st.detail};
+}
+
+class RingPoolCache final : public CacheUnderTest {
+ public:
+  explicit RingPoolCache(std::vector<std::unique_ptr<impl::RingPool>> layers) : layers_(std::move(layers)) {}
+
+  StepStatus call(const StepCall& c, StepAnswer* answer) override {
+    KVCHECK_ASSERT(c.layer >= 0 && static_cast<std::size_t>(c.layer) < layers_.size());
+    impl::RingPool& pool = *layers_[static_cast<std::size_t>(c.layer)];
+    if (answer) answer->clear();
+    impl::Status st;
+    if (c.op == StepCall::Op::kBegin) {
+      st = pool.begin(c.state, c.step.request);
+      return st.ok() ? StepStatus{} : StepStatus{refusal(st)};
+    }
+    impl::StepResult result;
+    const impl::StepRows in{c.k, c.v, c.q};
+    bool writes = true;
+    switch (c.step.kind) {
+      case StepKind::kPrefill:
+        st = pool.prefill(c.state, c.rows, in,
+                          c.step.order == scenarios::Order::kLoadThenStore ? impl::PrefillOrder::kLoadThenStore
+                                                                           : impl::PrefillOrder::kStoreThenLoad,
+                          &result);
+        break;
+      case StepKind::kDecode: st = pool.decode(c.state, in, &result); break;
+      case StepKind::kVerify: st = pool.verify(c.state, c.step.drafts, in, &result); break;
+      case StepKind::kAccept: st = pool.accept(c.state, c.step.accepted); writes = false; break;
+      case StepKind::kFinish: st = pool.finish(c.state); writes = false; break;
+      case StepKind::kReset: st = pool.reset(c.state); writes = false; break;
+    }
+    if (!st.ok()) return refusal(st);
+    if (!writes || answer == nullptr) return {};
+    answer->out.assign(result.out.begin(), result.out.end());
+    answer->has_written = true;
+    for (const auto& w : result.writes) answer->written.push_back(w.slot);
+    answer->has_reads = true;
+    answer->read_offsets.push_back(0);
+    for (std::int64_t i = 0; i < result.queries; ++i) {
+      for (std::int64_t col = 0; col < result.width; ++col) {
+        const std::int64_t slot = result.read_slots[static_cast<std::size_t>(i * result.width + col)];
+        if (slot >= 0) answer->read_slots.push_back(slot);
+      }
+      answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
+    }
+    answer->view = result.source == impl::KvSource::kScratch ? ReadView::kCausal : ReadView::kAfterWrites;
+    answer->duplicate_slots = result.duplicate_slots;
+    return {};
+  }
+
+  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+    const impl::RingPool& pool = *layers_[static_cast<std::size_t>(layer)];
+    const impl::PoolSpec& spec = pool.spec();
+    const auto width = static_cast<std::size_t>(spec.kv_heads) * static_cast<std::size_t>(spec.head_dim);
+    std::vector<double> k(width), v(width);
+    std::uint64_t h = fnv1a(nullptr, 0);
+    for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
+      KVCHECK_ASSERT(pool.backend_const().read_row(slot, k.data(), v.data()).ok());
+      const impl::Tag t = pool.backend_const().slot_tag(slot);
+      h = fnv1a(k.data(), width * sizeof(double), h);
+      h = fnv1a(v.data(), width * sizeof(double), h);
+      h = fnv1a(&t.request, sizeof t.request, h);
+      h = fnv1a(&t.position, sizeof t.position, h);
+      h = fnv1a(&t.write_seq, sizeof t.write_seq, h);
+    }
+    for (std::int64_t b = 0; b < spec.states; ++b) {
+      const impl::StateInfo& s = pool.state(b);
+      const std::int64_t words[4] = {s.busy ? 1 : 0, s.request, s.length, s.pending_drafts};
+      h = fnv1a(words, sizeof words, h);
+    }
+    return h;
+  }
+
+ private:
+  std::vector<std::unique_ptr<impl::RingPool>> layers_;
+};
+
+class RingPoolProvider final : public CacheProvider {
+ public:
+  RingPoolProvider(std::string backend, impl::Fault fault) : backend_(std::move(backend)), fault_(fault) {
+    caps_.name = "ring-pool/" + backend_;
+    caps_.ring_addressing = true;
+    caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
+  }
+  const Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return backend_; }
+
+  std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) override {
+    const impl::PoolSpec pool_spec = ring_pool_spec(spec, fault_);
+    std::vector<std::unique_ptr<impl::RingPool>> layers;
+    for (std::int32_t l = 0; l < spec.cache.layers; ++l) {
+      std::string why;
+      auto backend = impl::make_backend(backend_, &why);
+      if (!backend) throw Error(ErrorId::kDevice, "--impl", why);
+      std::unique_ptr<impl::RingPool> pool;
+      const impl::Status st = impl::RingPool::create(std::move(backend), pool_spec, &pool);
+      if (!st.ok()) {
+        if (st.code == impl::CacheError::kNoDevice) {
+          throw Error(ErrorId::kDevice, "--impl", std::string(impl::cache_error_name(st.code)) + ": " + st.detail);
+        }
+        *refused = refusal(st);
+        return nullptr;
+      }
+      layers.push_back(std::move(pool));
+    }
+    return std::make_unique<RingPoolCache>(std::move(layers));
+  }
+
+ private:
+  std::string backend_;
+  impl::Fault fault_;
+  Capabilities caps_;
+};
+
+}  // namespace
+
+impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
+  const auto& c = spec.cache;
+  impl::PoolSpec p;
+  p.states = c.states;
+  p.ring_rows = c.ring_rows;
+  p.window_rows = spec.window_keys;
+  p.q_heads = c.q_heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.shared_row = c.shared_row;
+  p.format = to_impl(c.format);
+  p.rope_style = to_impl(c.rope.style);
+  p.rope_dims = c.rope.rotary_dims;
+  p.rope_base = c.rope.base;
+  p.softmax_scale = c.softmax_scale.value_or(0.0);
+  p.has_sink = c.sink_logit.has_value();
+  p.sink_logit = c.sink_logit.value_or(0.0);
+  p.max_step_rows = spec.max_step_rows;
+  p.track_tags = true;
+  p.fault = fault;
+  return p;
+}
+
+std::unique_ptr<CacheProvider> make_ring_pool_provider(const std::string& backend, impl::Fault fault) {
+  std::string why;
+  if (!impl::make_backend(backend, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+  return std::make_unique<RingPoolProvider>(backend, fault);
+}
+
+}  // namespace kvcheck::engines

@@ -1,0 +1,156 @@
+#include "properties/shadow.hpp"
+
+#include <algorithm>
+
+#include "support/assert.hpp"
+
+namespace kvcheck::properties {
+
+namespace {
+
+ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
+  return ReadTag{slot, row.request, row.position, row.write_seq};
+}
+
+}  // namespace
+
+ShadowRow ShadowMap::at(std::int64_t slot) const {
+  const auto it = slots_.find(slot);
+  return it == slots_.end() ? ShadowRow{} : it->second;
+}
+
+void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
+  KVCHECK_ASSERT(f.rows >= 0 && f.window_keys >= 1);
+  const auto n = static_cast<std::size_t>(f.rows);
+  const std::int64_t first = f.first_position;
+  const bool slots_known = f.has_written && f.has_reads;
+  if (f.has_written) KVCHECK_ASSERT(f.written.size() == n);
+  if (f.has_reads) KVCHECK_ASSERT(f.read_offsets.size() == n + 1);
+
+  // Pre-step occupants of the slots this step writes (a causal read of such a
+  // slot by a query before the writing row sees the occupant, and the
+  // replaced-needed collision is judged against it).
+  std::vector<ShadowRow> replaced(n);
+  std::vector<ShadowRow> written_rows(n);
+  if (f.has_written) {
+    for (std::size_t i = 0; i < n; ++i) replaced[i] = at(f.written[i]);
+    std::map<std::int64_t, int> times;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t slot = f.written[i];
+      const std::int64_t p = first + static_cast<std::int64_t>(i);
+      obs->written_slots.push_back(slot);
+      if (++times[slot] == 2) ++obs->collisions.same_step;
+      if (f.ring && (slot < f.state * f.ring_rows || slot >= (f.state + 1) * f.ring_rows)) {
+        ++obs->collisions.outside_block;
+      }
+      const ShadowRow& old = replaced[i];
+      if (f.view == engines::ReadView::kAfterWrites && old.request == f.request && old.position < first &&
+          old.position >= first - f.window_keys + 1) {
+        // Live: the replaced row is the latest write of its position, and a
+        // query of this step (the first one reaches furthest back) must read it.
+        const auto live = latest_.find({old.request, old.position});
+        if (live != latest_.end() && live->second.write_seq == old.write_seq) {
+          ++obs->collisions.replaced_needed;
+        }
+      }
+      written_rows[i] = ShadowRow{f.request, p, ++write_seq_};
+    }
+    // Apply the writes in row order (a later row of the step wins a slot).
+    for (std::size_t i = 0; i < n; ++i) {
+      slots_[f.written[i]] = written_rows[i];
+      latest_[{f.request, written_rows[i].position}] = Latest{written_rows[i].write_seq, f.written[i]};
+    }
+  }
+  obs->collisions.same_step = std::max(obs->collisions.same_step, f.duplicate_slots);
+
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = first + static_cast<std::int64_t>(i);
+    QueryObservation q;
+    q.position = p;
+    q.visible_first = std::max<std::int64_t>(0, p - f.window_keys + 1);
+    if (!slots_known) {
+      obs->queries.push_back(std::move(q));
+      continue;
+    }
+    // Each read resolves to the rows the slot may have held when the query
+    // read it: after the step's writes, the slot's last row; in the causal
+    // view, the pre-step occupant or any row of this step up to query i
+    // written there (the load_then_store scratch holds them side by side).
+    struct Read {
+      std::int64_t slot;
+      std::vector<ShadowRow> candidates;  // [0] is what the report shows
+    };
+    std::vector<Read> reads;
+    const auto lo = static_cast<std::size_t>(f.read_offsets[i]);
+    const auto hi = static_cast<std::size_t>(f.read_offsets[i + 1]);
+    for (std::size_t c = lo; c < hi; ++c) {
+      const std::int64_t slot = f.read_slots[c];
+      if (slot < 0) continue;
+      Read r{slot, {}};
+      if (f.view == engines::ReadView::kCausal && f.has_written) {
+        for (std::size_t j = i + 1; j-- > 0;) {
+          if (f.written[j] == slot) r.candidates.push_back(written_rows[j]);
+        }
+        const auto own = std::find(f.written.begin(), f.written.end(), slot);
+        r.candidates.push_back(own == f.written.end() ? at(slot)
+                                                      : replaced[static_cast<std::size_t>(own - f.written.begin())]);
+      } else {
+        r.candidates.push_back(at(slot));
+      }
+      reads.push_back(std::move(r));
+    }
+    std::vector<bool> used(reads.size(), false);
+    std::vector<ReadTag> shown(reads.size());
+    for (std::size_t c = 0; c < reads.size(); ++c) shown[c] = to_read_tag(reads[c].slot, reads[c].candidates[0]);
+    auto claim = [&](auto&& match) {
+      for (std::size_t c = 0; c < reads.size(); ++c) {
+        if (used[c]) continue;
+        for (const ShadowRow& row : reads[c].candidates) {
+          if (match(reads[c].slot, row)) {
+            used[c] = true;
+            shown[c] = to_read_tag(reads[c].slot, row);
+            return true;
+          }
+        }
+      }
+      return false;
+    };
+    std::vector<std::int64_t> unmatched;
+    for (std::int64_t j = q.visible_first; j <= p; ++j) {
+      const auto it = latest_.find({f.request, j});
+      const bool ok = it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
+                        return row.request == f.request && row.position == j &&
+                               row.write_seq == it->second.write_seq;
+                      });
+      if (!ok) unmatched.push_back(j);
+    }
+    // A visible row not read correctly was overwritten when its slot (or a
+    // stale copy of it) was read; otherwise it was never read at all.
+    for (const std::int64_t j : unmatched) {
+      const auto it = latest_.find({f.request, j});
+      const std::int64_t home = it == latest_.end() ? -1 : it->second.slot;
+      const bool stale = claim([&](std::int64_t, const ShadowRow& row) {
+        return row.request == f.request && row.position == j;
+      });
+      if (stale || (home >= 0 && claim([&](std::int64_t slot, const ShadowRow&) { return slot == home; }))) {
+        q.overwritten.push_back(j);
+      } else {
+        q.missing.push_back(j);
+      }
+    }
+    for (std::size_t c = 0; c < reads.size(); ++c) {
+      if (!used[c]) q.extra.push_back(shown[c]);
+    }
+    if (f.record_reads) q.reads = std::move(shown);
+    obs->queries.push_back(std::move(q));
+  }
+
+  if (f.ring && f.record_ring && f.ring_rows <= 512 && f.has_written) {
+    for (std::int64_t s = 0; s < f.ring_rows; ++s) {
+      const ShadowRow row = at(f.state * f.ring_rows + s);
+      obs->ring_positions.push_back(row.request < 0 ? -1 : (row.request == f.request ? row.position : -2));
+    }
+  }
+}
+
+}  // namespace kvcheck::properties

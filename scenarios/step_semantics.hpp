@@ -1,0 +1,100 @@
+// How each step kind changes a request's logical length and pending drafts
+// (SPEC §3), written once, in integers only. Scenario validation, the
+// generator, the runner, the sweep engine and the step-level caches of
+// engines/ all advance requests through this one function.
+//
+// Deliberately NOT used by the implementations under test (impl/ring_pool.cpp,
+// impl/cpu/layer_kv_cache.cpp, the adapters under adapters/) nor by the
+// conformance suite (tests/impl/conformance.hpp): they keep their own copies
+// so that a mistake here cannot hide the same mistake there.
+#pragma once
+
+#include <cstdint>
+
+#include "scenarios/scenario.hpp"
+
+namespace kvcheck::scenarios {
+
+/// The logical state of one request between steps.
+struct RequestProgress {
+  std::int64_t length = 0;          ///< committed positions; the next write goes here
+  std::int64_t pending_first = -1;  ///< first position of a verify awaiting accept, else -1
+  std::int64_t pending_drafts = -1; ///< k of that verify, else -1
+  bool pending() const noexcept { return pending_drafts >= 0; }
+  /// Positions written so far past the committed length (a pending verify's rows).
+  std::int64_t speculative_length() const noexcept {
+    return pending() ? pending_first + 1 + pending_drafts : length;
+  }
+  bool operator==(const RequestProgress&) const = default;
+};
+
+/// Why a step cannot be applied (the progress is left unchanged).
+enum class StepRefusal : std::uint8_t {
+  kNone,
+  kWriteWhileVerifyPending,  ///< prefill/decode/verify before the pending verify's accept
+  kAcceptWithoutVerify,      ///< accept with no verify pending
+  kAcceptNegative,           ///< accept(a) with a < 0
+  kAcceptTooMany,            ///< accept(a) with a > k
+  kBadRows,                  ///< prefill rows < 1 or verify drafts < 0
+};
+
+/// One line for a refusal ("accept without a pending verify", ...).
+const char* step_refusal_text(StepRefusal refusal) noexcept;
+
+/// First position a step writes (and its first query's position): the committed length.
+constexpr std::int64_t step_first_position(const RequestProgress& p) noexcept { return p.length; }
+
+/// Applies `step` (its kind, rows, drafts, accepted) to `p`:
+///   prefill(n), decode: length += n
+///   verify(k):          pending = (length, k); length is committed at accept
+///   accept(a):          length = pending_first + 1 + a; pending cleared
+///   finish:             pending cleared (the request ends)
+///   reset:              length = 0; pending cleared
+/// On a refusal `p` is unchanged.
+constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
+  switch (step.kind) {
+    case StepKind::kPrefill:
+    case StepKind::kDecode:
+    case StepKind::kVerify: {
+      if (p.pending()) return StepRefusal::kWriteWhileVerifyPending;
+      if (step.kind == StepKind::kPrefill && step.rows < 1) return StepRefusal::kBadRows;
+      if (step.kind == StepKind::kVerify) {
+        if (step.drafts < 0) return StepRefusal::kBadRows;
+        p.pending_first = p.length;
+        p.pending_drafts = step.drafts;
+        return StepRefusal::kNone;
+      }
+      p.length += step_rows(step);
+      return StepRefusal::kNone;
+    }
+    case StepKind::kAccept:
+      if (!p.pending()) return StepRefusal::kAcceptWithoutVerify;
+      if (step.accepted < 0) return StepRefusal::kAcceptNegative;
+      if (step.accepted > p.pending_drafts) return StepRefusal::kAcceptTooMany;
+      // The verified last token plus the accepted drafts become committed.
+      p.length = p.pending_first + 1 + step.accepted;
+      p.pending_first = p.pending_drafts = -1;
+      return StepRefusal::kNone;
+    case StepKind::kFinish:
+      p.pending_first = p.pending_drafts = -1;
+      return StepRefusal::kNone;
+    case StepKind::kReset:
+      p = RequestProgress{};
+      return StepRefusal::kNone;
+  }
+  return StepRefusal::kNone;
+}
+
+inline const char* step_refusal_text(StepRefusal refusal) noexcept {
+  switch (refusal) {
+    case StepRefusal::kNone: return "ok";
+    case StepRefusal::kWriteWhileVerifyPending: return "a write while a verify awaits its accept";
+    case StepRefusal::kAcceptWithoutVerify: return "accept without a pending verify";
+    case StepRefusal::kAcceptNegative: return "accept of a negative number of drafts";
+    case StepRefusal::kAcceptTooMany: return "accept of more drafts than the pending verify wrote";
+    case StepRefusal::kBadRows: return "prefill rows < 1 or verify drafts < 0";
+  }
+  return "?";
+}
+
+}  // namespace kvcheck::scenarios
