@@ -135,8 +135,8 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
     fs::create_directories(out_dir);
     scenarios::write_scenario_file(file, result.shrunk);
     summary.counterexample_file = file.string();
-    summary.replay_command = "kvcheck replay " + file.string() + " --impl " + options.run.backend +
-                             " --fault " + std::string(impl::fault_name(options.run.fault));
+    summary.replay_command =
+        "kvcheck replay " + properties::shell_quote(file.string()) + " " + properties::replay_arguments(options.run);
     report.runs.push_back(result.shrunk_run);
   }
   report.check = summary;

@@ -10,7 +10,8 @@
 // C 1,16,256, both orders). FILE may be `-` (stdout; at most one of them);
 // otherwise a table goes to stdout. Exit codes: 0 every configuration was
 // computed (and --formula, if given, is safe everywhere); 1 the formula is
-// unsafe somewhere, or a counterexample did not replay; 2 bad usage.
+// unsafe somewhere, a counterexample did not replay, or a live cache (--impl
+// layer or exec:...) loses rows at every capacity tried; 2 bad usage.
 #include <unistd.h>
 
 #include <chrono>
@@ -130,7 +131,13 @@ int command_sweep(int argc, char** argv) {
     std::fprintf(stderr, "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
                  static_cast<long long>(result.replay_failures));
   }
-  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 ? 1 : 0;
+  if (result.no_safe_rows > 0) {
+    std::fprintf(stderr, "kvcheck sweep: %lld configuration(s) lose rows at every capacity tried\n",
+                 static_cast<long long>(result.no_safe_rows));
+  }
+  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 || result.no_safe_rows > 0
+             ? 1
+             : 0;
 }
 
 }  // namespace kvcheck::cli

@@ -111,6 +111,22 @@ std::vector<Scenario> variants(const Scenario& sc) {
 
 }  // namespace
 
+std::string shell_quote(const std::string& text) {
+  const bool plain = !text.empty() && text.find_first_not_of(
+                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@") ==
+                                          std::string::npos;
+  if (plain) return text;
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string replay_arguments(const RunOptions& run) {
+  std::string out = "--impl " + shell_quote(run.backend);
+  if (run.fault != impl::Fault::kNone) out += " --fault " + std::string(impl::fault_name(run.fault));
+  return out;
+}
+
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index) {
   return mix_seed(seed, static_cast<std::uint64_t>(index));
 }
@@ -230,12 +246,13 @@ CheckResult run_check(const CheckOptions& options) {
           return !obs.passed && !obs.skipped;
         },
         &result.shrink_runs);
-    result.shrunk.name = "counterexample-" + std::string(impl::fault_name(options.run.fault)) +
-                         "-seed" + std::to_string(options.seed);
-    result.shrunk.description =
-        "Shrunk from case seed " + std::to_string(result.failing_case_seed) + " of `kvcheck check --impl " +
-        options.run.backend + " --fault " + std::string(impl::fault_name(options.run.fault)) +
-        " --seed " + std::to_string(options.seed) + "`; passes without the fault";
+    const std::string what = options.run.fault != impl::Fault::kNone
+                                 ? std::string(impl::fault_name(options.run.fault))
+                                 : options.run.backend.substr(0, options.run.backend.find(':'));
+    result.shrunk.name = "counterexample-" + what + "-seed" + std::to_string(options.seed);
+    result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
+                                " of `kvcheck check " + replay_arguments(options.run) + " --seed " +
+                                std::to_string(options.seed) + "`";
     RunOptions final_run = options.run;
     final_run.provider = main_provider.get();
     result.shrunk_run = run_scenario(result.shrunk, final_run);

@@ -42,6 +42,11 @@ struct CheckResult {
   std::int64_t shrink_runs = 0;               ///< scenarios run while shrinking
 };
 
+/// `text` quoted for a POSIX shell when it needs it.
+std::string shell_quote(const std::string& text);
+/// "--impl NAME [--fault F]" that selects the same cache (quoted for a shell).
+std::string replay_arguments(const RunOptions& run);
+
 /// Seed of case `index` of a check run with `seed`.
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index);
 

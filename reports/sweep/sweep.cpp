@@ -639,8 +639,10 @@ namespace {
 
 /// Galloping from `guess`, then binary search, for the smallest S with
 /// probe(S).safe; relies on monotonicity in S (argument 7 above).
+/// Returns -1 when even `max_ring` is unsafe (`below` then holds that probe).
 template <class Probe>
-std::int64_t gallop_search(std::int64_t guess, Probe&& probe_at, ProbeResult* below, SearchStats* stats) {
+std::int64_t gallop_search(std::int64_t guess, Probe&& probe_at, ProbeResult* below, SearchStats* stats,
+                           std::int64_t max_ring = kMaxProbeRing) {
   std::int64_t lo = 0;   // largest ring known unsafe (0: not a ring)
   std::int64_t hi = -1;  // smallest ring known safe
   ProbeResult lo_result;
@@ -665,7 +667,11 @@ std::int64_t gallop_search(std::int64_t guess, Probe&& probe_at, ProbeResult* be
     }
   } else {
     for (std::int64_t step = 1;; step *= 2) {
-      if (probe(std::min(lo + step, kMaxProbeRing))) break;
+      if (probe(std::min(lo + step, max_ring))) break;
+      if (lo >= max_ring) {
+        if (below) *below = std::move(lo_result);
+        return -1;
+      }
     }
   }
   while (hi - lo > 1) probe(lo + (hi - lo) / 2);
@@ -1009,8 +1015,22 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             }
             const std::int64_t guess =
                 prev_min < 0 ? row.config.window_rows : prev_min + (row.config.window_rows - prev_window);
+            // A live cache may have no safe capacity at all (a bug that loses
+            // rows at any size): stop at a generous multiple of the bound.
+            const std::int64_t limit = 4 * spec_bound(row.config) + 64;
             row.min_safe_ring = gallop_search(
-                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below, &stats);
+                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below, &stats,
+                limit);
+            if (row.min_safe_ring < 0) {
+              row.probes = stats.probes;
+              row.has_below = true;
+              row.below_ring = limit;
+              row.below_hazard = "no safe capacity up to " + std::to_string(limit) + ": " + below.hazard;
+              row.below_overwritten = below.overwritten;
+              prev_min = -1;
+              done.fetch_add(1);
+              continue;
+            }
           } else if (options.linear_search) {
             row.min_safe_ring = find_min_safe_ring_linear(row.config, options.probe, &below, &stats);
           } else {
@@ -1083,6 +1103,7 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     if (!row.spec_agrees) ++result.spec_disagreements;
     if (row.has_formula && !row.formula_safe) ++result.formula_unsafe_rows;
     if (!row.replay_ok) ++result.replay_failures;
+    if (row.min_safe_ring < 0) ++result.no_safe_rows;
   }
   if (options.formula) result.formula = options.formula->text();
   return result;

@@ -266,6 +266,7 @@ struct SweepResult {
   std::int64_t formula_unsafe_rows = 0;
   std::int64_t spec_disagreements = 0;
   std::int64_t replay_failures = 0;
+  std::int64_t no_safe_rows = 0;          ///< live caches: rows with no safe capacity (min_safe_ring -1)
   std::int64_t probes = 0;
 };
 

@@ -176,3 +176,135 @@ TEST_CASE("CLI: malformed scenario files give exit 2 and one line with the JSON 
   }
   fs::remove_all(dir);
 }
+
+// ---- engines as external processes (--impl exec:...) -------------------------
+
+namespace {
+
+std::string adapter(const std::string& script, const std::string& args = "") {
+  return "'exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/" + script + (args.empty() ? "" : " " + args) +
+         "'";
+}
+
+}  // namespace
+
+TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through the protocol") {
+  const fs::path dir = temp_dir("exec-pass");
+  for (const char* script : {"ring_cache.py", "paged_cache.py"}) {
+    INFO(script);
+    const Outcome o = run("check --impl " + adapter(script) + " --cases 2000 --seed 1 --out " + (dir / script).string());
+    INFO(o.out << o.err);
+    CHECK(o.code == 0);
+    CHECK(o.out.find("2000 cases, 0 failing") != std::string::npos);
+    // Every coverage class is reached through the protocol too.
+    CHECK(o.out.find("=0") == std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI exec: every adapter bug switch is caught within 2000 cases and shrunk to <= 3 requests, 8 steps") {
+  const fs::path dir = temp_dir("exec-bugs");
+  const std::pair<const char*, const char*> bugs[] = {
+      {"ring_cache.py", "ring-sized-window"}, {"ring_cache.py", "rope-at-slot"},
+      {"ring_cache.py", "window-plus-one"},   {"paged_cache.py", "free-speculative"},
+      {"paged_cache.py", "free-early"},       {"paged_cache.py", "left-as-keys"}};
+  for (const auto& [script, bug] : bugs) {
+    INFO(script << " --bug " << bug);
+    const fs::path out = dir / bug;
+    const Outcome o =
+        run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases 2000 --seed 1 --out " + out.string());
+    INFO(o.out << o.err);
+    CHECK(o.code == 1);
+    const fs::path file = out / "counterexample-exec-seed1.json";
+    REQUIRE(fs::exists(file));
+    const auto sc = kvcheck::scenarios::load_scenario_file(file);
+    CHECK(sc.requests.size() <= 3);
+    CHECK(sc.steps.size() <= 8);
+    // The printed replay command is exact: it fails the same way.
+    CHECK(o.out.find("replay: kvcheck replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)) !=
+          std::string::npos);
+    CHECK(run("replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)).code == 1);
+    CHECK(run("replay " + file.string() + " --impl " + adapter(script)).code == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, the JSON path, its stderr, no child left") {
+  const std::string marker = "kvcheck-marker-" + std::to_string(::getpid());
+  const std::string script = std::string(KVCHECK_SOURCE_DIR) + "/tests/cli/misbehaving_adapter.py";
+  const std::pair<const char*, const char*> modes[] = {
+      {"crash", "steps[0] (prefill, layer 0): the adapter closed its stdout (adapter exited with status 3)"},
+      {"not-json", "steps[0] (prefill, layer 0) answer: the line is not JSON"},
+      {"missing-field", "steps[0] (prefill, layer 0) answer.out: missing field"},
+      {"wrong-shape", "steps[0] (prefill, layer 0) answer.out[0]: expected"},
+      {"nan", "steps[0] (prefill, layer 0) answer: the line is not JSON (NaN and Infinity are not JSON)"},
+      {"hang", "steps[0] (prefill, layer 0): no answer within 1 s (--step-timeout)"},
+      {"bad-version", "hello answer.version: protocol version 2, kvcheck speaks 1"}};
+  for (const auto& [mode, expected] : modes) {
+    INFO(mode);
+    for (const char* command : {"check --cases 3 --out /dev/null/none", "replay"}) {
+      const std::string file = std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/prefill-w3-s5-store-then-load-4-6.json";
+      const std::string args = std::string(command) + (std::string(command) == "replay" ? " " + file : "") +
+                               " --step-timeout 1 --impl 'exec:python3 " + script + " " + mode + " " + marker + "'";
+      const Outcome o = run(args);
+      INFO(o.err);
+      CHECK(o.code == 2);
+      CHECK(o.err.rfind("kvcheck error 600 at ", 0) == 0);
+      CHECK(o.err.find(expected) != std::string::npos);
+      if (std::string(mode) == "crash") CHECK(o.err.find("boom: simulated crash in the adapter") != std::string::npos);
+      if (std::string(mode) == "hang") CHECK(o.err.find("adapter: thinking forever") != std::string::npos);
+    }
+  }
+  // The hanging adapter started a grandchild: the whole process group is gone.
+  // ("[k]" keeps pgrep from matching its own shell's command line.)
+  CHECK(std::system(("pgrep -f '[k]" + marker.substr(1) + "' >/dev/null").c_str()) != 0);
+}
+
+TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {
+  const fs::path dir = temp_dir("exec-determinism");
+  const std::string args = " --impl " + adapter("paged_cache.py", "--bug free-early") + " --cases 300 --seed 5 --threads 2 --out ";
+  CHECK(run("check" + args + (dir / "a").string()).code == 1);
+  CHECK(run("check" + args + (dir / "b").string()).code == 1);
+  std::string a = slurp(dir / "a" / "report.json"), b = slurp(dir / "b" / "report.json");
+  for (auto* s : {&a, &b}) {
+    for (const char* d : {"/a", "/b"}) {
+      const std::string needle = dir.string() + d;
+      for (auto pos = s->find(needle); pos != std::string::npos; pos = s->find(needle)) s->replace(pos, needle.size(), "<out>");
+    }
+  }
+  CHECK(!a.empty());
+  CHECK(a == b);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI exec: sweep passes each capacity to the adapter; the ring adapter's minimum is SPEC 5's") {
+  const Outcome o = run("sweep --impl " + adapter("ring_cache.py") +
+                        " --window 8,13 --drafts 0,2 --chunk 1,6 --order both --counterexamples none --json -");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  const auto j = nlohmann::json::parse(o.out);
+  std::size_t rows = 0;
+  for (const auto& row : j["rows"]) {
+    ++rows;
+    CHECK(row["min_safe_ring"] == row["spec_bound"]);
+  }
+  CHECK(rows == 16);
+  // A cache that loses rows at every capacity is reported, exit 1.
+  const Outcome bad = run("sweep --impl " + adapter("ring_cache.py", "--bug window-plus-one") +
+                          " --window 8 --drafts 0 --chunk 1 --order store-then-load --counterexamples none");
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("lose rows at every capacity tried") != std::string::npos);
+}
+
+TEST_CASE("CLI: check and replay reach the layer-bound cache; unsupported scenarios are skipped with the reason") {
+  const fs::path dir = temp_dir("layer");
+  const Outcome o = run("check --impl layer --cases 500 --out " + dir.string());
+  INFO(o.out << o.err);
+  CHECK(o.code == 0);
+  CHECK(o.out.find("ring_wrap=0(n/a)") != std::string::npos);
+  const Outcome r = run("replay --impl layer " + std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/verify-s128.json");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("SKIP  verify-s128  (layer-kv-cache does not support steps of 100 rows (most 1))") != std::string::npos);
+  CHECK(run("check --impl layer --fault window-too-wide --cases 5").code == 2);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Ring-addressed sliding-window KV cache, as a kvcheck exec adapter.
+
+    kvcheck check --impl exec:'python3 adapters/ring_cache.py' --cases 2000
+    kvcheck check --impl exec:'python3 adapters/ring_cache.py --bug rope-at-slot'
+
+Per layer and per state id the cache owns `capacity` rows; position p of the
+request on state b lives in slot b * capacity + p % capacity (addressing
+"ring", SPEC §1). Each slot holds the stored key row (RoPE'd at its position,
+then rounded through the format) and value row. A query at position p reads
+the slots of positions max(0, p - keys + 1) .. p. Prefill runs in either
+order: store_then_load stores the chunk and then reads the pool (rows of the
+chunk may overwrite rows its own queries still need when the ring has no
+slack: the hazard kvcheck measures); load_then_store copies the old window out
+first. Step semantics are shared with paged_cache.py (kvcheck_adapter.py).
+
+`--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
+default cache passes every case kvcheck generates.
+"""
+
+import sys
+
+sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
+
+import kvcheck_adapter as ka  # noqa: E402
+
+
+class RingCache(ka.WindowCache):
+    def __init__(self, spec, bugs):
+        super().__init__(spec, bugs)
+        # ring-sized-window: the ring is addressed modulo the window's keys,
+        # as if it had been allocated with exactly `keys` rows.
+        self.modulus = spec.keys if "ring-sized-window" in bugs else spec.capacity
+        self.rope_at_slot = "rope-at-slot" in bugs
+        if "window-plus-one" in bugs:
+            self.read_keys = spec.keys + 1
+
+    def write_slot(self, layer, st, b, p):
+        return b * self.spec.capacity + p % self.modulus
+
+    # The ring reads a position where it would write it.
+    read_slot = write_slot
+
+    def key_rope_position(self, p):
+        # rope-at-slot: keys rotated at their ring row instead of their position.
+        return p % self.spec.capacity if self.rope_at_slot else p
+
+
+class RingAdapter(ka.Adapter):
+    """Ring-addressed sliding-window KV cache (kvcheck exec protocol v1)."""
+
+    name = "ring-cache"
+    addressing = "ring"
+    bugs = {
+        "ring-sized-window": "stores at b*capacity + p % keys: the ring has only `keys` rows, "
+                             "no slack for verify or chunks",
+        "rope-at-slot": "keys are RoPE'd at their ring row p % capacity instead of p",
+        "window-plus-one": "each query reads keys + 1 positions when they exist",
+    }
+
+    def make_cache(self, spec):
+        return RingCache(spec, self.active_bugs)
+
+
+if __name__ == "__main__":
+    ka.run(RingAdapter)

@@ -1,0 +1,841 @@
+#!/usr/bin/env python3
+"""Tests of the Python exec adapters (ring_cache.py, paged_cache.py).
+
+    python3 adapters/test_adapters.py        (from the repository root; a few seconds)
+
+Each adapter runs as a subprocess and is spoken to over kvcheck exec protocol
+v1 (adapters/PROTOCOL.md), as kvcheck does. The judge here is written
+independently of the adapters: its own RoPE, rounding (bf16 through exact
+fractions, f32 through struct), attention with plain sums, and a small shadow
+map (slot -> the row last reported written there) that checks every query
+read exactly the latest row of each visible position and nothing else, in the
+answer's read view. The default caches must pass hand-made and randomly
+generated schedules (sized as kvcheck's generator sizes them); every bug
+switch must fail a crafted one and some generated ones; malformed requests
+must get ok:false; and, when `jsonschema` is importable, every line sent and
+received must validate against scenarios/schema/exec-protocol.schema.json
+(against the whole request/answer `oneOf`; in the tests that run many
+generated schedules, against the one definition the line's op or shape names,
+which is several times faster).
+"""
+
+import json
+import math
+import os
+import random
+import struct
+import subprocess
+import sys
+import unittest
+from collections import Counter
+from fractions import Fraction
+
+sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RING = os.path.join(HERE, "ring_cache.py")
+PAGED = os.path.join(HERE, "paged_cache.py")
+SCHEMA_PATH = os.path.join(ROOT, "scenarios", "schema", "exec-protocol.schema.json")
+
+sys.path.insert(0, HERE)
+import kvcheck_adapter  # noqa: E402  (only for unit tests of its rounding)
+
+try:
+    import jsonschema
+except ImportError:  # the schema checks are skipped
+    jsonschema = None
+
+
+def _load_schema():
+    if jsonschema is None:
+        return None
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        root = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(root)
+    return root
+
+
+SCHEMA = _load_schema()
+_VALIDATORS = {}
+
+
+def validator(name):
+    """A validator of one definition of the protocol schema ("request", "answer", "decode", ...)."""
+    if name not in _VALIDATORS:
+        _VALIDATORS[name] = jsonschema.Draft202012Validator(
+            {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": "#/$defs/" + name})
+    return _VALIDATORS[name]
+
+
+REQUEST_SCHEMA = validator("request") if SCHEMA else None
+ANSWER_SCHEMA = validator("answer") if SCHEMA else None
+
+
+def answer_kind(answer):
+    """The one answer definition a well-formed answer matches."""
+    if "capabilities" in answer:
+        return "hello_answer"
+    if "out" in answer:
+        return "step_answer"
+    if "refused" in answer:
+        return "refused_answer"
+    if "error" in answer:
+        return "error_answer"
+    return "ok_answer"
+
+
+def check_schema(msg, is_request, exact):
+    """Validates one line. `exact`: against the whole request/answer `oneOf`
+    (which also checks exactly one alternative matches); otherwise, faster,
+    against the one alternative the line's op (or shape) names."""
+    if SCHEMA is None:
+        return
+    if exact:
+        v = REQUEST_SCHEMA if is_request else ANSWER_SCHEMA
+    elif is_request:
+        v = validator(msg["op"]) if isinstance(msg.get("op"), str) and msg["op"] in SCHEMA["$defs"] \
+            else REQUEST_SCHEMA
+    else:
+        v = validator(answer_kind(msg))
+    errors = sorted(v.iter_errors(msg), key=str)
+    assert not errors, (f"{'request' if is_request else 'answer'} {json.dumps(msg)[:300]} "
+                        f"breaks the schema: {errors[0].message}")
+
+
+# ---------------------------------------------------------------------------
+# Talking to an adapter
+
+class Adapter:
+    """One adapter child process. send() validates both lines against the schema."""
+
+    def __init__(self, script, *args, exact_schema=True):
+        self.exact_schema = exact_schema
+        self.args = [sys.executable, script, *args]
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+
+    def send_raw(self, line):
+        self.proc.stdin.write(line.encode("utf-8") + b"\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out:
+            raise AssertionError(f"{self.args}: no answer to {line[:200]}; stderr: "
+                                 f"{self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+        text = out.decode("utf-8")
+        assert text.endswith("\n") and "\n" not in text[:-1], "one answer line"
+        answer = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        check_schema(answer, False, self.exact_schema)
+        return answer
+
+    def send(self, msg):
+        check_schema(msg, True, self.exact_schema)
+        return self.send_raw(json.dumps(msg, allow_nan=False))
+
+    def hello(self):
+        return self.send({"op": "hello", "protocol": "kvcheck-exec", "version": 1})
+
+    def bye(self):
+        answer = self.send({"op": "bye"})
+        rc = self.proc.wait(timeout=10)
+        self._close_pipes()
+        return answer, rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self):
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------
+# The judge's own math (independent of kvcheck_adapter.py)
+
+def make_spec(states=1, capacity=8, param=4, convention="keys", q_heads=1, kv_heads=1, head_dim=4,
+              shared_row=False, fmt="f64", style="none", rotary_dims=0, base=10000.0,
+              softmax_scale=None, sink=None, layers=1, max_step_rows=16):
+    keys = param if convention == "keys" else param + 1
+    return {"states": states, "capacity": capacity,
+            "window": {"param": param, "convention": convention, "keys": keys},
+            "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
+            "shared_row": shared_row, "format": fmt,
+            "rope": {"style": style, "rotary_dims": rotary_dims, "base": base},
+            "softmax_scale": 1 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale,
+            "sink_logit": sink, "layers": layers, "max_step_rows": max_step_rows}
+
+
+def ref_rope(row, heads, head_dim, position, rope):
+    out = list(row)
+    r = rope["rotary_dims"]
+    if rope["style"] == "none" or r == 0:
+        return out
+    for h in range(heads):
+        for i in range(r // 2):
+            angle = position * rope["base"] ** (-2 * i / r)
+            if rope["style"] == "neox":
+                a, b = h * head_dim + i, h * head_dim + i + r // 2
+            else:
+                a, b = h * head_dim + 2 * i, h * head_dim + 2 * i + 1
+            x, y = out[a], out[b]
+            out[a] = x * math.cos(angle) - y * math.sin(angle)
+            out[b] = x * math.sin(angle) + y * math.cos(angle)
+    return out
+
+
+def ref_bf16(x):
+    """Exact round-to-nearest-even to 8 significant bits, binary32 exponents."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    a = abs(Fraction(x))
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1  # now 2^e <= a < 2^(e+1)
+    quantum = Fraction(2) ** (max(e, -126) - 7)
+    q, rem = divmod(a, quantum)
+    if 2 * rem > quantum or (2 * rem == quantum and q % 2 == 1):
+        q += 1
+    y = q * quantum
+    if y >= Fraction(2) ** 128:
+        return math.copysign(math.inf, x)
+    return math.copysign(float(y), x)
+
+
+def ref_round(row, fmt):
+    if fmt == "f32":
+        return [struct.unpack("<f", struct.pack("<f", x))[0] for x in row]
+    if fmt == "bf16":
+        return [ref_bf16(x) for x in row]
+    return list(row)
+
+
+def ref_attend(q, rows, spec):
+    hd = spec["head_dim"]
+    group = spec["q_heads"] // spec["kv_heads"]
+    sink = spec["sink_logit"]
+    out = []
+    for h in range(spec["q_heads"]):
+        g = h // group
+        scores = [spec["softmax_scale"] * sum(q[h * hd + d] * k[g * hd + d] for d in range(hd))
+                  for k, _ in rows]
+        m = max(scores + ([sink] if sink is not None else []))
+        ex = [math.exp(s - m) for s in scores]
+        total = sum(ex) + (math.exp(sink - m) if sink is not None else 0.0)
+        for d in range(hd):
+            out.append(sum(e / total * v[g * hd + d] for e, (_, v) in zip(ex, rows)))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Running and judging a schedule
+
+class Case:
+    """One open...close of an adapter, judged step by step.
+
+    `requests` maps request id -> state id. Steps are dicts: {"kind": "prefill",
+    "request": r, "rows": n, "order": ...}, decode, verify (drafts), accept
+    (accepted), finish, reset. Rows come from `seed`. `failures` collects what
+    the judge found; a refused step is a failure too (and stops the case)."""
+
+    def __init__(self, adapter, spec, requests, seed=0, ring=True):
+        self.adapter = adapter
+        self.spec = spec
+        self.requests = requests
+        self.rng = random.Random(seed)
+        self.ring = ring
+        self.keys = spec["window"]["keys"]
+        self.failures = []
+        self.answers = []  # every answer of a write step (for comparing runs)
+        self.progress = {r: {"begun": False, "length": 0, "pending": None} for r in requests}
+        self.layers = [{"shadow": {}, "latest": {}, "rows": {}, "seq": 0} for _ in range(spec["layers"])]
+        answer = adapter.send({"op": "open", "spec": spec})
+        assert answer == {"ok": True}, answer
+
+    def close(self):
+        assert self.adapter.send({"op": "close"}) == {"ok": True}
+
+    def fail(self, what):
+        self.failures.append(what)
+
+    def rows(self, n, width):
+        return [[self.rng.uniform(-1.0, 1.0) for _ in range(width)] for _ in range(n)]
+
+    def run(self, steps):
+        for index, step in enumerate(steps):
+            if not self.step(index, step):
+                break
+        return self.failures
+
+    def step(self, index, step):
+        kind = step["kind"]
+        r = step["request"]
+        prog = self.progress[r]
+        state = self.requests[r]
+        spec = self.spec
+        for layer in range(spec["layers"]):
+            target = {"layer": layer, "request": r, "state": state}
+            if not prog["begun"]:
+                a = self.adapter.send({"op": "begin", **target})
+                if not a.get("ok"):
+                    self.fail(f"step {index}: begin refused: {a}")
+                    return False
+            if kind in ("accept", "finish", "reset"):
+                msg = {"op": kind, **target}
+                if kind == "accept":
+                    msg["accepted"] = step["accepted"]
+                a = self.adapter.send(msg)
+                if a != {"ok": True}:
+                    self.fail(f"step {index} ({kind}): refused: {a}")
+                    return False
+                continue
+            n = {"prefill": step.get("rows"), "decode": 1, "verify": step.get("drafts", 0) + 1}[kind]
+            msg = {"op": kind, **target, "position": prog["length"]}
+            if kind == "prefill":
+                msg["rows"] = n
+                msg["order"] = step["order"]
+            if kind == "verify":
+                msg["drafts"] = step["drafts"]
+            kw = spec["kv_heads"] * spec["head_dim"]
+            msg["k"] = self.rows(n, kw)
+            if not spec["shared_row"]:
+                msg["v"] = self.rows(n, kw)
+            msg["q"] = self.rows(n, spec["q_heads"] * spec["head_dim"])
+            a = self.adapter.send(msg)
+            if not a.get("ok"):
+                self.fail(f"step {index} ({kind}): refused: {a}")
+                return False
+            self.answers.append(a)
+            self.judge(index, layer, r, state, prog["length"], msg, a)
+        prog["begun"] = True
+        if kind in ("prefill", "decode"):
+            prog["length"] += {"prefill": step.get("rows"), "decode": 1}[kind]
+        elif kind == "verify":
+            prog["pending"] = prog["length"]
+            prog["length"] += step["drafts"] + 1
+        elif kind == "accept":
+            prog["length"] = prog["pending"] + 1 + step["accepted"]
+            prog["pending"] = None
+        elif kind == "reset":
+            prog["length"] = 0
+            prog["pending"] = None
+        elif kind == "finish":
+            prog["pending"] = None
+        return True
+
+    def judge(self, index, layer, r, state, first, msg, a):
+        spec = self.spec
+        lm = self.layers[layer]
+        n = len(msg["k"])
+        qw = spec["q_heads"] * spec["head_dim"]
+        where = f"step {index} layer {layer} ({msg['op']})"
+        out, written, read = a.get("out"), a.get("written"), a.get("read")
+        if (not isinstance(out, list) or len(out) != n or any(len(o) != qw for o in out)
+                or not isinstance(written, list) or len(written) != n
+                or not isinstance(read, list) or len(read) != n):
+            self.fail(f"{where}: answer shape {json.dumps(a)[:200]}")
+            return
+        view = a.get("read_view", "after_writes")
+        if len(set(written)) != n:
+            self.fail(f"{where}: two rows of the step in one slot: {written}")
+        cap = spec["capacity"]
+        before = {}
+        tags = []
+        rope = spec["rope"]
+        for j, s in enumerate(written):
+            p = first + j
+            if self.ring and not state * cap <= s < (state + 1) * cap:
+                self.fail(f"{where}: row {p} written to slot {s} outside state {state}'s block")
+            before.setdefault(s, lm["shadow"].get(s))
+            lm["seq"] += 1
+            tag = (r, p, lm["seq"])
+            lm["shadow"][s] = tag
+            lm["latest"][(r, p)] = lm["seq"]
+            tags.append(tag)
+            key = ref_round(ref_rope(msg["k"][j], spec["kv_heads"], spec["head_dim"], p, rope), spec["format"])
+            value = key if spec["shared_row"] else ref_round(msg["v"][j], spec["format"])
+            lm["rows"][(r, p)] = (key, value)
+        for i in range(n):
+            p = first + i
+            visible = range(max(0, p - self.keys + 1), p + 1)
+            got = Counter()
+            for s in read[i]:
+                if s == -1:
+                    continue
+                tag = None
+                if view == "causal":
+                    for j in range(i, -1, -1):  # the step's own rows up to query i
+                        if written[j] == s:
+                            tag = tags[j]
+                            break
+                    if tag is None:
+                        tag = before[s] if s in before else lm["shadow"].get(s)
+                else:
+                    tag = lm["shadow"].get(s)
+                got[tag] += 1
+            want = Counter((r, x, lm["latest"][(r, x)]) for x in visible)
+            lost = sorted(t[1] for t in (want - got))
+            extra = sorted(got - want, key=str)
+            if lost:
+                self.fail(f"{where}: query at {p} lost visible rows {lost}")
+            if extra:
+                self.fail(f"{where}: query at {p} read extra rows {extra}")
+            q = ref_rope(msg["q"][i], spec["q_heads"], spec["head_dim"], p, rope)
+            rows = [lm["rows"][(r, x)] for x in visible]
+            ref = ref_attend(q, rows, spec)
+            vmax = max(1.0, max(abs(x) for _, v in rows for x in v))
+            diff = max(abs(x - y) for x, y in zip(out[i], ref))
+            if not diff <= 1e-12 * vmax:
+                self.fail(f"{where}: query at {p} output differs by {diff:.3g}")
+
+
+def random_case(seed, conventions=("keys", "keys", "keys", "keys", "left", "off-by-one")):
+    """A schedule drawn as kvcheck's generator draws one (properties/generator.cpp):
+    swarm step weights, a ring sized to the SPEC §5 minimum plus 0..2 rows."""
+    rng = random.Random(seed)
+    kinds = ["lts", "stl", "decode", "verify", "finish", "reset"]
+    weights = {k: (rng.randint(1, 4) if rng.random() < 2 / 3 else 0) for k in kinds}
+    if weights["lts"] + weights["stl"] + weights["decode"] + weights["verify"] == 0:
+        weights["decode"] = 2
+    weights["finish"] = min(weights["finish"], 1)
+    weights["reset"] = min(weights["reset"], 1)
+    param = rng.randint(1, 7)
+    convention = rng.choice(conventions)
+    keys = param if convention == "keys" else param + 1
+    max_drafts = rng.randint(1, 4) if weights["verify"] else 0
+    max_chunk = rng.randint(1, 2 * keys + 2) if weights["lts"] + weights["stl"] else 1
+    safe = max(keys + max_drafts, max_chunk)
+    if weights["stl"]:
+        safe = max(safe, keys + max_chunk - 1)
+    capacity = safe + rng.choice([0, 0, 0, 0, 0, 1, 2])
+    kv_heads = rng.randint(1, 2)
+    q_heads = kv_heads * rng.randint(1, 2)
+    head_dim = rng.choice([2, 4, 8])
+    style, rotary = "none", 0
+    if rng.random() < 2 / 3:
+        style = rng.choice(["neox", "interleaved"])
+        rotary = 2 * rng.randint(1, head_dim // 2)
+    spec = make_spec(states=rng.randint(1, 3), capacity=capacity, param=param, convention=convention,
+                     q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                     shared_row=kv_heads == 1 and rng.random() < 0.25,
+                     fmt=rng.choice(["f64", "f64", "f32", "bf16"]), style=style, rotary_dims=rotary,
+                     base=rng.choice([10000.0, 100.0]),
+                     sink=float(rng.randint(-2, 2)) if rng.random() < 1 / 6 else None,
+                     layers=2 if rng.random() < 1 / 6 else 1,
+                     max_step_rows=max(max_chunk, max_drafts + 1))
+    requests = {r: rng.randrange(spec["states"]) for r in range(rng.randint(1, 3))}
+    live = {r: {"started": False, "finished": False, "pending": None} for r in requests}
+    holder = {}
+    steps = []
+    for _ in range(rng.randint(4, 16)):
+        ready = [r for r in requests if not live[r]["finished"]
+                 and (live[r]["started"] or requests[r] not in holder)]
+        if not ready:
+            break
+        r = rng.choice(ready)
+        lv = live[r]
+        if lv["pending"] is not None:
+            step = {"kind": "accept", "request": r, "accepted": rng.randint(0, lv["pending"])}
+            lv["pending"] = None
+        else:
+            kind = rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
+            if kind in ("lts", "stl"):
+                rows = max_chunk if rng.random() < 0.5 else rng.randint(1, max_chunk)
+                step = {"kind": "prefill", "request": r, "rows": rows,
+                        "order": "load_then_store" if kind == "lts" else "store_then_load"}
+            elif kind == "verify":
+                step = {"kind": "verify", "request": r, "drafts": rng.randint(0, max_drafts)}
+                lv["pending"] = step["drafts"]
+            elif kind in ("finish", "reset") and lv["started"]:
+                step = {"kind": kind, "request": r}
+            else:
+                step = {"kind": "decode", "request": r}
+        if not lv["started"]:
+            lv["started"] = True
+            holder[requests[r]] = r
+        if step["kind"] == "finish":
+            lv["finished"] = True
+            del holder[requests[r]]
+        steps.append(step)
+    for r in requests:
+        if live[r]["pending"] is not None:
+            steps.append({"kind": "accept", "request": r, "accepted": rng.randint(0, live[r]["pending"])})
+    return spec, requests, steps
+
+
+def prefill(r, n, order="load_then_store"):
+    return {"kind": "prefill", "request": r, "rows": n, "order": order}
+
+
+def decode(r):
+    return {"kind": "decode", "request": r}
+
+
+def verify(r, k):
+    return {"kind": "verify", "request": r, "drafts": k}
+
+
+def accept(r, a):
+    return {"kind": "accept", "request": r, "accepted": a}
+
+
+# ---------------------------------------------------------------------------
+
+class AdapterTest(unittest.TestCase):
+    def start(self, script, *args, exact_schema=True):
+        adapter = Adapter(script, *args, exact_schema=exact_schema)
+        self.addCleanup(adapter.kill)
+        hello = adapter.hello()
+        self.assertTrue(hello["ok"], hello)
+        return adapter
+
+    def run_case(self, adapter, spec, requests, steps, seed=0, ring=True):
+        case = Case(adapter, spec, requests, seed=seed, ring=ring)
+        failures = case.run(steps)
+        case.close()
+        return failures, case
+
+
+class ProtocolTest(AdapterTest):
+    def test_hello_capabilities_and_bye(self):
+        for script, addressing in ((RING, "ring"), (PAGED, "paged")):
+            adapter = self.start(script)
+            hello = adapter.hello()
+            self.assertEqual(hello["protocol"], "kvcheck-exec")
+            self.assertEqual(hello["version"], 1)
+            caps = hello["capabilities"]
+            self.assertEqual(caps["addressing"], addressing)
+            self.assertEqual(set(caps["steps"]), {"prefill_load_then_store", "prefill_store_then_load",
+                                                  "decode", "verify", "accept", "finish", "reset"})
+            self.assertEqual(caps["formats"], ["f64", "f32", "bf16"])
+            self.assertEqual(caps["reports"], {"written_slots": True, "read_slots": True})
+            answer, rc = adapter.bye()
+            self.assertEqual(answer, {"ok": True})
+            self.assertEqual(rc, 0)
+
+    def test_end_of_input_exits_zero(self):
+        adapter = self.start(PAGED, "--block-size", "2")
+        adapter.proc.stdin.close()
+        self.assertEqual(adapter.proc.wait(timeout=10), 0)
+        self.assertEqual(adapter.proc.stdout.read(), b"")
+
+    def test_list_bugs_and_bad_flags(self):
+        for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one"]),
+                              (PAGED, ["free-speculative", "free-early", "left-as-keys"])):
+            out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
+            self.assertEqual([line.split()[0] for line in out], names)
+            self.assertTrue(all(len(line.split(None, 1)) == 2 for line in out))
+            bad = subprocess.run([sys.executable, script, "--bug", "no-such-bug"], capture_output=True,
+                                 text=True, input="")
+            self.assertNotEqual(bad.returncode, 0)
+
+    def test_open_refuses_fp8_and_checks_version(self):
+        adapter = self.start(RING)
+        answer = adapter.send({"op": "open", "spec": make_spec(fmt="fp8")})
+        self.assertFalse(answer["ok"])
+        self.assertIn("fp8", answer["refused"])
+        answer = adapter.send_raw('{"op":"hello","protocol":"kvcheck-exec","version":2}')
+        self.assertEqual(answer["error"], "unsupported-version")
+
+    def test_malformed_requests(self):
+        adapter = self.start(RING)
+        spec = make_spec(q_heads=2, kv_heads=1, head_dim=2, capacity=6, param=3)
+        self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+        self.assertEqual(adapter.send({"op": "begin", "layer": 0, "request": 5, "state": 0}), {"ok": True})
+        good = {"op": "decode", "layer": 0, "request": 5, "state": 0, "position": 0,
+                "k": [[0.5, 0.25]], "v": [[1.0, 2.0]], "q": [[1, 0, 0, 1]]}
+
+        def with_(**kw):
+            m = dict(good)
+            m.update(kw)
+            return json.dumps(m)
+
+        def without(key):
+            m = dict(good)
+            del m[key]
+            return json.dumps(m)
+
+        bad_lines = [
+            "not json",
+            "",
+            "[1,2]",
+            '{"op":1}',
+            '{"op":"decode","op":"decode"}',
+            without("position"),
+            without("v"),
+            with_(position=0.0),
+            with_(position=True),
+            with_(layer=-1),
+            with_(extra=1),
+            with_(k=[[0.5, 0.25], [1, 1]]),
+            with_(k=[[0.5]]),
+            with_(q=[[1, 0, 0, "1"]]),
+            with_(v=[[1.0, None]]),
+            with_(k="rows"),
+            json.dumps(good).replace("0.25", "NaN"),
+            json.dumps(good).replace("0.25", "Infinity"),
+            json.dumps(good).replace("0.25", "1e999"),
+            json.dumps(good).replace("0.25", "1" + "0" * 400),
+            json.dumps(good).replace("0.25", "[" * 100000),
+            '{"op":"prefill","layer":0,"request":5,"state":0,"position":0,"rows":1,"order":"sideways",'
+            '"k":[[1,1]],"v":[[1,1]],"q":[[1,1,1,1]]}',
+            '{"op":"prefill","layer":0,"request":5,"state":0,"position":0,"rows":0,"order":"load_then_store",'
+            '"k":[],"v":[],"q":[]}',
+            '{"op":"verify","layer":0,"request":5,"state":0,"position":0,"drafts":-1,"k":[],"v":[],"q":[]}',
+            '{"op":"open"}',
+            '{"op":"hello","protocol":"kvcheck-exec"}',
+        ]
+        for line in bad_lines:
+            answer = adapter.send_raw(line)
+            self.assertEqual((answer["ok"], answer["error"]), (False, "bad-request"), line)
+            self.assertIsInstance(answer["detail"], str)
+        self.assertEqual(adapter.send_raw('{"op":"frobnicate"}')["error"], "unknown-op")
+        # Broken open specs.
+        for broken in ({"window": {"param": 3, "convention": "left", "keys": 3}},
+                       {"q_heads": 3, "kv_heads": 2}, {"shared_row": True, "kv_heads": 2, "q_heads": 2},
+                       {"rope": {"style": "neox", "rotary_dims": 3, "base": 10000.0}},
+                       {"capacity": 0}, {"sink_logit": "none"}):
+            s = dict(make_spec())
+            s.update(broken)
+            answer = adapter.send_raw(json.dumps({"op": "open", "spec": s}))
+            self.assertEqual(answer["error"], "bad-request", broken)
+        # After all that, the case is still usable... once reopened (the
+        # broken opens closed it).
+        self.assertEqual(adapter.send_raw(json.dumps(good))["error"], "not-open")
+        self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+        self.assertEqual(adapter.send({"op": "begin", "layer": 0, "request": 5, "state": 0}), {"ok": True})
+        self.assertTrue(adapter.send(good)["ok"])
+
+    def test_typed_refusals_change_nothing(self):
+        for script in (RING, PAGED):
+            adapter = self.start(script)
+            spec = make_spec(states=2, capacity=6, param=3, max_step_rows=4)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            t = {"layer": 0, "request": 1, "state": 0}
+
+            def step(op, position, n=1, **kw):
+                m = {"op": op, **t, "position": position, "k": [[0.1] * 4] * n, "v": [[0.2] * 4] * n,
+                     "q": [[0.3] * 4] * n}
+                m.update(kw)
+                return adapter.send(m)
+
+            def error(answer):
+                self.assertFalse(answer["ok"], answer)
+                return answer["error"]
+
+            self.assertEqual(error(step("decode", 0)), "state-free")
+            self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": 0})), "state-free")
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            self.assertEqual(error(adapter.send({"op": "begin", **t})), "state-busy")
+            self.assertEqual(error(adapter.send({"op": "begin", **t, "state": 9})), "state-out-of-range")
+            self.assertEqual(error(adapter.send({"op": "begin", **t, "layer": 1})), "layer-out-of-range")
+            self.assertEqual(error(step("decode", 1)), "position-mismatch")
+            self.assertEqual(error(step("decode", 0, request=2)), "request-mismatch")
+            self.assertEqual(error(step("prefill", 0, n=5, rows=5, order="load_then_store")), "too-many-rows")
+            self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": 0})), "bad-accept")
+            self.assertTrue(step("prefill", 0, n=2, rows=2, order="store_then_load")["ok"])
+            self.assertTrue(step("verify", 2, n=3, drafts=2)["ok"])
+            self.assertEqual(error(step("decode", 5)), "verify-pending")
+            self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": 3})), "bad-accept")
+            self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": -1})), "bad-accept")
+            self.assertEqual(adapter.send({"op": "accept", **t, "accepted": 1}), {"ok": True})
+            self.assertEqual(error(step("decode", 5)), "position-mismatch")
+            self.assertTrue(step("decode", 4)["ok"])
+            self.assertEqual(adapter.send({"op": "reset", **t}), {"ok": True})
+            self.assertTrue(step("decode", 0)["ok"])
+            self.assertEqual(adapter.send({"op": "finish", **t}), {"ok": True})
+            self.assertEqual(error(adapter.send({"op": "finish", **t})), "state-free")
+            self.assertEqual(adapter.send({"op": "close"}), {"ok": True})
+            self.assertEqual(error(adapter.send({"op": "begin", **t})), "not-open")
+
+    def test_schema_rejects_bad_messages(self):
+        if REQUEST_SCHEMA is None:
+            self.skipTest("jsonschema is not importable")
+        target = {"layer": 0, "request": 1, "state": 0}
+        bad_requests = [
+            {"op": "decode", **target, "position": 0, "k": [[1], [2]], "q": [[1], [2]]},
+            {"op": "prefill", **target, "position": 0, "rows": 1, "k": [[1]], "q": [[1]]},
+            {"op": "begin", **target, "extra": 1},
+            {"op": "accept", **target},
+            {"op": "hello", "protocol": "kvcheck-exec", "version": 2},
+            {"op": "open", "spec": dict(make_spec(), format="f16")},
+            {"op": "nope"},
+        ]
+        for msg in bad_requests:
+            self.assertFalse(REQUEST_SCHEMA.is_valid(msg), msg)
+        bad_answers = [
+            {"ok": True, "out": [[1.0]], "extra": 1},
+            {"ok": True, "out": [[1.0]], "read_view": "sideways"},
+            {"ok": False},
+            {"ok": True, "written": [1]},
+            {"ok": True, "out": [[1.0]], "read": [[0.5]]},
+        ]
+        for msg in bad_answers:
+            self.assertFalse(ANSWER_SCHEMA.is_valid(msg), msg)
+
+
+class MathTest(unittest.TestCase):
+    def test_bf16_rounding(self):
+        rng = random.Random(7)
+        values = [1.0, -1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -40, 255.5, -256.5,
+                  2.0 ** -126, 2.0 ** -133, 2.0 ** -134, 3 * 2.0 ** -135, 2.0 ** -140, 1e-320,
+                  3.3895313892515355e38, 3.4e38, 1e300, -0.0, 0.0]
+        values += [rng.uniform(-4, 4) * 2.0 ** rng.randint(-140, 130) for _ in range(2000)]
+        for x in values:
+            got, want = kvcheck_adapter.bf16(x), ref_bf16(x)
+            self.assertTrue(got == want and math.copysign(1, got) == math.copysign(1, want), (x, got, want))
+
+    def test_f32_rounding(self):
+        rng = random.Random(8)
+        row = [rng.uniform(-3, 3) for _ in range(1000)]
+        self.assertEqual(kvcheck_adapter.round_f32(row), ref_round(row, "f32"))
+
+
+class CacheTest(AdapterTest):
+    def test_ring_small_case_slots_and_outputs(self):
+        adapter = self.start(RING)
+        spec = make_spec(states=2, capacity=9, param=5, convention="left", q_heads=2, kv_heads=1,
+                         head_dim=4, style="neox", rotary_dims=4, softmax_scale=0.5)
+        steps = [prefill(3, 4, "load_then_store"), prefill(3, 3, "store_then_load"), decode(3),
+                 verify(3, 2), accept(3, 1), prefill(3, 5, "load_then_store"), decode(3)]
+        failures, case = self.run_case(adapter, spec, {3: 1}, steps)
+        self.assertEqual(failures, [])
+        positions = [range(0, 4), range(4, 7), range(7, 8), range(8, 11), range(10, 15), range(15, 16)]
+        keys = 6
+        for answer, span in zip(case.answers, positions):
+            self.assertEqual(answer["written"], [9 + p % 9 for p in span])
+            self.assertEqual(answer["read"], [[9 + x % 9 for x in range(max(0, p - keys + 1), p + 1)]
+                                              for p in span])
+        views = [a["read_view"] for a in case.answers]
+        self.assertEqual(views, ["causal", "after_writes", "after_writes", "after_writes", "causal",
+                                 "after_writes"])
+
+    def test_ring_formats_layouts_sink(self):
+        adapter = self.start(RING)
+        configs = [dict(fmt="f32", q_heads=4, kv_heads=2, style="interleaved", rotary_dims=2),
+                   dict(fmt="bf16", q_heads=2, kv_heads=1, shared_row=True, style="neox", rotary_dims=4,
+                        sink=0.5),
+                   dict(fmt="bf16", q_heads=2, kv_heads=2, sink=-1.0, layers=2, base=100.0,
+                        style="neox", rotary_dims=4)]
+        steps = [prefill(0, 7, "store_then_load"), verify(0, 3), accept(0, 0), decode(0),
+                 prefill(0, 9, "load_then_store"), decode(0)]
+        for i, cfg in enumerate(configs):
+            spec = make_spec(capacity=12, param=4, convention="off-by-one", **cfg)
+            failures, _ = self.run_case(adapter, spec, {0: 0}, steps, seed=i)
+            self.assertEqual(failures, [], cfg)
+
+    def test_paged_blocks_lifo_and_rejected_drafts(self):
+        adapter = self.start(PAGED, "--block-size", "2")
+        spec = make_spec(states=2, capacity=4, param=2, max_step_rows=4)  # 3 blocks per state
+        case = Case(adapter, spec, {0: 0, 1: 1}, ring=False)
+        case.run([decode(0)] * 7)
+        self.assertEqual(case.failures, [])
+        # keys 2, B 2: block 0 is freed once position 2 is committed and the
+        # next allocation (position 4) reuses it; block 1 comes back for 6.
+        self.assertEqual([a["written"][0] for a in case.answers], [0, 1, 2, 3, 0, 1, 2])
+        self.assertEqual(case.answers[4]["read"], [[3, 0]])
+        case.close()
+        # Two blocks freed at once (finish) go back in table order; the one
+        # pushed last is handed out first: request 1 gets id 2, then id 1.
+        case = Case(adapter, spec, {0: 0, 1: 1}, ring=False)
+        case.run([prefill(0, 2), verify(0, 3), accept(0, 0), {"kind": "finish", "request": 0}])
+        self.assertEqual([a["written"] for a in case.answers], [[0, 1], [2, 3, 4, 5]])
+        case.answers.clear()
+        case.run([decode(1)] * 4)
+        self.assertEqual(case.failures, [])
+        self.assertEqual([a["written"][0] for a in case.answers], [4, 5, 2, 3])
+        case.close()
+        # A rejected draft's row stays in its block and is overwritten in place.
+        case = Case(adapter, spec, {0: 0}, ring=False)
+        case.run([prefill(0, 2), verify(0, 2), accept(0, 0), decode(0), decode(0)])
+        self.assertEqual(case.failures, [])
+        self.assertEqual([a["written"] for a in case.answers], [[0, 1], [2, 3, 4], [3], [4]])
+        case.close()
+
+    def test_paged_out_of_blocks_refusal_changes_nothing(self):
+        adapter = self.start(PAGED)  # B = 4
+        spec = make_spec(states=1, capacity=2, param=8, max_step_rows=16)  # 2 blocks in all
+        self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+        t = {"layer": 0, "request": 0, "state": 0}
+        self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+        rows = lambda n, w=4: [[0.5] * w] * n  # noqa: E731
+        big = {"op": "prefill", **t, "position": 0, "rows": 12, "order": "store_then_load",
+               "k": rows(12), "v": rows(12), "q": rows(12)}
+        answer = adapter.send(big)
+        self.assertEqual(answer["error"], "out-of-blocks")
+        ok = adapter.send(dict(big, rows=8, k=rows(8), v=rows(8), q=rows(8)))
+        self.assertEqual(ok["written"], list(range(8)))
+
+    def test_paged_load_then_store_chunk_as_long_as_capacity(self):
+        # keys 7, chunks of 16 rows and a capacity of 16 (the load_then_store
+        # minimum): the old window's blocks must be freed while the chunk is
+        # stored, or the pool (5 blocks of 4) runs out.
+        adapter = self.start(PAGED)
+        spec = make_spec(states=1, capacity=16, param=7, max_step_rows=16)
+        failures, _ = self.run_case(adapter, spec, {0: 0}, [prefill(0, 16)] * 4 + [decode(0)], ring=False)
+        self.assertEqual(failures, [])
+
+    def test_random_schedules_pass(self):
+        # Many lines: each is validated against its own schema definition only.
+        ring = self.start(RING, exact_schema=False)
+        paged = {b: self.start(PAGED, "--block-size", str(b), exact_schema=False) for b in (1, 2, 3, 4, 8)}
+        for seed in range(50):
+            spec, requests, steps = random_case(seed)
+            failures, _ = self.run_case(ring, spec, requests, steps, seed=seed)
+            self.assertEqual(failures, [], f"ring-cache, seed {seed}")
+            b = (1, 2, 3, 4, 8)[seed % 5]
+            failures, _ = self.run_case(paged[b], spec, requests, steps, seed=seed, ring=False)
+            self.assertEqual(failures, [], f"paged-cache --block-size {b}, seed {seed}")
+
+
+class BugTest(AdapterTest):
+    # Crafted cases: (script, bug, extra args, spec, requests, steps); each
+    # passes on the default cache and fails with the bug.
+    CRAFTED = [
+        (RING, "ring-sized-window", (), make_spec(capacity=5, param=3, max_step_rows=3),
+         [prefill(0, 3), verify(0, 2), accept(0, 0), decode(0)]),
+        (RING, "rope-at-slot", (), make_spec(capacity=3, param=2, style="neox", rotary_dims=4),
+         [decode(0)] * 5),
+        (RING, "window-plus-one", (), make_spec(capacity=3, param=2), [decode(0)] * 3),
+        (PAGED, "free-speculative", ("--block-size", "2"), make_spec(capacity=6, param=3),
+         [prefill(0, 5), verify(0, 3), accept(0, 0), decode(0)]),
+        (PAGED, "free-early", ("--block-size", "2"), make_spec(capacity=4, param=3), [decode(0)] * 5),
+        (PAGED, "left-as-keys", ("--block-size", "2"), make_spec(capacity=4, param=2, convention="left"),
+         [decode(0)] * 5),
+    ]
+
+    def test_each_bug_fails_a_crafted_case(self):
+        for script, bug, extra, spec, steps in self.CRAFTED:
+            ring = script == RING
+            good = self.start(script, *extra)
+            good_failures, good_case = self.run_case(good, spec, {0: 0}, steps, ring=ring)
+            self.assertEqual(good_failures, [], bug)
+            bad = self.start(script, *extra, "--bug", bug)
+            self.assertIn(bug, bad.hello()["name"])
+            bad_failures, bad_case = self.run_case(bad, spec, {0: 0}, steps, ring=ring)
+            self.assertNotEqual(bad_failures, [], bug)
+            self.assertNotEqual(good_case.answers, bad_case.answers, bug)
+
+    def test_each_bug_fails_some_random_schedules(self):
+        runs = [(RING, b, ()) for b in ("ring-sized-window", "rope-at-slot", "window-plus-one")]
+        runs += [(PAGED, b, ()) for b in ("free-speculative", "free-early", "left-as-keys")]
+        for script, bug, extra in runs:
+            adapter = self.start(script, *extra, "--bug", bug, exact_schema=False)
+            caught = None
+            for seed in range(300):
+                spec, requests, steps = random_case(1000 + seed)
+                failures, _ = self.run_case(adapter, spec, requests, steps, seed=seed, ring=script == RING)
+                if failures:
+                    caught = seed
+                    break
+            self.assertIsNotNone(caught, f"{bug}: no generated schedule of 300 failed")
+
+
+if __name__ == "__main__":
+    unittest.main()

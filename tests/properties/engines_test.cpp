@@ -1,0 +1,266 @@
+// The step-level interface from the runner's side: observations come only
+// from what a cache reports (slots are opaque integers), a cache that reports
+// no slots is judged on outputs alone, the verdict is stored once and never
+// disagrees with the steps, and refusal probes catch a cache that accepts
+// what it must refuse or changes while refusing.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <memory>
+
+#include "engines/factory.hpp"
+#include "properties/check.hpp"
+#include "properties/generator.hpp"
+#include "properties/runner.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "scenarios/step_semantics.hpp"
+
+using namespace kvcheck;
+using namespace kvcheck::properties;
+
+namespace {
+
+/// What a wrapper does to the inner cache's answers.
+enum class Twist { kPermuteSlots, kNoSlots, kAcceptBadAccept, kChangeOnRefusal };
+
+class TwistedCache final : public engines::CacheUnderTest {
+ public:
+  TwistedCache(std::unique_ptr<engines::CacheUnderTest> inner, Twist twist) : inner_(std::move(inner)), twist_(twist) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    if (twist_ == Twist::kAcceptBadAccept && c.op == engines::StepCall::Op::kStep &&
+        c.step.kind == scenarios::StepKind::kAccept) {
+      const auto st = inner_->call(c, answer);
+      if (st && st->code == "bad-accept") return std::nullopt;  // swallows the refusal
+      return st;
+    }
+    const auto st = inner_->call(c, answer);
+    if (st && twist_ == Twist::kChangeOnRefusal) ++changes_;
+    if (st || answer == nullptr) return st;
+    if (twist_ == Twist::kPermuteSlots) {
+      // A bijection onto large, scattered ids: nothing may depend on slot values.
+      for (auto& s : answer->written) s = s * 7919 + 1000003;
+      for (auto& s : answer->read_slots) s = s < 0 ? s : s * 7919 + 1000003;
+    }
+    if (twist_ == Twist::kNoSlots) {
+      answer->has_written = answer->has_reads = false;
+      answer->written.clear();
+      answer->read_slots.clear();
+      answer->read_offsets.clear();
+    }
+    return st;
+  }
+  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+    const auto f = inner_->fingerprint(layer);
+    if (!f) return f;
+    return *f + changes_;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  Twist twist_;
+  std::uint64_t changes_ = 0;
+};
+
+class TwistedProvider final : public engines::CacheProvider {
+ public:
+  TwistedProvider(Twist twist, impl::Fault fault) : inner_(engines::make_provider("cpu", fault)), twist_(twist) {
+    caps_ = inner_->capabilities();
+    if (twist == Twist::kPermuteSlots || twist == Twist::kNoSlots) caps_.ring_addressing = false;
+    if (twist == Twist::kNoSlots) caps_.reports_written_slots = caps_.reports_read_slots = false;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "twisted"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    if (!inner) return nullptr;
+    return std::make_unique<TwistedCache>(std::move(inner), twist_);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  Twist twist_;
+  engines::Capabilities caps_;
+};
+
+std::vector<std::int64_t> lost_per_step(const RunObservation& run) {
+  std::vector<std::int64_t> out;
+  for (const auto& s : run.steps) {
+    std::int64_t n = 0;
+    for (const auto& q : s.queries) n += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size() + q.extra.size());
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Shadow map: slots are opaque integers, permuting them changes no observation") {
+  // Generated cases with and without faults: the same lost rows per step and
+  // the same verdict whether the slots are ring indices or scattered ids.
+  std::int64_t failing = 0;
+  for (const impl::Fault fault : {impl::Fault::kNone, impl::Fault::kWindowTooNarrow, impl::Fault::kRingSizedWindow,
+                                  impl::Fault::kAcceptNoRollback, impl::Fault::kStoreThenLoadPrefill}) {
+    TwistedProvider permuted(Twist::kPermuteSlots, fault);
+    const auto plain = engines::make_provider("cpu", fault);
+    for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+      const auto sc = generate_scenario(case_seed(7, static_cast<std::int64_t>(seed)));
+      RunOptions a;
+      a.provider = plain.get();
+      a.fault = fault;
+      RunOptions b = a;
+      b.provider = &permuted;
+      const RunObservation ra = run_scenario(sc, a);
+      const RunObservation rb = run_scenario(sc, b);
+      INFO("fault " << impl::fault_name(fault) << " seed " << seed);
+      REQUIRE(lost_per_step(ra) == lost_per_step(rb));
+      // Writes outside the request's block are a ring notion only: the
+      // opaque view counts every other collision the same.
+      std::int64_t outside = 0;
+      for (const auto& st : ra.steps) outside += st.collisions.outside_block;
+      REQUIRE(ra.collisions - outside == rb.collisions);
+      if (outside == 0) REQUIRE(ra.passed == rb.passed);
+      failing += ra.passed ? 0 : 1;
+    }
+  }
+  REQUIRE(failing > 20);  // the faults were really exercised
+}
+
+TEST_CASE("A cache that reports no slots is judged on outputs alone, and says so") {
+  TwistedProvider blind(Twist::kNoSlots, impl::Fault::kNone);
+  TwistedProvider blind_faulty(Twist::kNoSlots, impl::Fault::kWindowTooWide);
+  std::int64_t caught = 0;
+  for (std::uint64_t seed = 1; seed <= 80; ++seed) {
+    const auto sc = generate_scenario(case_seed(3, static_cast<std::int64_t>(seed)));
+    RunOptions o;
+    o.provider = &blind;
+    const RunObservation ok = run_scenario(sc, o);
+    REQUIRE(ok.observed == "outputs");
+    REQUIRE(ok.passed);
+    REQUIRE(ok.lost_rows == 0);
+    o.provider = &blind_faulty;
+    const RunObservation bad = run_scenario(sc, o);
+    REQUIRE(bad.lost_rows == 0);  // nothing to count without slots
+    if (!bad.passed) {
+      ++caught;
+      REQUIRE(bad.output_failures > 0);
+    }
+  }
+  REQUIRE(caught > 10);  // a window one key too wide changes outputs
+}
+
+TEST_CASE("Verdict: stored once; the run fails exactly when a step failed") {
+  // Every bundled scenario and 300 generated cases, with every named fault.
+  std::vector<scenarios::Scenario> scenarios_in;
+  for (const auto& f : scenarios::collect_scenario_files(
+           {(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast").string()})) {
+    scenarios_in.push_back(scenarios::load_scenario_file(f));
+  }
+  for (std::int64_t i = 0; i < 300; ++i) scenarios_in.push_back(generate_scenario(case_seed(11, i)));
+  std::int64_t failed = 0, passed = 0;
+  for (int f = 0; f < impl::kFaultCount; ++f) {
+    RunOptions o;
+    o.fault = static_cast<impl::Fault>(f);
+    const auto provider = make_provider(o);
+    o.provider = provider.get();
+    for (std::size_t i = 0; i < scenarios_in.size(); i += (f == 0 ? 1 : 7)) {
+      const RunObservation run = run_scenario(scenarios_in[i], o);
+      bool any = false;
+      for (const auto& s : run.steps) {
+        bool q_any = false;
+        for (const auto& q : s.queries) q_any = q_any || q.failed;
+        if (q_any) REQUIRE(s.failed);
+        any = any || s.failed;
+      }
+      INFO(run.scenario_name << " fault " << f << ": " << run.first_failure);
+      REQUIRE(run.passed == !any);
+      REQUIRE((run.first_failing_step >= 0) == any);
+      if (any) REQUIRE(run.steps[static_cast<std::size_t>(run.first_failing_step)].failed);
+      (run.passed ? passed : failed) += 1;
+    }
+  }
+  REQUIRE(passed > 100);
+  REQUIRE(failed > 50);
+}
+
+TEST_CASE("Verdict: verify-s128 expects its losses, so it passes and no step is marked failed") {
+  const auto sc = scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
+                                                "verify-s128.json");
+  const RunObservation run = run_scenario(sc, RunOptions{});
+  REQUIRE(run.passed);
+  REQUIRE(run.first_failing_step == -1);
+  REQUIRE(run.lost_rows == 15);
+  for (const auto& s : run.steps) REQUIRE_FALSE(s.failed);
+}
+
+TEST_CASE("Refusal probes: a cache that accepts a bad accept, or changes while refusing, fails") {
+  TwistedProvider lax(Twist::kAcceptBadAccept, impl::Fault::kNone);
+  TwistedProvider leaky(Twist::kChangeOnRefusal, impl::Fault::kNone);
+  std::int64_t lax_caught = 0, leaky_caught = 0, probes = 0;
+  for (std::int64_t i = 0; i < 100; ++i) {
+    const auto sc = generate_scenario(case_seed(5, i));
+    RunOptions o;
+    o.provider = &lax;
+    const RunObservation a = run_scenario(sc, o);
+    if (!a.passed) {
+      ++lax_caught;
+      REQUIRE(a.first_failure.find("accepted a call it must refuse") != std::string::npos);
+    }
+    o.provider = &leaky;
+    const RunObservation b = run_scenario(sc, o);
+    probes += b.probes;
+    if (!b.passed) {
+      ++leaky_caught;
+      REQUIRE(b.first_failure.find("storage changed") != std::string::npos);
+    }
+  }
+  REQUIRE(probes >= 100);
+  REQUIRE(lax_caught > 10);
+  REQUIRE(leaky_caught > 50);
+}
+
+TEST_CASE("Layer-bound cache: random schedules pass, its probes are refused with storage unchanged") {
+  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  const auto caps = provider->capabilities();
+  std::int64_t probes = 0, decodes = 0;
+  for (std::int64_t i = 0; i < 150; ++i) {
+    const auto sc = generate_scenario(case_seed(9, i), caps);
+    std::string why;
+    REQUIRE(caps.supports(sc, &why));
+    RunOptions o;
+    o.backend = "layer";
+    o.provider = provider.get();
+    const RunObservation run = run_scenario(sc, o);
+    INFO(run.first_failure);
+    REQUIRE_FALSE(run.skipped);
+    REQUIRE(run.passed);
+    probes += run.probes;
+    decodes += run.queries;
+  }
+  REQUIRE(probes > 200);
+  REQUIRE(decodes > 500);
+}
+
+TEST_CASE("Step semantics: one pure place for length and pending drafts") {
+  using scenarios::StepKind;
+  scenarios::RequestProgress p;
+  auto step = [](StepKind k, std::int64_t rows = 0, std::int64_t drafts = 0, std::int64_t accepted = 0) {
+    scenarios::Step s;
+    s.kind = k;
+    s.rows = rows;
+    s.drafts = drafts;
+    s.accepted = accepted;
+    return s;
+  };
+  REQUIRE(scenarios::advance(p, step(StepKind::kPrefill, 5)) == scenarios::StepRefusal::kNone);
+  REQUIRE(p.length == 5);
+  REQUIRE(scenarios::advance(p, step(StepKind::kVerify, 0, 3)) == scenarios::StepRefusal::kNone);
+  REQUIRE(p.speculative_length() == 9);
+  REQUIRE(scenarios::advance(p, step(StepKind::kDecode)) == scenarios::StepRefusal::kWriteWhileVerifyPending);
+  REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 4)) == scenarios::StepRefusal::kAcceptTooMany);
+  REQUIRE(p.speculative_length() == 9);  // unchanged by refusals
+  REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 1)) == scenarios::StepRefusal::kNone);
+  REQUIRE(p.length == 7);
+  REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 0)) == scenarios::StepRefusal::kAcceptWithoutVerify);
+  REQUIRE(scenarios::advance(p, step(StepKind::kReset)) == scenarios::StepRefusal::kNone);
+  REQUIRE(p == scenarios::RequestProgress{});
+}
