@@ -13,6 +13,7 @@
 
 #include "cli/args.hpp"
 #include "engines/factory.hpp"
+#include "engines/trace_cache.hpp"
 #include "impl/kv_cache.hpp"
 #include "model/spec_report.hpp"
 #include "model/trace.hpp"
@@ -28,6 +29,7 @@
 #include "reports/sweep/sweep_output.hpp"
 #include "reports/trace_table.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
 
 #ifndef KVCHECK_SOURCE_DIR
@@ -111,6 +113,23 @@ void write_reports(const reports::Report& report, const fs::path& dir) {
   reports::write_file_atomic(dir / "report.txt", reports::report_text(report));
   reports::write_file_atomic(dir / "report.html", reports::report_html(report));
   reports::write_file_atomic(dir / "junit.xml", reports::report_junit(report));
+}
+
+/// Runs `scenarios` through a recording wrapper around the cache `options`
+/// names, appending every run to `trace` (the `--record` format, read back by
+/// `kvcheck audit`).
+std::vector<properties::RunObservation> record_runs(const std::vector<scenarios::Scenario>& scenarios_in,
+                                                    properties::RunOptions options,
+                                                    const std::shared_ptr<scenarios::TraceWriter>& trace) {
+  auto recorder = engines::make_recording_provider(properties::make_provider(options), trace, "kvcheck");
+  options.provider = recorder.get();
+  std::vector<properties::RunObservation> runs;
+  for (const auto& sc : scenarios_in) {
+    recorder->set_scenario(sc);
+    runs.push_back(properties::run_scenario(sc, options));
+  }
+  trace->check();
+  return runs;
 }
 
 /// Runs kvcheck check with these options; fills `report` and returns the exit code.
@@ -215,7 +234,8 @@ int command_trace(int argc, char** argv) {
 
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout"}, {});
+            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record"},
+            {});
   if (!args.positional().empty()) {
     throw Error(ErrorId::kUsage, args.positional().front(), "check takes no positional arguments");
   }
@@ -232,16 +252,28 @@ int command_check(int argc, char** argv) {
   reports::Report report;
   report.context = context_for(argc, argv, options.seed, options.run.backend, options.run.fault);
   report.context.precision_bits = options.run.precision_bits;
+  // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
+  std::shared_ptr<scenarios::TraceWriter> trace;
+  if (const auto f = args.get("--record")) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));
   const int code = run_check_into(options, out, report);
   write_reports(report, out);
   std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out.string().c_str(),
               out.string().c_str());
+  if (trace) {
+    // The counterexample when a case failed, else case 0: one run a reader can audit.
+    const scenarios::Scenario sc = report.check && !report.check->counterexample_file.empty()
+                                       ? scenarios::load_scenario_file(report.check->counterexample_file)
+                                       : properties::generate_scenario(properties::case_seed(options.seed, 0),
+                                                                       properties::make_provider(options.run)->capabilities());
+    record_runs({sc}, options.run, trace);
+    std::printf("trace: %s\n", args.get("--record")->c_str());
+  }
   return code;
 }
 
 int command_replay(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout"}, {});
+            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout", "--record"}, {});
   if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   properties::RunOptions options;
   options.backend = impl_flag(args);
@@ -256,13 +288,18 @@ int command_replay(int argc, char** argv) {
   reports::Report report;
   report.context = context_for(argc, argv, 0, options.backend, options.fault);
   report.context.precision_bits = options.precision_bits;
-  // One provider for every file (one adapter process for exec).
-  const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
-  options.provider = provider.get();
   for (std::size_t i = 0; i < loaded.size(); ++i) {
-    auto run = properties::run_scenario(loaded[i], options);
-    if (run.scenario_name.empty()) run.scenario_name = files[i].stem().string();
-    report.runs.push_back(std::move(run));
+    if (loaded[i].name.empty()) loaded[i].name = files[i].stem().string();
+  }
+  if (const auto f = args.get("--record")) {
+    // Every run goes through a recording wrapper; the trace holds them all.
+    auto trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));
+    report.runs = record_runs(loaded, options, trace);
+  } else {
+    // One provider for every file (one adapter process for exec).
+    const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
+    options.provider = provider.get();
+    for (const auto& sc : loaded) report.runs.push_back(properties::run_scenario(sc, options));
   }
   std::fputs(reports::report_text(report).c_str(), stdout);
   if (const auto f = args.get("--report")) reports::write_file_atomic(*f, reports::report_json_text(report));

@@ -10,5 +10,6 @@ int command_replay(int argc, char** argv);
 int command_trace(int argc, char** argv);
 int command_sweep(int argc, char** argv);
 int command_faults(int argc, char** argv);
+int command_audit(int argc, char** argv);
 
 }  // namespace kvcheck::cli

@@ -22,13 +22,19 @@ constexpr const char* kUsage = R"(kvcheck: verify LLM attention KV caches agains
 usage:
   kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
-  kvcheck check  [--impl cpu] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
-  kvcheck replay FILE|DIR... [--impl cpu] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
+  kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
+                 [--step-timeout S] [--record TRACE]
+  kvcheck replay FILE|DIR... [--impl IMPL] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
+                 [--step-timeout S] [--record TRACE]
+  kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS]
   kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
                  [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]
-                 [--counterexamples auto|all|none] [--threads T]
+                 [--counterexamples auto|all|none] [--threads T] [--impl layer|exec:CMD] [--step-timeout S]
   kvcheck faults                                               list the named faults
+
+IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS' (an engine's adapter
+speaking the JSON Lines protocol of adapters/PROTOCOL.md)
 
 exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input
 )";
@@ -54,6 +60,7 @@ int main(int argc, char** argv) {
     if (command == "trace") return cli::command_trace(argc, argv);
     if (command == "sweep") return cli::command_sweep(argc, argv);
     if (command == "faults") return cli::command_faults(argc, argv);
+    if (command == "audit") return cli::command_audit(argc, argv);
     throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -90,7 +90,9 @@ struct RunObservation {
   bool skipped = false;             ///< the cache cannot run this scenario (it did not run)
   std::string skip_reason;
   /// Which observations the cache made available: "slots+outputs" (written
-  /// and read slots reported), "written-slots+outputs", "outputs".
+  /// and read slots reported), "written-slots+outputs", "outputs", or
+  /// "slots" (`kvcheck audit` of a trace without rows and outputs for every
+  /// writing step: slots judged, outputs not).
   std::string observed = "slots+outputs";
   std::int64_t probes = 0;          ///< refusal probes sent (each must be refused, cache unchanged)
 };

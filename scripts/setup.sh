@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
-          libmpfr-dev libgmp-dev libbenchmark-dev)
+          libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,0 +1,958 @@
+// Trace JSON Lines I/O: each line parsed by a SAX-built document (duplicate
+// keys, depth and non-finite numbers caught with their path), converted
+// strictly (types, unknown and missing keys, ranges, sizes against the
+// header), then each run's record order checked. See trace_json.hpp.
+#include "scenarios/trace_json.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "scenarios/scenario_json.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::scenarios {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+// ---- paths and errors --------------------------------------------------------
+
+std::string join_key(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+std::string join_index(const std::string& path, std::size_t index) {
+  return path + "[" + std::to_string(index) + "]";
+}
+
+[[noreturn]] void fail(ErrorId id, std::string where, const std::string& rule) {
+  throw Error(id, std::move(where), rule);
+}
+
+/// "line N: PATH", or "line N" for the whole line.
+std::string at_line(std::int64_t line, const std::string& path) {
+  return "line " + std::to_string(line) + (path.empty() ? "" : ": " + path);
+}
+
+/// The rule text of an error (what() without the "kvcheck error N at WHERE: " prefix).
+std::string rule_of(const Error& e) {
+  const std::string prefix = "kvcheck error " + std::to_string(static_cast<int>(e.id())) + " at " +
+                             (e.where().empty() ? std::string("<input>") : e.where()) + ": ";
+  std::string rule = e.what();
+  if (rule.compare(0, prefix.size(), prefix) == 0) rule.erase(0, prefix.size());
+  return rule;
+}
+
+// ---- SAX document builder (one line) -----------------------------------------------
+
+/// Builds a json DOM and rejects duplicate keys, non-finite numbers and
+/// nesting beyond kMaxJsonDepth, each with the JSON path inside the line.
+class DomBuilder {
+ public:
+  explicit DomBuilder(json& root) : root_(root) {}
+
+  bool null() { return put(json(nullptr)) != nullptr; }
+  bool boolean(bool value) { return put(json(value)) != nullptr; }
+  bool number_integer(json::number_integer_t value) { return put(json(value)) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t value) { return put(json(value)) != nullptr; }
+  bool number_float(json::number_float_t value, const json::string_t& text) {
+    if (!std::isfinite(value)) fail(ErrorId::kNonFinite, next_path(), "number " + text + " does not fit a double");
+    return put(json(value)) != nullptr;
+  }
+  bool string(json::string_t& value) { return put(json(std::move(value))) != nullptr; }
+  bool binary(json::binary_t& /*value*/) { fail(ErrorId::kJsonSyntax, next_path(), "binary values are not JSON text"); }
+  bool start_object(std::size_t /*elements*/) { return open(json::object()); }
+  bool key(json::string_t& key) {
+    Frame& top = frames_.back();
+    if (top.node->contains(key)) {
+      fail(ErrorId::kJsonSyntax, join_key(frame_path(frames_.size() - 1), key), "duplicate key '" + key + "'");
+    }
+    top.key = std::move(key);
+    return true;
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t /*elements*/) { return open(json::array()); }
+  bool end_array() {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& /*last_token*/, const nlohmann::detail::exception& ex) {
+    if (ex.id == 406) fail(ErrorId::kNonFinite, next_path(), "number does not fit a double (overflows to infinity)");
+    std::string message = ex.what();
+    const auto at = message.find("parse error at ");
+    if (at != std::string::npos) message = message.substr(at + 15);
+    // The line is parsed alone: nlohmann's "line 1, column C" is the column.
+    const auto col = message.find("line 1, ");
+    if (col != std::string::npos) message.erase(col, 8);
+    fail(ErrorId::kJsonSyntax, "byte " + std::to_string(position), "malformed JSON: " + message);
+  }
+
+ private:
+  struct Frame {
+    json* node;
+    std::string key;
+  };
+
+  std::string frame_path(std::size_t i) const {
+    std::string path;
+    for (std::size_t f = 0; f < i; ++f) {
+      const Frame& frame = frames_[f];
+      path = frame.node->is_object() ? join_key(path, frame.key) : join_index(path, frame.node->size() - 1);
+    }
+    return path;
+  }
+
+  std::string next_path() const {
+    if (frames_.empty()) return "";
+    const Frame& top = frames_.back();
+    const std::string parent = frame_path(frames_.size() - 1);
+    return top.node->is_object() ? join_key(parent, top.key) : join_index(parent, top.node->size());
+  }
+
+  bool open(json&& container) {
+    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
+      fail(ErrorId::kJsonSyntax, next_path(), "nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    }
+    json* node = put(std::move(container));
+    frames_.push_back({node, {}});
+    return true;
+  }
+
+  json* put(json&& value) {
+    if (frames_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Frame& top = frames_.back();
+    if (top.node->is_array()) {
+      top.node->push_back(std::move(value));
+      return &top.node->back();
+    }
+    json& slot = (*top.node)[top.key];
+    slot = std::move(value);
+    return &slot;
+  }
+
+  json& root_;
+  std::vector<Frame> frames_;
+};
+
+// ---- typed reads ------------------------------------------------------------------
+
+std::string describe(const json& j) {
+  if (j.is_number_float()) return "a floating-point number";
+  if (j.is_number()) return "an integer";
+  if (j.is_string()) return "a string";
+  if (j.is_boolean()) return "a boolean";
+  if (j.is_null()) return "null";
+  if (j.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void type_error(const json& j, const std::string& path, std::string_view expected) {
+  fail(ErrorId::kJsonType, path, "expected " + std::string(expected) + ", found " + describe(j));
+}
+
+const json& as_object(const json& j, const std::string& path) {
+  if (!j.is_object()) type_error(j, path, "an object");
+  return j;
+}
+
+const json& as_array(const json& j, const std::string& path) {
+  if (!j.is_array()) type_error(j, path, "an array");
+  return j;
+}
+
+void check_keys(const json& object, const std::string& path, const std::vector<std::string_view>& allowed,
+                std::string_view owner = "") {
+  for (const auto& item : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), item.key()) != allowed.end()) continue;
+    std::string list;
+    for (std::string_view key : allowed) list += (list.empty() ? "" : ", ") + std::string(key);
+    const std::string what = owner.empty() ? "unknown key '" + item.key() + "'"
+                                           : "key '" + item.key() + "' does not belong to " + std::string(owner);
+    fail(ErrorId::kJsonUnknownKey, join_key(path, item.key()), what + " (allowed: " + list + ")");
+  }
+}
+
+const json* find(const json& object, std::string_view key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+const json& require(const json& object, const std::string& path, std::string_view key, std::string_view owner = "") {
+  const json* value = find(object, key);
+  if (value == nullptr) {
+    fail(ErrorId::kJsonMissingKey, join_key(path, key),
+         "missing required key '" + std::string(key) + "'" + (owner.empty() ? "" : " of " + std::string(owner)));
+  }
+  return *value;
+}
+
+std::int64_t get_i64(const json& j, const std::string& path) {
+  if (j.is_number_integer() && !j.is_number_unsigned()) return j.get<std::int64_t>();
+  if (j.is_number_unsigned()) {
+    const auto value = j.get<std::uint64_t>();
+    if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(ErrorId::kSize, path, "integer " + std::to_string(value) + " exceeds the 64-bit range");
+    }
+    return static_cast<std::int64_t>(value);
+  }
+  if (j.is_number_float()) {
+    const double value = j.get<double>();
+    if (std::trunc(value) == value && std::fabs(value) >= 0x1p63) fail(ErrorId::kSize, path, "integer exceeds the 64-bit range");
+  }
+  type_error(j, path, "an integer");
+}
+
+/// An integer in [lo, hi]: below lo is a value error, above hi a size error.
+std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, std::int64_t hi, std::string_view what) {
+  const std::int64_t v = get_i64(j, path);
+  if (v < lo) fail(ErrorId::kJsonValue, path, std::string(what) + " " + std::to_string(v) + " is below " + std::to_string(lo));
+  if (v > hi) fail(ErrorId::kSize, path, std::string(what) + " " + std::to_string(v) + " exceeds " + std::to_string(hi));
+  return v;
+}
+
+constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kSlotMax = std::numeric_limits<std::int64_t>::max();
+
+double get_f64(const json& j, const std::string& path) {
+  if (!j.is_number()) type_error(j, path, "a number");
+  return j.get<double>();
+}
+
+std::optional<double> get_optional_f64(const json& j, const std::string& path) {
+  if (j.is_null()) return std::nullopt;
+  if (!j.is_number()) type_error(j, path, "a number or null");
+  return j.get<double>();
+}
+
+bool get_bool(const json& j, const std::string& path) {
+  if (!j.is_boolean()) type_error(j, path, "a boolean");
+  return j.get<bool>();
+}
+
+std::string get_string(const json& j, const std::string& path) {
+  if (!j.is_string()) type_error(j, path, "a string");
+  return j.get<std::string>();
+}
+
+template <typename E, std::size_t N>
+E get_enum(const json& j, const std::string& path, const E (&values)[N], std::string_view (*name)(E) noexcept) {
+  const std::string text = get_string(j, path);
+  std::string choices;
+  for (E value : values) {
+    if (name(value) == text) return value;
+    choices += (choices.empty() ? "'" : ", '") + std::string(name(value)) + "'";
+  }
+  fail(ErrorId::kJsonValue, path, "unknown name '" + text + "' (one of " + choices + ")");
+}
+
+constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16, Format::kFp8};
+constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
+constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
+constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
+constexpr TraceKind kKinds[] = {TraceKind::kPrefill, TraceKind::kDecode, TraceKind::kVerify, TraceKind::kAccept,
+                                TraceKind::kFinish,  TraceKind::kReset,  TraceKind::kBegin};
+constexpr Addressing kAddressings[] = {Addressing::kRing, Addressing::kPaged, Addressing::kOpaque};
+constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadView::kCausal};
+
+void check_real(double value, const std::string& path) {
+  if (std::fabs(value) > kMaxMagnitude) fail(ErrorId::kNonFinite, path, "magnitude exceeds 1e18 (products would overflow f32)");
+}
+
+// ---- header ---------------------------------------------------------------------------
+
+TraceCache read_cache(const json& j, const std::string& path) {
+  as_object(j, path);
+  check_keys(j, path,
+             {"q_heads", "kv_heads", "head_dim", "shared_row", "format", "rope", "softmax_scale", "sink_logit", "layers"});
+  TraceCache c;
+  const auto count32 = [&](std::string_view key, std::int32_t* out) {
+    if (const json* v = find(j, key)) *out = static_cast<std::int32_t>(get_range(*v, join_key(path, key), 1, kI32Max, key));
+  };
+  count32("q_heads", &c.q_heads);
+  count32("kv_heads", &c.kv_heads);
+  count32("head_dim", &c.head_dim);
+  if (const json* v = find(j, "layers")) {
+    c.layers = static_cast<std::int32_t>(get_range(*v, join_key(path, "layers"), 1, kI32Max, "layers"));
+  }
+  if (const json* v = find(j, "shared_row")) c.shared_row = get_bool(*v, join_key(path, "shared_row"));
+  if (const json* v = find(j, "format")) c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
+  if (const json* v = find(j, "rope")) {
+    const std::string rp = join_key(path, "rope");
+    as_object(*v, rp);
+    check_keys(*v, rp, {"style", "rotary_dims", "base"});
+    if (const json* s = find(*v, "style")) c.rope.style = get_enum(*s, join_key(rp, "style"), kRopeStyles, rope_style_name);
+    if (const json* d = find(*v, "rotary_dims")) {
+      c.rope.rotary_dims = static_cast<std::int32_t>(get_range(*d, join_key(rp, "rotary_dims"), 0, kI32Max, "rotary_dims"));
+    }
+    if (const json* b = find(*v, "base")) {
+      c.rope.base = get_f64(*b, join_key(rp, "base"));
+      check_real(c.rope.base, join_key(rp, "base"));
+      if (!(c.rope.base > 0)) fail(ErrorId::kJsonValue, join_key(rp, "base"), "base must be positive");
+    }
+  }
+  if (const json* v = find(j, "softmax_scale")) {
+    c.softmax_scale = get_optional_f64(*v, join_key(path, "softmax_scale"));
+    if (c.softmax_scale) {
+      check_real(*c.softmax_scale, join_key(path, "softmax_scale"));
+      if (!(*c.softmax_scale > 0)) fail(ErrorId::kJsonValue, join_key(path, "softmax_scale"), "softmax_scale must be positive");
+    }
+  }
+  if (const json* v = find(j, "sink_logit")) {
+    c.sink_logit = get_optional_f64(*v, join_key(path, "sink_logit"));
+    if (c.sink_logit) check_real(*c.sink_logit, join_key(path, "sink_logit"));
+  }
+  if (c.q_heads % c.kv_heads != 0) {
+    fail(ErrorId::kJsonValue, join_key(path, "q_heads"),
+         "q_heads " + std::to_string(c.q_heads) + " is not a multiple of kv_heads " + std::to_string(c.kv_heads));
+  }
+  if (c.shared_row && c.kv_heads != 1) {
+    fail(ErrorId::kJsonValue, join_key(path, "shared_row"),
+         "a shared key/value row needs kv_heads 1, found " + std::to_string(c.kv_heads));
+  }
+  const std::int32_t dims = c.rope.rotary_dims;
+  if (c.rope.style == RopeStyle::kNone ? dims != 0 : (dims < 2 || dims % 2 != 0 || dims > c.head_dim)) {
+    fail(ErrorId::kJsonValue, join_key(path, "rope.rotary_dims"),
+         c.rope.style == RopeStyle::kNone
+             ? "rotary_dims must be 0 when rope style is 'none', found " + std::to_string(dims)
+             : "rotary_dims " + std::to_string(dims) + " must be even, at least 2 and at most head_dim " +
+                   std::to_string(c.head_dim));
+  }
+  return c;
+}
+
+/// A scenario file's "expect" object (its ranges are checked against the
+/// schedule by `kvcheck audit`, which validates the scenario of the run).
+std::optional<Expectations> read_expect(const json& j, const std::string& path) {
+  if (j.is_null()) return std::nullopt;
+  if (!j.is_object()) type_error(j, path, "an object or null");
+  check_keys(j, path, {"overwritten", "collisions", "output_tolerance"});
+  Expectations e;
+  if (const json* v = find(j, "overwritten")) {
+    const std::string list_path = join_key(path, "overwritten");
+    as_array(*v, list_path);
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string p = join_index(list_path, i);
+      const json& o = as_object((*v)[i], p);
+      check_keys(o, p, {"step", "counts"});
+      OverwriteExpectation ow;
+      ow.step = get_i64(require(o, p, "step"), join_key(p, "step"));
+      const std::string counts_path = join_key(p, "counts");
+      const json& counts = as_array(require(o, p, "counts"), counts_path);
+      for (std::size_t c = 0; c < counts.size(); ++c) ow.counts.push_back(get_i64(counts[c], join_index(counts_path, c)));
+      e.overwritten.push_back(std::move(ow));
+    }
+  }
+  if (const json* v = find(j, "collisions"); v != nullptr && !v->is_null()) {
+    e.collisions = get_i64(*v, join_key(path, "collisions"));
+  }
+  if (const json* v = find(j, "output_tolerance")) {
+    e.output_tolerance = get_optional_f64(*v, join_key(path, "output_tolerance"));
+  }
+  return e;
+}
+
+TraceHeader read_header(const json& j) {
+  check_keys(j, "", {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect"});
+  const json& version = require(j, "", "kvcheck_trace");
+  if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
+    fail(ErrorId::kJsonValue, "kvcheck_trace",
+         "unsupported trace version " + version.dump() + " (this build reads " + std::to_string(kTraceVersion) + ")");
+  }
+  TraceHeader h;
+  h.name = get_string(require(j, "", "name"), "name");
+  if (h.name.empty()) fail(ErrorId::kJsonValue, "name", "name is empty");
+  if (h.name.size() > 200) fail(ErrorId::kJsonValue, "name", "name is longer than 200 bytes");
+  for (const char ch : h.name) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7F) fail(ErrorId::kJsonValue, "name", "name contains a control character");
+  }
+  const json& w = as_object(require(j, "", "window"), "window");
+  check_keys(w, "window", {"param", "convention", "keys"});
+  h.window = get_range(require(w, "window", "param"), "window.param", 1, kMaxRows - 1, "window");
+  h.convention = get_enum(require(w, "window", "convention"), "window.convention", kConventions, convention_name);
+  if (const json* k = find(w, "keys")) {
+    const std::int64_t keys = get_i64(*k, "window.keys");
+    if (keys != trace_window_keys(h)) {
+      fail(ErrorId::kJsonValue, "window.keys",
+           "keys " + std::to_string(keys) + " disagrees with param " + std::to_string(h.window) + " under convention '" +
+               std::string(convention_name(h.convention)) + "' (" + std::to_string(trace_window_keys(h)) + " keys)");
+    }
+  }
+  if (const json* v = find(j, "capacity")) h.capacity = get_range(*v, "capacity", 1, kMaxRows - 1, "capacity");
+  if (const json* v = find(j, "states")) h.states = get_range(*v, "states", 1, kMaxRows - 1, "states");
+  h.addressing = get_enum(require(j, "", "addressing"), "addressing", kAddressings, addressing_name);
+  if (h.addressing == Addressing::kRing && !h.capacity) {
+    fail(ErrorId::kJsonMissingKey, "capacity",
+         "ring addressing needs capacity (the slots of state b are b*capacity .. (b+1)*capacity - 1)");
+  }
+  if (const json* v = find(j, "cache")) h.cache = read_cache(*v, "cache");
+  if (const json* v = find(j, "expect")) h.expect = read_expect(*v, "expect");
+  return h;
+}
+
+// ---- step records ------------------------------------------------------------------------
+
+std::vector<std::int64_t> int_list(const json& j, const std::string& path, std::int64_t lo, std::int64_t hi,
+                                   std::string_view what) {
+  as_array(j, path);
+  std::vector<std::int64_t> out;
+  out.reserve(j.size());
+  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(get_range(j[i], join_index(path, i), lo, hi, what));
+  return out;
+}
+
+void check_count_of(const json& j, const std::string& path, std::int64_t rows, std::string_view per) {
+  if (static_cast<std::int64_t>(j.size()) != rows) {
+    fail(ErrorId::kJsonValue, path,
+         "has " + std::to_string(j.size()) + " entries, expected " + std::to_string(rows) + " (" + std::string(per) + ")");
+  }
+}
+
+/// Rows of numbers: `rows` arrays of `width` numbers each (width < 0: any).
+std::vector<std::vector<double>> real_rows(const json& j, const std::string& path, std::int64_t rows, std::int64_t width,
+                                           std::string_view width_rule) {
+  as_array(j, path);
+  check_count_of(j, path, rows, "one per row of the step");
+  std::vector<std::vector<double>> out;
+  out.reserve(j.size());
+  for (std::size_t r = 0; r < j.size(); ++r) {
+    const std::string rp = join_index(path, r);
+    as_array(j[r], rp);
+    if (width >= 0 && static_cast<std::int64_t>(j[r].size()) != width) {
+      fail(ErrorId::kJsonValue, rp,
+           "has " + std::to_string(j[r].size()) + " values, expected " + std::string(width_rule) + " = " + std::to_string(width));
+    }
+    std::vector<double> row;
+    row.reserve(j[r].size());
+    for (std::size_t e = 0; e < j[r].size(); ++e) row.push_back(get_f64(j[r][e], join_index(rp, e)));
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+void check_block_table(const BlockTable& t, std::int64_t keys) {
+  for (std::size_t b = 0; b < t.blocks.size(); ++b) {
+    std::int64_t last = 0;
+    if (t.blocks[b] >= 0 && (__builtin_mul_overflow(t.blocks[b], t.block_size, &last) ||
+                             __builtin_add_overflow(last, t.block_size - 1, &last))) {
+      fail(ErrorId::kSize, join_index("block_table.blocks", b), "block id * block_size overflows 64 bits");
+    }
+  }
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < t.seq_lens.size(); ++i) {
+    const std::int64_t len = t.seq_lens[i];
+    if (len == 0) continue;
+    const std::int64_t last_block = (len - 1) / t.block_size;
+    if (last_block >= static_cast<std::int64_t>(t.blocks.size())) {
+      fail(ErrorId::kJsonValue, join_index("block_table.seq_lens", i),
+           "seq_len " + std::to_string(len) + " reads position " + std::to_string(len - 1) + " in block " +
+               std::to_string(last_block) + ", beyond the " + std::to_string(t.blocks.size()) + " blocks of the table");
+    }
+    total += std::min(len, keys);
+    if (total > kMaxExpandedReads) {
+      fail(ErrorId::kSize, join_index("block_table.seq_lens", i),
+           "the block table expands to more than " + std::to_string(kMaxExpandedReads) + " reads in one step");
+    }
+  }
+}
+
+TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
+  TraceStep s;
+  s.line = line;
+  s.kind = get_enum(require(j, "", "kind"), "kind", kKinds, trace_kind_name);
+  const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
+  std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused"};
+  const bool writes = trace_kind_writes(s.kind);
+  if (writes) {
+    allowed.insert(allowed.end(), {"position", "rows", "written", "read", "block_table", "read_view", "k", "v", "q", "out"});
+  }
+  if (s.kind == TraceKind::kPrefill) allowed.push_back("order");
+  if (s.kind == TraceKind::kVerify) allowed.push_back("drafts");
+  if (s.kind == TraceKind::kAccept) allowed.push_back("accepted");
+  check_keys(j, "", allowed, owner);
+
+  s.step = get_range(require(j, "", "step", owner), "step", 0, kMaxRows, "step");
+  s.layer = static_cast<std::int32_t>(get_range(require(j, "", "layer", owner), "layer", 0, kI32Max - 1, "layer"));
+  s.request = get_range(require(j, "", "request", owner), "request", 0, std::numeric_limits<std::int64_t>::max(), "request");
+  s.state = get_range(require(j, "", "state", owner), "state", 0, kMaxRows - 2, "state");
+  if (const json* v = find(j, "refused")) {
+    s.refused = get_string(*v, "refused");
+    if (s.refused->empty()) fail(ErrorId::kJsonValue, "refused", "a refusal needs a code (\"code: detail\")");
+  }
+  if (h.cache && h.cache->layers && s.layer >= *h.cache->layers) {
+    fail(ErrorId::kJsonValue, "layer",
+         "layer " + std::to_string(s.layer) + " is outside 0.." + std::to_string(*h.cache->layers - 1) +
+             " (the header's cache.layers)");
+  }
+  if (s.kind == TraceKind::kAccept) {
+    s.accepted = get_range(require(j, "", "accepted", owner), "accepted", 0, kMaxDrafts, "accepted");
+  }
+  if (!writes) return s;
+
+  s.position = get_range(require(j, "", "position", owner), "position", 0, kMaxRows - 1, "position");
+  switch (s.kind) {
+    case TraceKind::kPrefill:
+      s.rows = get_range(require(j, "", "rows", owner), "rows", 1, kMaxPrefillRows, "prefill rows");
+      s.order = get_enum(require(j, "", "order", owner), "order", kOrders, order_name);
+      break;
+    case TraceKind::kDecode:
+      s.rows = 1;
+      break;
+    default:  // verify
+      s.drafts = get_range(require(j, "", "drafts", owner), "drafts", 0, kMaxDrafts, "drafts");
+      s.rows = s.drafts + 1;
+      break;
+  }
+  if (s.kind != TraceKind::kPrefill) {
+    if (const json* v = find(j, "rows"); v != nullptr && get_i64(*v, "rows") != s.rows) {
+      fail(ErrorId::kJsonValue, "rows",
+           "rows " + v->dump() + ", but a " + std::string(trace_kind_name(s.kind)) + " record writes " +
+               std::to_string(s.rows) + (s.kind == TraceKind::kVerify ? " (drafts + 1)" : ""));
+    }
+  }
+  const std::int64_t n = s.rows;
+  if (s.refused) {
+    for (const char* key : {"written", "read", "block_table", "out"}) {
+      if (find(j, key)) fail(ErrorId::kJsonValue, key, "a refused step reports no slots or outputs");
+    }
+  } else {
+    const json& w = require(j, "", "written", owner);
+    s.written = int_list(w, "written", 0, kSlotMax, "slot");
+    check_count_of(w, "written", n, "one slot per row");
+    const json* r = find(j, "read");
+    const json* bt = find(j, "block_table");
+    if (r && bt) fail(ErrorId::kJsonValue, "block_table", "give either read or block_table, not both");
+    if (!r && !bt) fail(ErrorId::kJsonMissingKey, "read", "missing required key 'read' (or 'block_table') of " + owner);
+    if (r) {
+      s.read_form = ReadForm::kSlots;
+      as_array(*r, "read");
+      check_count_of(*r, "read", n, "one list per query");
+      for (std::size_t i = 0; i < r->size(); ++i) s.read.push_back(int_list((*r)[i], join_index("read", i), -1, kSlotMax, "slot"));
+    } else {
+      s.read_form = ReadForm::kBlockTable;
+      as_object(*bt, "block_table");
+      check_keys(*bt, "block_table", {"blocks", "block_size", "seq_lens"});
+      s.block_table.blocks = int_list(require(*bt, "block_table", "blocks"), "block_table.blocks", -1, kSlotMax, "block id");
+      s.block_table.block_size =
+          get_range(require(*bt, "block_table", "block_size"), "block_table.block_size", 1, kMaxRows - 1, "block_size");
+      const json& sl = require(*bt, "block_table", "seq_lens");
+      s.block_table.seq_lens = int_list(sl, "block_table.seq_lens", 0, kMaxRows, "seq_len");
+      check_count_of(sl, "block_table.seq_lens", n, "one per query");
+      check_block_table(s.block_table, trace_window_keys(h));
+    }
+    if (const json* v = find(j, "read_view")) s.read_view = get_enum(*v, "read_view", kReadViews, read_view_name);
+  }
+  const std::int64_t kv_width = h.cache ? std::int64_t{h.cache->kv_heads} * h.cache->head_dim : -1;
+  const std::int64_t q_width = h.cache ? std::int64_t{h.cache->q_heads} * h.cache->head_dim : -1;
+  if (const json* v = find(j, "k")) s.k = real_rows(*v, "k", n, kv_width, "kv_heads*head_dim");
+  if (const json* v = find(j, "v")) {
+    if (h.cache && h.cache->shared_row) fail(ErrorId::kJsonValue, "v", "a shared key/value row has no v (k is the value)");
+    s.v = real_rows(*v, "v", n, kv_width, "kv_heads*head_dim");
+  }
+  if (const json* v = find(j, "q")) s.q = real_rows(*v, "q", n, q_width, "q_heads*head_dim");
+  if (const json* v = find(j, "out")) s.out = real_rows(*v, "out", n, q_width, "q_heads*head_dim");
+  return s;
+}
+
+// ---- record order of one run --------------------------------------------------------------
+
+[[noreturn]] void fail_at(ErrorId id, std::int64_t line, const std::string& path, const std::string& rule) {
+  fail(id, at_line(line, path), rule);
+}
+
+void check_run(const TraceRun& run) {
+  if (run.steps.empty()) return;
+  std::int32_t layers = 0;
+  for (const TraceStep& s : run.steps) layers = std::max(layers, s.layer + 1);
+  if (run.header.cache && run.header.cache->layers) layers = *run.header.cache->layers;
+
+  const TraceStep* first = nullptr;  // first step record (not begin) of the current step index
+  const TraceStep* prev = nullptr;
+  std::vector<bool> seen;            // step records per layer of the current step
+  std::optional<std::int64_t> refused_line;
+  const TraceStep* pending_begin = nullptr;  // a begin awaiting its step record
+
+  auto close_step = [&](const TraceStep& last) {
+    // Every layer of a step has its record, unless a refusal ended the run there.
+    if (pending_begin != nullptr && !refused_line) {
+      fail_at(ErrorId::kJsonValue, pending_begin->line, "kind",
+              "a begin record of step " + std::to_string(last.step) + " layer " + std::to_string(pending_begin->layer) +
+                  " without the step record that follows it");
+    }
+    std::int32_t expected = layers;
+    if (refused_line) expected = last.layer;  // layers before the refused call
+    for (std::int32_t l = 0; l < expected; ++l) {
+      if (!seen[static_cast<std::size_t>(l)]) {
+        fail_at(ErrorId::kJsonValue, last.line, "step",
+                "step " + std::to_string(last.step) + " has no record for layer " + std::to_string(l) + " (the run has " +
+                    std::to_string(layers) + " layers; every step runs on each)");
+      }
+    }
+  };
+
+  for (const TraceStep& s : run.steps) {
+    if (refused_line) {
+      fail_at(ErrorId::kJsonValue, s.line, "",
+              "a record after the refusal on line " + std::to_string(*refused_line) + " (a refusal ends the run)");
+    }
+    const std::int64_t expected_step = prev == nullptr ? 0 : prev->step;
+    if (prev == nullptr ? s.step != 0 : (s.step != prev->step && s.step != prev->step + 1)) {
+      fail_at(ErrorId::kJsonValue, s.line, "step",
+              "step " + std::to_string(s.step) + " out of order (expected " + std::to_string(expected_step) +
+                  (prev == nullptr ? "" : " or " + std::to_string(expected_step + 1)) + ")");
+    }
+    if (prev != nullptr && s.step != prev->step) {
+      close_step(*prev);
+      first = nullptr;
+    }
+    if (prev == nullptr || s.step != prev->step) seen.assign(static_cast<std::size_t>(layers), false);
+    const bool is_begin = s.kind == TraceKind::kBegin;
+    // Order inside a step: layers ascending, a layer's begin before its step record.
+    if (prev != nullptr && prev->step == s.step) {
+      const auto key = [](const TraceStep& r) { return std::pair(r.layer, r.kind == TraceKind::kBegin ? 0 : 1); };
+      if (!(key(*prev) < key(s))) {
+        fail_at(ErrorId::kJsonValue, s.line, "layer",
+                "records of step " + std::to_string(s.step) +
+                    " come one per layer, layers ascending, each layer's begin before its step record");
+      }
+    }
+    if (pending_begin != nullptr && (is_begin || s.layer != pending_begin->layer || s.step != pending_begin->step)) {
+      fail_at(ErrorId::kJsonValue, pending_begin->line, "kind",
+              "a begin record of step " + std::to_string(pending_begin->step) + " layer " +
+                  std::to_string(pending_begin->layer) + " without the step record that follows it");
+    }
+    if (is_begin) {
+      pending_begin = &s;
+    } else {
+      if (pending_begin != nullptr) {
+        const TraceStep* b = pending_begin;
+        if (b->request != s.request) {
+          fail_at(ErrorId::kJsonValue, b->line, "request",
+                  "begin of request " + std::to_string(b->request) + ", but step " + std::to_string(s.step) +
+                      " (line " + std::to_string(s.line) + ") is of request " + std::to_string(s.request));
+        }
+        if (b->state != s.state) {
+          fail_at(ErrorId::kJsonValue, b->line, "state",
+                  "begin on state " + std::to_string(b->state) + ", but step " + std::to_string(s.step) + " (line " +
+                      std::to_string(s.line) + ") runs on state " + std::to_string(s.state));
+        }
+        pending_begin = nullptr;
+      }
+      seen[static_cast<std::size_t>(s.layer)] = true;
+      if (first == nullptr) {
+        first = &s;
+      } else {
+        // Every layer runs the same step.
+        const auto agree = [&](bool same, const char* path, const std::string& what) {
+          if (!same) {
+            fail_at(ErrorId::kJsonValue, s.line, path,
+                    std::string(path) + " " + what + " disagrees with layer " + std::to_string(first->layer) +
+                        " of step " + std::to_string(s.step) + " (line " + std::to_string(first->line) + ")");
+          }
+        };
+        agree(s.kind == first->kind, "kind", "'" + std::string(trace_kind_name(s.kind)) + "'");
+        agree(s.request == first->request, "request", std::to_string(s.request));
+        agree(s.state == first->state, "state", std::to_string(s.state));
+        agree(s.position == first->position, "position", std::to_string(s.position));
+        agree(s.rows == first->rows, "rows", std::to_string(s.rows));
+        agree(s.order == first->order, "order", "'" + std::string(order_name(s.order)) + "'");
+        agree(s.drafts == first->drafts, "drafts", std::to_string(s.drafts));
+        agree(s.accepted == first->accepted, "accepted", std::to_string(s.accepted));
+      }
+    }
+    if (s.refused) refused_line = s.line;
+    prev = &s;
+  }
+  close_step(*prev);
+}
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+// ---- writing ---------------------------------------------------------------------------------
+
+ojson rows_json(const std::vector<std::vector<double>>& rows) {
+  ojson out = ojson::array();
+  for (const auto& r : rows) out.push_back(r);
+  return out;
+}
+
+std::string dump_line(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::strict) + "\n"; }
+
+}  // namespace
+
+// ---- public API ------------------------------------------------------------------------------
+
+std::string_view trace_kind_name(TraceKind k) noexcept {
+  switch (k) {
+    case TraceKind::kPrefill: return "prefill";
+    case TraceKind::kDecode: return "decode";
+    case TraceKind::kVerify: return "verify";
+    case TraceKind::kAccept: return "accept";
+    case TraceKind::kFinish: return "finish";
+    case TraceKind::kReset: return "reset";
+    case TraceKind::kBegin: return "begin";
+  }
+  return "?";
+}
+
+std::string_view addressing_name(Addressing a) noexcept {
+  switch (a) {
+    case Addressing::kRing: return "ring";
+    case Addressing::kPaged: return "paged";
+    case Addressing::kOpaque: return "opaque";
+  }
+  return "?";
+}
+
+std::string_view read_view_name(TraceReadView v) noexcept {
+  switch (v) {
+    case TraceReadView::kAfterWrites: return "after_writes";
+    case TraceReadView::kCausal: return "causal";
+  }
+  return "?";
+}
+
+std::vector<TraceRun> parse_trace(std::string_view text, const std::string& source) {
+  try {
+    std::vector<TraceRun> runs;
+    std::size_t begin = 0;
+    std::int64_t line = 0;
+    while (begin < text.size()) {
+      std::size_t end = text.find('\n', begin);
+      if (end == std::string_view::npos) end = text.size();
+      std::string_view content = text.substr(begin, end - begin);
+      begin = end + 1;
+      ++line;
+      if (!content.empty() && content.back() == '\r') content.remove_suffix(1);
+      if (content.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
+      try {
+        json root;
+        DomBuilder builder(root);
+        json::sax_parse(content.begin(), content.end(), &builder, json::input_format_t::json, /*strict=*/true,
+                        /*ignore_comments=*/false);
+        if (!root.is_object()) type_error(root, "", "an object (a header or a step record)");
+        if (root.contains("kvcheck_trace")) {
+          TraceRun run;
+          run.source = source;
+          run.header_line = line;
+          run.header = read_header(root);
+          runs.push_back(std::move(run));
+        } else if (root.contains("step")) {
+          if (runs.empty()) {
+            fail(ErrorId::kJsonValue, "", "a step record before any header (a run starts with {\"kvcheck_trace\":1,...})");
+          }
+          runs.back().steps.push_back(read_step(root, runs.back().header, line));
+        } else {
+          fail(ErrorId::kJsonMissingKey, "step",
+               "neither a header (key 'kvcheck_trace') nor a step record (key 'step')");
+        }
+      } catch (const Error& e) {
+        throw Error(e.id(), at_line(line, e.where()), rule_of(e));
+      }
+    }
+    for (const TraceRun& run : runs) check_run(run);
+    if (runs.empty()) fail(ErrorId::kJsonValue, "line 1", "the trace has no header line");
+    return runs;
+  } catch (const Error& e) {
+    if (source.empty()) throw;
+    throw Error(e.id(), e.where(), rule_of(e) + " (in " + source + ")");
+  }
+}
+
+std::vector<TraceRun> load_trace_file(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(ErrorId::kIo, name, "is a directory, not a trace file");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail(ErrorId::kIo, name, "cannot read: " + ec.message());
+  if (size > kMaxFileBytes) fail(ErrorId::kSize, name, "file is larger than 256 MiB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorId::kIo, name, "cannot open for reading");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) fail(ErrorId::kIo, name, "read failed");
+  return parse_trace(buffer.str(), name);
+}
+
+std::vector<std::filesystem::path> collect_trace_files(const std::vector<std::string>& files_or_dirs) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  for (const std::string& arg : files_or_dirs) {
+    const fs::path root(arg);
+    std::error_code ec;
+    const fs::file_status status = fs::status(root, ec);
+    if (ec || !fs::exists(status)) fail(ErrorId::kIo, arg, "no such file or directory");
+    if (!fs::is_directory(status)) {
+      out.push_back(root.lexically_normal());
+      continue;
+    }
+    fs::recursive_directory_iterator it(root, ec), end;
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+      std::error_code entry_ec;
+      if (it->is_regular_file(entry_ec) && it->path().extension() == ".jsonl") out.push_back(it->path().lexically_normal());
+    }
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+  }
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return a.generic_string() < b.generic_string(); });
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<std::vector<std::int64_t>> trace_read_slots(const TraceStep& s, std::int64_t window_keys) {
+  if (s.read_form == ReadForm::kSlots) return s.read;
+  std::vector<std::vector<std::int64_t>> out;
+  if (s.read_form == ReadForm::kNone) return out;
+  const BlockTable& t = s.block_table;
+  try {
+    check_block_table(t, window_keys);
+  } catch (const Error& e) {
+    throw Error(e.id(), at_line(s.line, e.where()), rule_of(e));
+  }
+  for (const std::int64_t len : t.seq_lens) {
+    std::vector<std::int64_t> slots;
+    for (std::int64_t pos = std::max<std::int64_t>(0, len - window_keys); pos < len; ++pos) {
+      const std::int64_t block = t.blocks[static_cast<std::size_t>(pos / t.block_size)];
+      if (block >= 0) slots.push_back(block * t.block_size + pos % t.block_size);
+    }
+    out.push_back(std::move(slots));
+  }
+  return out;
+}
+
+std::string trace_header_line(const TraceHeader& h) {
+  ojson j = ojson::object();
+  j["kvcheck_trace"] = kTraceVersion;
+  j["name"] = h.name;
+  ojson w = ojson::object();
+  w["param"] = h.window;
+  w["convention"] = convention_name(h.convention);
+  w["keys"] = trace_window_keys(h);
+  j["window"] = std::move(w);
+  if (h.capacity) j["capacity"] = *h.capacity;
+  if (h.states) j["states"] = *h.states;
+  j["addressing"] = addressing_name(h.addressing);
+  if (h.cache) {
+    const TraceCache& c = *h.cache;
+    ojson cache = ojson::object();
+    cache["q_heads"] = c.q_heads;
+    cache["kv_heads"] = c.kv_heads;
+    cache["head_dim"] = c.head_dim;
+    cache["shared_row"] = c.shared_row;
+    cache["format"] = format_name(c.format);
+    ojson rope = ojson::object();
+    rope["style"] = rope_style_name(c.rope.style);
+    rope["rotary_dims"] = c.rope.rotary_dims;
+    rope["base"] = c.rope.base;
+    cache["rope"] = std::move(rope);
+    if (c.layers) cache["layers"] = *c.layers;
+    cache["softmax_scale"] = c.softmax_scale ? ojson(*c.softmax_scale) : ojson(nullptr);
+    cache["sink_logit"] = c.sink_logit ? ojson(*c.sink_logit) : ojson(nullptr);
+    j["cache"] = std::move(cache);
+  }
+  if (h.expect) {
+    ojson expect = ojson::object();
+    ojson overwritten = ojson::array();
+    for (const OverwriteExpectation& o : h.expect->overwritten) {
+      ojson entry = ojson::object();
+      entry["step"] = o.step;
+      entry["counts"] = o.counts;
+      overwritten.push_back(std::move(entry));
+    }
+    expect["overwritten"] = std::move(overwritten);
+    expect["collisions"] = h.expect->collisions ? ojson(*h.expect->collisions) : ojson(nullptr);
+    expect["output_tolerance"] = h.expect->output_tolerance ? ojson(*h.expect->output_tolerance) : ojson(nullptr);
+    j["expect"] = std::move(expect);
+  }
+  return dump_line(j);
+}
+
+std::string trace_step_line(const TraceStep& s) {
+  ojson j = ojson::object();
+  j["step"] = s.step;
+  j["layer"] = s.layer;
+  j["kind"] = trace_kind_name(s.kind);
+  j["request"] = s.request;
+  j["state"] = s.state;
+  if (trace_kind_writes(s.kind)) {
+    j["position"] = s.position;
+    j["rows"] = s.rows;
+    if (s.kind == TraceKind::kPrefill) j["order"] = order_name(s.order);
+    if (s.kind == TraceKind::kVerify) j["drafts"] = s.drafts;
+    if (!s.refused) {
+      j["written"] = s.written;
+      if (s.read_form == ReadForm::kBlockTable) {
+        ojson t = ojson::object();
+        t["blocks"] = s.block_table.blocks;
+        t["block_size"] = s.block_table.block_size;
+        t["seq_lens"] = s.block_table.seq_lens;
+        j["block_table"] = std::move(t);
+      } else {
+        ojson read = ojson::array();
+        for (const auto& r : s.read) read.push_back(r);
+        j["read"] = std::move(read);
+      }
+      j["read_view"] = read_view_name(s.read_view);
+    }
+    if (!s.k.empty()) j["k"] = rows_json(s.k);
+    if (!s.v.empty()) j["v"] = rows_json(s.v);
+    if (!s.q.empty()) j["q"] = rows_json(s.q);
+    if (!s.out.empty() && !s.refused) j["out"] = rows_json(s.out);
+  }
+  if (s.kind == TraceKind::kAccept) j["accepted"] = s.accepted;
+  if (s.refused) j["refused"] = *s.refused;
+  return dump_line(j);
+}
+
+TraceWriter::TraceWriter(const std::filesystem::path& path) : path_(path.string()) {
+  file_ = std::fopen(path_.c_str(), "wb");
+  if (file_ == nullptr) fail(ErrorId::kIo, path_, "cannot open for writing: " + errno_text(errno));
+}
+
+TraceWriter::~TraceWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void TraceWriter::append(std::string_view lines) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (file_ == nullptr) {
+    text_.append(lines);
+    return;
+  }
+  if (!failure_.empty()) fail(ErrorId::kIo, path_, failure_);
+  if (std::fwrite(lines.data(), 1, lines.size(), file_) != lines.size() || std::fflush(file_) != 0) {
+    failure_ = "write failed: " + errno_text(errno);
+    fail(ErrorId::kIo, path_, failure_);
+  }
+}
+
+void TraceWriter::check() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) fail(ErrorId::kIo, path_, failure_);
+}
+
+std::string TraceWriter::text() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return text_;
+}
+
+}  // namespace kvcheck::scenarios

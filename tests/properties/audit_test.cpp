@@ -1,0 +1,423 @@
+// Recorded traces: parsing (errors name the line and the JSON path), block
+// table expansion, the bundled paged-engine traces, and recordings of live
+// runs, which must audit to the live run's verdict and numbers.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engines/factory.hpp"
+#include "engines/trace_cache.hpp"
+#include "properties/audit.hpp"
+#include "properties/runner.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "scenarios/trace_json.hpp"
+#include "support/error.hpp"
+
+using namespace kvcheck;
+using namespace kvcheck::properties;
+
+namespace {
+
+const std::string kHeader =
+    R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged"})";
+
+/// where() of the error parsing `text` throws, or "no error".
+std::string parse_where(const std::string& text) {
+  try {
+    scenarios::parse_trace(text, "");
+  } catch (const Error& e) {
+    return e.where();
+  }
+  return "no error";
+}
+
+/// where() of the error auditing `text` throws, or "no error".
+std::string audit_where(const std::string& text) {
+  try {
+    audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+  } catch (const Error& e) {
+    return e.where();
+  }
+  return "no error";
+}
+
+std::string lines(std::initializer_list<std::string> records) {
+  std::string out;
+  for (const auto& r : records) out += r + "\n";
+  return out;
+}
+
+scenarios::Scenario bundled(const std::string& name) {
+  return scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
+                                       (name + ".json"));
+}
+
+std::vector<scenarios::TraceRun> bundled_trace(const std::string& name) {
+  return scenarios::load_trace_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "traces" / (name + ".jsonl"));
+}
+
+/// Per step: the overwritten list of each query.
+std::vector<std::vector<std::vector<std::int64_t>>> overwritten(const RunObservation& run) {
+  std::vector<std::vector<std::vector<std::int64_t>>> out;
+  for (const auto& s : run.steps) {
+    out.emplace_back();
+    for (const auto& q : s.queries) out.back().push_back(q.overwritten);
+  }
+  return out;
+}
+
+std::vector<std::vector<std::vector<std::int64_t>>> missing(const RunObservation& run) {
+  std::vector<std::vector<std::vector<std::int64_t>>> out;
+  for (const auto& s : run.steps) {
+    out.emplace_back();
+    for (const auto& q : s.queries) out.back().push_back(q.missing);
+  }
+  return out;
+}
+
+struct Recorded {
+  RunObservation live;
+  std::string trace;
+  RunObservation audited;
+  std::string note;  ///< why outputs were not judged
+};
+
+/// Runs `sc` on the CPU ring pool (with `fault`) through the recording
+/// provider, then audits the recording.
+Recorded record_and_audit(const scenarios::Scenario& sc, impl::Fault fault, bool probes = false) {
+  auto writer = std::make_shared<scenarios::TraceWriter>();
+  auto recorder = engines::make_recording_provider(engines::make_provider("cpu", fault), writer, "unnamed");
+  recorder->set_scenario(sc);
+  RunOptions options;
+  options.provider = recorder.get();
+  options.fault = fault;
+  options.probes = probes;
+  options.precision_bits = 53;
+  Recorded r;
+  r.live = run_scenario(sc, options);
+  writer->check();
+  r.trace = writer->text();
+  const auto runs = scenarios::parse_trace(r.trace, "recording");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs.front().header.name == sc.name);
+  CHECK(runs.front().header.expect == sc.expect);
+  AuditOptions audit;
+  audit.precision_bits = 53;
+  const auto audited = audit_trace(runs, audit);
+  REQUIRE(audited.size() == 1);
+  r.audited = audited.front();
+  r.note = trace_scenario(runs.front()).outputs_note;
+  return r;
+}
+
+void check_same(const Recorded& r, bool outputs_judged) {
+  INFO(r.note);
+  CHECK(r.audited.passed == r.live.passed);
+  CHECK(overwritten(r.audited) == overwritten(r.live));
+  CHECK(missing(r.audited) == missing(r.live));
+  CHECK(r.audited.lost_rows == r.live.lost_rows);
+  CHECK(r.audited.extra_reads == r.live.extra_reads);
+  CHECK(r.audited.collisions == r.live.collisions);
+  CHECK(r.audited.queries == r.live.queries);
+  CHECK(r.audited.steps.size() == r.live.steps.size());
+  if (outputs_judged) {
+    CHECK(r.audited.observed == "slots+outputs");
+    CHECK(r.audited.max_abs_diff == r.live.max_abs_diff);  // exactly: the numbers round-trip
+    CHECK(r.audited.max_eps_units == r.live.max_eps_units);
+    CHECK(r.audited.max_quant_abs_diff == r.live.max_quant_abs_diff);
+    CHECK(r.audited.output_failures == r.live.output_failures);
+  } else {
+    CHECK(r.audited.observed == "slots");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Trace: parse errors name the line and the JSON path") {
+  const std::string decode = R"({"step":0,"layer":0,"kind":"decode","request":0,"state":0,"position":0)";
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0,1],"read":[[0]]})"})) == "line 2: written");
+  CHECK(parse_where(lines({kHeader, "", decode + R"(,"written":[0],"read":[[0,1,"x"]]})"})) == "line 3: read[0][2]");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"extra":1})"})) == "line 2: extra");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"written":[0],"read":[[0]]})"})) == "line 2: written");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0]})"})) == "line 2: read");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"read_view":"later"})"})) ==
+        "line 2: read_view");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[-2],"read":[[0]]})"})) == "line 2: written[0]");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"accepted":1})"})) == "line 2: accepted");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"k":[[1e999]]})"})) == "line 2: k[0][0]");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})", "{\"step\":"})).rfind("line 3", 0) == 0);
+  CHECK(parse_where(lines({decode + R"(,"written":[0],"read":[[0]]})"})) == "line 1");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"block_table":{"blocks":[0],"block_size":2,"seq_lens":[3]}})"})) ==
+        "line 2: block_table.seq_lens[0]");
+  CHECK(parse_where(lines({R"({"kvcheck_trace":2,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged"})"})) ==
+        "line 1: kvcheck_trace");
+  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"right"},"addressing":"paged"})"})) ==
+        "line 1: window.convention");
+  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"ring"})"})) ==
+        "line 1: capacity");
+  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged","cache":{"head_dim":2}})",
+                           decode + R"(,"written":[0],"read":[[0]],"q":[[1,2,3]]})"})) == "line 2: q[0]");
+  // Record order: step indices, layers, refusals.
+  const std::string finish = R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})";
+  CHECK(parse_where(lines({kHeader, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})"})) == "line 2: step");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"refused":"full: no room"})", finish})) == "line 3");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"refused":"full: no room"})"})) ==
+        "line 2: written");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})",
+                           R"({"step":0,"layer":1,"kind":"decode","request":0,"state":0,"position":1,"written":[1],"read":[[1]]})"})) ==
+        "line 3: position");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})",
+                           R"({"step":1,"layer":1,"kind":"finish","request":0,"state":0})"})) == "line 2: step");
+  // The file name follows the rule.
+  try {
+    scenarios::parse_trace(lines({kHeader, decode + "}"}), "engine.jsonl");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.where() == "line 2: written");
+    CHECK(std::string(e.what()).find("(in engine.jsonl)") != std::string::npos);
+  }
+}
+
+TEST_CASE("Trace: block tables expand to the slots of each query's window") {
+  scenarios::TraceStep s;
+  s.kind = scenarios::TraceKind::kVerify;
+  s.rows = 3;
+  s.drafts = 2;
+  s.read_form = scenarios::ReadForm::kBlockTable;
+  s.block_table.blocks = {7, -1, 2};
+  s.block_table.block_size = 4;
+  s.block_table.seq_lens = {3, 6, 11};
+  const auto reads = scenarios::trace_read_slots(s, 6);
+  REQUIRE(reads.size() == 3);
+  CHECK(reads[0] == std::vector<std::int64_t>{28, 29, 30});          // positions 0..2 in block 7
+  CHECK(reads[1] == std::vector<std::int64_t>{28, 29, 30, 31});      // 0..5; 4, 5 in a missing block
+  CHECK(reads[2] == std::vector<std::int64_t>{8, 9, 10});            // 5..10: 5..7 missing, 8..10 in block 2
+  s.block_table.seq_lens = {3, 6, 13};
+  CHECK_THROWS_AS(scenarios::trace_read_slots(s, 6), Error);
+}
+
+TEST_CASE("Trace: the writer's lines read back to the same records, numbers exactly") {
+  scenarios::TraceHeader h;
+  h.name = "round trip";
+  h.window = 5;
+  h.convention = scenarios::Convention::kLeft;
+  h.capacity = 9;
+  h.states = 2;
+  h.addressing = scenarios::Addressing::kRing;
+  scenarios::TraceCache c;
+  c.q_heads = 2;
+  c.head_dim = 2;
+  c.softmax_scale = 0.1;
+  c.layers = 1;
+  h.cache = c;
+  scenarios::Expectations e;
+  e.overwritten = {{0, {0, 1}}};
+  e.collisions = 2;
+  e.output_tolerance = 1e-9;
+  h.expect = e;
+  scenarios::TraceStep s;
+  s.line = 2;
+  s.kind = scenarios::TraceKind::kPrefill;
+  s.rows = 2;
+  s.order = scenarios::Order::kLoadThenStore;
+  s.written = {3, 4};
+  s.read_form = scenarios::ReadForm::kSlots;
+  s.read = {{3, -1}, {3, 4}};
+  s.read_view = scenarios::TraceReadView::kCausal;
+  s.k = {{0.1, 1.0 / 3.0}, {1e-300, -2.5e17}};
+  s.v = {{5e-324, 0.7}, {-0.0, 1.7976931348623157e308 / 1e291}};
+  s.q = {{1, 2, 3, 4}, {0.30000000000000004, 5, 6, 7}};
+  s.out = {{0.1, 0.2, 0.3, 0.4}, {1.0 / 7.0, 2.0 / 7.0, 3.0 / 7.0, 4.0 / 7.0}};
+  scenarios::TraceWriter writer;
+  writer.header(h);
+  writer.step(s);
+  const auto runs = scenarios::parse_trace(writer.text(), "");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].header == h);
+  REQUIRE(runs[0].steps.size() == 1);
+  CHECK(runs[0].steps[0] == s);
+}
+
+TEST_CASE("Audit: the bundled paged engine trace passes") {
+  const auto runs = bundled_trace("paged-engine-ok");
+  REQUIRE(runs.size() == 1);
+  const auto audited = audit_trace(runs, AuditOptions{});
+  REQUIRE(audited.size() == 1);
+  const RunObservation& run = audited[0];
+  INFO(run.first_failure);
+  CHECK(run.passed);
+  CHECK(run.observed == "slots");        // no rows or outputs in the trace
+  CHECK(run.queries == 8 + 4 + 4 + 1 + 1 + 1 + 1);
+  CHECK(run.lost_rows == 0);
+  CHECK(run.extra_reads == 0);
+  CHECK(run.collisions == 0);
+  CHECK(run.window_keys == 6);
+  CHECK(run.ring_rows == 18);            // 1 + the largest slot (17)
+}
+
+TEST_CASE("Audit: the early-free paged engine reads a slot the other request overwrote") {
+  const auto runs = bundled_trace("paged-engine-early-free");
+  const auto audited = audit_trace(runs, AuditOptions{});
+  REQUIRE(audited.size() == 1);
+  const RunObservation& run = audited[0];
+  CHECK_FALSE(run.passed);
+  // Block 0 (request 0, positions 0..3) went to request 1's drafts 4..7 at
+  // step 2; request 0's decode at position 8 (step 4) still reads position 3
+  // there, now holding request 1's rejected draft at position 7.
+  using L = std::vector<std::vector<std::int64_t>>;
+  const std::vector<L> expected = {
+      L(8), L(4), L(4), L{{3}}, L(1), L(1), L(1)};  // per writing step (accept and finish run no query)
+  std::vector<L> got;
+  for (const auto& s : run.steps) {
+    if (s.queries.empty()) continue;
+    got.emplace_back();
+    for (const auto& q : s.queries) got.back().push_back(q.overwritten);
+  }
+  CHECK(got == expected);
+  CHECK(run.lost_rows == 1);
+  CHECK(run.extra_reads == 0);
+  REQUIRE(run.first_failing_step >= 0);
+  const StepObservation& bad = run.steps[static_cast<std::size_t>(run.first_failing_step)];
+  CHECK(bad.step == 4);
+  CHECK(bad.request == 0);
+  CHECK(bad.queries[0].position == 8);
+  REQUIRE(bad.queries[0].reads.size() == 6);
+  // Writes are numbered from 1: 8 prefill rows, 4 more, then the drafts 4..7 as 13..16.
+  CHECK(bad.queries[0].reads[0] == ReadTag{3, 1, 7, 16});
+}
+
+TEST_CASE("Audit: a recording of a passing run audits to the live verdict and numbers") {
+  const Recorded r = record_and_audit(bundled("verify-s134"), impl::Fault::kNone);
+  CHECK(r.live.passed);
+  check_same(r, true);
+  CHECK(r.audited.max_abs_diff > 0);
+}
+
+TEST_CASE("Audit: a recording of a faulted run fails the same way") {
+  const Recorded r = record_and_audit(bundled("verify-s134"), impl::Fault::kWindowTooNarrow);
+  CHECK_FALSE(r.live.passed);
+  check_same(r, true);
+  CHECK(r.audited.lost_rows > 0);
+}
+
+TEST_CASE("Audit: recordings of every bundled scenario audit to the replayed verdict") {
+  // Expectations travel in the header: verify-s128 expects lost rows and passes both ways.
+  const auto files = scenarios::collect_scenario_files({std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast"});
+  REQUIRE(files.size() >= 12);
+  for (const auto& f : files) {
+    INFO(f.string());
+    const Recorded r = record_and_audit(scenarios::load_scenario_file(f), impl::Fault::kNone);
+    CHECK(r.live.passed);
+    check_same(r, r.audited.observed != "slots");
+  }
+}
+
+TEST_CASE("Audit: recordings of GQA, RoPE, shared rows and several layers keep their rows exactly") {
+  // Every accept takes all drafts, so no position is written twice.
+  scenarios::Scenario gqa = bundled("gqa-bf16-interleaved-rope");
+  std::map<std::int64_t, std::int64_t> drafts;  // request -> drafts of its pending verify
+  for (auto& step : gqa.steps) {
+    if (step.kind == scenarios::StepKind::kVerify) drafts[step.request] = step.drafts;
+    if (step.kind == scenarios::StepKind::kAccept) step.accepted = drafts.at(step.request);
+  }
+  scenarios::Scenario layered = bundled("verify-s134");
+  layered.cache.layers = 3;
+  layered.name = "verify-s134-3-layers";
+  for (const auto& sc : {gqa, bundled("fp8-shared-row-neox"), bundled("ring-trace-w128-s134-state2"), layered}) {
+    INFO(sc.name);
+    const Recorded r = record_and_audit(sc, impl::Fault::kNone);
+    CHECK(r.live.passed);
+    check_same(r, true);
+  }
+}
+
+TEST_CASE("Audit: recordings of every bundled fault regression fail the same way") {
+  const auto files = scenarios::collect_scenario_files({std::string(KVCHECK_SOURCE_DIR) + "/scenarios/regressions"});
+  int audited = 0;
+  for (const auto& f : files) {
+    const std::string stem = f.stem().string();
+    if (stem.rfind("fault-", 0) != 0) continue;
+    impl::Fault fault = impl::Fault::kNone;
+    REQUIRE(impl::parse_fault(stem.substr(6), &fault));
+    INFO(stem);
+    const Recorded r = record_and_audit(scenarios::load_scenario_file(f), fault);
+    CHECK_FALSE(r.live.passed);
+    check_same(r, r.audited.observed != "slots");
+    ++audited;
+  }
+  CHECK(audited >= 8);
+}
+
+TEST_CASE("Audit: rewritten positions are judged on slots alone, with the same verdict") {
+  for (const char* name : {"verify-reject-then-decode", "gqa-bf16-interleaved-rope", "state-reuse-after-finish"}) {
+    INFO(name);
+    const Recorded r = record_and_audit(bundled(name), impl::Fault::kNone);
+    CHECK(r.live.passed);
+    check_same(r, false);
+  }
+}
+
+TEST_CASE("Audit: refusal probes are not recorded") {
+  const Recorded a = record_and_audit(bundled("verify-s134"), impl::Fault::kNone, /*probes=*/true);
+  CHECK(a.live.passed);
+  CHECK(a.live.probes > 0);
+  check_same(a, true);
+  const Recorded b = record_and_audit(bundled("state-reuse-after-finish"), impl::Fault::kNone, /*probes=*/true);
+  CHECK(b.live.passed);
+  CHECK(b.live.probes > 0);
+  check_same(b, false);
+}
+
+TEST_CASE("Audit: a recorded refusal fails the run at that step") {
+  const std::string text = lines({
+      kHeader,
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})",
+      R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":2,"refused":"full: no free block"})",
+  });
+  const auto audited = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+  REQUIRE(audited.size() == 1);
+  CHECK_FALSE(audited[0].passed);
+  REQUIRE(audited[0].steps.size() == 2);
+  CHECK(audited[0].steps[1].error == "full: no free block");
+  // A refused begin ends the run before its step.
+  const auto begun = audit_trace(scenarios::parse_trace(
+                                     lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":4,"state":0,"refused":"state-busy"})"}), ""),
+                                 AuditOptions{});
+  CHECK_FALSE(begun[0].passed);
+  CHECK(begun[0].first_failure.find("begin refused: state-busy") != std::string::npos);
+}
+
+TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line") {
+  const std::string prefill =
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";
+  // accept without a verify
+  CHECK(audit_where(lines({kHeader, prefill, R"({"step":1,"layer":0,"kind":"accept","request":0,"state":0,"accepted":0})"})) ==
+        "line 3: kind");
+  // accept of more drafts than the verify wrote
+  CHECK(audit_where(lines({kHeader, prefill,
+                           R"({"step":1,"layer":0,"kind":"verify","request":0,"state":0,"position":2,"drafts":1,"written":[2,3],"read":[[0,1,2],[1,2,3]]})",
+                           R"({"step":2,"layer":0,"kind":"accept","request":0,"state":0,"accepted":2})"})) == "line 4: accepted");
+  // a write at the wrong position
+  CHECK(audit_where(lines({kHeader, prefill,
+                           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]]})"})) ==
+        "line 3: position");
+  // a second request on a state still held
+  CHECK(audit_where(lines({kHeader, prefill,
+                           R"({"step":1,"layer":0,"kind":"decode","request":1,"state":0,"position":0,"written":[5],"read":[[5]]})"})) ==
+        "line 3: request");
+  // a request that moves to another state
+  CHECK(audit_where(lines({kHeader, prefill,
+                           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":1,"position":2,"written":[2],"read":[[0,1,2]]})"})) ==
+        "line 3: state");
+  // a step after the request finished
+  CHECK(audit_where(lines({kHeader, prefill, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})",
+                           R"({"step":2,"layer":0,"kind":"finish","request":0,"state":0})"})) == "line 4: request");
+  // states beyond the header's
+  CHECK(audit_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"states":1,"addressing":"paged"})",
+                           R"({"step":0,"layer":0,"kind":"finish","request":0,"state":1})"})) == "line 2: state");
+  CHECK(audit_where(lines({kHeader, prefill})) == "no error");
+}
