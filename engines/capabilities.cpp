@@ -10,25 +10,6 @@ namespace kvcheck::engines {
 
 namespace {
 
-const char* format_text(scenarios::Format f) {
-  switch (f) {
-    case scenarios::Format::kF64: return "f64";
-    case scenarios::Format::kF32: return "f32";
-    case scenarios::Format::kBf16: return "bf16";
-    case scenarios::Format::kFp8: return "fp8";
-  }
-  return "?";
-}
-
-const char* rope_text(scenarios::RopeStyle s) {
-  switch (s) {
-    case scenarios::RopeStyle::kNone: return "none";
-    case scenarios::RopeStyle::kNeox: return "neox";
-    case scenarios::RopeStyle::kInterleaved: return "interleaved";
-  }
-  return "?";
-}
-
 template <class T>
 bool contains(const std::vector<T>& v, const T& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
@@ -41,8 +22,8 @@ bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_r
     if (why) *why = std::move(text);
     return false;
   };
-  if (!contains(formats, c.format)) return no(std::string("element format ") + format_text(c.format));
-  if (!contains(rope_styles, c.rope.style)) return no(std::string("RoPE style ") + rope_text(c.rope.style));
+  if (!contains(formats, c.format)) return no("element format " + std::string(scenarios::format_name(c.format)));
+  if (!contains(rope_styles, c.rope.style)) return no("RoPE style " + std::string(scenarios::rope_style_name(c.rope.style)));
   if (!partial_rope && c.rope.style != scenarios::RopeStyle::kNone && c.rope.rotary_dims != c.head_dim) {
     return no("partial RoPE (rotary_dims < head_dim)");
   }
@@ -81,8 +62,7 @@ bool Capabilities::supports(const scenarios::Scenario& sc, std::string* why) con
     if (!supports_step(sc.steps[i])) {
       const auto& s = sc.steps[i];
       const std::string kind = s.kind == scenarios::StepKind::kPrefill
-                                   ? std::string("prefill ") +
-                                         (s.order == scenarios::Order::kLoadThenStore ? "load_then_store" : "store_then_load")
+                                   ? "prefill " + std::string(scenarios::order_name(s.order))
                                    : std::string(scenarios::step_kind_name(s.kind));
       if (why) *why = "steps[" + std::to_string(i) + "] is a " + kind + " step";
       return false;

@@ -271,45 +271,8 @@ struct Reader {
   }
 };
 
-const char* format_text(scenarios::Format f) {
-  switch (f) {
-    case scenarios::Format::kF64: return "f64";
-    case scenarios::Format::kF32: return "f32";
-    case scenarios::Format::kBf16: return "bf16";
-    case scenarios::Format::kFp8: return "fp8";
-  }
-  return "f64";
-}
-
-const char* rope_text(scenarios::RopeStyle s) {
-  switch (s) {
-    case scenarios::RopeStyle::kNone: return "none";
-    case scenarios::RopeStyle::kNeox: return "neox";
-    case scenarios::RopeStyle::kInterleaved: return "interleaved";
-  }
-  return "none";
-}
-
-const char* convention_text(scenarios::Convention c) {
-  switch (c) {
-    case scenarios::Convention::kKeys: return "keys";
-    case scenarios::Convention::kLeft: return "left";
-    case scenarios::Convention::kOffByOne: return "off-by-one";
-  }
-  return "keys";
-}
-
-const char* op_text(const StepCall& c) {
-  if (c.op == StepCall::Op::kBegin) return "begin";
-  switch (c.step.kind) {
-    case StepKind::kPrefill: return "prefill";
-    case StepKind::kDecode: return "decode";
-    case StepKind::kVerify: return "verify";
-    case StepKind::kAccept: return "accept";
-    case StepKind::kFinish: return "finish";
-    case StepKind::kReset: return "reset";
-  }
-  return "?";
+std::string op_text(const StepCall& c) {
+  return c.op == StepCall::Op::kBegin ? std::string("begin") : std::string(scenarios::step_kind_name(c.step.kind));
 }
 
 Json rows_json(const double* x, std::int64_t rows, std::int64_t width) {
@@ -350,13 +313,13 @@ class ExecProvider final : public CacheProvider {
     Json s;
     s["states"] = c.states;
     s["capacity"] = c.ring_rows;
-    s["window"] = {{"param", c.window}, {"convention", convention_text(c.convention)}, {"keys", spec.window_keys}};
+    s["window"] = {{"param", c.window}, {"convention", scenarios::convention_name(c.convention)}, {"keys", spec.window_keys}};
     s["q_heads"] = c.q_heads;
     s["kv_heads"] = c.kv_heads;
     s["head_dim"] = c.head_dim;
     s["shared_row"] = c.shared_row;
-    s["format"] = format_text(c.format);
-    s["rope"] = {{"style", rope_text(c.rope.style)}, {"rotary_dims", c.rope.rotary_dims}, {"base", c.rope.base}};
+    s["format"] = scenarios::format_name(c.format);
+    s["rope"] = {{"style", scenarios::rope_style_name(c.rope.style)}, {"rotary_dims", c.rope.rotary_dims}, {"base", c.rope.base}};
     s["softmax_scale"] = spec.softmax_scale;
     s["sink_logit"] = c.sink_logit ? Json(*c.sink_logit) : Json(nullptr);
     s["layers"] = c.layers;
@@ -480,7 +443,7 @@ ExecCache::~ExecCache() {
 
 StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
   if (answer) answer->clear();
-  const char* op = op_text(c);
+  const std::string op = op_text(c);
   const std::string where =
       (c.step_index >= 0 ? "steps[" + std::to_string(c.step_index) + "]" : std::string("step")) + " (" + op +
       ", layer " + std::to_string(c.layer) + ")";
@@ -495,7 +458,7 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
     switch (c.step.kind) {
       case StepKind::kPrefill:
         req["rows"] = c.rows;
-        req["order"] = c.step.order == scenarios::Order::kLoadThenStore ? "load_then_store" : "store_then_load";
+        req["order"] = scenarios::order_name(c.step.order);
         break;
       case StepKind::kVerify: req["drafts"] = c.step.drafts; break;
       case StepKind::kAccept: req["accepted"] = c.step.accepted; break;

@@ -13,25 +13,6 @@ namespace {
 
 using scenarios::StepKind;
 
-impl::ElementFormat to_impl(scenarios::Format f) {
-  switch (f) {
-    case scenarios::Format::kF64: return impl::ElementFormat::kF64;
-    case scenarios::Format::kF32: return impl::ElementFormat::kF32;
-    case scenarios::Format::kBf16: return impl::ElementFormat::kBf16;
-    case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
-  }
-  return impl::ElementFormat::kF64;
-}
-
-impl::RopeStyle to_impl(scenarios::RopeStyle s) {
-  switch (s) {
-    case scenarios::RopeStyle::kNone: return impl::RopeStyle::kNone;
-    case scenarios::RopeStyle::kNeox: return impl::RopeStyle::kNeox;
-    case scenarios::RopeStyle::kInterleaved: return impl::RopeStyle::kInterleaved;
-  }
-  return impl::RopeStyle::kNone;
-}
-
 Refusal refusal(const impl::Status& st) {
   return Refusal{std::string(impl::cache_error_name(st.code)), st.detail};
 }
@@ -150,6 +131,25 @@ class RingPoolProvider final : public CacheProvider {
 
 }  // namespace
 
+impl::ElementFormat impl_format(scenarios::Format f) noexcept {
+  switch (f) {
+    case scenarios::Format::kF64: return impl::ElementFormat::kF64;
+    case scenarios::Format::kF32: return impl::ElementFormat::kF32;
+    case scenarios::Format::kBf16: return impl::ElementFormat::kBf16;
+    case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
+  }
+  return impl::ElementFormat::kF64;
+}
+
+impl::RopeStyle impl_rope_style(scenarios::RopeStyle s) noexcept {
+  switch (s) {
+    case scenarios::RopeStyle::kNone: return impl::RopeStyle::kNone;
+    case scenarios::RopeStyle::kNeox: return impl::RopeStyle::kNeox;
+    case scenarios::RopeStyle::kInterleaved: return impl::RopeStyle::kInterleaved;
+  }
+  return impl::RopeStyle::kNone;
+}
+
 impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
   const auto& c = spec.cache;
   impl::PoolSpec p;
@@ -160,8 +160,8 @@ impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
   p.kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.shared_row = c.shared_row;
-  p.format = to_impl(c.format);
-  p.rope_style = to_impl(c.rope.style);
+  p.format = impl_format(c.format);
+  p.rope_style = impl_rope_style(c.rope.style);
   p.rope_dims = c.rope.rotary_dims;
   p.rope_base = c.rope.base;
   p.softmax_scale = c.softmax_scale.value_or(0.0);

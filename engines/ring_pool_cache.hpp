@@ -12,6 +12,10 @@
 
 namespace kvcheck::engines {
 
+/// The backend's element format and RoPE pairing of the scenario's spelling.
+impl::ElementFormat impl_format(scenarios::Format format) noexcept;
+impl::RopeStyle impl_rope_style(scenarios::RopeStyle style) noexcept;
+
 /// The backend PoolSpec of a cache spec (what the ring pool is asked for).
 impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault);
 

@@ -27,13 +27,6 @@ std::string at_line(std::int64_t line, const std::string& path) {
 
 std::string in_source(const TraceRun& run) { return run.source.empty() ? "" : " (in " + run.source + ")"; }
 
-std::string rule_of(const Error& e) {
-  const std::string prefix = "kvcheck error " + std::to_string(static_cast<int>(e.id())) + " at " +
-                             (e.where().empty() ? std::string("<input>") : e.where()) + ": ";
-  std::string rule = e.what();
-  if (rule.compare(0, prefix.size(), prefix) == 0) rule.erase(0, prefix.size());
-  return rule;
-}
 
 /// Where each part of the built scenario came from, to name trace lines.
 struct Origins {
@@ -87,7 +80,7 @@ bool split_indexed(const std::string& where, const std::string& prefix, std::siz
   } else {
     where = at_line(o.header_line, w);
   }
-  throw Error(e.id(), where, rule_of(e) + in_source(run));
+  throw Error(e.id(), where, e.rule() + in_source(run));
 }
 
 [[noreturn]] void fail_at(ErrorId id, std::int64_t line, const std::string& path, const std::string& rule,

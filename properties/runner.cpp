@@ -9,11 +9,13 @@
 #include <utility>
 
 #include "engines/factory.hpp"
+#include "engines/ring_pool_cache.hpp"
 #include "model/attention.hpp"
 #include "model/real.hpp"
 #include "model/visible.hpp"
 #include "properties/rows.hpp"
 #include "properties/shadow.hpp"
+#include "scenarios/scenario_json.hpp"
 #include "scenarios/step_semantics.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -34,16 +36,6 @@ model::WindowConvention to_model(scenarios::Convention c) {
   return model::WindowConvention::kKeys;
 }
 
-impl::ElementFormat to_impl(scenarios::Format f) {
-  switch (f) {
-    case scenarios::Format::kF64: return impl::ElementFormat::kF64;
-    case scenarios::Format::kF32: return impl::ElementFormat::kF32;
-    case scenarios::Format::kBf16: return impl::ElementFormat::kBf16;
-    case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
-  }
-  return impl::ElementFormat::kF64;
-}
-
 model::RopeStyle to_model(scenarios::RopeStyle s) {
   switch (s) {
     case scenarios::RopeStyle::kNone: return model::RopeStyle::kNone;
@@ -51,18 +43,6 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
     case scenarios::RopeStyle::kInterleaved: return model::RopeStyle::kInterleaved;
   }
   return model::RopeStyle::kNone;
-}
-
-const char* kind_name(StepKind kind) {
-  switch (kind) {
-    case StepKind::kPrefill: return "prefill";
-    case StepKind::kDecode: return "decode";
-    case StepKind::kVerify: return "verify";
-    case StepKind::kAccept: return "accept";
-    case StepKind::kFinish: return "finish";
-    case StepKind::kReset: return "reset";
-  }
-  return "?";
 }
 
 /// The model's truth for one written row: exact rotated key and value, and
@@ -258,7 +238,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       cache.sink_logit ? std::optional<Real>(Real(*cache.sink_logit)) : std::nullopt;
   const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(cache.q_heads) * cache.head_dim;
-  const impl::ElementFormat format = to_impl(cache.format);
+  const impl::ElementFormat format = engines::impl_format(cache.format);
 
   RunObservation run;
   run.scenario_name = sc.name;
@@ -307,7 +287,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     StepObservation obs;
     obs.step = static_cast<std::int64_t>(step_index);
     obs.layer = layer;
-    obs.kind = kind_name(step.kind);
+    obs.kind = std::string(scenarios::step_kind_name(step.kind));
     obs.request = step.request;
     obs.state = req.state;
     obs.first_position = scenarios::step_first_position(req.progress);
@@ -362,7 +342,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
           const std::string& name = apply[step_index % apply.size()];
           const std::string problem = prober.run(name, call, req.progress, k_bad.data());
           if (!problem.empty()) {
-            fail("step " + std::to_string(step_index) + " (" + kind_name(step.kind) + ") layer " +
+            fail("step " + std::to_string(step_index) + " (" + std::string(scenarios::step_kind_name(step.kind)) + ") layer " +
                  std::to_string(l) + ": " + problem);
             stop_at(step_index, l, step, req, problem);
             stop = true;
@@ -373,7 +353,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       if (n == 0) {
         if (const auto st = cut->call(call, nullptr)) {
           const std::string e = "refused: " + refusal_text(*st);
-          fail("step " + std::to_string(step_index) + " (" + kind_name(step.kind) + "): " + e);
+          fail("step " + std::to_string(step_index) + " (" + std::string(scenarios::step_kind_name(step.kind)) + "): " + e);
           stop_at(step_index, l, step, req, e);
           stop = true;
         }
@@ -384,9 +364,9 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       StepObservation obs;
       obs.step = static_cast<std::int64_t>(step_index);
       obs.layer = l;
-      obs.kind = kind_name(step.kind);
+      obs.kind = std::string(scenarios::step_kind_name(step.kind));
       if (step.kind == StepKind::kPrefill) {
-        obs.order = step.order == scenarios::Order::kLoadThenStore ? "load_then_store" : "store_then_load";
+        obs.order = scenarios::order_name(step.order);
       }
       obs.request = step.request;
       obs.state = req.state;

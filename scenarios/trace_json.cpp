@@ -46,14 +46,6 @@ std::string at_line(std::int64_t line, const std::string& path) {
   return "line " + std::to_string(line) + (path.empty() ? "" : ": " + path);
 }
 
-/// The rule text of an error (what() without the "kvcheck error N at WHERE: " prefix).
-std::string rule_of(const Error& e) {
-  const std::string prefix = "kvcheck error " + std::to_string(static_cast<int>(e.id())) + " at " +
-                             (e.where().empty() ? std::string("<input>") : e.where()) + ": ";
-  std::string rule = e.what();
-  if (rule.compare(0, prefix.size(), prefix) == 0) rule.erase(0, prefix.size());
-  return rule;
-}
 
 // ---- SAX document builder (one line) -----------------------------------------------
 
@@ -765,7 +757,7 @@ std::vector<TraceRun> parse_trace(std::string_view text, const std::string& sour
                "neither a header (key 'kvcheck_trace') nor a step record (key 'step')");
         }
       } catch (const Error& e) {
-        throw Error(e.id(), at_line(line, e.where()), rule_of(e));
+        throw Error(e.id(), at_line(line, e.where()), e.rule());
       }
     }
     for (const TraceRun& run : runs) check_run(run);
@@ -773,7 +765,7 @@ std::vector<TraceRun> parse_trace(std::string_view text, const std::string& sour
     return runs;
   } catch (const Error& e) {
     if (source.empty()) throw;
-    throw Error(e.id(), e.where(), rule_of(e) + " (in " + source + ")");
+    throw Error(e.id(), e.where(), e.rule() + " (in " + source + ")");
   }
 }
 
@@ -826,7 +818,7 @@ std::vector<std::vector<std::int64_t>> trace_read_slots(const TraceStep& s, std:
   try {
     check_block_table(t, window_keys);
   } catch (const Error& e) {
-    throw Error(e.id(), at_line(s.line, e.where()), rule_of(e));
+    throw Error(e.id(), at_line(s.line, e.where()), e.rule());
   }
   for (const std::int64_t len : t.seq_lens) {
     std::vector<std::int64_t> slots;

@@ -28,12 +28,14 @@ enum class ErrorId : int {
 class Error : public std::runtime_error {
  public:
   Error(ErrorId id, std::string where, const std::string& rule)
-      : std::runtime_error(format(id, where, rule)), id_(id), where_(std::move(where)) {}
+      : std::runtime_error(format(id, where, rule)), id_(id), where_(std::move(where)), rule_(rule) {}
 
   /// The stable error id.
   ErrorId id() const noexcept { return id_; }
   /// The JSON path, flag or field name at fault.
   const std::string& where() const noexcept { return where_; }
+  /// The rule alone (what() without the "kvcheck error N at WHERE: " prefix).
+  const std::string& rule() const noexcept { return rule_; }
 
  private:
   static std::string format(ErrorId id, const std::string& where, const std::string& rule) {
@@ -42,6 +44,7 @@ class Error : public std::runtime_error {
   }
   ErrorId id_;
   std::string where_;
+  std::string rule_;
 };
 
 }  // namespace kvcheck
