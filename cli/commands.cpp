@@ -17,6 +17,7 @@
 #include "impl/kv_cache.hpp"
 #include "model/spec_report.hpp"
 #include "model/trace.hpp"
+#include "properties/audit.hpp"
 #include "properties/check.hpp"
 #include "properties/runner.hpp"
 #include "reports/atomic_write.hpp"
@@ -343,10 +344,36 @@ int command_demo(int argc, char** argv) {
   sweep_options.counterexamples = sweep::CounterexampleMode::kNone;
   const sweep::SweepResult swept = sweep::run_sweep(grid, sweep_options);
   std::fputs(sweep::sweep_table(swept).c_str(), stdout);
+
+  // An engine's cache in another process, live over the exec protocol: the
+  // bundled paged adapter, correct and then with a bug engines have shipped.
+  const std::string paged = "exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/paged_cache.py";
+  std::printf("\n== 5. An engine in another process: %s ==\n", paged.c_str());
+  properties::CheckOptions live = options;
+  live.run.backend = paged;
+  reports::Report scratch;
+  const int live_code = run_check_into(live, out / "exec", scratch);
+  std::printf("\n-- the same adapter with --bug free-early (a block freed one step too early) --\n");
+  live.run.backend = paged + " --bug free-early";
+  const int bug_code = run_check_into(live, out / "exec", scratch);
+
+  const fs::path trace = fs::path(KVCHECK_SOURCE_DIR) / "traces" / "paged-engine-early-free.jsonl";
+  std::printf("\n== 6. A recorded trace audited (kvcheck audit %s) ==\n", trace.string().c_str());
+  reports::Report audited;
+  audited.context = context_for(argc, argv, 0, "trace", impl::Fault::kNone);
+  properties::AuditOptions audit_options;
+  audited.runs = properties::audit_trace(scenarios::load_trace_file(trace), audit_options);
+  std::fputs(reports::report_text(audited).c_str(), stdout);
+
   write_reports(report, out);
   std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n",
               out.string().c_str());
-  return spec_ok && report.passed() && check_code == 0 && swept.spec_disagreements == 0 ? 0 : 1;
+  // The bug switch and the early-free trace are meant to fail: the demo
+  // fails if they do not (kvcheck would have missed a real bug).
+  const bool bug_caught = bug_code == 1 && !audited.passed();
+  return spec_ok && report.passed() && check_code == 0 && swept.spec_disagreements == 0 && live_code == 0 && bug_caught
+             ? 0
+             : 1;
 }
 
 }  // namespace kvcheck::cli
