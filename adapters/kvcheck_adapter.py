@@ -487,6 +487,9 @@ class WindowCache:
         st.pending_first = st.pending_drafts = -1
         st.table = {}
 
+    # The adapter's own copy of the SPEC §3 step semantics, deliberately not
+    # derived from kvcheck's (scenarios/step_semantics.hpp): a mistake in one
+    # must show up as a disagreement with the other.
     def accept(self, layer, state, request, accepted):
         lay, st = self._busy_state(layer, state, request)
         if st.pending_drafts < 0:

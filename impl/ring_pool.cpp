@@ -357,6 +357,8 @@ Status RingPool::accept(std::int64_t state, std::int64_t accepted) {
   if (accepted < 0 || accepted > s.pending_drafts) {
     return Status::fail(CacheError::kBadAccept, "accept: a must be in [0, k]");
   }
+  // The pool keeps its own copy of the step semantics on purpose: kvcheck's
+  // one place (scenarios/step_semantics.hpp) must not share a mistake with it.
   // verify at length p stored p..p+k and left length p+k+1.
   const std::int64_t p = s.length - s.pending_drafts - 1;
   if (spec_.fault != Fault::kAcceptNoRollback) s.length = p + 1 + accepted;

@@ -448,7 +448,8 @@ std::string report_html(const Report& report) {
     const auto& r = report.runs[i];
     const bool linked = std::find(pictured.begin(), pictured.end(), i) != pictured.end();
     const std::string name = xml_escape(r.scenario_name);
-    out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + badge(r.passed) + "</td><td>" +
+    const std::string verdict = r.skipped ? std::string("<span class=\"badge\">SKIP</span>") : badge(r.passed);
+    out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + verdict + "</td><td>" +
            (linked ? "<a href=\"#run-" + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
            xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" + std::to_string(r.window_keys) +
            " " + xml_escape(r.window_convention) + "</td><td>" + std::to_string(r.ring_rows) + "</td><td>" +
@@ -456,7 +457,7 @@ std::string report_html(const Report& report) {
            std::to_string(r.queries) + "</td><td>" + std::to_string(r.lost_rows) + "</td><td>" +
            std::to_string(r.extra_reads) + "</td><td>" + std::to_string(r.collisions) + "</td><td>" +
            std::to_string(r.output_failures) + "</td><td>" + xml_escape(format_double(r.max_eps_units)) +
-           "</td><td>" + xml_escape(r.first_failure) + "</td></tr>\n";
+           "</td><td>" + xml_escape(r.skipped ? r.skip_reason : r.first_failure) + "</td></tr>\n";
   }
   out += "</table>\n";
 

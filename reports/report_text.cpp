@@ -111,10 +111,11 @@ std::string report_text(const Report& report) {
   std::string out = "kvcheck " + ctx.tool_version + "  backend " + ctx.backend + ", fault " + ctx.fault +
                     ", seed " + std::to_string(ctx.seed) + ", reference " + std::to_string(ctx.precision_bits) +
                     " bits\n";
-  std::size_t failed = 0;
+  std::size_t failed = 0, skipped = 0;
   for (const auto& run : report.runs) {
     out += run_summary_line(run) + "\n";
     failed += run.passed ? 0 : 1;
+    skipped += run.skipped ? 1 : 0;
   }
   for (const auto& run : report.runs) {
     if (!run.passed) out += "\n" + run_explanation(report, run);
@@ -131,8 +132,10 @@ std::string report_text(const Report& report) {
     if (c.failures != 0) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
     if (!c.replay_command.empty() && !c.passed()) out += "  replay: " + c.replay_command + "\n";
   }
-  out += "\n" + std::string(report.passed() ? "PASS" : "FAIL") + ": " + std::to_string(report.runs.size() - failed) +
-         " of " + std::to_string(report.runs.size()) + " runs passed\n";
+  out += "\n" + std::string(report.passed() ? "PASS" : "FAIL") + ": " +
+         std::to_string(report.runs.size() - failed - skipped) + " of " + std::to_string(report.runs.size()) +
+         " runs passed" + (skipped > 0 ? ", " + std::to_string(skipped) + " skipped (the cache cannot run them)" : "") +
+         "\n";
   return out;
 }
 

@@ -119,6 +119,7 @@ class Harness {
     step(state, drafts + 1, drafts, PrefillOrder::kStoreThenLoad, "verify");
   }
 
+  // The suite's own length bookkeeping, independent of scenarios/step_semantics.hpp on purpose.
   void accept(std::int64_t state, std::int64_t accepted) {
     if (!ready()) return;
     const auto st = pool_->accept(state, accepted);
