@@ -234,9 +234,17 @@ TraceScenario trace_scenario(const TraceRun& run) {
   }
 
   // Rows and outputs: explicit rows when every writing step carries them.
-  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t>, std::size_t> row_at;
+  // A (layer, request, position) written with one content throughout gets one
+  // row without a step; one written with new content (a rejected draft's
+  // position written again, a position after a reset) gets a row per writing
+  // step, each with its step.
   out.judge_outputs = h.cache.has_value();
   if (!out.judge_outputs) out.outputs_note = "the header has no \"cache\" (row layout)";
+  struct Candidate {
+    scenarios::ExplicitRow row;  // step set
+    Origins::Row origin;
+  };
+  std::vector<Candidate> candidates;
   for (const TraceStep& s : run.steps) {
     if (!out.judge_outputs) break;
     if (!scenarios::trace_kind_writes(s.kind) || s.refused) continue;
@@ -251,21 +259,38 @@ TraceScenario trace_scenario(const TraceRun& run) {
       row.layer = s.layer;
       row.request = s.request;
       row.position = s.position + static_cast<std::int64_t>(r);
+      row.step = s.step;
       row.k = s.k[r];
       if (!c.shared_row) row.v = s.v[r];
       row.q = s.q[r];
-      const auto [it, fresh] = row_at.emplace(std::tuple(row.layer, row.request, row.position), sc.data.rows.size());
-      if (fresh) {
-        sc.data.rows.push_back(std::move(row));
-        origins.row_lines.push_back({s.line, r});
-      } else if (!(sc.data.rows[it->second] == row)) {
-        out.judge_outputs = false;
-        out.outputs_note = "position " + std::to_string(row.position) + " of request " + std::to_string(row.request) +
-                           " is written with new rows on line " + std::to_string(s.line) + " (first on line " +
-                           std::to_string(origins.row_lines[it->second].line) +
-                           "); one explicit row per position cannot hold both";
-        break;
+      candidates.push_back({std::move(row), {s.line, r}});
+    }
+  }
+  if (out.judge_outputs) {
+    // Per (layer, request, position): its first candidate, and whether every
+    // later one carries the same content.
+    struct Group {
+      std::size_t first;
+      bool uniform = true;
+    };
+    std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t>, Group> groups;
+    const auto key = [](const scenarios::ExplicitRow& r) { return std::tuple(r.layer, r.request, r.position); };
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      const scenarios::ExplicitRow& row = candidates[i].row;
+      const auto [it, fresh] = groups.emplace(key(row), Group{i});
+      if (fresh) continue;
+      const scenarios::ExplicitRow& first = candidates[it->second.first].row;
+      if (row.k != first.k || row.v != first.v || row.q != first.q) it->second.uniform = false;
+    }
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      Candidate& cand = candidates[i];
+      const Group& g = groups.at(key(cand.row));
+      if (g.uniform) {
+        if (g.first != i) continue;  // the same content again: one row stands for every step
+        cand.row.step.reset();
       }
+      sc.data.rows.push_back(std::move(cand.row));
+      origins.row_lines.push_back(cand.origin);
     }
   }
   if (!out.judge_outputs) {

@@ -8,11 +8,10 @@
 // they mean for a live cache.
 //
 // Outputs are judged only when the header has "cache" and every writing step
-// that was not refused carries k, q (v unless shared rows) and out, each
-// (layer, request, position) with one content; otherwise the run's
-// `observed` is "slots" (slots judged, outputs not). A position rewritten
-// with new content (a rejected draft written again, a reset) cannot be given
-// as one explicit row, so such runs are judged on slots alone.
+// that was not refused carries k, q (v unless shared rows) and out; otherwise
+// the run's `observed` is "slots" (slots judged, outputs not). A position
+// rewritten with new content (a rejected draft written again, a reset) gets
+// one explicit row per writing step (ExplicitRow::step).
 #pragma once
 
 #include <string>

@@ -15,9 +15,15 @@ RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t
   rows.q.reserve(static_cast<std::size_t>(n * q_width));
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t p = first + i;
+    // A row for this very step first, else one for any step, else the PRNG.
     const scenarios::ExplicitRow* given = nullptr;
     for (const auto& r : sc.data.rows) {
-      if (r.layer == layer && r.request == request && r.position == p) given = &r;
+      if (r.layer != layer || r.request != request || r.position != p) continue;
+      if (r.step == step_index) {
+        given = &r;
+        break;
+      }
+      if (!r.step) given = &r;
     }
     if (given) {
       rows.k.insert(rows.k.end(), given->k.begin(), given->k.end());

@@ -69,14 +69,19 @@ struct Step {
   bool operator==(const Step&) const = default;
 };
 
-/// Explicit row values for one (layer, request, position); any row not given
-/// is drawn from Data::seed. k, v: [kv_heads * head_dim] (v empty for shared
-/// rows); q: [q_heads * head_dim].
+/// Explicit row values for one (layer, request, position), optionally for the
+/// one step that writes them; any row not given is drawn from Data::seed.
+/// k, v: [kv_heads * head_dim] (v empty for shared rows); q: [q_heads * head_dim].
+/// A row with a step gives the content that step writes at the position (a
+/// position written again after a rejected draft or a reset gets one row per
+/// step); a row without one stands for every step that writes the position
+/// and has no row of its own.
 struct ExplicitRow {
   std::int32_t layer = 0;
   std::int64_t request = 0;
   std::int64_t position = 0;
   std::vector<double> k, v, q;
+  std::optional<std::int64_t> step;  ///< index into Scenario::steps; nullopt: any step
   bool operator==(const ExplicitRow&) const = default;
 };
 

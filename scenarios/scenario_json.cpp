@@ -387,11 +387,12 @@ Data read_data(const json& j, const std::string& path) {
     for (std::size_t i = 0; i < v->size(); ++i) {
       const std::string p = join_index(rows_path, i);
       const json& r = as_object((*v)[i], p);
-      check_keys(r, p, {"layer", "request", "position", "k", "v", "q"});
+      check_keys(r, p, {"layer", "request", "position", "step", "k", "v", "q"});
       ExplicitRow row;
       row.layer = get_i32(require(r, p, "layer"), join_key(p, "layer"));
       row.request = get_i64(require(r, p, "request"), join_key(p, "request"));
       row.position = get_i64(require(r, p, "position"), join_key(p, "position"));
+      if (const json* vs = find(r, "step")) row.step = get_i64(*vs, join_key(p, "step"));
       row.k = get_f64_array(require(r, p, "k"), join_key(p, "k"));
       if (const json* vv = find(r, "v")) row.v = get_f64_array(*vv, join_key(p, "v"));
       row.q = get_f64_array(require(r, p, "q"), join_key(p, "q"));
@@ -752,7 +753,9 @@ void validate_data(const Scenario& s, const Simulation& sim) {
   const CacheConfig& c = s.cache;
   const auto kv_width = static_cast<std::size_t>(c.kv_heads) * static_cast<std::size_t>(c.head_dim);
   const auto q_width = static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(c.head_dim);
-  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t>, std::size_t> seen;
+  // (layer, request, position, step): an unstepped row is its own key, so it
+  // may stand beside rows for particular steps of the same position.
+  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t, std::optional<std::int64_t>>, std::size_t> seen;
   for (std::size_t i = 0; i < s.data.rows.size(); ++i) {
     const ExplicitRow& row = s.data.rows[i];
     const std::string p = join_index("data.rows", i);
@@ -772,11 +775,42 @@ void validate_data(const Scenario& s, const Simulation& sim) {
            "position " + std::to_string(row.position) + " is never written by request " +
                std::to_string(row.request) + " (positions 0.." + std::to_string(written - 1) + ")");
     }
-    const auto [prior, inserted] = seen.emplace(std::tuple(row.layer, row.request, row.position), i);
+    if (row.step) {
+      const std::string sp = join_key(p, "step");
+      const std::int64_t index = *row.step;
+      const auto count = static_cast<std::int64_t>(s.steps.size());
+      if (index < 0 || index >= count) {
+        fail(ErrorId::kJsonValue, sp,
+             "step " + std::to_string(index) +
+                 (count == 0 ? std::string(", but the scenario has no steps")
+                             : " is outside 0.." + std::to_string(count - 1)));
+      }
+      const Step& step = s.steps[static_cast<std::size_t>(index)];
+      const std::string at = "steps[" + std::to_string(index) + "]";
+      if (step_rows(step) == 0) {
+        fail(ErrorId::kJsonValue, sp,
+             at + (step.kind == StepKind::kAccept ? " is an " : " is a ") +
+                 std::string(step_kind_name(step.kind)) + " step, which writes no row");
+      }
+      if (step.request != row.request) {
+        fail(ErrorId::kJsonValue, sp,
+             at + " writes request " + std::to_string(step.request) + ", not request " +
+                 std::to_string(row.request));
+      }
+      const std::int64_t first = sim.first_position[static_cast<std::size_t>(index)];
+      const std::int64_t last = first + step_rows(step) - 1;
+      if (row.position < first || row.position > last) {
+        fail(ErrorId::kJsonValue, sp,
+             at + " writes positions " + std::to_string(first) + ".." + std::to_string(last) +
+                 ", not position " + std::to_string(row.position));
+      }
+    }
+    const auto [prior, inserted] = seen.emplace(std::tuple(row.layer, row.request, row.position, row.step), i);
     if (!inserted) {
       fail(ErrorId::kJsonValue, p,
-           "duplicate row for this layer, request and position (first at data.rows[" +
-               std::to_string(prior->second) + "])");
+           std::string(row.step ? "duplicate row for this layer, request, position and step"
+                                : "duplicate row for this layer, request and position") +
+               " (first at data.rows[" + std::to_string(prior->second) + "])");
     }
     const auto check_width = [&](const std::vector<double>& values, std::size_t width,
                                  std::string_view key, std::string_view rule) {
@@ -886,6 +920,7 @@ ojson to_document(const Scenario& s) {
     row["layer"] = r.layer;
     row["request"] = r.request;
     row["position"] = r.position;
+    if (r.step) row["step"] = *r.step;  // only when set: files without steps keep their text
     row["k"] = r.k;
     row["v"] = r.v;
     row["q"] = r.q;

@@ -179,7 +179,13 @@ TEST_CASE("CLI: malformed scenario files give exit 2 and one line with the JSON 
 
 // ---- engines as external processes (--impl exec:...) -------------------------
 
+#ifndef KVCHECK_EXEC_CASES
+#define KVCHECK_EXEC_CASES 2000
+#endif
+
 namespace {
+
+const std::string kExecCases = std::to_string(KVCHECK_EXEC_CASES);
 
 std::string adapter(const std::string& script, const std::string& args = "") {
   return "'exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/" + script + (args.empty() ? "" : " " + args) +
@@ -192,10 +198,10 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   const fs::path dir = temp_dir("exec-pass");
   for (const char* script : {"ring_cache.py", "paged_cache.py"}) {
     INFO(script);
-    const Outcome o = run("check --impl " + adapter(script) + " --cases 2000 --seed 1 --out " + (dir / script).string());
+    const Outcome o = run("check --impl " + adapter(script) + " --cases " + kExecCases + " --seed 1 --out " + (dir / script).string());
     INFO(o.out << o.err);
     CHECK(o.code == 0);
-    CHECK(o.out.find("2000 cases, 0 failing") != std::string::npos);
+    CHECK(o.out.find(kExecCases + " cases, 0 failing") != std::string::npos);
     // Every coverage class is reached through the protocol too.
     CHECK(o.out.find("=0") == std::string::npos);
   }
@@ -212,7 +218,7 @@ TEST_CASE("CLI exec: every adapter bug switch is caught within 2000 cases and sh
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
     const Outcome o =
-        run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases 2000 --seed 1 --out " + out.string());
+        run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " + kExecCases + " --seed 1 --out " + out.string());
     INFO(o.out << o.err);
     CHECK(o.code == 1);
     const fs::path file = out / "counterexample-exec-seed1.json";

@@ -3,15 +3,19 @@
 // runs, which must audit to the live run's verdict and numbers.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
 #include "properties/audit.hpp"
+#include "properties/rows.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/trace_json.hpp"
@@ -84,6 +88,7 @@ struct Recorded {
   std::string trace;
   RunObservation audited;
   std::string note;  ///< why outputs were not judged
+  scenarios::Scenario built;  ///< the scenario the audit built from the recording
 };
 
 /// Runs `sc` on the CPU ring pool (with `fault`) through the recording
@@ -110,7 +115,9 @@ Recorded record_and_audit(const scenarios::Scenario& sc, impl::Fault fault, bool
   const auto audited = audit_trace(runs, audit);
   REQUIRE(audited.size() == 1);
   r.audited = audited.front();
-  r.note = trace_scenario(runs.front()).outputs_note;
+  const TraceScenario ts = trace_scenario(runs.front());
+  r.note = ts.outputs_note;
+  r.built = ts.scenario;
   return r;
 }
 
@@ -312,7 +319,7 @@ TEST_CASE("Audit: recordings of every bundled scenario audit to the replayed ver
     INFO(f.string());
     const Recorded r = record_and_audit(scenarios::load_scenario_file(f), impl::Fault::kNone);
     CHECK(r.live.passed);
-    check_same(r, r.audited.observed != "slots");
+    check_same(r, true);  // rows and outputs recorded for every step, rewritten positions included
   }
 }
 
@@ -346,19 +353,95 @@ TEST_CASE("Audit: recordings of every bundled fault regression fail the same way
     INFO(stem);
     const Recorded r = record_and_audit(scenarios::load_scenario_file(f), fault);
     CHECK_FALSE(r.live.passed);
-    check_same(r, r.audited.observed != "slots");
+    check_same(r, true);
     ++audited;
   }
   CHECK(audited >= 8);
 }
 
-TEST_CASE("Audit: rewritten positions are judged on slots alone, with the same verdict") {
+std::size_t stepped_rows(const scenarios::Scenario& sc) {
+  std::size_t n = 0;
+  for (const auto& row : sc.data.rows) n += row.step.has_value() ? 1 : 0;
+  return n;
+}
+
+TEST_CASE("Audit: rewritten positions get rows per step, and outputs are judged with the live numbers") {
   for (const char* name : {"verify-reject-then-decode", "gqa-bf16-interleaved-rope", "state-reuse-after-finish"}) {
     INFO(name);
     const Recorded r = record_and_audit(bundled(name), impl::Fault::kNone);
     CHECK(r.live.passed);
-    check_same(r, false);
+    CHECK(r.live.observed == "slots+outputs");
+    CHECK(r.note.empty());
+    check_same(r, true);
+    CHECK(stepped_rows(r.built) > 0);
+    // The built scenario is a valid scenario file: it saves and loads back the same.
+    CHECK(scenarios::parse_scenario(scenarios::save_scenario(r.built), "") == r.built);
   }
+  // verify(3) at step 1 writes 5..8, accept 1, decodes rewrite 7 and 8 (steps 3,
+  // 4); verify(3) at step 5 writes 9..12, accept 0, decodes rewrite 10 and 11
+  // (steps 7, 8): two rows for each of 7, 8, 10, 11, one for each other position.
+  const Recorded r = record_and_audit(bundled("verify-reject-then-decode"), impl::Fault::kNone);
+  using Key = std::pair<std::int64_t, std::optional<std::int64_t>>;  // position, step
+  std::vector<Key> keys;
+  for (const auto& row : r.built.data.rows) keys.emplace_back(row.position, row.step);
+  std::sort(keys.begin(), keys.end());
+  const std::vector<Key> expected = {{0, {}}, {1, {}}, {2, {}},  {3, {}},  {4, {}},  {5, {}},  {6, {}},
+                                     {7, 1},  {7, 3},  {8, 1},   {8, 4},   {9, {}},  {10, 5}, {10, 7},
+                                     {11, 5}, {11, 8}, {12, {}}};
+  CHECK(keys == expected);
+}
+
+TEST_CASE("Audit: recorded faulted runs with rewritten positions fail the same way, outputs judged") {
+  const std::pair<const char*, impl::Fault> cases[] = {
+      {"verify-reject-then-decode", impl::Fault::kWindowTooNarrow},
+      {"verify-reject-then-decode", impl::Fault::kAcceptNoRollback},
+      {"state-reuse-after-finish", impl::Fault::kSlotNoStateOffset},
+      {"state-reuse-after-finish", impl::Fault::kWindowTooWide},
+  };
+  for (const auto& [name, fault] : cases) {
+    INFO(name << " with " << impl::fault_name(fault));
+    const Recorded r = record_and_audit(bundled(name), fault);
+    CHECK_FALSE(r.live.passed);
+    CHECK(r.audited.first_failure == r.live.first_failure);
+    CHECK(stepped_rows(r.built) > 0);
+    check_same(r, true);
+  }
+}
+
+TEST_CASE("Audit: make_rows takes a row for the step, else an unstepped row, else the seed") {
+  scenarios::Scenario sc = bundled("verify-reject-then-decode");
+  const RowSet drawn = make_rows(sc, 0, 0, 5, 4, 1);  // verify at step 1: positions 5..8
+  const auto row = [](std::int64_t position, std::optional<std::int64_t> step, double base) {
+    scenarios::ExplicitRow r;
+    r.request = 0;
+    r.position = position;
+    r.step = step;
+    r.k = {base, base + 1, base + 2, base + 3};
+    r.v = {-base, -base - 1, -base - 2, -base - 3};
+    r.q = {base / 2, base / 4, base / 8, base / 16};
+    return r;
+  };
+  sc.data.rows = {row(7, 3, 10), row(7, {}, 20), row(8, 4, 30), row(6, 1, 40)};
+  scenarios::validate_scenario(sc);
+  const RowSet verify = make_rows(sc, 0, 0, 5, 4, 1);
+  const auto slice = [](const std::vector<double>& all, std::size_t i) {
+    return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(4 * i),
+                               all.begin() + static_cast<std::ptrdiff_t>(4 * i + 4));
+  };
+  CHECK(slice(verify.k, 0) == slice(drawn.k, 0));              // 5: no row, the seed's
+  CHECK(slice(verify.k, 1) == sc.data.rows[3].k);              // 6: the row for step 1
+  CHECK(slice(verify.q, 1) == sc.data.rows[3].q);
+  CHECK(slice(verify.k, 2) == sc.data.rows[1].k);              // 7: step 1 has none, the unstepped row
+  CHECK(slice(verify.v, 2) == sc.data.rows[1].v);
+  CHECK(slice(verify.k, 3) == slice(drawn.k, 3));              // 8: only a row for step 4
+  CHECK(slice(verify.v, 3) == slice(drawn.v, 3));
+  const RowSet decode7 = make_rows(sc, 0, 0, 7, 1, 3);
+  CHECK(decode7.k == sc.data.rows[0].k);                       // 7 at step 3: its own row
+  CHECK(decode7.v == sc.data.rows[0].v);
+  CHECK(decode7.q == sc.data.rows[0].q);
+  const RowSet decode8 = make_rows(sc, 0, 0, 8, 1, 4);
+  CHECK(decode8.k == sc.data.rows[2].k);
+  CHECK(make_rows(sc, 0, 0, 6, 1, 2).k != sc.data.rows[3].k);  // 6 at another step: the seed's
 }
 
 TEST_CASE("Audit: refusal probes are not recorded") {
@@ -369,7 +452,7 @@ TEST_CASE("Audit: refusal probes are not recorded") {
   const Recorded b = record_and_audit(bundled("state-reuse-after-finish"), impl::Fault::kNone, /*probes=*/true);
   CHECK(b.live.passed);
   CHECK(b.live.probes > 0);
-  check_same(b, false);
+  check_same(b, true);
 }
 
 TEST_CASE("Audit: a recorded refusal fails the run at that step") {

@@ -322,6 +322,36 @@ TEST_CASE("Scenarios: malformed documents fail with the right id and path") {
       {"duplicate row",
        [](json& j) { j["data"]["rows"].push_back(j["data"]["rows"][0]); },
        ErrorId::kJsonValue, "data.rows[1]"},
+      // row steps: steps[0] prefill 0..2 and steps[2] verify 3..5 of request 0,
+      // steps[1] decode of request 1, steps[3] accept, steps[4] finish
+      {"row step as string", set("/data/rows/0/step", "0"), ErrorId::kJsonType, "data.rows[0].step"},
+      {"row step fractional", set("/data/rows/0/step", 0.5), ErrorId::kJsonType, "data.rows[0].step"},
+      {"row step negative", set("/data/rows/0/step", -1), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step beyond the steps", set("/data/rows/0/step", 5), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step an accept", set("/data/rows/0/step", 3), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step a finish", set("/data/rows/0/step", 4), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step of another request", set("/data/rows/0/step", 1), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step writing other positions", set("/data/rows/0/step", 2), ErrorId::kJsonValue, "data.rows[0].step"},
+      {"row step at a position another step writes",
+       [](json& j) {
+         at(j, "/data/rows/0/position") = 5;  // written by the verify, not by the prefill
+         at(j, "/data/rows/0/step") = 0;
+       },
+       ErrorId::kJsonValue, "data.rows[0].step"},
+      {"duplicate row for one step",
+       [](json& j) {
+         at(j, "/data/rows/0/step") = 0;
+         j["data"]["rows"].push_back(j["data"]["rows"][0]);
+       },
+       ErrorId::kJsonValue, "data.rows[1]"},
+      {"duplicate row for one step after an unstepped one",
+       [](json& j) {
+         json stepped = j["data"]["rows"][0];
+         stepped["step"] = 0;
+         j["data"]["rows"].push_back(stepped);
+         j["data"]["rows"].push_back(stepped);
+       },
+       ErrorId::kJsonValue, "data.rows[2]"},
       {"expectation step out of range", set("/expect/overwritten/0/step", 9), ErrorId::kJsonValue, "expect.overwritten[0].step"},
       {"expectation on an accept step", set("/expect/overwritten/0/step", 3), ErrorId::kJsonValue, "expect.overwritten[0].step"},
       {"expectation counts length", set("/expect/overwritten/0/counts", json{0, 0}), ErrorId::kJsonValue, "expect.overwritten[0].counts"},
@@ -438,6 +468,59 @@ TEST_CASE("Scenarios: defaults fill omitted cache fields and canonical save writ
     CHECK(text.find(key) != std::string::npos);
   }
   CHECK(parse_scenario(text, "") == s);
+}
+
+TEST_CASE("Scenarios: explicit rows for one step round-trip and stand beside unstepped rows") {
+  // steps[0] prefill 0..1, steps[1] verify 2..4 (drafts 3, 4 rejected),
+  // steps[3] decode rewrites 3, steps[4] reset, steps[5] decode rewrites 0.
+  const char* const text = R"({
+    "schema_version": 1, "name": "stepped", "description": "",
+    "cache": {"window": 4, "ring_rows": 6, "head_dim": 2},
+    "data": {"seed": 3, "rows": [
+      {"layer": 0, "request": 0, "position": 3, "step": 1, "k": [1, 2], "v": [3, 4], "q": [5, 6]},
+      {"layer": 0, "request": 0, "position": 3, "step": 3, "k": [7, 8], "v": [9, 10], "q": [11, 12]},
+      {"layer": 0, "request": 0, "position": 3, "k": [0.5, 0.25], "v": [1, 1], "q": [2, 2]},
+      {"layer": 0, "request": 0, "position": 0, "step": 5, "k": [-1, -2], "v": [-3, -4], "q": [-5, -6]},
+      {"layer": 0, "request": 0, "position": 0, "step": 0, "k": [1, 0], "v": [0, 1], "q": [1, 1]}]},
+    "requests": [{"id": 0, "state": 0}],
+    "steps": [{"kind": "prefill", "request": 0, "rows": 2, "order": "load_then_store"},
+              {"kind": "verify", "request": 0, "drafts": 2},
+              {"kind": "accept", "request": 0, "accepted": 0},
+              {"kind": "decode", "request": 0},
+              {"kind": "reset", "request": 0},
+              {"kind": "decode", "request": 0}]
+  })";
+  const Scenario s = parse_scenario(text, "");
+  REQUIRE(s.data.rows.size() == 5);
+  CHECK(s.data.rows[0].step == 1);
+  CHECK(s.data.rows[1].step == 3);
+  CHECK_FALSE(s.data.rows[2].step);
+  CHECK(s.data.rows[3].step == 5);
+  CHECK(s.data.rows[4].step == 0);
+  const std::string saved = save_scenario(s);
+  CHECK(saved.find(R"({"layer": 0, "request": 0, "position": 3, "step": 1, "k": [1.0, 2.0], )") != std::string::npos);
+  CHECK(saved.find(R"({"layer": 0, "request": 0, "position": 3, "k": [0.5, 0.25], )") != std::string::npos);
+  CHECK(parse_scenario(saved, "") == s);
+  CHECK(save_scenario(parse_scenario(saved, "")) == saved);
+
+  // Without a step nothing is written for it: the base document keeps its rows' keys.
+  const Scenario b = parse_scenario(kBase, "");
+  REQUIRE(b.data.rows.size() == 1);
+  CHECK_FALSE(b.data.rows[0].step);
+  const std::string base_text = save_scenario(b);
+  CHECK(base_text.find(R"({"layer": 0, "request": 0, "position": 1, "k": [1.0, 2.0], "v": [3.0, 4.0], "q": [1.0, 2.0, 3.0, 4.0]})") !=
+        std::string::npos);
+  CHECK(base_text.find("\"step\": 0") == std::string::npos);
+
+  // A step set in code is validated and saved like a parsed one.
+  Scenario coded = b;
+  coded.data.rows[0].step = 0;
+  CHECK(parse_scenario(save_scenario(coded), "") == coded);
+  coded.data.rows[0].step = 2;  // the verify writes 3..5, not position 1
+  const Error e = catch_error([&] { save_scenario(coded); });
+  CHECK(e.id() == ErrorId::kJsonValue);
+  CHECK(e.where() == "data.rows[0].step");
+  CHECK(std::string(e.what()).find("steps[2] writes positions 3..5, not position 1") != std::string::npos);
 }
 
 TEST_CASE("Scenarios: validate_scenario rejects fields foreign to a step's kind") {
@@ -637,7 +720,7 @@ Scenario gen_scenario() {
     s.steps.push_back(step);
   }
 
-  // Explicit rows at written positions, without duplicates.
+  // Explicit rows at written positions, without duplicates, for any step.
   for (std::size_t r = 0; r < live.size(); ++r) {
     for (std::int64_t p = 0; p < live[r].written_end; ++p) {
       if (*rc::gen::inRange(0, 10) != 0) continue;
@@ -645,6 +728,23 @@ Scenario gen_scenario() {
       row.layer = *rc::gen::inRange(0, c.layers);
       row.request = s.requests[r].id;
       row.position = p;
+      const auto kv = static_cast<std::size_t>(c.kv_heads * c.head_dim);
+      row.k = *rc::gen::container<std::vector<double>>(kv, gen_real());
+      if (!c.shared_row) row.v = *rc::gen::container<std::vector<double>>(kv, gen_real());
+      row.q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(c.q_heads * c.head_dim), gen_real());
+      s.data.rows.push_back(std::move(row));
+    }
+  }
+
+  // Rows for one writing step at positions it writes (one per step and position).
+  for (std::size_t i = 0; i < s.steps.size(); ++i) {
+    for (std::int64_t q = 0; q < step_rows(s.steps[i]); ++q) {
+      if (*rc::gen::inRange(0, 10) != 0) continue;
+      ExplicitRow row;
+      row.layer = *rc::gen::inRange(0, c.layers);
+      row.request = s.steps[i].request;
+      row.position = first_position[i] + q;
+      row.step = static_cast<std::int64_t>(i);
       const auto kv = static_cast<std::size_t>(c.kv_heads * c.head_dim);
       row.k = *rc::gen::container<std::vector<double>>(kv, gen_real());
       if (!c.shared_row) row.v = *rc::gen::container<std::vector<double>>(kv, gen_real());
