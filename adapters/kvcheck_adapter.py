@@ -155,25 +155,23 @@ def get_number(obj, key, path):
     return x
 
 
-def get_bool(obj, key, path):
+def _get_typed(obj, key, path, kind, what):
     x = obj[key]
-    if type(x) is not bool:
-        raise BadRequest(f"{path}.{key}: expected a boolean, got {_type_name(x)}")
+    if type(x) is not kind:  # exact type: True is not an int, 1 is not a bool
+        raise BadRequest(f"{path}.{key}: expected {what}, got {_type_name(x)}")
     return x
+
+
+def get_bool(obj, key, path):
+    return _get_typed(obj, key, path, bool, "a boolean")
 
 
 def get_str(obj, key, path):
-    x = obj[key]
-    if type(x) is not str:
-        raise BadRequest(f"{path}.{key}: expected a string, got {_type_name(x)}")
-    return x
+    return _get_typed(obj, key, path, str, "a string")
 
 
 def get_object(obj, key, path):
-    x = obj[key]
-    if type(x) is not dict:
-        raise BadRequest(f"{path}.{key}: expected an object, got {_type_name(x)}")
-    return x
+    return _get_typed(obj, key, path, dict, "an object")
 
 
 _NUMBER_TYPES = (float, int)
