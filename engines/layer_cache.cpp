@@ -1,6 +1,9 @@
 #include "engines/layer_cache.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <span>
 #include <limits>
 #include <vector>
 
@@ -24,6 +27,12 @@ Refusal refusal(LayerCacheError e) {
 struct Bound {
   std::unique_ptr<AttentionLayer> layer;
   std::unique_ptr<LayerKvCache> cache;
+  /// Inputs appended since the last reset, in order (the seed's "reset and
+  /// replay": a cache rebuilt for an updated layer is refilled from them).
+  std::vector<double> history;
+  /// A stale-revision probe bumped the layer's parameter revision: the next
+  /// call rebuilds the cache and replays `history` first.
+  bool rebind = false;
 };
 
 class LayerCache final : public CacheUnderTest {
@@ -40,13 +49,20 @@ class LayerCache final : public CacheUnderTest {
   StepStatus call(const StepCall& c, StepAnswer* answer) override {
     Bound& b = layers_[static_cast<std::size_t>(c.layer)];
     if (answer) answer->clear();
+    if (b.rebind) {
+      if (auto st = rebind(b)) return st;
+    }
     if (c.op == StepCall::Op::kBegin) {
       // One request at a time on the single batch row: begin starts it at 0.
       b.cache->reset();
+      b.history.clear();
       return {};
     }
     switch (c.step.kind) {
-      case StepKind::kReset: b.cache->reset(); return {};
+      case StepKind::kReset:
+        b.cache->reset();
+        b.history.clear();
+        return {};
       case StepKind::kFinish: return {};
       case StepKind::kDecode: break;
       default: return Refusal{"unsupported", "the layer-bound cache appends one token per call"};
@@ -56,6 +72,7 @@ class LayerCache final : public CacheUnderTest {
     const std::int64_t shape[3] = {1, 1, model_width_};
     const LayerCacheError e = b.cache->append(*b.layer, input_, shape, out_);
     if (e != LayerCacheError::kOk) return refusal(e);
+    b.history.insert(b.history.end(), input_.begin(), input_.end());
     if (answer == nullptr) return {};
     answer->out.assign(out_.begin(), out_.begin() + hd_);
     answer->has_written = true;
@@ -89,6 +106,14 @@ class LayerCache final : public CacheUnderTest {
       std::vector<double> two(2 * input_.size(), 0.0);
       const std::int64_t bad[3] = {1, 2, model_width_};
       e = b.cache->append(*b.layer, two, bad, out_);
+    } else if (name == "stale-revision") {
+      // An optimizer step updates Wk in place (same values, next revision):
+      // the bound cache must refuse, unchanged. Afterwards the adapter
+      // rebuilds the cache for the updated layer and replays its inputs
+      // (checked against the old rows at the next call).
+      b.layer->update_parameter(1, b.layer->parameter(1).values);
+      e = b.cache->append(*b.layer, input_, shape, out_);
+      b.rebind = true;
     } else if (name == "non-finite-row") {
       input_[static_cast<std::size_t>(hd_)] = std::numeric_limits<double>::quiet_NaN();
       e = b.cache->append(*b.layer, input_, shape, out_);
@@ -117,6 +142,47 @@ class LayerCache final : public CacheUnderTest {
     }
   }
 
+  /// Rebuilds b's cache for its (updated) layer, replays the inputs since
+  /// the last reset, and checks the replayed rows equal the old cache's live
+  /// rows byte for byte; the new cache then serves the run.
+  StepStatus rebind(Bound& b) {
+    b.rebind = false;
+    std::unique_ptr<LayerKvCache> fresh;
+    const LayerCacheError e = LayerKvCache::create(*b.layer, 1, b.cache->capacity(), &fresh);
+    if (e != LayerCacheError::kOk) return refusal(e);
+    const std::int64_t shape[3] = {1, 1, model_width_};
+    const auto width = static_cast<std::size_t>(model_width_);
+    for (std::size_t at = 0; at < b.history.size(); at += width) {
+      const LayerCacheError r =
+          fresh->append(*b.layer, std::span<const double>(b.history.data() + at, width), shape, out_);
+      if (r != LayerCacheError::kOk) return Refusal{"replay-refused", std::string(impl::cpu::layer_cache_error_name(r))};
+    }
+    if (fresh->length() != b.cache->length() || !same_live_rows(*fresh, *b.cache)) {
+      return Refusal{"replay-mismatch", "a cache rebuilt for the updated layer and replayed holds other rows"};
+    }
+    b.cache = std::move(fresh);
+    return {};
+  }
+
+  /// Rows [0, length) of every head of keys and values, compared bytewise
+  /// (storage is [batch = 1, heads, capacity, head_width]; rows past the
+  /// length are stale and need not match).
+  bool same_live_rows(const LayerKvCache& a, const LayerKvCache& b) const {
+    const auto heads = static_cast<std::size_t>(3 * spec_.cache.q_heads);
+    const auto width = static_cast<std::size_t>(spec_.cache.head_dim);
+    const auto cap = static_cast<std::size_t>(a.capacity());
+    const auto len = static_cast<std::size_t>(a.length());
+    for (const bool keys : {true, false}) {
+      const std::span<const double> x = keys ? a.keys() : a.values();
+      const std::span<const double> y = keys ? b.keys() : b.values();
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t first = h * cap * width;
+        if (std::memcmp(x.data() + first, y.data() + first, len * width * sizeof(double)) != 0) return false;
+      }
+    }
+    return true;
+  }
+
   CacheSpec spec_;
   std::vector<Bound> layers_;
   std::int64_t hd_ = 0, model_width_ = 0;
@@ -136,7 +202,7 @@ class LayerCacheProvider final : public CacheProvider {
     caps_.max_states = 1;
     caps_.max_step_rows = 1;
     caps_.ring_addressing = false;
-    caps_.probes = {"rebuilt-layer", "rope-mismatch", "wrong-width", "two-tokens", "non-finite-row"};
+    caps_.probes = {"rebuilt-layer", "rope-mismatch", "stale-revision", "wrong-width", "two-tokens", "non-finite-row"};
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return "layer"; }

@@ -11,10 +11,13 @@
 //
 // Refusal probes exercise its typed refusals along random schedules: a
 // rebuilt layer (new parameter identities), a layer with another RoPE, an
-// input of the wrong width, two tokens at once and a NaN input. Each must be
-// refused with the seed's error and leave length and storage byte-identical.
-// (A bumped parameter revision never comes back, so revision mismatch stays a
-// unit test: tests/impl/cpu/layer_kv_cache_test.cpp.)
+// input of the wrong width, two tokens at once, a NaN input, and a parameter
+// updated in place (a new revision). Each must be refused with the seed's
+// error and leave length and storage byte-identical. A bumped revision never
+// comes back, so after that probe the adapter does what the seed prescribes:
+// it rebuilds the cache for the updated layer and replays the inputs since the
+// last reset, and the next call fails ("replay-mismatch") unless the replayed
+// rows equal the old cache's live rows byte for byte.
 #pragma once
 
 #include <memory>

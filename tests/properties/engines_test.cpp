@@ -264,3 +264,55 @@ TEST_CASE("Step semantics: one pure place for length and pending drafts") {
   REQUIRE(scenarios::advance(p, step(StepKind::kReset)) == scenarios::StepRefusal::kNone);
   REQUIRE(p == scenarios::RequestProgress{});
 }
+
+TEST_CASE("Layer-bound cache: a stale revision is refused unchanged, then the cache is rebuilt and replayed") {
+  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  scenarios::Scenario sc;
+  sc.name = "layer-revision";
+  sc.cache.window = sc.cache.ring_rows = 8;
+  sc.cache.q_heads = sc.cache.kv_heads = 2;
+  sc.cache.head_dim = 4;
+  sc.cache.rope = scenarios::Rope{scenarios::RopeStyle::kNeox, 4, 10000.0};
+  sc.requests = {{0, 0}};
+  for (int i = 0; i < 6; ++i) {
+    scenarios::Step d;
+    d.kind = scenarios::StepKind::kDecode;
+    sc.steps.push_back(d);
+  }
+  engines::Refusal refused;
+  auto cache = provider->open(cache_spec(sc), &refused);
+  REQUIRE(cache);
+  std::vector<double> k(8, 0.25), v(8, 0.5), q(8, 1.0);
+  engines::StepCall call;
+  call.op = engines::StepCall::Op::kBegin;
+  REQUIRE_FALSE(cache->call(call, nullptr));
+  call.op = engines::StepCall::Op::kStep;
+  call.step = sc.steps[0];
+  call.rows = 1;
+  call.k = k.data();
+  call.v = v.data();
+  call.q = q.data();
+  engines::StepAnswer answer;
+  for (int i = 0; i < 3; ++i) {
+    k[0] = i;
+    REQUIRE_FALSE(cache->call(call, &answer));
+  }
+  const auto before = cache->fingerprint(0);
+  const auto st = cache->probe("stale-revision", call);
+  REQUIRE(st);
+  REQUIRE(st->code == "revision-mismatch");
+  REQUIRE(cache->fingerprint(0) == before);
+  // The next append goes to the rebuilt, replayed cache: position 3, reading 0..3.
+  k[0] = 3;
+  REQUIRE_FALSE(cache->call(call, &answer));
+  REQUIRE(answer.written == std::vector<std::int64_t>{3});
+  REQUIRE(answer.read_slots == std::vector<std::int64_t>{0, 1, 2, 3});
+  // And random schedules with every probe (stale-revision included) still pass.
+  RunOptions o;
+  o.backend = "layer";
+  o.provider = provider.get();
+  const RunObservation run = run_scenario(sc, o);
+  INFO(run.first_failure);
+  REQUIRE(run.passed);
+  REQUIRE(run.probes == 6);
+}

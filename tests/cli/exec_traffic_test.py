@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Validates kvcheck's real exec traffic against the published protocol schema.
+
+Usage: exec_traffic_test.py KVCHECK_BINARY SOURCE_DIR
+
+Runs `kvcheck check --cases 60` and `kvcheck replay` of every bundled fast
+scenario against the bundled ring and paged adapters through a tee that logs
+every line in both directions, then validates each logged line with
+jsonschema (Draft 2020-12) against the definition its op names (requests) or
+the answer definitions. Exits 0 when every line validates, 1 otherwise, 77
+(skipped) when python3-jsonschema is missing.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True
+
+TEE = r'''
+import subprocess, sys
+log = open(sys.argv[1], "a")
+child = subprocess.Popen(sys.argv[2:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+for line in sys.stdin:
+    log.write("> " + line)
+    child.stdin.write(line)
+    child.stdin.flush()
+    answer = child.stdout.readline()
+    log.write("< " + answer)
+    log.flush()
+    sys.stdout.write(answer)
+    sys.stdout.flush()
+child.stdin.close()
+child.wait()
+'''
+
+
+def main():
+    try:
+        import jsonschema
+    except ImportError:
+        print("python3-jsonschema is not installed: skipped")
+        return 77
+    kvcheck, root = sys.argv[1], sys.argv[2]
+    schema = json.load(open(os.path.join(root, "scenarios", "schema", "exec-protocol.schema.json")))
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+    def validator(name):
+        return jsonschema.Draft202012Validator({"$schema": schema["$schema"], "$defs": schema["$defs"],
+                                                "$ref": "#/$defs/" + name})
+
+    answers = validator("answer")
+    by_op = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tee = os.path.join(tmp, "tee.py")
+        open(tee, "w").write(TEE)
+        log = os.path.join(tmp, "traffic.log")
+        for script in ("ring_cache.py", "paged_cache.py"):
+            impl = "exec:python3 %s %s python3 %s" % (tee, log, os.path.join(root, "adapters", script))
+            for args in (["check", "--cases", "60", "--out", os.path.join(tmp, "out")],
+                         ["replay", os.path.join(root, "scenarios", "fast")]):
+                subprocess.run([kvcheck] + args + ["--impl", impl], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, check=False)
+        lines = open(log).read().splitlines()
+    if len(lines) < 1000:
+        print("too little traffic logged: %d lines" % len(lines))
+        return 1
+    bad = 0
+    ops = set()
+    for n, line in enumerate(lines):
+        direction, text = line[:2], line[2:]
+        msg = json.loads(text)
+        if direction == "> ":
+            op = msg.get("op")
+            ops.add(op)
+            if op not in by_op:
+                by_op[op] = validator(op)
+            errors = list(by_op[op].iter_errors(msg))
+        else:
+            errors = list(answers.iter_errors(msg))
+        if errors:
+            bad += 1
+            if bad <= 5:
+                print("line %d breaks the schema: %s\n  %s" % (n + 1, errors[0].message, text[:300]))
+    expected = {"hello", "open", "begin", "prefill", "decode", "verify", "accept", "finish", "reset", "close"}
+    if not expected <= ops:
+        print("ops never sent: %s" % sorted(expected - ops))
+        return 1
+    print("%d lines validated, %d broke the schema; ops sent: %s" % (len(lines), bad, sorted(ops)))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
