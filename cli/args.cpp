@@ -93,4 +93,10 @@ double Args::seconds(const std::string& flag, double fallback, double hi) const 
   return v;
 }
 
+void Args::no_positional(const std::string& command) const {
+  if (!positional_.empty()) {
+    throw Error(ErrorId::kUsage, positional_.front(), command + " takes no positional arguments");
+  }
+}
+
 }  // namespace kvcheck::cli

@@ -30,6 +30,8 @@ class Args {
   /// Comma-separated integers in [lo, hi].
   std::vector<std::int64_t> integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  /// Throws naming the first stray positional argument when there is one.
+  void no_positional(const std::string& command) const;
 
  private:
   std::map<std::string, std::string> values_;

@@ -108,6 +108,20 @@ reports::ReportContext context_for(int argc, char** argv, std::uint64_t seed,
   return ctx;
 }
 
+/// Makes sure `dir` exists and takes files, before any work is done (a bad
+/// --out is one line and exit 2 up front, not after every case has run).
+void prepare_out_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    throw Error(ErrorId::kIo, "--out", "cannot create directory '" + dir.string() + "': " +
+                                           (ec ? ec.message() : std::string("a file is in the way")));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw Error(ErrorId::kIo, "--out", "directory '" + dir.string() + "' is not writable");
+  }
+}
+
 void write_reports(const reports::Report& report, const fs::path& dir) {
   fs::create_directories(dir);
   reports::write_file_atomic(dir / "report.json", reports::report_json_text(report));
@@ -191,6 +205,7 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
 
 int command_spec(int argc, char** argv) {
   Args args(argc, argv, 2, {}, {});
+  args.no_positional("spec");
   const auto lines = model::reproduce_spec();
   std::fputs(model::spec_table(lines).c_str(), stdout);
   for (const auto& l : lines) {
@@ -201,6 +216,7 @@ int command_spec(int argc, char** argv) {
 
 int command_faults(int argc, char** argv) {
   Args args(argc, argv, 2, {}, {});
+  args.no_positional("faults");
   for (int f = 1; f < impl::kFaultCount; ++f) {
     const auto fault = static_cast<impl::Fault>(f);
     std::printf("%-26s %s\n", std::string(impl::fault_name(fault)).c_str(),
@@ -211,6 +227,7 @@ int command_faults(int argc, char** argv) {
 
 int command_trace(int argc, char** argv) {
   Args args(argc, argv, 2, {"--window", "--ring", "--state", "--positions"}, {"--json"});
+  args.no_positional("trace");
   for (const char* required : {"--window", "--ring", "--state", "--positions"}) {
     if (!args.get(required)) throw Error(ErrorId::kUsage, required, "is required");
   }
@@ -237,9 +254,7 @@ int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
             {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record"},
             {});
-  if (!args.positional().empty()) {
-    throw Error(ErrorId::kUsage, args.positional().front(), "check takes no positional arguments");
-  }
+  args.no_positional("check");
   properties::CheckOptions options;
   options.run.backend = impl_flag(args);
   options.run.step_timeout_seconds = step_timeout_flag(args);
@@ -250,6 +265,7 @@ int command_check(int argc, char** argv) {
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
   options.progress = progress_bar("check");
   const fs::path out = args.get_or("--out", "kvcheck-out");
+  prepare_out_dir(out);
   reports::Report report;
   report.context = context_for(argc, argv, options.seed, options.run.backend, options.run.fault);
   report.context.precision_bits = options.run.precision_bits;
@@ -311,7 +327,9 @@ int command_replay(int argc, char** argv) {
 
 int command_demo(int argc, char** argv) {
   Args args(argc, argv, 2, {"--cases", "--out", "--scenarios", "--seed"}, {});
+  args.no_positional("demo");
   const fs::path out = args.get_or("--out", "kvcheck-out");
+  prepare_out_dir(out);
   const std::string bundled = args.get_or("--scenarios", std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast");
   std::printf("== 1. SPEC §6 reproduced by the reference model (%d-bit MPFR) ==\n", 113);
   const auto lines = model::reproduce_spec();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "cli/args.hpp"
@@ -36,7 +37,7 @@ usage:
 IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS' (an engine's adapter
 speaking the JSON Lines protocol of adapters/PROTOCOL.md)
 
-exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input
+exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input, 3 an internal error
 )";
 
 }  // namespace
@@ -64,9 +65,13 @@ int main(int argc, char** argv) {
     throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return e.id() == ErrorId::kInternal || e.id() == ErrorId::kOutOfMemory ? 3 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s\n", Error(ErrorId::kOutOfMemory, command, "out of memory").what());
+    return 3;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvcheck: internal error: %s\n", e.what());
-    return 2;
+    // Not bad input: a defect in kvcheck. Its own id and exit code.
+    std::fprintf(stderr, "%s\n", Error(ErrorId::kInternal, command, std::string("internal error: ") + e.what()).what());
+    return 3;
   }
 }

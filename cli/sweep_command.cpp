@@ -66,9 +66,7 @@ int command_sweep(int argc, char** argv) {
                   {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg",
                    "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout"},
                   {});
-  if (!args.positional().empty()) {
-    throw Error(ErrorId::kUsage, args.positional().front(), "sweep takes no positional arguments");
-  }
+  args.no_positional("sweep");
   sweep::SweepGrid grid = sweep::default_grid();
   if (const auto v = args.get("--window")) grid.windows = sweep::parse_value_list("--window", *v, 1, kMaxWindowRows);
   if (const auto v = args.get("--drafts")) grid.drafts = sweep::parse_value_list("--drafts", *v, 0, kMaxDrafts);

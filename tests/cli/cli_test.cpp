@@ -248,9 +248,10 @@ TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, t
       {"bad-version", "hello answer.version: protocol version 2, kvcheck speaks 1"}};
   for (const auto& [mode, expected] : modes) {
     INFO(mode);
-    for (const char* command : {"check --cases 3 --out /dev/null/none", "replay"}) {
+    const std::string check_args = "check --cases 3 --out " + (fs::temp_directory_path() / marker).string();
+    for (const std::string& command : {check_args, std::string("replay")}) {
       const std::string file = std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/prefill-w3-s5-store-then-load-4-6.json";
-      const std::string args = std::string(command) + (std::string(command) == "replay" ? " " + file : "") +
+      const std::string args = command + (command == "replay" ? " " + file : "") +
                                " --step-timeout 1 --impl 'exec:python3 " + script + " " + mode + " " + marker + "'";
       const Outcome o = run(args);
       INFO(o.err);
@@ -312,5 +313,23 @@ TEST_CASE("CLI: check and replay reach the layer-bound cache; unsupported scenar
   CHECK(r.code == 0);
   CHECK(r.out.find("SKIP  verify-s128  (layer-kv-cache does not support steps of 100 rows (most 1))") != std::string::npos);
   CHECK(run("check --impl layer --fault window-too-wide --cases 5").code == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: stray positional arguments and an unusable --out are refused before any work") {
+  for (const char* args : {"check 500", "spec extra", "faults x", "trace --window 3 --ring 5 --state 0 --positions 1 extra",
+                           "sweep 7", "demo now"}) {
+    INFO(args);
+    const Outcome o = run(args);
+    CHECK(o.code == 2);
+    CHECK(o.err.find("takes no positional arguments") != std::string::npos);
+    CHECK(lines(o.err) == 1);
+  }
+  const fs::path dir = temp_dir("bad-out");
+  std::ofstream(dir / "file") << "x";
+  const Outcome o = run("check --cases 100000 --out " + (dir / "file" / "sub").string());
+  CHECK(o.code == 2);
+  CHECK(o.err.rfind("kvcheck error 400 at --out: cannot create directory", 0) == 0);
+  CHECK(o.out.empty());  // refused before the first case
   fs::remove_all(dir);
 }
