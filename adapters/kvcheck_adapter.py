@@ -655,6 +655,8 @@ class Adapter:
             "max_head_dim": 0,
             "reports": {"written_slots": True, "read_slots": True},
             "addressing": self.addressing,
+            # Calls kvcheck may send that this cache must refuse, unchanged.
+            "probes": ["accept-without-verify", "accept-too-many", "begin-busy-state"],
         }
 
     # -- command line ---------------------------------------------------------
