@@ -159,7 +159,13 @@ CheckResult run_check(const CheckOptions& options) {
   // The coordinating thread's cache provider: its capabilities steer the
   // generator, and it runs the shrinker. Each worker opens its own (an exec
   // adapter is one child process per worker).
-  std::unique_ptr<engines::CacheProvider> main_provider = make_provider(options.run);
+  auto new_provider = [&options]() -> std::unique_ptr<engines::CacheProvider> {
+    if (!options.provider_factory) return make_provider(options.run);
+    std::unique_ptr<engines::CacheProvider> made = options.provider_factory();
+    if (!made) throw Error(ErrorId::kUsage, "provider_factory", "the provider factory returned no provider");
+    return made;
+  };
+  std::unique_ptr<engines::CacheProvider> main_provider = new_provider();
   const engines::Capabilities caps = main_provider->capabilities();
   result.reachable = reachable_coverage(caps);
 
@@ -184,7 +190,7 @@ CheckResult run_check(const CheckOptions& options) {
         const std::int64_t i = next.fetch_add(1);
         if (i >= options.cases) break;
         if (!provider) {
-          provider = make_provider(options.run);
+          provider = new_provider();
           run.provider = provider.get();
         }
         const Scenario sc = generate_scenario(case_seed(options.seed, i), caps);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@ struct CheckOptions {
   std::uint64_t seed = 1;
   RunOptions run;
   int threads = 2;
+  /// Makes the cache providers instead of make_provider(run) when set: one
+  /// for the coordinating thread (capabilities, shrinking) and one per
+  /// worker, so a C++ engine's caches are never shared between threads.
+  /// Workers call it from their own threads, possibly at the same time.
+  /// `run.provider` is ignored by run_check either way.
+  std::function<std::unique_ptr<engines::CacheProvider>()> provider_factory;
   /// Called from the coordinating thread with cases finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
 };

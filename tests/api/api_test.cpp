@@ -1,0 +1,98 @@
+// kvcheck::api (api/kvcheck.hpp) in the source tree, on our own caches: the
+// installed package runs the same calls in examples/engine-test.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "api/kvcheck.hpp"
+#include "engines/factory.hpp"
+#include "properties/check.hpp"
+#include "properties/generator.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "support/error.hpp"
+
+using namespace kvcheck;
+
+namespace {
+
+std::unique_ptr<engines::CacheProvider> cpu(impl::Fault fault = impl::Fault::kNone) {
+  return engines::make_provider("cpu", fault);
+}
+
+}  // namespace
+
+TEST_CASE("api::check runs the cases on providers from the factory, one per worker") {
+  std::atomic<int> made{0};
+  api::CheckOptions options;
+  options.cases = 120;
+  options.threads = 2;
+  const api::CheckResult r = api::check(
+      [&made] {
+        ++made;
+        return cpu();
+      },
+      options);
+  INFO(api::summary(r));
+  CHECK(r.passed);
+  CHECK(r.cache == "cpu");
+  CHECK(r.cases == 120);
+  CHECK(r.failures == 0);
+  CHECK_FALSE(r.found_failure);
+  CHECK(r.coverage.size() == properties::coverage_names().size());
+  // The coordinating thread's provider plus one per worker that ran a case.
+  CHECK(made.load() >= 2);
+  CHECK(made.load() <= 3);
+  CHECK(r.counterexample_file.empty());
+}
+
+TEST_CASE("api::check on a borrowed provider finds, shrinks and writes the counterexample") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kvcheck-api-test-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::filesystem::remove_all(dir);
+  const auto file = dir / "sub" / "ce.json";
+  const auto buggy = cpu(impl::Fault::kRingSizedWindow);
+  api::CheckOptions options;
+  options.cases = 200;
+  options.counterexample_path = file;
+  const api::CheckResult r = api::check(*buggy, options);
+  INFO(api::summary(r));
+  REQUIRE(r.found_failure);
+  CHECK_FALSE(r.passed);
+  CHECK(r.failures > 0);
+  CHECK(r.counterexample.steps.size() <= r.original.steps.size());
+  CHECK_FALSE(r.counterexample_run.passed);
+  CHECK(r.counterexample_run.scenario_name == r.counterexample.name);
+  REQUIRE(r.counterexample_file == file);
+  CHECK(scenarios::load_scenario_file(file) == r.counterexample);
+  CHECK(api::summary(r).find("check: FAIL") != std::string::npos);
+
+  const auto again = api::replay(*buggy, {file});
+  REQUIRE(again.size() == 1);
+  CHECK_FALSE(again[0].passed);
+  CHECK_FALSE(api::all_passed(again));
+  const auto fixed = cpu();
+  CHECK(api::all_passed(api::replay(*fixed, {dir})));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("api::replay runs every bundled scenario, named after its file") {
+  const auto provider = cpu();
+  const auto runs = api::replay(*provider, {std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast"});
+  INFO(api::summary(runs));
+  CHECK(runs.size() == scenarios::collect_scenario_files({KVCHECK_SOURCE_DIR "/scenarios/fast"}).size());
+  CHECK(api::all_passed(runs));
+  for (const auto& r : runs) CHECK(r.backend == "cpu");
+  CHECK_THROWS_AS(api::replay(*provider, {"/nonexistent/kvcheck.json"}), Error);
+}
+
+TEST_CASE("run_check: a provider factory that returns nothing is an error") {
+  properties::CheckOptions options;
+  options.cases = 4;
+  options.provider_factory = [] { return std::unique_ptr<engines::CacheProvider>(); };
+  CHECK_THROWS_AS(properties::run_check(options), Error);
+  CHECK_THROWS_AS(api::check(api::ProviderFactory([] { return std::unique_ptr<engines::CacheProvider>(); })), Error);
+}
