@@ -220,7 +220,8 @@ struct Reader {
     Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       const std::string shown = line.size() > 120 ? line.substr(0, 120) + "..." : line;
-      bad("", "the line is not JSON (NaN and Infinity are not JSON): " + shown);
+      bad("", "the line is not JSON (NaN and Infinity are not JSON; an adapter writes only protocol lines to "
+              "stdout and logs to stderr): " + shown);
     }
     if (!j.is_object()) bad("", "expected a JSON object");
     return j;

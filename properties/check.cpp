@@ -196,7 +196,15 @@ CheckResult run_check(const CheckOptions& options) {
         const Scenario sc = generate_scenario(case_seed(options.seed, i), caps);
         CaseOutcome& out = outcomes[static_cast<std::size_t>(i)];
         out.coverage = coverage_flags(classify(sc));
-        const RunObservation obs = run_scenario(sc, run);
+        RunObservation obs;
+        try {
+          obs = run_scenario(sc, run);
+        } catch (const Error& e) {
+          // Name the case, so the failing schedule can be regenerated.
+          throw Error(e.id(), e.where(),
+                      e.rule() + "\n(check case " + std::to_string(i) + ", case seed " +
+                          std::to_string(case_seed(options.seed, i)) + ")");
+        }
         out.failed = !obs.passed;
         out.skipped = obs.skipped;
         if (out.failed) {

@@ -243,7 +243,7 @@ TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, t
       {"not-json", "steps[0] (prefill, layer 0) answer: the line is not JSON"},
       {"missing-field", "steps[0] (prefill, layer 0) answer.out: missing field"},
       {"wrong-shape", "steps[0] (prefill, layer 0) answer.out[0]: expected"},
-      {"nan", "steps[0] (prefill, layer 0) answer: the line is not JSON (NaN and Infinity are not JSON)"},
+      {"nan", "steps[0] (prefill, layer 0) answer: the line is not JSON (NaN and Infinity are not JSON;"},
       {"hang", "steps[0] (prefill, layer 0): no answer within 1 s (--step-timeout)"},
       {"bad-version", "hello answer.version: protocol version 2, kvcheck speaks 1"}};
   for (const auto& [mode, expected] : modes) {
