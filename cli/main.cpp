@@ -38,7 +38,32 @@ IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS'
 speaking the JSON Lines protocol of adapters/PROTOCOL.md)
 
 exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input, 3 an internal error
+`kvcheck COMMAND --help` prints one command's usage; `kvcheck --version` the version.
 )";
+
+#ifndef KVCHECK_VERSION
+#define KVCHECK_VERSION "0.0.0"
+#endif
+
+/// The usage of one command: its lines of kUsage (with their continuation
+/// lines), then the IMPL and exit-code notes. Empty for an unknown command.
+std::string command_usage(const std::string& command) {
+  const std::string text = kUsage;
+  const std::string head = "  kvcheck " + command + " ";
+  std::string out, notes;
+  bool in_command = false;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? text.size() : end + 1;
+    if (line.rfind("  kvcheck ", 0) == 0) in_command = line.rfind(head, 0) == 0 || line == "  kvcheck " + command;
+    else if (line.rfind("                 ", 0) != 0) in_command = false;
+    if (in_command) out += line + "\n";
+    if (line.rfind("IMPL:", 0) == 0 || line.rfind("speaking", 0) == 0 || line.rfind("exit codes:", 0) == 0) notes += line + "\n";
+  }
+  return out.empty() ? out : "usage:\n" + out + "\n" + notes;
+}
 
 }  // namespace
 
@@ -53,6 +78,19 @@ int main(int argc, char** argv) {
     if (command == "help" || command == "--help" || command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (command == "--version" || command == "version") {
+      std::printf("kvcheck %s\n", KVCHECK_VERSION);
+      return 0;
+    }
+    for (int i = 2; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        const std::string usage = command_usage(command);
+        if (usage.empty()) throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
+        std::fputs(usage.c_str(), stdout);
+        return 0;
+      }
     }
     if (command == "demo") return cli::command_demo(argc, argv);
     if (command == "spec") return cli::command_spec(argc, argv);

@@ -333,3 +333,17 @@ TEST_CASE("CLI: stray positional arguments and an unusable --out are refused bef
   CHECK(o.out.empty());  // refused before the first case
   fs::remove_all(dir);
 }
+
+TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the version") {
+  for (const char* command : {"demo", "spec", "check", "replay", "audit", "trace", "sweep", "faults"}) {
+    INFO(command);
+    const Outcome o = run(std::string(command) + " --help");
+    CHECK(o.code == 0);
+    CHECK(o.out.rfind("usage:\n  kvcheck " + std::string(command), 0) == 0);
+    CHECK(o.out.find("exit codes:") != std::string::npos);
+  }
+  const Outcome v = run("--version");
+  CHECK(v.code == 0);
+  CHECK(v.out.rfind("kvcheck ", 0) == 0);
+  CHECK(run("nope --help").code == 2);
+}
