@@ -18,28 +18,15 @@
 #include <sstream>
 #include <utility>
 
+#include "scenarios/json_read.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::scenarios {
 namespace {
 
-using json = nlohmann::json;
+using namespace json_read;
 using ojson = nlohmann::ordered_json;
-
-// ---- paths and errors --------------------------------------------------------
-
-std::string join_key(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : path + "." + std::string(key);
-}
-
-std::string join_index(const std::string& path, std::size_t index) {
-  return path + "[" + std::to_string(index) + "]";
-}
-
-[[noreturn]] void fail(ErrorId id, std::string where, const std::string& rule) {
-  throw Error(id, std::move(where), rule);
-}
 
 /// "line N: PATH", or "line N" for the whole line.
 std::string at_line(std::int64_t line, const std::string& path) {
@@ -47,170 +34,7 @@ std::string at_line(std::int64_t line, const std::string& path) {
 }
 
 
-// ---- SAX document builder (one line) -----------------------------------------------
-
-/// Builds a json DOM and rejects duplicate keys, non-finite numbers and
-/// nesting beyond kMaxJsonDepth, each with the JSON path inside the line.
-class DomBuilder {
- public:
-  explicit DomBuilder(json& root) : root_(root) {}
-
-  bool null() { return put(json(nullptr)) != nullptr; }
-  bool boolean(bool value) { return put(json(value)) != nullptr; }
-  bool number_integer(json::number_integer_t value) { return put(json(value)) != nullptr; }
-  bool number_unsigned(json::number_unsigned_t value) { return put(json(value)) != nullptr; }
-  bool number_float(json::number_float_t value, const json::string_t& text) {
-    if (!std::isfinite(value)) fail(ErrorId::kNonFinite, next_path(), "number " + text + " does not fit a double");
-    return put(json(value)) != nullptr;
-  }
-  bool string(json::string_t& value) { return put(json(std::move(value))) != nullptr; }
-  bool binary(json::binary_t& /*value*/) { fail(ErrorId::kJsonSyntax, next_path(), "binary values are not JSON text"); }
-  bool start_object(std::size_t /*elements*/) { return open(json::object()); }
-  bool key(json::string_t& key) {
-    Frame& top = frames_.back();
-    if (top.node->contains(key)) {
-      fail(ErrorId::kJsonSyntax, join_key(frame_path(frames_.size() - 1), key), "duplicate key '" + key + "'");
-    }
-    top.key = std::move(key);
-    return true;
-  }
-  bool end_object() {
-    frames_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t /*elements*/) { return open(json::array()); }
-  bool end_array() {
-    frames_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t position, const std::string& /*last_token*/, const nlohmann::detail::exception& ex) {
-    if (ex.id == 406) fail(ErrorId::kNonFinite, next_path(), "number does not fit a double (overflows to infinity)");
-    std::string message = ex.what();
-    const auto at = message.find("parse error at ");
-    if (at != std::string::npos) message = message.substr(at + 15);
-    // The line is parsed alone: nlohmann's "line 1, column C" is the column.
-    const auto col = message.find("line 1, ");
-    if (col != std::string::npos) message.erase(col, 8);
-    fail(ErrorId::kJsonSyntax, "byte " + std::to_string(position), "malformed JSON: " + message);
-  }
-
- private:
-  struct Frame {
-    json* node;
-    std::string key;
-  };
-
-  std::string frame_path(std::size_t i) const {
-    std::string path;
-    for (std::size_t f = 0; f < i; ++f) {
-      const Frame& frame = frames_[f];
-      path = frame.node->is_object() ? join_key(path, frame.key) : join_index(path, frame.node->size() - 1);
-    }
-    return path;
-  }
-
-  std::string next_path() const {
-    if (frames_.empty()) return "";
-    const Frame& top = frames_.back();
-    const std::string parent = frame_path(frames_.size() - 1);
-    return top.node->is_object() ? join_key(parent, top.key) : join_index(parent, top.node->size());
-  }
-
-  bool open(json&& container) {
-    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
-      fail(ErrorId::kJsonSyntax, next_path(), "nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    }
-    json* node = put(std::move(container));
-    frames_.push_back({node, {}});
-    return true;
-  }
-
-  json* put(json&& value) {
-    if (frames_.empty()) {
-      root_ = std::move(value);
-      return &root_;
-    }
-    Frame& top = frames_.back();
-    if (top.node->is_array()) {
-      top.node->push_back(std::move(value));
-      return &top.node->back();
-    }
-    json& slot = (*top.node)[top.key];
-    slot = std::move(value);
-    return &slot;
-  }
-
-  json& root_;
-  std::vector<Frame> frames_;
-};
-
-// ---- typed reads ------------------------------------------------------------------
-
-std::string describe(const json& j) {
-  if (j.is_number_float()) return "a floating-point number";
-  if (j.is_number()) return "an integer";
-  if (j.is_string()) return "a string";
-  if (j.is_boolean()) return "a boolean";
-  if (j.is_null()) return "null";
-  if (j.is_array()) return "an array";
-  return "an object";
-}
-
-[[noreturn]] void type_error(const json& j, const std::string& path, std::string_view expected) {
-  fail(ErrorId::kJsonType, path, "expected " + std::string(expected) + ", found " + describe(j));
-}
-
-const json& as_object(const json& j, const std::string& path) {
-  if (!j.is_object()) type_error(j, path, "an object");
-  return j;
-}
-
-const json& as_array(const json& j, const std::string& path) {
-  if (!j.is_array()) type_error(j, path, "an array");
-  return j;
-}
-
-void check_keys(const json& object, const std::string& path, const std::vector<std::string_view>& allowed,
-                std::string_view owner = "") {
-  for (const auto& item : object.items()) {
-    if (std::find(allowed.begin(), allowed.end(), item.key()) != allowed.end()) continue;
-    std::string list;
-    for (std::string_view key : allowed) list += (list.empty() ? "" : ", ") + std::string(key);
-    const std::string what = owner.empty() ? "unknown key '" + item.key() + "'"
-                                           : "key '" + item.key() + "' does not belong to " + std::string(owner);
-    fail(ErrorId::kJsonUnknownKey, join_key(path, item.key()), what + " (allowed: " + list + ")");
-  }
-}
-
-const json* find(const json& object, std::string_view key) {
-  const auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
-
-const json& require(const json& object, const std::string& path, std::string_view key, std::string_view owner = "") {
-  const json* value = find(object, key);
-  if (value == nullptr) {
-    fail(ErrorId::kJsonMissingKey, join_key(path, key),
-         "missing required key '" + std::string(key) + "'" + (owner.empty() ? "" : " of " + std::string(owner)));
-  }
-  return *value;
-}
-
-std::int64_t get_i64(const json& j, const std::string& path) {
-  if (j.is_number_integer() && !j.is_number_unsigned()) return j.get<std::int64_t>();
-  if (j.is_number_unsigned()) {
-    const auto value = j.get<std::uint64_t>();
-    if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(ErrorId::kSize, path, "integer " + std::to_string(value) + " exceeds the 64-bit range");
-    }
-    return static_cast<std::int64_t>(value);
-  }
-  if (j.is_number_float()) {
-    const double value = j.get<double>();
-    if (std::trunc(value) == value && std::fabs(value) >= 0x1p63) fail(ErrorId::kSize, path, "integer exceeds the 64-bit range");
-  }
-  type_error(j, path, "an integer");
-}
+// ---- typed reads (the shared ones are in scenarios/json_read.hpp) ----------------
 
 /// An integer in [lo, hi]: below lo is a value error, above hi a size error.
 std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, std::int64_t hi, std::string_view what) {
@@ -223,50 +47,10 @@ std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, 
 constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int64_t kSlotMax = std::numeric_limits<std::int64_t>::max();
 
-double get_f64(const json& j, const std::string& path) {
-  if (!j.is_number()) type_error(j, path, "a number");
-  return j.get<double>();
-}
-
-std::optional<double> get_optional_f64(const json& j, const std::string& path) {
-  if (j.is_null()) return std::nullopt;
-  if (!j.is_number()) type_error(j, path, "a number or null");
-  return j.get<double>();
-}
-
-bool get_bool(const json& j, const std::string& path) {
-  if (!j.is_boolean()) type_error(j, path, "a boolean");
-  return j.get<bool>();
-}
-
-std::string get_string(const json& j, const std::string& path) {
-  if (!j.is_string()) type_error(j, path, "a string");
-  return j.get<std::string>();
-}
-
-template <typename E, std::size_t N>
-E get_enum(const json& j, const std::string& path, const E (&values)[N], std::string_view (*name)(E) noexcept) {
-  const std::string text = get_string(j, path);
-  std::string choices;
-  for (E value : values) {
-    if (name(value) == text) return value;
-    choices += (choices.empty() ? "'" : ", '") + std::string(name(value)) + "'";
-  }
-  fail(ErrorId::kJsonValue, path, "unknown name '" + text + "' (one of " + choices + ")");
-}
-
-constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16, Format::kFp8};
-constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
-constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
-constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
 constexpr TraceKind kKinds[] = {TraceKind::kPrefill, TraceKind::kDecode, TraceKind::kVerify, TraceKind::kAccept,
                                 TraceKind::kFinish,  TraceKind::kReset,  TraceKind::kBegin};
 constexpr Addressing kAddressings[] = {Addressing::kRing, Addressing::kPaged, Addressing::kOpaque};
 constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadView::kCausal};
-
-void check_real(double value, const std::string& path) {
-  if (std::fabs(value) > kMaxMagnitude) fail(ErrorId::kNonFinite, path, "magnitude exceeds 1e18 (products would overflow f32)");
-}
 
 // ---- header ---------------------------------------------------------------------------
 
@@ -736,10 +520,7 @@ std::vector<TraceRun> parse_trace(std::string_view text, const std::string& sour
       if (!content.empty() && content.back() == '\r') content.remove_suffix(1);
       if (content.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
       try {
-        json root;
-        DomBuilder builder(root);
-        json::sax_parse(content.begin(), content.end(), &builder, json::input_format_t::json, /*strict=*/true,
-                        /*ignore_comments=*/false);
+        const json root = parse_document(content, /*one_line=*/true);
         if (!root.is_object()) type_error(root, "", "an object (a header or a step record)");
         if (root.contains("kvcheck_trace")) {
           TraceRun run;
