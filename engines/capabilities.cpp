@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <map>
 #include <string>
 
 #include "engines/cache_under_test.hpp"
@@ -71,14 +70,7 @@ bool Capabilities::supports(const scenarios::Scenario& sc, std::string* why) con
   if (full_window_only) {
     // The cache sees every row it holds: the scenario must never slide its
     // window or outgrow the capacity.
-    std::map<std::int64_t, scenarios::RequestProgress> progress;
-    std::int64_t end = 0;
-    for (const auto& s : sc.steps) {
-      auto& p = progress[s.request];
-      scenarios::advance(p, s);
-      end = std::max(end, p.speculative_length());
-      if (s.kind == scenarios::StepKind::kVerify) end = std::max(end, p.pending_first + 1 + s.drafts);
-    }
+    const std::int64_t end = scenarios::schedule_end(sc.steps);
     if (scenarios::declared_window_keys(sc.cache) < end) {
       if (why) *why = "positions up to " + std::to_string(end - 1) + " slide a window of " +
                       std::to_string(scenarios::declared_window_keys(sc.cache)) + " keys (the cache attends to every row)";

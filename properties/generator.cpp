@@ -207,14 +207,7 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
   if (caps.full_window_only) {
     // A cache that attends to every row it holds: window and capacity cover
     // every position the schedule writes, so nothing ever slides or wraps.
-    std::map<std::int64_t, scenarios::RequestProgress> progress;
-    std::int64_t end = 1;
-    for (const auto& st : sc.steps) {
-      auto& pr = progress[st.request];
-      const std::int64_t first = scenarios::step_first_position(pr);
-      end = std::max(end, first + scenarios::step_rows(st));
-      scenarios::advance(pr, st);
-    }
+    const std::int64_t end = scenarios::schedule_end(sc.steps);
     c.convention = scenarios::Convention::kKeys;
     c.window = c.ring_rows = end;
   }

@@ -172,17 +172,17 @@ struct Prober {
   std::int64_t sent = 0;
 
   /// The probes that apply before `step` of a request in `progress`.
-  std::vector<std::string> applicable(const scenarios::Step& step, const scenarios::RequestProgress& progress,
-                                      bool begun) const {
+  /// (The request has begun: the runner sends begin before any probe.)
+  std::vector<std::string> applicable(const scenarios::Step& step, const scenarios::RequestProgress& progress) const {
     std::vector<std::string> out;
     const bool writes = scenarios::step_rows(step) > 0;
     for (const std::string& p : caps.probes) {
-      if (p == "accept-without-verify" && !progress.pending() && begun) out.push_back(p);
+      if (p == "accept-without-verify" && !progress.pending()) out.push_back(p);
       else if (p == "accept-too-many" && progress.pending()) out.push_back(p);
-      else if (p == "begin-busy-state" && begun) out.push_back(p);
-      else if (p == "non-finite-row" && writes && !progress.pending() && begun) out.push_back(p);
+      else if (p == "begin-busy-state") out.push_back(p);
+      else if (p == "non-finite-row" && writes && !progress.pending()) out.push_back(p);
       else if (p != "accept-without-verify" && p != "accept-too-many" && p != "begin-busy-state" &&
-               p != "non-finite-row" && step.kind == StepKind::kDecode && begun) {
+               p != "non-finite-row" && step.kind == StepKind::kDecode) {
         out.push_back(p);  // the cache's own probes go in front of a decode
       }
     }
@@ -335,7 +335,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       }
       if (options.probes) {
         // One probe per step and layer, rotating through those that apply.
-        const auto apply = prober.applicable(step, req.progress, true);
+        const auto apply = prober.applicable(step, req.progress);
         if (!apply.empty()) {
           std::vector<double> k_bad = in.k;
           if (!k_bad.empty()) k_bad[0] = std::numeric_limits<double>::quiet_NaN();

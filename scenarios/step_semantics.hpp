@@ -9,7 +9,10 @@
 // so that a mistake here cannot hide the same mistake there.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "scenarios/scenario.hpp"
 
@@ -83,6 +86,20 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
       return StepRefusal::kNone;
   }
   return StepRefusal::kNone;
+}
+
+/// One past the last position any step of `steps` writes, over all requests
+/// (1 for a schedule that writes nothing): what a cache without a sliding
+/// window must hold. Steps are assumed valid (refusals are skipped).
+inline std::int64_t schedule_end(const std::vector<Step>& steps) {
+  std::map<std::int64_t, RequestProgress> progress;
+  std::int64_t end = 1;
+  for (const Step& s : steps) {
+    RequestProgress& p = progress[s.request];
+    end = std::max(end, step_first_position(p) + step_rows(s));
+    advance(p, s);
+  }
+  return end;
 }
 
 inline const char* step_refusal_text(StepRefusal refusal) noexcept {
