@@ -192,7 +192,7 @@ struct Prober {
   /// Sends probe `name`; returns an empty string when it was refused and the
   /// cache is unchanged, else what went wrong.
   std::string run(const std::string& name, engines::StepCall call, const scenarios::RequestProgress& progress,
-                  const double* k_bad) {
+                  const std::vector<double>& k) {
     ++sent;
     const auto before = cache.fingerprint(call.layer);
     engines::StepStatus st;
@@ -208,7 +208,9 @@ struct Prober {
       call.step.request = call.step.request + (std::int64_t{1} << 40);  // an id no schedule uses
       st = cache.call(call, &scratch);
     } else if (name == "non-finite-row") {
-      call.k = k_bad;
+      std::vector<double> k_bad = k;  // the step's keys with one NaN
+      k_bad[0] = std::numeric_limits<double>::quiet_NaN();
+      call.k = k_bad.data();
       st = cache.call(call, &scratch);
     } else {
       st = cache.probe(name, call);
@@ -337,10 +339,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         // One probe per step and layer, rotating through those that apply.
         const auto apply = prober.applicable(step, req.progress);
         if (!apply.empty()) {
-          std::vector<double> k_bad = in.k;
-          if (!k_bad.empty()) k_bad[0] = std::numeric_limits<double>::quiet_NaN();
           const std::string& name = apply[step_index % apply.size()];
-          const std::string problem = prober.run(name, call, req.progress, k_bad.data());
+          const std::string problem = prober.run(name, call, req.progress, in.k);
           if (!problem.empty()) {
             fail("step " + std::to_string(step_index) + " (" + std::string(scenarios::step_kind_name(step.kind)) + ") layer " +
                  std::to_string(l) + ": " + problem);
