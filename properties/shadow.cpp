@@ -63,6 +63,13 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
   }
   obs->collisions.same_step = std::max(obs->collisions.same_step, f.duplicate_slots);
 
+  // Causal view: which rows of this step went to each slot (row order), so a
+  // read resolves in O(rows there) instead of a scan of the step's writes.
+  std::unordered_map<std::int64_t, std::vector<std::size_t>> rows_at;
+  if (f.view == engines::ReadView::kCausal && f.has_written) {
+    for (std::size_t j = 0; j < n; ++j) rows_at[f.written[j]].push_back(j);
+  }
+
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t p = first + static_cast<std::int64_t>(i);
     QueryObservation q;
@@ -87,13 +94,15 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
       const std::int64_t slot = f.read_slots[c];
       if (slot < 0) continue;
       Read r{slot, {}};
-      if (f.view == engines::ReadView::kCausal && f.has_written) {
-        for (std::size_t j = i + 1; j-- > 0;) {
-          if (f.written[j] == slot) r.candidates.push_back(written_rows[j]);
+      const auto rows_here = f.view == engines::ReadView::kCausal ? rows_at.find(slot) : rows_at.end();
+      if (rows_here != rows_at.end()) {
+        // Rows of this step written here, latest first, up to query i; then
+        // what the slot held before the step.
+        const std::vector<std::size_t>& js = rows_here->second;
+        for (auto j = js.rbegin(); j != js.rend(); ++j) {
+          if (*j <= i) r.candidates.push_back(written_rows[*j]);
         }
-        const auto own = std::find(f.written.begin(), f.written.end(), slot);
-        r.candidates.push_back(own == f.written.end() ? at(slot)
-                                                      : replaced[static_cast<std::size_t>(own - f.written.begin())]);
+        r.candidates.push_back(replaced[js.front()]);
       } else {
         r.candidates.push_back(at(slot));
       }
