@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <utility>
 
@@ -286,6 +288,50 @@ void check_real(double value, const std::string& path) {
   if (std::fabs(value) > kMaxMagnitude) {
     fail(ErrorId::kNonFinite, path, "magnitude exceeds 1e18 (products would overflow f32)");
   }
+}
+
+std::string read_input_file(const std::filesystem::path& path, std::string_view what) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(ErrorId::kIo, name, "is a directory, not " + std::string(what));
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail(ErrorId::kIo, name, "cannot read: " + ec.message());
+  if (size > kMaxFileBytes) fail(ErrorId::kSize, name, "file is larger than 256 MiB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorId::kIo, name, "cannot open for reading");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) fail(ErrorId::kIo, name, "read failed");
+  return buffer.str();
+}
+
+std::vector<std::filesystem::path> collect_files(const std::vector<std::string>& files_or_dirs,
+                                                 const std::function<bool(const std::filesystem::path&)>& wanted) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  for (const std::string& arg : files_or_dirs) {
+    const fs::path root(arg);
+    std::error_code ec;
+    const fs::file_status status = fs::status(root, ec);
+    if (ec || !fs::exists(status)) fail(ErrorId::kIo, arg, "no such file or directory");
+    if (!fs::is_directory(status)) {
+      out.push_back(root.lexically_normal());
+      continue;
+    }
+    fs::recursive_directory_iterator it(root, ec), end;
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+      std::error_code entry_ec;
+      if (it->is_regular_file(entry_ec) && wanted(it->path())) out.push_back(it->path().lexically_normal());
+    }
+    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
+  }
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
+    return a.generic_string() < b.generic_string();
+  });
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 }  // namespace kvcheck::scenarios::json_read

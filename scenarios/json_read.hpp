@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -55,6 +57,17 @@ std::string get_string(const json& j, const std::string& path);
 std::vector<double> get_f64_array(const json& j, const std::string& path);
 /// Finite, and |value| <= kMaxMagnitude.
 void check_real(double value, const std::string& path);
+
+/// The whole of a file of at most kMaxFileBytes, for a parser; `what` names
+/// it in errors ("a scenario file"). Throws kIo / kSize naming the path.
+std::string read_input_file(const std::filesystem::path& path, std::string_view what);
+
+/// Files and directories expanded into a sorted, duplicate-free list: a file
+/// argument as given, a directory every regular file below it (recursively)
+/// that `wanted` accepts. Throws kIo for a path that does not exist or cannot
+/// be listed.
+std::vector<std::filesystem::path> collect_files(const std::vector<std::string>& files_or_dirs,
+                                                 const std::function<bool(const std::filesystem::path&)>& wanted);
 
 /// One of `values`, by `name`.
 template <typename E, std::size_t N>

@@ -807,18 +807,7 @@ Scenario parse_scenario(std::string_view text, const std::string& source) {
 }
 
 Scenario load_scenario_file(const std::filesystem::path& path) {
-  const std::string name = path.string();
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail(ErrorId::kIo, name, "is a directory, not a scenario file");
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) fail(ErrorId::kIo, name, "cannot read: " + ec.message());
-  if (size > kMaxFileBytes) fail(ErrorId::kSize, name, "file is larger than 256 MiB");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorId::kIo, name, "cannot open for reading");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) fail(ErrorId::kIo, name, "read failed");
-  return parse_scenario(buffer.str(), name);
+  return parse_scenario(read_input_file(path, "a scenario file"), path.string());
 }
 
 std::string save_scenario(const Scenario& scenario) {
@@ -876,39 +865,12 @@ void write_scenario_file(const std::filesystem::path& path, const Scenario& scen
 
 std::vector<std::filesystem::path> collect_scenario_files(
     const std::vector<std::string>& files_or_dirs) {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> out;
-  const auto is_scenario_name = [](const fs::path& p) {
+  return collect_files(files_or_dirs, [](const std::filesystem::path& p) {
     const std::string file = p.filename().string();
     const std::string_view suffix = ".schema.json";
     return p.extension() == ".json" &&
            !(file.size() >= suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0);
-  };
-  for (const std::string& arg : files_or_dirs) {
-    const fs::path root(arg);
-    std::error_code ec;
-    const fs::file_status status = fs::status(root, ec);
-    if (ec || !fs::exists(status)) fail(ErrorId::kIo, arg, "no such file or directory");
-    if (!fs::is_directory(status)) {
-      out.push_back(root.lexically_normal());
-      continue;
-    }
-    fs::recursive_directory_iterator it(root, ec), end;
-    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
-    for (; it != end; it.increment(ec)) {
-      if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
-      std::error_code entry_ec;
-      if (it->is_regular_file(entry_ec) && is_scenario_name(it->path())) {
-        out.push_back(it->path().lexically_normal());
-      }
-    }
-    if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
-  }
-  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
-    return a.generic_string() < b.generic_string();
   });
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
 }
 
 }  // namespace kvcheck::scenarios
