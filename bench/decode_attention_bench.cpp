@@ -23,7 +23,7 @@
 // (which on some virtual machines reports the whole socket's L3), else 32 MiB.
 // --kv_llc_mib=N overrides it.
 //
-//   build-perf/bench/decode_attention_bench --benchmark_min_time=0.3
+//   build-cpuperf/bench/decode_attention_bench --benchmark_min_time=0.3
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -265,9 +265,10 @@ int main(int argc, char** argv) {
     ElementFormat format;
     double target;
   };
-  const Format formats[] = {{"f32", ElementFormat::kF32, 0.7},
-                            {"bf16", ElementFormat::kBf16, 0.7},
-                            {"fp8", ElementFormat::kFp8E4m3, 0.5}};
+  // Targets of issue 13 (item 3) for the DRAM-resident batch.
+  const Format formats[] = {{"f32", ElementFormat::kF32, 0.75},
+                            {"bf16", ElementFormat::kBf16, 0.75},
+                            {"fp8", ElementFormat::kFp8E4m3, 0.6}};
   const std::pair<const char*, bool> modes[] = {{"batch", true}, {"single", false}};
   for (const auto& fm : formats) {
     for (const auto& [mode, batch] : modes) {
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
       const double cpu = reporter.cpu_seconds_[sn] / reporter.cpu_seconds_[an];
       if (batch) {
         std::printf("ratio %-5s %-6s %.2f (target %.2f) %s   [cpu-time ratio %.2f]\n", fm.name, mode, real,
-                    fm.target, real >= fm.target ? "ok" : "BELOW", cpu);
+                    fm.target, real >= fm.target ? "met" : "NOT met", cpu);
       } else {
         std::printf("ratio %-5s %-6s %.2f (cache-resident, no target)   [cpu-time ratio %.2f]\n", fm.name,
                     mode, real, cpu);
