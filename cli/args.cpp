@@ -93,6 +93,17 @@ double Args::seconds(const std::string& flag, double fallback, double hi) const 
   return v;
 }
 
+std::optional<ShardFlag> Args::shard(const std::string& flag) const {
+  const auto text = get(flag);
+  if (!text) return std::nullopt;
+  const auto slash = text->find('/');
+  if (slash == std::string::npos) throw Error(ErrorId::kUsage, flag, "expects I/N (shard I of N, 0 <= I < N), got '" + *text + "'");
+  ShardFlag s;
+  s.count = parse_integer(flag, text->substr(slash + 1), 1, 1000000);
+  s.index = parse_integer(flag, text->substr(0, slash), 0, s.count - 1);
+  return s;
+}
+
 void Args::no_positional(const std::string& command) const {
   if (!positional_.empty()) {
     throw Error(ErrorId::kUsage, positional_.front(), command + " takes no positional arguments");

@@ -12,6 +12,12 @@
 
 namespace kvcheck::cli {
 
+/// `--shard I/N`: run the I-th of N shards (0 <= I < N).
+struct ShardFlag {
+  std::int64_t index = 0;
+  std::int64_t count = 1;
+};
+
 /// Parsed arguments of one subcommand.
 class Args {
  public:
@@ -29,6 +35,8 @@ class Args {
   double seconds(const std::string& flag, double fallback, double hi) const;
   /// Comma-separated integers in [lo, hi].
   std::vector<std::int64_t> integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const;
+  /// `flag` as I/N (N in 1..1000000, I in 0..N-1); nullopt when absent.
+  std::optional<ShardFlag> shard(const std::string& flag) const;
   const std::vector<std::string>& positional() const { return positional_; }
   /// Throws naming the first stray positional argument when there is one.
   void no_positional(const std::string& command) const;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/mpi_world.hpp"
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
 #include "impl/kv_cache.hpp"
@@ -26,8 +27,10 @@
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
 #include "reports/report_text.hpp"
+#include "reports/shard.hpp"
 #include "reports/sweep/sweep.hpp"
 #include "reports/sweep/sweep_output.hpp"
+#include "reports/sweep/sweep_shard.hpp"
 #include "reports/trace_table.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/trace_json.hpp"
@@ -43,9 +46,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// The command line as reports record it: without --out, --threads and
+/// --shard, which never change a result, so the report of a run does not
+/// depend on where it was written, on how many threads ran it, or on how it
+/// was split into shards (a merged run writes the bytes of one process).
 std::string command_line(int argc, char** argv) {
   std::string s = "kvcheck";
-  for (int i = 1; i < argc; ++i) s += std::string(" ") + argv[i];
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const std::string flag = a.substr(0, a.find('='));
+    if (flag == "--out" || flag == "--threads" || flag == "--shard") {
+      if (a == flag) ++i;  // the value is the next argument
+      continue;
+    }
+    s += " " + a;
+  }
   return s;
 }
 
@@ -147,14 +162,11 @@ std::vector<properties::RunObservation> record_runs(const std::vector<scenarios:
   return runs;
 }
 
-/// Runs kvcheck check with these options; fills `report` and returns the exit code.
-int run_check_into(const properties::CheckOptions& options, const fs::path& out_dir,
-                   reports::Report& report) {
-  const auto start = std::chrono::steady_clock::now();
-  const properties::CheckResult result = properties::run_check(options);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
+/// Writes the counterexample, prints the summary and fills `report` from a
+/// finished check; returns the exit code. Shared by one process, the merge
+/// of shards and MPI rank 0, so all three print and write the same.
+int report_check(const properties::CheckOptions& options, const properties::CheckResult& result,
+                 const std::string& timing, const fs::path& out_dir, reports::Report& report) {
   reports::CheckSummary summary;
   summary.cases = result.cases;
   summary.failures = result.failures;
@@ -196,9 +208,133 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
     std::printf("  written to %s\n  replay: %s\n", summary.counterexample_file.c_str(),
                 summary.replay_command.c_str());
   }
-  std::printf("time: %.2f s, %.0f cases/s on %d threads\n", seconds,
-              seconds > 0 ? static_cast<double>(result.cases) / seconds : 0.0, options.threads);
+  std::printf("time: %s\n", timing.c_str());
   return result.found_failure || !result.coverage_ok ? 1 : 0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// "0.41 s, 725 cases/s on 2 threads", or "0.02 s merging 3 shards" when
+/// `cases` < 0: printed, never written into a report.
+std::string timing_text(std::int64_t cases, double seconds, const std::string& workers) {
+  char text[160];
+  if (cases < 0) {
+    std::snprintf(text, sizeof text, "%.2f s %s", seconds, workers.c_str());
+  } else {
+    std::snprintf(text, sizeof text, "%.2f s, %.0f cases/s on %s", seconds,
+                  seconds > 0 ? static_cast<double>(cases) / seconds : 0.0, workers.c_str());
+  }
+  return text;
+}
+
+/// Runs kvcheck check with these options; fills `report` and returns the exit code.
+int run_check_into(const properties::CheckOptions& options, const fs::path& out_dir,
+                   reports::Report& report) {
+  const auto start = std::chrono::steady_clock::now();
+  const properties::CheckResult result = properties::run_check(options);
+  return report_check(options, result, timing_text(result.cases, seconds_since(start), std::to_string(options.threads) + " threads"),
+                      out_dir, report);
+}
+
+// ---- split runs: --shard, MPI ranks, kvcheck merge -----------------------------
+
+/// The options every shard of one check must share.
+reports::CheckShardOptions shard_options(const properties::CheckOptions& options, const std::string& command) {
+  reports::CheckShardOptions o;
+  o.impl = options.run.backend;
+  o.fault = std::string(impl::fault_name(options.run.fault));
+  o.cases = options.cases;
+  o.seed = options.seed;
+  o.precision_bits = options.run.precision_bits;
+  o.step_timeout_seconds = options.run.step_timeout_seconds;
+  o.command = command;
+  return o;
+}
+
+/// This process's shard of a check, as a shard document.
+std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
+                             const properties::CaseTally& tally) {
+  return reports::shard_text("check", reports::ReportContext{}.tool_version, options.shard.index, options.shard.count,
+                             reports::check_options_json(shard_options(options, command)),
+                             reports::tally_json(tally));
+}
+
+/// The report of a whole check from its shards (already ordered by
+/// reports::order_shards): the tallies added, the lowest failing case shrunk
+/// once here, the report written to `out_dir`. Returns the exit code.
+int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir, const std::string& workers,
+                std::chrono::steady_clock::time_point start, bool ran_cases) {
+  const reports::CheckShardOptions o = reports::check_options_from_json(shards.front());
+  properties::CheckOptions options;
+  options.cases = o.cases;
+  options.seed = o.seed;
+  options.run.backend = o.impl;
+  options.run.precision_bits = o.precision_bits;
+  options.run.step_timeout_seconds = o.step_timeout_seconds;
+  if (!impl::parse_fault(o.fault, &options.run.fault)) {
+    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault", "unknown fault '" + o.fault + "'");
+  }
+  std::vector<properties::CaseTally> tallies;
+  for (const auto& shard : shards) {
+    tallies.push_back(reports::tally_from_json(shard, o.cases, properties::coverage_names().size()));
+    if (tallies.back().reachable != tallies.front().reachable) {
+      throw Error(ErrorId::kShard, shard.origin, "its cache reaches other coverage classes than " +
+                                                     shards.front().origin + "'s: not the same cache");
+    }
+  }
+  reports::Report report;
+  report.context.seed = o.seed;
+  report.context.backend = o.impl;
+  report.context.fault = o.fault;
+  report.context.precision_bits = o.precision_bits;
+  report.context.command = o.command;
+  const properties::CheckResult result = properties::finish_check(options, properties::merge_tallies(tallies));
+  // A merge ran no case itself: its time is the merge's (with the shrinking).
+  const double seconds = seconds_since(start);
+  const std::string timing = ran_cases ? timing_text(result.cases, seconds, workers)
+                                       : timing_text(-1, seconds, "merging " + workers);
+  const int code = report_check(options, result, timing, out_dir, report);
+  write_reports(report, out_dir);
+  std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out_dir.string().c_str(),
+              out_dir.string().c_str());
+  return code;
+}
+
+/// `mpirun -n R kvcheck check ...`: rank r runs shard r/R; rank 0 gathers
+/// every rank's shard document (or its error) and writes the report of the
+/// whole run. A rank that failed makes the run fail with exit 2 naming it;
+/// nothing is written then.
+int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std::string& command,
+                   const fs::path& out) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool root = world.rank() == 0;
+  options.shard = {world.rank(), world.size()};
+  if (!root) options.progress = nullptr;
+  // Every rank reaches the gather, whatever happened: an error travels to
+  // rank 0 as the rank's message instead of leaving the others waiting.
+  static constexpr std::string_view kErrorMark = "kvcheck-rank-error\n";
+  std::string mine;
+  try {
+    if (root) prepare_out_dir(out);
+    mine = check_shard_text(options, command, properties::run_cases(options));
+  } catch (const std::exception& e) {
+    mine = std::string(kErrorMark) + e.what();
+  }
+  const std::vector<std::string> all = world.gather(mine);
+  if (!root) return 0;
+  std::vector<reports::ShardResult> shards;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::string origin = "rank " + std::to_string(r);
+    if (all[r].rfind(kErrorMark, 0) == 0) {
+      throw Error(ErrorId::kShard, origin + " of " + std::to_string(all.size()),
+                  "failed, so the run is incomplete and no report was written: " + all[r].substr(kErrorMark.size()));
+    }
+    shards.push_back(reports::parse_shard(all[r], origin));
+  }
+  return merge_check(reports::order_shards(std::move(shards)), out, std::to_string(world.size()) + " MPI ranks",
+                     start, true);
 }
 
 }  // namespace
@@ -252,7 +388,8 @@ int command_trace(int argc, char** argv) {
 
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record"},
+            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record",
+             "--shard"},
             {});
   args.no_positional("check");
   properties::CheckOptions options;
@@ -265,7 +402,32 @@ int command_check(int argc, char** argv) {
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
   options.progress = progress_bar("check");
   const fs::path out = args.get_or("--out", "kvcheck-out");
+  const std::optional<ShardFlag> shard = args.shard("--shard");
+  if (shard && args.has("--record")) {
+    throw Error(ErrorId::kUsage, "--record", "records one run; use it with `kvcheck replay` on the merged counterexample, not on a shard");
+  }
+  if (const std::unique_ptr<MpiWorld> world = join_mpi_world(argc, argv)) {
+    if (shard) throw Error(ErrorId::kUsage, "--shard", "not under mpirun: each MPI rank runs one shard by itself");
+    if (args.has("--record")) throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
+    return check_over_mpi(*world, options, command_line(argc, argv), out);
+  }
   prepare_out_dir(out);
+  if (shard) {
+    // One shard of a split run: its cases only, no shrinking, no report;
+    // `kvcheck merge` joins the shards. Exit 0 once the shard is written.
+    const auto start = std::chrono::steady_clock::now();
+    options.shard = {shard->index, shard->count};
+    const properties::CaseTally tally = properties::run_cases(options);
+    const fs::path file = out / reports::kShardFileName;
+    reports::write_file_atomic(file, check_shard_text(options, command_line(argc, argv), tally));
+    std::printf("check shard %lld/%lld: %lld of %lld cases, %lld failing", static_cast<long long>(shard->index),
+                static_cast<long long>(shard->count), static_cast<long long>(tally.cases),
+                static_cast<long long>(options.cases), static_cast<long long>(tally.failures));
+    if (tally.first_failing_case >= 0) std::printf(" (lowest case %lld)", static_cast<long long>(tally.first_failing_case));
+    std::printf(", %.2f s on %d threads\nshard: %s (join the shards with kvcheck merge)\n", seconds_since(start),
+                options.threads, file.string().c_str());
+    return 0;
+  }
   reports::Report report;
   report.context = context_for(argc, argv, options.seed, options.run.backend, options.run.fault);
   report.context.precision_bits = options.run.precision_bits;
@@ -286,6 +448,28 @@ int command_check(int argc, char** argv) {
     std::printf("trace: %s\n", args.get("--record")->c_str());
   }
   return code;
+}
+
+int command_merge(int argc, char** argv) {
+  const auto start = std::chrono::steady_clock::now();
+  Args args(argc, argv, 2, {"--out", "--json", "--csv", "--svg"}, {});
+  if (args.positional().empty()) throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
+  // Every shard is read and checked before anything is written.
+  std::vector<reports::ShardResult> shards;
+  for (const auto& dir : args.positional()) shards.push_back(reports::read_shard_dir(dir));
+  shards = reports::order_shards(std::move(shards));
+  const std::string workers = std::to_string(shards.size()) + " shards";
+  if (shards.front().kind == "check") {
+    for (const char* flag : {"--json", "--csv", "--svg"}) {
+      if (args.has(flag)) throw Error(ErrorId::kUsage, flag, "is for sweep shards; a check writes its reports into --out");
+    }
+    const fs::path out = args.get_or("--out", "kvcheck-out");
+    prepare_out_dir(out);
+    return merge_check(shards, out, workers, start, false);
+  }
+  sweep::SweepResult result = sweep::merge_sweep_shards(shards);
+  sweep::adopt_counterexamples(result, args.get_or("--out", "kvcheck-out/sweep"));
+  return sweep_outputs(result, args, seconds_since(start), workers);
 }
 
 int command_replay(int argc, char** argv) {

@@ -24,7 +24,7 @@ usage:
   kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
   kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
-                 [--step-timeout S] [--record TRACE]
+                 [--step-timeout S] [--record TRACE] [--shard I/N]
   kvcheck replay FILE|DIR... [--impl IMPL] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
                  [--step-timeout S] [--record TRACE]
   kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS]
@@ -32,10 +32,17 @@ usage:
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
                  [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]
                  [--counterexamples auto|all|none] [--threads T] [--impl layer|exec:CMD] [--step-timeout S]
+                 [--shard I/N]
+  kvcheck merge  SHARD_DIR... [--out DIR] [--json FILE] [--csv FILE] [--svg FILE]
+                                                               join the shards of a check or sweep into its report
   kvcheck faults                                               list the named faults
 
 IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS' (an engine's adapter
 speaking the JSON Lines protocol of adapters/PROTOCOL.md)
+
+--shard I/N runs the cases (check) or columns (sweep) whose index is I mod N and writes DIR/shard.json;
+`kvcheck merge` writes the whole run's report, byte for byte one process's. Under `mpirun -n R` (an MPI
+build) each rank runs one shard and rank 0 writes the report.
 
 exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input, 3 an internal error
 `kvcheck COMMAND --help` prints one command's usage; `kvcheck --version` the version.
@@ -100,6 +107,7 @@ int main(int argc, char** argv) {
     if (command == "sweep") return cli::command_sweep(argc, argv);
     if (command == "faults") return cli::command_faults(argc, argv);
     if (command == "audit") return cli::command_audit(argc, argv);
+    if (command == "merge") return cli::command_merge(argc, argv);
     throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -17,14 +17,19 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "reports/atomic_write.hpp"
+#include "reports/report.hpp"
+#include "reports/shard.hpp"
 #include "reports/sweep/sweep.hpp"
 #include "reports/sweep/sweep_output.hpp"
+#include "reports/sweep/sweep_shard.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::cli {
@@ -59,12 +64,25 @@ void emit(const std::string& file, const std::string& text) {
   }
 }
 
+/// How many of --json, --csv, --svg go to stdout ('-'); refuses more than
+/// one and empty names.
+int stdout_outputs(const Args& args) {
+  int to_stdout = 0;
+  for (const char* flag : {"--json", "--csv", "--svg"}) {
+    const auto v = args.get(flag);
+    if (v && v->empty()) throw Error(ErrorId::kUsage, flag, "needs a file name or '-'");
+    if (v == "-") ++to_stdout;
+  }
+  if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
+  return to_stdout;
+}
+
 }  // namespace
 
 int command_sweep(int argc, char** argv) {
   const Args args(argc, argv, 2,
                   {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg",
-                   "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout"},
+                   "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard"},
                   {});
   args.no_positional("sweep");
   sweep::SweepGrid grid = sweep::default_grid();
@@ -97,19 +115,45 @@ int command_sweep(int argc, char** argv) {
   } else {
     throw Error(ErrorId::kUsage, "--counterexamples", "expects auto, all or none, got '" + mode + "'");
   }
-  int to_stdout = 0;
-  for (const char* flag : {"--json", "--csv", "--svg"}) {
-    const auto v = args.get(flag);
-    if (v && v->empty()) throw Error(ErrorId::kUsage, flag, "needs a file name or '-'");
-    if (v == "-") ++to_stdout;
+  const std::optional<ShardFlag> shard = args.shard("--shard");
+  if (shard) {
+    for (const char* flag : {"--json", "--csv", "--svg"}) {
+      if (args.has(flag)) throw Error(ErrorId::kUsage, flag, "goes to `kvcheck merge`, which writes the whole sweep");
+    }
+    options.shard_index = shard->index;
+    options.shard_count = shard->count;
+    // The shard document goes into --out: refuse a bad one before any work.
+    std::error_code ec;
+    std::filesystem::create_directories(options.out_dir, ec);
+    if (ec || !std::filesystem::is_directory(options.out_dir)) {
+      throw Error(ErrorId::kIo, "--out", "cannot create directory '" + options.out_dir.string() + "'");
+    }
   }
-  if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
+  stdout_outputs(args);
   options.progress = sweep_progress();
 
   const auto t0 = std::chrono::steady_clock::now();
   const sweep::SweepResult result = sweep::run_sweep(grid, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (shard) {
+    // One shard of a split sweep: its rows and counterexamples in --out;
+    // `kvcheck merge` writes the outputs of the whole sweep.
+    const std::filesystem::path file = options.out_dir / reports::kShardFileName;
+    const nlohmann::ordered_json rows = sweep::sweep_shard_rows_json(result, shard->index, shard->count);
+    reports::write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, shard->index,
+                                                         shard->count, sweep::sweep_shard_options_json(grid, options),
+                                                         rows));
+    std::printf("sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
+                "with kvcheck merge)\n",
+                static_cast<long long>(shard->index), static_cast<long long>(shard->count), rows["rows"].size(),
+                static_cast<long long>(grid.size()), seconds, options.threads, file.string().c_str());
+    return 0;
+  }
+  return sweep_outputs(result, args, seconds, std::to_string(options.threads) + " threads");
+}
 
+int sweep_outputs(const sweep::SweepResult& result, const Args& args, double seconds, const std::string& workers) {
+  const int to_stdout = stdout_outputs(args);
   if (const auto f = args.get("--json")) emit(*f, sweep::sweep_json(result));
   if (const auto f = args.get("--csv")) emit(*f, sweep::sweep_csv(result));
   if (const auto f = args.get("--svg")) emit(*f, sweep::sweep_svg(result));
@@ -117,9 +161,9 @@ int command_sweep(int argc, char** argv) {
     const std::string table = sweep::sweep_table(result);
     std::fwrite(table.data(), 1, table.size(), stdout);
   }
-  std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %d threads\n",
+  std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %s\n",
                static_cast<long long>(result.rows.size()), static_cast<long long>(result.probes), seconds,
-               options.threads);
+               workers.c_str());
   if (result.formula && result.formula_unsafe_rows > 0) {
     std::fprintf(stderr, "kvcheck sweep: formula '%s' is unsafe on %lld of %lld configurations\n",
                  result.formula->c_str(), static_cast<long long>(result.formula_unsafe_rows),

@@ -9,6 +9,7 @@
 
 #include "model/real.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "support/assert.hpp"
 #include "support/error.hpp"
 #include "support/prng.hpp"
 
@@ -151,32 +152,39 @@ Scenario shrink_scenario(const Scenario& failing, const std::function<bool(const
   return best;
 }
 
-CheckResult run_check(const CheckOptions& options) {
-  CheckResult result;
-  result.cases = options.cases;
-  const auto names = coverage_names();
+namespace {
+
+/// The coordinating thread's cache provider (capabilities, shrinking), or a
+/// worker's own (an exec adapter is one child process per worker).
+std::unique_ptr<engines::CacheProvider> new_provider(const CheckOptions& options) {
+  if (!options.provider_factory) return make_provider(options.run);
+  std::unique_ptr<engines::CacheProvider> made = options.provider_factory();
+  if (!made) throw Error(ErrorId::kUsage, "provider_factory", "the provider factory returned no provider");
+  return made;
+}
+
+CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& main_provider) {
+  const Shard shard = options.shard;
+  KVCHECK_ASSERT(shard.count >= 1 && shard.index >= 0 && shard.index < shard.count);
+  const std::int64_t total = std::max<std::int64_t>(options.cases, 0);
+  // This shard's cases: index = shard.index + k * shard.count.
+  const std::int64_t mine = shard.index < total ? (total - shard.index + shard.count - 1) / shard.count : 0;
+  const auto case_index = [&shard](std::int64_t k) { return shard.index + k * shard.count; };
   const int threads = std::max(1, options.threads);
-  // The coordinating thread's cache provider: its capabilities steer the
-  // generator, and it runs the shrinker. Each worker opens its own (an exec
-  // adapter is one child process per worker).
-  auto new_provider = [&options]() -> std::unique_ptr<engines::CacheProvider> {
-    if (!options.provider_factory) return make_provider(options.run);
-    std::unique_ptr<engines::CacheProvider> made = options.provider_factory();
-    if (!made) throw Error(ErrorId::kUsage, "provider_factory", "the provider factory returned no provider");
-    return made;
-  };
-  std::unique_ptr<engines::CacheProvider> main_provider = new_provider();
-  const engines::Capabilities caps = main_provider->capabilities();
-  result.reachable = reachable_coverage(caps);
+  // The coordinating provider's capabilities steer the generator.
+  const engines::Capabilities caps = main_provider.capabilities();
+  CaseTally tally;
+  tally.cases = mine;
+  tally.reachable = reachable_coverage(caps);
 
   struct CaseOutcome {
     bool failed = false;
     bool skipped = false;
     std::vector<bool> coverage;
   };
-  std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(std::max<std::int64_t>(options.cases, 0)));
+  std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(mine));
   std::atomic<std::int64_t> next{0}, done{0};
-  std::atomic<std::int64_t> first_failure{options.cases};
+  std::atomic<std::int64_t> first_failure{mine};  // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
   std::atomic<bool> worker_failed{false};
 
@@ -187,14 +195,15 @@ CheckResult run_check(const CheckOptions& options) {
       run.record_ring = false;
       std::unique_ptr<engines::CacheProvider> provider;
       for (;;) {
-        const std::int64_t i = next.fetch_add(1);
-        if (i >= options.cases) break;
+        const std::int64_t k = next.fetch_add(1);
+        if (k >= mine) break;
+        const std::int64_t i = case_index(k);
         if (!provider) {
-          provider = new_provider();
+          provider = new_provider(options);
           run.provider = provider.get();
         }
         const Scenario sc = generate_scenario(case_seed(options.seed, i), caps);
-        CaseOutcome& out = outcomes[static_cast<std::size_t>(i)];
+        CaseOutcome& out = outcomes[static_cast<std::size_t>(k)];
         out.coverage = coverage_flags(classify(sc));
         RunObservation obs;
         try {
@@ -209,69 +218,124 @@ CheckResult run_check(const CheckOptions& options) {
         out.skipped = obs.skipped;
         if (out.failed) {
           std::int64_t cur = first_failure.load();
-          while (i < cur && !first_failure.compare_exchange_weak(cur, i)) {
+          while (k < cur && !first_failure.compare_exchange_weak(cur, k)) {
           }
         }
         done.fetch_add(1);
       }
     } catch (...) {
       errors[static_cast<std::size_t>(id)] = std::current_exception();
-      next.store(options.cases);
+      next.store(mine);
       worker_failed.store(true);
     }
     model::release_thread_caches();
   };
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
-  while (done.load() < options.cases) {
+  while (done.load() < mine) {
     if (worker_failed.load()) break;
-    if (options.progress) options.progress(done.load(), options.cases);
+    if (options.progress) options.progress(done.load(), mine);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   for (auto& t : pool) t.join();
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
-  if (options.progress) options.progress(options.cases, options.cases);
+  if (options.progress) options.progress(mine, mine);
 
-  result.coverage_counts.assign(names.size(), 0);
+  tally.coverage_counts.assign(coverage_names().size(), 0);
   for (const auto& o : outcomes) {
-    if (o.failed) ++result.failures;
-    if (o.skipped) ++result.skipped;
+    if (o.failed) ++tally.failures;
+    if (o.skipped) ++tally.skipped;
     if (o.skipped) continue;
-    for (std::size_t k = 0; k < o.coverage.size(); ++k) result.coverage_counts[k] += o.coverage[k];
+    for (std::size_t c = 0; c < o.coverage.size(); ++c) tally.coverage_counts[c] += o.coverage[c];
   }
+  if (first_failure.load() < mine) tally.first_failing_case = case_index(first_failure.load());
+  return tally;
+}
+
+CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
+                        const std::function<engines::CacheProvider&()>& main_provider) {
+  CheckResult result;
+  result.cases = tally.cases;
+  result.failures = tally.failures;
+  result.skipped = tally.skipped;
+  result.coverage_counts = tally.coverage_counts;
+  result.reachable = tally.reachable;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
     if (result.reachable[k]) result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
   }
+  if (tally.first_failing_case < 0) return result;
 
-  if (first_failure.load() < options.cases) {
-    result.found_failure = true;
-    result.failing_case_seed = case_seed(options.seed, first_failure.load());
-    result.original = generate_scenario(result.failing_case_seed, caps);
-    RunOptions run = options.run;
-    run.record_reads = false;
-    run.record_ring = false;
-    run.provider = main_provider.get();
-    result.shrunk = shrink_scenario(
-        result.original,
-        [&run](const Scenario& s) {
-          const RunObservation obs = run_scenario(s, run);
-          return !obs.passed && !obs.skipped;
-        },
-        &result.shrink_runs);
-    const std::string what = options.run.fault != impl::Fault::kNone
-                                 ? std::string(impl::fault_name(options.run.fault))
-                                 : options.run.backend.substr(0, options.run.backend.find(':'));
-    result.shrunk.name = "counterexample-" + what + "-seed" + std::to_string(options.seed);
-    result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
-                                " of `kvcheck check " + replay_arguments(options.run) + " --seed " +
-                                std::to_string(options.seed) + "`";
-    RunOptions final_run = options.run;
-    final_run.provider = main_provider.get();
-    result.shrunk_run = run_scenario(result.shrunk, final_run);
-  }
+  engines::CacheProvider& provider = main_provider();
+  result.found_failure = true;
+  result.failing_case_seed = case_seed(options.seed, tally.first_failing_case);
+  result.original = generate_scenario(result.failing_case_seed, provider.capabilities());
+  RunOptions run = options.run;
+  run.record_reads = false;
+  run.record_ring = false;
+  run.provider = &provider;
+  result.shrunk = shrink_scenario(
+      result.original,
+      [&run](const Scenario& s) {
+        const RunObservation obs = run_scenario(s, run);
+        return !obs.passed && !obs.skipped;
+      },
+      &result.shrink_runs);
+  const std::string what = options.run.fault != impl::Fault::kNone
+                               ? std::string(impl::fault_name(options.run.fault))
+                               : options.run.backend.substr(0, options.run.backend.find(':'));
+  result.shrunk.name = "counterexample-" + what + "-seed" + std::to_string(options.seed);
+  result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
+                              " of `kvcheck check " + replay_arguments(options.run) + " --seed " +
+                              std::to_string(options.seed) + "`";
+  RunOptions final_run = options.run;
+  final_run.provider = &provider;
+  result.shrunk_run = run_scenario(result.shrunk, final_run);
   return result;
+}
+
+}  // namespace
+
+CaseTally run_cases(const CheckOptions& options) {
+  const std::unique_ptr<engines::CacheProvider> main_provider = new_provider(options);
+  return run_cases_with(options, *main_provider);
+}
+
+CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
+  CaseTally total;
+  total.coverage_counts.assign(coverage_names().size(), 0);
+  total.reachable = shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
+  for (const CaseTally& t : shards) {
+    KVCHECK_ASSERT(t.reachable == total.reachable && t.coverage_counts.size() == total.coverage_counts.size());
+    total.cases += t.cases;
+    total.failures += t.failures;
+    total.skipped += t.skipped;
+    for (std::size_t k = 0; k < t.coverage_counts.size(); ++k) total.coverage_counts[k] += t.coverage_counts[k];
+    if (t.first_failing_case >= 0 &&
+        (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
+      total.first_failing_case = t.first_failing_case;
+    }
+  }
+  return total;
+}
+
+CheckResult finish_check(const CheckOptions& options, const CaseTally& tally) {
+  std::unique_ptr<engines::CacheProvider> provider;
+  return finish_with(options, tally, [&]() -> engines::CacheProvider& {
+    if (!provider) provider = new_provider(options);
+    return *provider;
+  });
+}
+
+CheckResult run_check(const CheckOptions& options) {
+  // One provider for the capabilities, the cases' generator and the
+  // shrinker, as a single process has always used.
+  const std::unique_ptr<engines::CacheProvider> main_provider = new_provider(options);
+  CheckOptions whole = options;
+  whole.shard = Shard{};
+  const CaseTally tally = run_cases_with(whole, *main_provider);
+  return finish_with(whole, tally, [&]() -> engines::CacheProvider& { return *main_provider; });
 }
 
 }  // namespace kvcheck::properties

@@ -2,6 +2,13 @@
 // shrunk counterexample for the first failure. The cases are split by index
 // between worker threads and their results merged in case order, so the
 // outcome (and every report) depends only on the seed, never on timing.
+//
+// A run can also be split over processes (`--shard I/N`, MPI ranks): each
+// runs the cases whose index is I mod N with run_cases() and returns a
+// CaseTally (counts and its lowest failing index, no shrinking); the tallies
+// are added with merge_tallies() and finish_check() shrinks the lowest
+// failing case of the whole run once. run_check() is exactly
+// finish_check(run_cases()) on one shard, so both give the same result.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +24,22 @@
 
 namespace kvcheck::properties {
 
+/// The cases one process runs: those whose index is `index` modulo `count`.
+/// Striding (not contiguous ranges) keeps every shard's mix of cases the
+/// same whatever the case count, and a shard's cases are still known from
+/// (index, count) alone.
+struct Shard {
+  std::int64_t index = 0;  ///< 0 .. count - 1
+  std::int64_t count = 1;  ///< shards of the whole run
+};
+
 /// Options of one check run.
 struct CheckOptions {
-  std::int64_t cases = 200;
+  std::int64_t cases = 200;  ///< cases of the whole run (every shard's)
   std::uint64_t seed = 1;
   RunOptions run;
   int threads = 2;
+  Shard shard;               ///< run_cases() runs this shard's cases only
   /// Makes the cache providers instead of make_provider(run) when set: one
   /// for the coordinating thread (capabilities, shrinking) and one per
   /// worker, so a C++ engine's caches are never shared between threads.
@@ -49,6 +66,17 @@ struct CheckResult {
   std::int64_t shrink_runs = 0;               ///< scenarios run while shrinking
 };
 
+/// What the cases of one shard (or of a whole run) found, before shrinking.
+struct CaseTally {
+  std::int64_t cases = 0;                     ///< cases run
+  std::int64_t failures = 0;                  ///< cases that failed
+  std::int64_t skipped = 0;                   ///< cases the cache refused to open
+  std::vector<std::int64_t> coverage_counts;  ///< per coverage_names() entry
+  std::vector<bool> reachable;                ///< per entry: whether the cache can reach it
+  std::int64_t first_failing_case = -1;       ///< lowest failing case index, -1 when none
+  bool operator==(const CaseTally&) const = default;
+};
+
 /// `text` quoted for a POSIX shell when it needs it.
 std::string shell_quote(const std::string& text);
 /// "--impl NAME [--fault F]" that selects the same cache (quoted for a shell).
@@ -58,7 +86,22 @@ std::string replay_arguments(const RunOptions& run);
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index);
 
 /// Runs the cases; on failure shrinks the first failing case (lowest index).
+/// Ignores `options.shard` (runs every case).
 CheckResult run_check(const CheckOptions& options);
+
+/// Runs the cases of `options.shard` only (index = shard.index mod
+/// shard.count, over 0 .. options.cases - 1) and tallies them; no shrinking.
+CaseTally run_cases(const CheckOptions& options);
+
+/// The tally of a whole run from the tallies of its shards: counts added, the
+/// lowest failing index kept. `reachable` must be equal in every tally
+/// (KVCHECK_ASSERT: the caller checks the shards agree first).
+CaseTally merge_tallies(const std::vector<CaseTally>& shards);
+
+/// The result of the whole run from its tally: coverage gates and, when a
+/// case failed, the lowest failing case regenerated from its seed and shrunk
+/// (the cache provider is made only then).
+CheckResult finish_check(const CheckOptions& options, const CaseTally& tally);
 
 /// Greedy shrinking: repeatedly tries smaller variants (fewer requests,
 /// fewer steps, shorter chunks, fewer drafts, one layer, fewer heads,

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvcheck builds with, only those that are
 # missing; does nothing (and needs no network) when all are present.
+# OpenMPI and Boost.MPI are optional for the build (`mpirun -n R kvcheck
+# check`); they are installed so that its test runs.
 set -euo pipefail
 
 packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
-          libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema)
+          libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema
+          openmpi-bin libopenmpi-dev libboost-mpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

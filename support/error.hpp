@@ -22,6 +22,7 @@ enum class ErrorId : int {
   kIo = 400,             ///< a file cannot be read or written
   kDevice = 500,         ///< CUDA requested but no device is present
   kAdapter = 600,        ///< an exec adapter broke the protocol (crash, bad line, timeout)
+  kShard = 700,          ///< shards that are not one whole run (missing, duplicated, mismatched), a failed MPI rank
   kInternal = 900,       ///< a defect in kvcheck itself (exit code 3, never bad input)
   kOutOfMemory = 901,    ///< an allocation failed (exit code 3)
 };

@@ -983,7 +983,13 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   // window's minimum shifted by the window step (a guess only: the answer is
   // certified by a safe probe at S and an unsafe one at S - 1).
   const std::size_t per_window = grid.drafts.size() * grid.chunks.size() * grid.orders.size();
-  const std::size_t units = total > 0 ? per_window : 0;
+  // This shard's columns: u = shard_index + j * shard_count.
+  KVCHECK_ASSERT(options.shard_count >= 1 && options.shard_index >= 0 && options.shard_index < options.shard_count);
+  const auto shard_index = static_cast<std::size_t>(options.shard_index);
+  const auto shard_count = static_cast<std::size_t>(options.shard_count);
+  const std::size_t units =
+      total > 0 && shard_index < per_window ? (per_window - shard_index + shard_count - 1) / shard_count : 0;
+  const std::int64_t shard_total = static_cast<std::int64_t>(units * grid.windows.size());
   std::atomic<std::size_t> next_unit{0};
   std::atomic<std::int64_t> done{0};
   std::mutex mu;
@@ -997,8 +1003,9 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     std::unique_ptr<engines::CacheProvider> provider;
     properties::RunOptions live;
     for (;;) {
-      const std::size_t u = next_unit.fetch_add(1);
-      if (u >= units) break;
+      const std::size_t j = next_unit.fetch_add(1);
+      if (j >= units) break;
+      const std::size_t u = shard_index + j * shard_count;
       std::int64_t prev_window = -1, prev_min = -1;
       for (std::size_t wi = 0; wi < grid.windows.size(); ++wi) {
         const auto r = static_cast<std::int64_t>(wi * per_window + u);
@@ -1089,15 +1096,31 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
       cv.wait_for(lock, std::chrono::milliseconds(100));
       if (options.progress) {
         lock.unlock();
-        options.progress(done.load(), total);
+        options.progress(done.load(), shard_total);
         lock.lock();
       }
     }
   }
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
-  if (options.progress) options.progress(total, total);
+  if (options.progress) options.progress(shard_total, shard_total);
 
+  if (options.formula) result.formula = options.formula->text();
+  summarize_sweep(result);
+  return result;
+}
+
+bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index, std::int64_t count) noexcept {
+  const auto per_window = static_cast<std::int64_t>(grid.drafts.size() * grid.chunks.size() * grid.orders.size());
+  return per_window > 0 && (row % per_window) % count == index;
+}
+
+void summarize_sweep(SweepResult& result) {
+  result.probes = 0;
+  result.spec_disagreements = 0;
+  result.formula_unsafe_rows = 0;
+  result.replay_failures = 0;
+  result.no_safe_rows = 0;
   for (const SweepRow& row : result.rows) {
     result.probes += row.probes;
     if (!row.spec_agrees) ++result.spec_disagreements;
@@ -1105,8 +1128,6 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     if (!row.replay_ok) ++result.replay_failures;
     if (row.min_safe_ring < 0) ++result.no_safe_rows;
   }
-  if (options.formula) result.formula = options.formula->text();
-  return result;
 }
 
 }  // namespace kvcheck::sweep

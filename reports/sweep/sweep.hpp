@@ -230,6 +230,14 @@ struct SweepOptions {
   std::filesystem::path out_dir;     ///< where counterexample files go
   /// Called from the coordinating thread with rows finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
+  /// Run only the shard `shard_index` of `shard_count` (`sweep --shard I/N`):
+  /// the (drafts, chunk, order) columns u with u mod shard_count ==
+  /// shard_index, each over all windows in window order, exactly as one
+  /// process searches them (a column's search starts from its previous
+  /// window's minimum, so probe counts depend on the column, never on the
+  /// shard). Other rows keep only their configuration; see sweep_shard.hpp.
+  std::int64_t shard_index = 0;
+  std::int64_t shard_count = 1;
 };
 
 /// One row of the sweep.
@@ -269,6 +277,13 @@ struct SweepResult {
   std::int64_t no_safe_rows = 0;          ///< live caches: rows with no safe capacity (min_safe_ring -1)
   std::int64_t probes = 0;
 };
+
+/// True when row `row` of `grid` belongs to shard `index` of `count`.
+bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index, std::int64_t count) noexcept;
+
+/// Recomputes the result's totals (probes, disagreements, formula, replay,
+/// no-safe rows) from its rows.
+void summarize_sweep(SweepResult& result);
 
 /// Runs the sweep on `options.threads` threads (results do not depend on
 /// timing). Throws kvcheck::Error (kUsage for a formula that cannot be

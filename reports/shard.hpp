@@ -1,0 +1,94 @@
+// Shard results: what one process of a split run hands to the merge. A run of
+// `kvcheck check` or `kvcheck sweep` can be spread over processes and
+// machines (`--shard I/N` under a CI matrix, a Slurm or Kubernetes job array,
+// or one MPI rank each); every shard writes one small self-describing JSON
+// document (`SHARD_DIR/shard.json`, or a message to MPI rank 0) and
+// `kvcheck merge` joins them into the report of the whole run, byte for byte
+// the report one process writes.
+//
+// A shard document holds a header (kind, tool version, shard index and
+// count), the options that must be equal in every shard of one run (the
+// seed, the case count, the cache, the command line apart from --shard,
+// --out and --threads), and the kind's own findings: a check shard its
+// CaseTally, a sweep shard its rows (reports/sweep/sweep_shard.hpp). A set
+// of shards that is not exactly one whole run (missing, duplicated, of
+// another kind, version or options) is refused with ErrorId::kShard naming
+// the shard.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "properties/check.hpp"
+
+namespace kvcheck::reports {
+
+/// Version of the shard document layout.
+inline constexpr int kShardVersion = 1;
+/// The shard document's name inside a shard directory.
+inline constexpr const char* kShardFileName = "shard.json";
+
+/// One parsed shard document.
+struct ShardResult {
+  std::string kind;              ///< "check" or "sweep"
+  std::string tool_version;      ///< kvcheck version that wrote it
+  std::int64_t index = 0;        ///< 0 .. count - 1
+  std::int64_t count = 1;        ///< shards of the whole run
+  nlohmann::json options;        ///< equal in every shard of one run
+  nlohmann::json result;         ///< the kind's findings
+  std::string origin;            ///< where it came from, for errors: "DIR/shard.json", "rank R"
+  std::filesystem::path dir;     ///< its shard directory (files it refers to lie there); empty for MPI
+};
+
+/// The shard document as JSON text (fixed key order, 2-space indent,
+/// trailing newline). `options` and `result` are the kind's own objects.
+std::string shard_text(std::string_view kind, const std::string& tool_version, std::int64_t index,
+                       std::int64_t count, const nlohmann::ordered_json& options,
+                       const nlohmann::ordered_json& result);
+
+/// Parses a shard document strictly (unknown keys, wrong types, a version
+/// other than kShardVersion are errors); every error names `origin`.
+ShardResult parse_shard(std::string_view text, const std::string& origin);
+
+/// Reads and parses DIR/shard.json; a missing or unreadable file is
+/// ErrorId::kShard naming it.
+ShardResult read_shard_dir(const std::filesystem::path& dir);
+
+/// Checks that `shards` are exactly the shards 0 .. N-1 of one run (one kind,
+/// one tool version, one count, equal options) and returns them ordered by
+/// index. Throws kvcheck::Error(kShard) naming the first shard at fault:
+/// "shard 2/3" when it is missing, its origin otherwise.
+std::vector<ShardResult> order_shards(std::vector<ShardResult> shards);
+
+/// "shard I/N", for messages about a shard that has no origin (a missing one).
+std::string shard_name(std::int64_t index, std::int64_t count);
+
+// ---- check shards ---------------------------------------------------------------
+
+/// The options of a check run that every shard must share (plain values: the
+/// CLI translates them from and to properties::CheckOptions).
+struct CheckShardOptions {
+  std::string impl;                    ///< --impl
+  std::string fault;                   ///< --fault name
+  std::int64_t cases = 0;              ///< cases of the whole run
+  std::uint64_t seed = 0;
+  int precision_bits = 113;
+  double step_timeout_seconds = 10.0;
+  std::string command;                 ///< the report's command line (without --shard, --out, --threads)
+};
+
+nlohmann::ordered_json check_options_json(const CheckShardOptions& options);
+CheckShardOptions check_options_from_json(const ShardResult& shard);
+
+nlohmann::ordered_json tally_json(const properties::CaseTally& tally);
+/// The tally of a check shard, checked against its shard: it ran exactly the
+/// cases index ≡ I (mod N) of the options' case count, and its first failing
+/// case is one of them; `classes` is the number of coverage classes.
+properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes);
+
+}  // namespace kvcheck::reports

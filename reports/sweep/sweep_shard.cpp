@@ -1,0 +1,208 @@
+// Sweep shard documents and their merge.
+#include "reports/sweep/sweep_shard.hpp"
+
+#include <string>
+#include <utility>
+
+#include "reports/atomic_write.hpp"
+#include "scenarios/json_read.hpp"
+#include "support/assert.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::sweep {
+
+namespace {
+
+namespace jr = scenarios::json_read;
+using Json = nlohmann::ordered_json;
+
+const char* counterexample_mode_name(CounterexampleMode mode) noexcept {
+  switch (mode) {
+    case CounterexampleMode::kAuto: return "auto";
+    case CounterexampleMode::kAll: return "all";
+    case CounterexampleMode::kNone: return "none";
+  }
+  return "auto";
+}
+
+std::vector<std::int64_t> int_array(const nlohmann::json& object, const std::string& path, std::string_view key) {
+  const std::string where = jr::join_key(path, key);
+  const auto& array = jr::as_array(jr::require(object, path, key), where);
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < array.size(); ++i) out.push_back(jr::get_i64(array[i], jr::join_index(where, i)));
+  return out;
+}
+
+/// The grid, states and formula of a sweep shard's options.
+SweepResult frame_from(const reports::ShardResult& shard) {
+  const auto& o = shard.options;
+  jr::check_keys(o, "options", {"grid", "states", "impl", "step_timeout_seconds", "formula", "counterexamples"});
+  SweepResult result;
+  const auto& grid = jr::as_object(jr::require(o, "options", "grid"), "options.grid");
+  jr::check_keys(grid, "options.grid", {"windows", "drafts", "chunks", "orders"});
+  result.grid.windows = int_array(grid, "options.grid", "windows");
+  result.grid.drafts = int_array(grid, "options.grid", "drafts");
+  result.grid.chunks = int_array(grid, "options.grid", "chunks");
+  const auto& orders = jr::as_array(jr::require(grid, "options.grid", "orders"), "options.grid.orders");
+  for (std::size_t i = 0; i < orders.size(); ++i) {
+    const std::string where = jr::join_index("options.grid.orders", i);
+    const std::string name = jr::get_string(orders[i], where);
+    if (name == order_file_name(SweepOrder::kStoreThenLoad)) {
+      result.grid.orders.push_back(SweepOrder::kStoreThenLoad);
+    } else if (name == order_file_name(SweepOrder::kLoadThenStore)) {
+      result.grid.orders.push_back(SweepOrder::kLoadThenStore);
+    } else {
+      jr::fail(ErrorId::kJsonValue, where, "unknown prefill order '" + name + "'");
+    }
+  }
+  result.states = jr::get_i64(jr::require(o, "options", "states"), "options.states");
+  const auto& formula = jr::require(o, "options", "formula");
+  if (!formula.is_null()) result.formula = jr::get_string(formula, "options.formula");
+  const std::int64_t total = result.grid.size();
+  result.rows.resize(static_cast<std::size_t>(total));
+  for (std::int64_t r = 0; r < total; ++r) result.rows[static_cast<std::size_t>(r)].config = result.grid.at(r);
+  return result;
+}
+
+/// Reads one row object into `row` (its configuration is already set).
+void row_from(const nlohmann::json& j, const std::string& path, const std::filesystem::path& dir, SweepRow& row) {
+  jr::check_keys(j, path,
+                 {"row", "min_safe_ring", "probes", "spec_bound", "spec_agrees", "seed_ring", "has_below", "below_ring",
+                  "below_hazard", "below_overwritten", "below_first_lost", "below_collisions", "counterexample",
+                  "replayed", "replay_ok", "replay_detail", "has_formula", "formula_ring", "formula_safe"});
+  auto i64 = [&](std::string_view key) { return jr::get_i64(jr::require(j, path, key), jr::join_key(path, key)); };
+  auto flag = [&](std::string_view key) { return jr::get_bool(jr::require(j, path, key), jr::join_key(path, key)); };
+  auto text = [&](std::string_view key) { return jr::get_string(jr::require(j, path, key), jr::join_key(path, key)); };
+  row.min_safe_ring = i64("min_safe_ring");
+  row.probes = i64("probes");
+  row.spec_bound = i64("spec_bound");
+  row.spec_agrees = flag("spec_agrees");
+  row.seed_ring = i64("seed_ring");
+  row.has_below = flag("has_below");
+  row.below_ring = i64("below_ring");
+  row.below_hazard = text("below_hazard");
+  row.below_overwritten = int_array(j, path, "below_overwritten");
+  row.below_first_lost = int_array(j, path, "below_first_lost");
+  row.below_collisions = i64("below_collisions");
+  const std::string file = text("counterexample");
+  if (!file.empty()) {
+    // A bare file name in the shard's own directory; anything else could
+    // make the merge read or overwrite files elsewhere.
+    if (file != std::filesystem::path(file).filename().string() || file == "." || file == "..") {
+      jr::fail(ErrorId::kJsonValue, jr::join_key(path, "counterexample"), "must be a file name, got '" + file + "'");
+    }
+    row.counterexample = (dir / file).string();
+  }
+  row.replayed = flag("replayed");
+  row.replay_ok = flag("replay_ok");
+  row.replay_detail = text("replay_detail");
+  row.has_formula = flag("has_formula");
+  row.formula_ring = i64("formula_ring");
+  row.formula_safe = flag("formula_safe");
+}
+
+}  // namespace
+
+Json sweep_shard_options_json(const SweepGrid& grid, const SweepOptions& options) {
+  Json g;
+  g["windows"] = grid.windows;
+  g["drafts"] = grid.drafts;
+  g["chunks"] = grid.chunks;
+  Json orders = Json::array();
+  for (const SweepOrder o : grid.orders) orders.push_back(order_file_name(o));
+  g["orders"] = std::move(orders);
+  Json j;
+  j["grid"] = std::move(g);
+  j["states"] = options.probe.states;
+  j["impl"] = options.impl;
+  j["step_timeout_seconds"] = options.step_timeout_seconds;
+  j["formula"] = options.formula ? Json(options.formula->text()) : Json(nullptr);
+  j["counterexamples"] = counterexample_mode_name(options.counterexamples);
+  return j;
+}
+
+Json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::int64_t count) {
+  Json rows = Json::array();
+  for (std::size_t r = 0; r < result.rows.size(); ++r) {
+    if (!sweep_row_in_shard(result.grid, static_cast<std::int64_t>(r), index, count)) continue;
+    const SweepRow& row = result.rows[r];
+    Json j;
+    j["row"] = r;
+    j["min_safe_ring"] = row.min_safe_ring;
+    j["probes"] = row.probes;
+    j["spec_bound"] = row.spec_bound;
+    j["spec_agrees"] = row.spec_agrees;
+    j["seed_ring"] = row.seed_ring;
+    j["has_below"] = row.has_below;
+    j["below_ring"] = row.below_ring;
+    j["below_hazard"] = row.below_hazard;
+    j["below_overwritten"] = row.below_overwritten;
+    j["below_first_lost"] = row.below_first_lost;
+    j["below_collisions"] = row.below_collisions;
+    j["counterexample"] = row.counterexample.empty() ? std::string()
+                                                     : std::filesystem::path(row.counterexample).filename().string();
+    j["replayed"] = row.replayed;
+    j["replay_ok"] = row.replay_ok;
+    j["replay_detail"] = row.replay_detail;
+    j["has_formula"] = row.has_formula;
+    j["formula_ring"] = row.formula_ring;
+    j["formula_safe"] = row.formula_safe;
+    rows.push_back(std::move(j));
+  }
+  return Json{{"rows", std::move(rows)}};
+}
+
+SweepResult merge_sweep_shards(const std::vector<reports::ShardResult>& shards) {
+  KVCHECK_ASSERT(!shards.empty());
+  SweepResult result;
+  for (const reports::ShardResult& shard : shards) {
+    try {
+      if (&shard == &shards.front()) result = frame_from(shard);
+      jr::check_keys(shard.result, "result", {"rows"});
+      const auto& rows = jr::as_array(jr::require(shard.result, "result", "rows"), "result.rows");
+      // Exactly this shard's rows, each once, in grid order.
+      std::size_t at = 0;
+      for (std::int64_t r = 0; r < static_cast<std::int64_t>(result.rows.size()); ++r) {
+        if (!sweep_row_in_shard(result.grid, r, shard.index, shard.count)) continue;
+        const std::string path = jr::join_index("result.rows", at);
+        if (at >= rows.size()) jr::fail(ErrorId::kJsonValue, "result.rows", "row " + std::to_string(r) + " of this shard is missing");
+        const auto& j = jr::as_object(rows[at], path);
+        const std::int64_t row = jr::get_i64(jr::require(j, path, "row"), jr::join_key(path, "row"));
+        if (row != r) {
+          jr::fail(ErrorId::kJsonValue, jr::join_key(path, "row"),
+                   "expected row " + std::to_string(r) + " (this shard's rows in grid order), got " + std::to_string(row));
+        }
+        row_from(j, path, shard.dir, result.rows[static_cast<std::size_t>(r)]);
+        ++at;
+      }
+      if (at != rows.size()) {
+        jr::fail(ErrorId::kJsonValue, jr::join_index("result.rows", at), "a row that is not this shard's");
+      }
+    } catch (const Error& e) {
+      throw Error(e.id(), shard.origin + ": " + e.where(), e.rule());
+    }
+  }
+  summarize_sweep(result);
+  return result;
+}
+
+void adopt_counterexamples(SweepResult& result, const std::filesystem::path& out_dir) {
+  std::vector<std::pair<SweepRow*, std::string>> files;
+  for (SweepRow& row : result.rows) {
+    if (row.counterexample.empty()) continue;
+    files.emplace_back(&row, jr::read_input_file(row.counterexample, "a sweep counterexample"));
+  }
+  if (files.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec || !std::filesystem::is_directory(out_dir)) {
+    throw Error(ErrorId::kIo, out_dir.string(), "cannot create the counterexample directory: " + ec.message());
+  }
+  for (auto& [row, content] : files) {
+    const std::filesystem::path target = out_dir / std::filesystem::path(row->counterexample).filename();
+    reports::write_file_atomic(target, content);
+    row->counterexample = target.string();
+  }
+}
+
+}  // namespace kvcheck::sweep

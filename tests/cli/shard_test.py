@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""`kvcheck check|sweep --shard I/N` and `kvcheck merge`, end to end.
+
+A run split into 3 shards (run with other thread counts, merged in a shuffled
+order) writes byte for byte the reports, counterexample and exit code of one
+process on the same seed; a sweep split the same way writes the same JSON,
+CSV, table and counterexample files. Missing, duplicated and mismatched
+shards are refused with exit 2 and one line naming the shard, and leave the
+output directory as it was.
+
+usage: shard_test.py KVCHECK
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+KVCHECK = os.path.abspath(sys.argv[1])
+failures = []
+
+
+def run(args, cwd):
+    p = subprocess.run([KVCHECK] + args, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def same_tree(a, b, what):
+    """Every file of a and b, byte for byte (and the same names)."""
+    names_a = sorted(os.listdir(a))
+    expect(names_a == sorted(os.listdir(b)), f"{what}: same files {names_a}")
+    for name in names_a:
+        pa, pb = os.path.join(a, name), os.path.join(b, name)
+        if os.path.isfile(pa) and os.path.isfile(pb):
+            with open(pa, "rb") as fa, open(pb, "rb") as fb:
+                expect(fa.read() == fb.read(), f"{what}: {name} byte-identical")
+
+
+def one_error_line(code, err, needle, what):
+    lines = err.strip().split("\n")
+    expect(code == 2, f"{what}: exit 2 (got {code})")
+    expect(len(lines) == 1 and lines[0].startswith("kvcheck error 700 at ") and needle in lines[0],
+           f"{what}: one line naming {needle!r} ({err.strip()!r})")
+
+
+def check_case(root, label, flags, expected_code):
+    """One process against 3 shards merged, for `kvcheck check FLAGS`."""
+    single = os.path.join(root, label, "single")
+    split = os.path.join(root, label, "split")
+    os.makedirs(single)
+    os.makedirs(split)
+    code1, _, err1 = run(["check"] + flags + ["--threads", "2", "--out", "out"], single)
+    expect(code1 == expected_code, f"{label}: one process exits {expected_code} (got {code1}; {err1.strip()})")
+    for i in range(3):
+        code, out, err = run(["check"] + flags + ["--shard", f"{i}/3", "--threads", "1", "--out", f"shard{i}"], split)
+        expect(code == 0 and os.path.isfile(os.path.join(split, f"shard{i}", "shard.json")),
+               f"{label}: shard {i}/3 written, exit 0 ({err.strip()})")
+    code2, _, err2 = run(["merge", "shard2", "shard0", "shard1", "--out", "out"], split)
+    expect(code2 == code1, f"{label}: merge exits like one process ({code2} vs {code1}; {err2.strip()})")
+    same_tree(os.path.join(single, "out"), os.path.join(split, "out"), f"{label}: merged vs one process")
+    return split
+
+
+def main():
+    root = tempfile.mkdtemp(prefix="kvcheck-shard-test-")
+    try:
+        # A failing run: the lowest failing case of the whole run is shrunk once, in the merge.
+        split = check_case(root, "fault", ["--fault", "accept-no-rollback", "--cases", "300", "--seed", "5"], 1)
+        ce = os.path.join(split, "out", "counterexample-accept-no-rollback-seed5.json")
+        expect(os.path.isfile(ce), "fault: the merge wrote the counterexample")
+        report = json.load(open(os.path.join(split, "out", "report.json")))
+        expect(report["check"]["cases"] == 300 and report["check"]["failures"] > 0,
+               "fault: the merged report counts all 300 cases")
+        expect("--shard" not in report["context"]["command"] and "--out" not in report["context"]["command"],
+               "fault: the recorded command has no --shard or --out")
+        # A passing run, with more shards than some cases' residues would need.
+        check_case(root, "pass", ["--cases", "200", "--seed", "11"], 0)
+
+        # Refusals: one line naming the shard, exit 2, --out left as it was.
+        out = os.path.join(split, "out")
+        before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+        code, _, err = run(["merge", "shard0", "shard1", "--out", "out"], split)
+        one_error_line(code, err, "shard 2/3", "missing shard")
+        code, _, err = run(["merge", "shard0", "shard1", "shard1", "shard2", "--out", "out"], split)
+        one_error_line(code, err, "shard1/shard.json", "duplicated shard")
+        code, _, _ = run(["check", "--fault", "accept-no-rollback", "--cases", "300", "--seed", "6",
+                          "--shard", "1/3", "--out", "other1"], split)
+        code, _, err = run(["merge", "shard0", "other1", "shard2", "--out", "out"], split)
+        one_error_line(code, err, "other1/shard.json", "different seed")
+        expect("options.seed" in err, "different seed: the message names options.seed")
+        shutil.copytree(os.path.join(split, "shard2"), os.path.join(split, "version2"))
+        doc = json.load(open(os.path.join(split, "version2", "shard.json")))
+        doc["tool_version"] = "9.9.9"
+        json.dump(doc, open(os.path.join(split, "version2", "shard.json"), "w"))
+        code, _, err = run(["merge", "shard0", "shard1", "version2", "--out", "out"], split)
+        one_error_line(code, err, "version2/shard.json", "different version")
+        code, _, _ = run(["check", "--fault", "accept-no-rollback", "--cases", "300", "--seed", "5",
+                          "--shard", "0/4", "--out", "four0"], split)
+        code, _, err = run(["merge", "four0", "shard1", "shard2", "--out", "out"], split)
+        one_error_line(code, err, "shard1/shard.json", "different shard count")
+        code, _, err = run(["merge", "shard0", "shard1", "nothing-here", "--out", "out"], split)
+        one_error_line(code, err, "nothing-here/shard.json", "not a shard directory")
+        after = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+        expect(before == after, "refused merges left --out as it was")
+        code, _, err = run(["check", "--shard", "3/3", "--out", "x"], split)
+        expect(code == 2 and "--shard" in err and len(err.strip().split("\n")) == 1,
+               f"--shard 3/3 is refused naming the flag ({err.strip()})")
+
+        # Sweep: 3 shards (columns I mod 3) merged = one process, files and table.
+        sweep = ["sweep", "--window", "8,16", "--drafts", "0,3", "--chunk", "1,5", "--order", "both",
+                 "--formula", "W + k"]
+        single = os.path.join(root, "sweep", "single")
+        split = os.path.join(root, "sweep", "split")
+        os.makedirs(single)
+        os.makedirs(split)
+        code1, table1, _ = run(sweep + ["--json", "sweep.json", "--csv", "sweep.csv"], single)
+        expect(code1 == 1, f"sweep: the unsafe formula exits 1 (got {code1})")
+        for i in range(3):
+            code, _, err = run(sweep + ["--shard", f"{i}/3", "--threads", "1", "--out", f"shard{i}"], split)
+            expect(code == 0, f"sweep: shard {i}/3 exits 0 ({err.strip()})")
+        code2, table2, err = run(["merge", "shard1", "shard2", "shard0", "--json", "sweep.json", "--csv", "sweep.csv"],
+                                 split)
+        expect(code2 == code1, f"sweep: merge exits like one process ({code2}; {err.strip()})")
+        expect(table1 == table2, "sweep: the merged table equals one process's")
+        for name in ("sweep.json", "sweep.csv"):
+            expect(open(os.path.join(single, name), "rb").read() == open(os.path.join(split, name), "rb").read(),
+                   f"sweep: {name} byte-identical")
+        same_tree(os.path.join(single, "kvcheck-out", "sweep"), os.path.join(split, "kvcheck-out", "sweep"),
+                  "sweep: counterexample files")
+        code, _, err = run(["merge", "shard0", "shard1", "shard2", "--json", "x.json", "--out", "o"],
+                           os.path.join(root, "fault", "split"))
+        expect(code == 2, "merge of check shards refuses --json")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+// Shard documents: a check shard's tally round-trips, and a set of shards
+// that is not exactly one whole run is refused naming the shard at fault.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <string>
+
+#include "reports/shard.hpp"
+#include "support/error.hpp"
+
+using namespace kvcheck;
+
+namespace {
+
+reports::CheckShardOptions some_options() {
+  reports::CheckShardOptions o;
+  o.impl = "cpu";
+  o.fault = "none";
+  o.cases = 10;
+  o.seed = 7;
+  o.command = "kvcheck check --cases 10 --seed 7";
+  return o;
+}
+
+properties::CaseTally tally_of(std::int64_t index, std::int64_t count, std::int64_t cases) {
+  properties::CaseTally t;
+  t.cases = index < cases ? (cases - index + count - 1) / count : 0;
+  t.coverage_counts = {1, 2, 3, 4};
+  t.reachable = {true, true, false, true};
+  return t;
+}
+
+reports::ShardResult shard(std::int64_t index, std::int64_t count, const reports::CheckShardOptions& o,
+                           const properties::CaseTally& t) {
+  return reports::parse_shard(reports::shard_text("check", "0.1.0", index, count, reports::check_options_json(o),
+                                                  reports::tally_json(t)),
+                              "dir" + std::to_string(index) + "/shard.json");
+}
+
+int error_id(const std::function<void()>& f, std::string* what) {
+  try {
+    f();
+  } catch (const Error& e) {
+    *what = e.what();
+    return static_cast<int>(e.id());
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("Shard: a check shard's options and tally round-trip through its document") {
+  properties::CaseTally t = tally_of(1, 3, 10);
+  t.failures = 2;
+  t.first_failing_case = 4;
+  const reports::ShardResult s = shard(1, 3, some_options(), t);
+  CHECK(s.kind == "check");
+  CHECK(s.index == 1);
+  CHECK(s.count == 3);
+  CHECK(reports::tally_from_json(s, 10, 4) == t);
+  const reports::CheckShardOptions o = reports::check_options_from_json(s);
+  CHECK(o.seed == 7);
+  CHECK(o.command == some_options().command);
+}
+
+TEST_CASE("Shard: missing, duplicated and mismatched shards are refused naming the shard") {
+  const auto o = some_options();
+  std::string what;
+  CHECK(error_id([&] { reports::order_shards({shard(0, 3, o, tally_of(0, 3, 10)), shard(2, 3, o, tally_of(2, 3, 10))}); },
+                 &what) == 700);
+  CHECK(what.find("at shard 1/3: missing") != std::string::npos);
+  CHECK(error_id([&] { reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))}); },
+                 &what) == 700);
+  CHECK(what.find("given twice") != std::string::npos);
+  auto other = o;
+  other.seed = 8;
+  CHECK(error_id([&] { reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(1, 2, other, tally_of(1, 2, 10))}); },
+                 &what) == 700);
+  CHECK(what.find("dir1/shard.json: options.seed is 8") != std::string::npos);
+  const auto ordered =
+      reports::order_shards({shard(1, 2, o, tally_of(1, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
+  REQUIRE(ordered.size() == 2);
+  CHECK(ordered[0].index == 0);
+}
+
+TEST_CASE("Shard: a tally that is not its shard's cases, or a stray key, is refused") {
+  const auto o = some_options();
+  properties::CaseTally t = tally_of(1, 3, 10);
+  t.cases += 1;
+  std::string what;
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 204);
+  CHECK(what.find("dir1/shard.json: result.cases") != std::string::npos);
+  t = tally_of(1, 3, 10);
+  t.failures = 1;
+  t.first_failing_case = 3;  // 3 mod 3 is shard 0's
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 204);
+  CHECK(what.find("first_failing_case") != std::string::npos);
+  std::string text = reports::shard_text("check", "0.1.0", 0, 1, reports::check_options_json(o),
+                                         reports::tally_json(tally_of(0, 1, 10)));
+  text.insert(1, "\"extra\": 1,");
+  CHECK(error_id([&] { reports::parse_shard(text, "x/shard.json"); }, &what) == 202);
+  CHECK(what.find("x/shard.json") != std::string::npos);
+}
