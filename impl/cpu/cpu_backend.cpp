@@ -394,8 +394,10 @@ void attend_query_f32(const FloatJob& j) {
 // exp polynomial; only the summation order differs (float rounding).
 //
 // Per block of z_block_rows() index rows and per KV head g, 4 query heads at a time:
-//  * scores: two rows at a time, each 32-element piece of the key decoded
-//    once into two zmm and used by all 4 heads (16 accumulators); the 4 heads'
+//  * scores: two rows at a time (four for fp8), each 32-element piece of the
+//    key decoded once into two zmm and used by all 4 heads, one accumulator
+//    per (row, head) (a second one per pair for the odd halves cost an add
+//    per pair and measured ~7% slower for bf16); the 4 heads'
 //    accumulators of 4 rows are reduced together by a shuffle tree into one
 //    zmm [head][row] instead of 16 separate horizontal sums;
 //  * softmax: on the [head][row] vectors as they come out of the reduction
@@ -474,8 +476,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
   const std::int64_t kv_heads = qh / group, width = j.width, nscale = n / 32;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int kRows = z_block_rows(F);
-  // Scores four rows at a time with one accumulator per (row, head) for fp8
-  // (measured faster there); two rows with split accumulators otherwise.
+  // Scores four rows at a time for fp8 (measured faster there), two rows
+  // otherwise; one accumulator per (row, head) either way.
   constexpr bool kScore4 = F == ElementFormat::kFp8E4m3;
   float* m = j.stats;
   float* l = j.stats + qh;
@@ -587,12 +589,10 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
                   for (std::int64_t o = lo; o < mid; ++o) _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
                 }
               }
-              __m512 a0[4], b0[4], a1[4], b1[4];
+              __m512 a0[4], a1[4];
               for (int s = 0; s < 4; ++s) {
                 a0[s] = _mm512_setzero_ps();
-                b0[s] = _mm512_setzero_ps();
                 a1[s] = _mm512_setzero_ps();
-                b1[s] = _mm512_setzero_ps();
               }
               for (int p = 0; p < kPairs; ++p) {
                 const std::int64_t el = g * hd + 32 * p;
@@ -603,15 +603,13 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
                   const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
                   const __m512 qb = _mm512_loadu_ps(q0 + s * hs + 32 * p + 16);
                   a0[s] = _mm512_fmadd_ps(qa, x0, a0[s]);
-                  b0[s] = _mm512_fmadd_ps(qb, y0, b0[s]);
                   a1[s] = _mm512_fmadd_ps(qa, x1, a1[s]);
-                  b1[s] = _mm512_fmadd_ps(qb, y1, b1[s]);
+                  a0[s] = _mm512_fmadd_ps(qb, y0, a0[s]);
+                  a1[s] = _mm512_fmadd_ps(qb, y1, a1[s]);
                 }
               }
-              v[i] = z_reduce_heads(_mm512_add_ps(a0[0], b0[0]), _mm512_add_ps(a0[1], b0[1]),
-                                    _mm512_add_ps(a0[2], b0[2]), _mm512_add_ps(a0[3], b0[3]));
-              v[i + 1] = z_reduce_heads(_mm512_add_ps(a1[0], b1[0]), _mm512_add_ps(a1[1], b1[1]),
-                                        _mm512_add_ps(a1[2], b1[2]), _mm512_add_ps(a1[3], b1[3]));
+              v[i] = z_reduce_heads(a0[0], a0[1], a0[2], a0[3]);
+              v[i + 1] = z_reduce_heads(a1[0], a1[1], a1[2], a1[3]);
             }
           }
           zs[r / 4] = z_reduce_rows(v[0], v[1], v[2], v[3]);
