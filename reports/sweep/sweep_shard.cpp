@@ -2,6 +2,7 @@
 #include "reports/sweep/sweep_shard.hpp"
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "reports/atomic_write.hpp"
@@ -64,27 +65,44 @@ SweepResult frame_from(const reports::ShardResult& shard) {
   return result;
 }
 
+// The fields of a SweepRow in a shard document, by type: one table for the
+// writer and the reader, so the two cannot drift apart. (`row` and
+// `counterexample` are written and read by hand.)
+constexpr std::pair<std::string_view, std::int64_t SweepRow::*> kRowIntegers[] = {
+    {"min_safe_ring", &SweepRow::min_safe_ring}, {"probes", &SweepRow::probes},
+    {"spec_bound", &SweepRow::spec_bound},       {"seed_ring", &SweepRow::seed_ring},
+    {"below_ring", &SweepRow::below_ring},       {"below_collisions", &SweepRow::below_collisions},
+    {"formula_ring", &SweepRow::formula_ring}};
+constexpr std::pair<std::string_view, bool SweepRow::*> kRowFlags[] = {
+    {"spec_agrees", &SweepRow::spec_agrees}, {"has_below", &SweepRow::has_below},
+    {"replayed", &SweepRow::replayed},       {"replay_ok", &SweepRow::replay_ok},
+    {"has_formula", &SweepRow::has_formula}, {"formula_safe", &SweepRow::formula_safe}};
+constexpr std::pair<std::string_view, std::string SweepRow::*> kRowTexts[] = {
+    {"below_hazard", &SweepRow::below_hazard}, {"replay_detail", &SweepRow::replay_detail}};
+constexpr std::pair<std::string_view, std::vector<std::int64_t> SweepRow::*> kRowLists[] = {
+    {"below_overwritten", &SweepRow::below_overwritten}, {"below_first_lost", &SweepRow::below_first_lost}};
+
 /// Reads one row object into `row` (its configuration is already set).
 void row_from(const nlohmann::json& j, const std::string& path, const std::filesystem::path& dir, SweepRow& row) {
-  jr::check_keys(j, path,
-                 {"row", "min_safe_ring", "probes", "spec_bound", "spec_agrees", "seed_ring", "has_below", "below_ring",
-                  "below_hazard", "below_overwritten", "below_first_lost", "below_collisions", "counterexample",
-                  "replayed", "replay_ok", "replay_detail", "has_formula", "formula_ring", "formula_safe"});
-  auto i64 = [&](std::string_view key) { return jr::get_i64(jr::require(j, path, key), jr::join_key(path, key)); };
-  auto flag = [&](std::string_view key) { return jr::get_bool(jr::require(j, path, key), jr::join_key(path, key)); };
-  auto text = [&](std::string_view key) { return jr::get_string(jr::require(j, path, key), jr::join_key(path, key)); };
-  row.min_safe_ring = i64("min_safe_ring");
-  row.probes = i64("probes");
-  row.spec_bound = i64("spec_bound");
-  row.spec_agrees = flag("spec_agrees");
-  row.seed_ring = i64("seed_ring");
-  row.has_below = flag("has_below");
-  row.below_ring = i64("below_ring");
-  row.below_hazard = text("below_hazard");
-  row.below_overwritten = int_array(j, path, "below_overwritten");
-  row.below_first_lost = int_array(j, path, "below_first_lost");
-  row.below_collisions = i64("below_collisions");
-  const std::string file = text("counterexample");
+  std::vector<std::string_view> keys = {"row", "counterexample"};
+  for (const auto& [key, member] : kRowIntegers) {
+    keys.push_back(key);
+    row.*member = jr::get_i64(jr::require(j, path, key), jr::join_key(path, key));
+  }
+  for (const auto& [key, member] : kRowFlags) {
+    keys.push_back(key);
+    row.*member = jr::get_bool(jr::require(j, path, key), jr::join_key(path, key));
+  }
+  for (const auto& [key, member] : kRowTexts) {
+    keys.push_back(key);
+    row.*member = jr::get_string(jr::require(j, path, key), jr::join_key(path, key));
+  }
+  for (const auto& [key, member] : kRowLists) {
+    keys.push_back(key);
+    row.*member = int_array(j, path, key);
+  }
+  jr::check_keys(j, path, keys);
+  const std::string file = jr::get_string(jr::require(j, path, "counterexample"), jr::join_key(path, "counterexample"));
   if (!file.empty()) {
     // A bare file name in the shard's own directory; anything else could
     // make the merge read or overwrite files elsewhere.
@@ -93,12 +111,6 @@ void row_from(const nlohmann::json& j, const std::string& path, const std::files
     }
     row.counterexample = (dir / file).string();
   }
-  row.replayed = flag("replayed");
-  row.replay_ok = flag("replay_ok");
-  row.replay_detail = text("replay_detail");
-  row.has_formula = flag("has_formula");
-  row.formula_ring = i64("formula_ring");
-  row.formula_safe = flag("formula_safe");
 }
 
 }  // namespace
@@ -128,25 +140,12 @@ Json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::i
     const SweepRow& row = result.rows[r];
     Json j;
     j["row"] = r;
-    j["min_safe_ring"] = row.min_safe_ring;
-    j["probes"] = row.probes;
-    j["spec_bound"] = row.spec_bound;
-    j["spec_agrees"] = row.spec_agrees;
-    j["seed_ring"] = row.seed_ring;
-    j["has_below"] = row.has_below;
-    j["below_ring"] = row.below_ring;
-    j["below_hazard"] = row.below_hazard;
-    j["below_overwritten"] = row.below_overwritten;
-    j["below_first_lost"] = row.below_first_lost;
-    j["below_collisions"] = row.below_collisions;
+    for (const auto& [key, member] : kRowIntegers) j[std::string(key)] = row.*member;
+    for (const auto& [key, member] : kRowFlags) j[std::string(key)] = row.*member;
+    for (const auto& [key, member] : kRowTexts) j[std::string(key)] = row.*member;
+    for (const auto& [key, member] : kRowLists) j[std::string(key)] = row.*member;
     j["counterexample"] = row.counterexample.empty() ? std::string()
                                                      : std::filesystem::path(row.counterexample).filename().string();
-    j["replayed"] = row.replayed;
-    j["replay_ok"] = row.replay_ok;
-    j["replay_detail"] = row.replay_detail;
-    j["has_formula"] = row.has_formula;
-    j["formula_ring"] = row.formula_ring;
-    j["formula_safe"] = row.formula_safe;
     rows.push_back(std::move(j));
   }
   return Json{{"rows", std::move(rows)}};

@@ -335,7 +335,7 @@ TEST_CASE("CLI: stray positional arguments and an unusable --out are refused bef
 }
 
 TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the version") {
-  for (const char* command : {"demo", "spec", "check", "replay", "audit", "trace", "sweep", "faults"}) {
+  for (const char* command : {"demo", "spec", "check", "replay", "audit", "trace", "sweep", "faults", "merge"}) {
     INFO(command);
     const Outcome o = run(std::string(command) + " --help");
     CHECK(o.code == 0);

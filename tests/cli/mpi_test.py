@@ -16,10 +16,11 @@ import subprocess
 import sys
 import tempfile
 
+from harness import expect, finish
+
 KVCHECK = os.path.abspath(sys.argv[1])
 MPIEXEC = sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
-failures = []
 
 if MPIEXEC == "-":
     print("kvcheck was configured without MPI (openmpi-bin, libopenmpi-dev, libboost-mpi-dev): skipped")
@@ -28,12 +29,6 @@ if MPIEXEC == "-":
 # CI may run as root, and the machine has 2 cores for 3 ranks.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
-
-
-def expect(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def run(args, cwd, ranks=None):
@@ -87,10 +82,7 @@ def main():
         expect(files(os.path.join(work, "out")) == {}, "killed rank: no report written")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -17,19 +17,14 @@ import subprocess
 import sys
 import tempfile
 
+from harness import expect, finish
+
 KVCHECK = os.path.abspath(sys.argv[1])
-failures = []
 
 
 def run(args, cwd):
     p = subprocess.run([KVCHECK] + args, cwd=cwd, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout, p.stderr
-
-
-def expect(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def same_tree(a, b, what):
@@ -139,10 +134,7 @@ def main():
         expect(code == 2, "merge of check shards refuses --json")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
