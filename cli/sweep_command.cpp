@@ -24,6 +24,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/mpi_world.hpp"
 #include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
 #include "reports/shard.hpp"
@@ -85,6 +86,10 @@ int command_sweep(int argc, char** argv) {
                    "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard"},
                   {});
   args.no_positional("sweep");
+  if (launched_by_mpi()) {
+    // Every rank would sweep the whole grid; a sweep splits with --shard.
+    throw Error(ErrorId::kUsage, "mpirun", "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
+  }
   sweep::SweepGrid grid = sweep::default_grid();
   if (const auto v = args.get("--window")) grid.windows = sweep::parse_value_list("--window", *v, 1, kMaxWindowRows);
   if (const auto v = args.get("--drafts")) grid.drafts = sweep::parse_value_list("--drafts", *v, 0, kMaxDrafts);

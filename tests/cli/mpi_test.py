@@ -61,6 +61,11 @@ def main():
             for name in a:
                 expect(a[name] == b.get(name), f"{label}: {name} byte-identical")
 
+        # A sweep splits with --shard, not over ranks: refused, not run R times.
+        code, _, err = run(["sweep", "--window", "8", "--drafts", "0", "--chunk", "1", "--order", "both"], root, ranks=2)
+        expect(code == 2 and "kvcheck error 100 at mpirun: sweep does not run over MPI ranks" in err,
+               f"sweep under mpirun: refused with exit 2 ({code})")
+
         # A rank whose adapter fails: exit 2, one kvcheck line naming rank 1, no report.
         work = os.path.join(root, "failing-rank")
         os.makedirs(work)
