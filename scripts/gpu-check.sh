@@ -3,20 +3,43 @@
 # GPU, in one run that fits in 8 minutes (each step under `timeout`, all of
 # them under one deadline), ending with a one-line-per-step summary.
 #
-#   scripts/gpu-check.sh [build-dir]        (default: build-gpu)
+#   scripts/gpu-check.sh [--require-gpu] [build-dir]     build here, then check (default build-gpu)
+#   scripts/gpu-check.sh [--require-gpu] --bundle DIR    check a bundle from scripts/gpu-bundle.sh
 #
-# Steps: configure + build (-DKVCHECK_CUDA=ON, -j16), every CUDA ctest
-# (ctest -R cuda: index math, conformance suite with "cuda", kernel-by-kernel
-# comparisons with the CPU backend), `kvcheck check --impl cuda --cases 500`,
-# `kvcheck replay scenarios/fast --impl cuda`, compute-sanitizer memcheck and
-# racecheck on the attention test (the kernel with shared memory and
-# shuffles), and the CUDA decode-attention benchmark.
-# Exit status: 0 when every step that ran passed (a missing CLI is reported
-# and not counted as a failure), 1 otherwise.
+# The source mode needs the build dependencies (MPFR, GMP, Catch2,
+# RapidCheck, Google Benchmark) on the GPU machine; the bundle mode needs only
+# the CUDA driver: binaries and their non-system libraries come in the bundle
+# (built elsewhere with nvcc), and LD_LIBRARY_PATH points at its lib/.
+#
+# Steps, most important first: the CUDA backend tests (impl_cuda_test:
+# conformance suite on "cuda", kernel-by-kernel comparisons with the CPU
+# backend, the production-shape fast-kernel tests; impl_cuda_host_test: the
+# index math as nvcc compiled it), the CUDA decode-attention benchmark,
+# `kvcheck check --impl cuda --cases 500`, `kvcheck replay scenarios/fast
+# --impl cuda`, compute-sanitizer memcheck / racecheck / initcheck on the
+# attention tests, and the CPU decode-attention benchmark.
+# Without a GPU (no `nvidia-smi -L` device) the device steps report SKIP and
+# the host steps still run; --require-gpu makes a missing GPU a failure.
+# GPU_CHECK_ONLY=REGEX runs only the steps whose names match (grep -E), for
+# a quick rerun of a few steps; GPU_CHECK_SECONDS sets the budget (480).
+# Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
+ORIGIN=$PWD
 cd "$(dirname "$0")/.." || exit 1
-BUILD=${1:-build-gpu}
-DEADLINE=$(( $(date +%s) + 480 ))
+BUNDLE=
+BUILD=build-gpu
+REQUIRE_GPU=0
+while (( $# > 0 )); do
+  case "$1" in
+    --bundle) BUNDLE=$(cd "$ORIGIN" && cd "$2" && pwd) || exit 2; shift 2 ;;
+    --require-gpu) REQUIRE_GPU=1; shift ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 0 ;;
+    -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
+    *) BUILD=$1; shift ;;
+  esac
+done
+BUDGET=${GPU_CHECK_SECONDS:-480}  # the whole run; each step is capped as well
+DEADLINE=$(( $(date +%s) + BUDGET ))
 JOBS=${JOBS:-16}
 SUMMARY=()
 FAILED=0
@@ -28,10 +51,14 @@ remaining() { echo $(( DEADLINE - $(date +%s) )); }
 step() {
   local name=$1 cap=$2
   shift 2
+  if [[ -n "${GPU_CHECK_ONLY:-}" ]] && ! grep -qE "$GPU_CHECK_ONLY" <<< "$name"; then
+    SUMMARY+=("SKIP     $name (not in GPU_CHECK_ONLY)")
+    return 0
+  fi
   local left
   left=$(remaining)
   if (( left < 10 )); then
-    SUMMARY+=("SKIP     $name (8-minute budget spent)")
+    SUMMARY+=("SKIP     $name (${BUDGET}s budget spent)")
     return 0
   fi
   local limit=$(( cap < left ? cap : left ))
@@ -56,69 +83,134 @@ step() {
 
 note() { SUMMARY+=("$1"); echo "$1"; }
 
-if command -v nvidia-smi > /dev/null; then
+skip() { note "SKIP     $1"; }
+
+HAVE_GPU=0
+if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q "^GPU"; then
+  HAVE_GPU=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-fi
-
-step "configure" 90 cmake -S . -B "$BUILD" -DKVCHECK_CUDA=ON -DKVCHECK_BENCH=ON \
-  -DCMAKE_BUILD_TYPE=Release || true
-if ! grep -q "KVCHECK_CUDA:BOOL=ON" "$BUILD/CMakeCache.txt" 2> /dev/null; then
-  note "FAIL     configure did not enable CUDA"
+elif (( REQUIRE_GPU )); then
+  note "FAIL     --require-gpu: no GPU listed by nvidia-smi -L"
   FAILED=1
 fi
 
-# The CUDA targets first (so a broken unrelated target cannot hide them),
-# then everything else the CLI needs.
-step "build CUDA targets" 240 cmake --build "$BUILD" -j "$JOBS" --target kvcheck_cuda \
-  impl_cuda_host_test impl_cuda_test decode_attention_cuda_bench || true
-step "build kvcheck CLI" 150 cmake --build "$BUILD" -j "$JOBS" --target kvcheck || true
-
-step "ctest -R cuda" 150 ctest --test-dir "$BUILD" -R cuda --output-on-failure -j 4 || true
-# A CUDA case that reports itself skipped on a GPU machine means the device
-# was not seen: that is a failure here, not a pass.
-skipped=$(grep -c "SKIPPED (no CUDA device)" "$BUILD/Testing/Temporary/LastTest.log" 2> /dev/null || true)
-if [[ "${skipped:-0}" != "0" ]]; then
-  note "FAIL     $skipped CUDA test(s) skipped: no device seen on a GPU machine"
-  FAILED=1
-fi
-
-CLI="$BUILD/cli/kvcheck"
-if [[ -x "$CLI" ]]; then
-  step "kvcheck check --impl cuda --cases 500" 90 "$CLI" check --impl cuda --cases 500 || true
-  if [[ -d scenarios/fast ]]; then
-    step "kvcheck replay scenarios/fast --impl cuda" 60 "$CLI" replay scenarios/fast --impl cuda || true
+if [[ -n "$BUNDLE" ]]; then
+  BIN="$BUNDLE/bin"
+  SCENARIOS="$BUNDLE/scenarios"
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [[ -f "$BUNDLE/MANIFEST" ]] && sed -n '2,4p' "$BUNDLE/MANIFEST"
+  for b in kvcheck impl_cuda_test impl_cuda_host_test decode_attention_cuda_bench decode_attention_bench; do
+    if [[ ! -x "$BIN/$b" ]]; then
+      note "FAIL     bundle lacks bin/$b"
+      FAILED=1
+    fi
+  done
+  # Every library a binary needs resolves (from the bundle or the system).
+  missing=$(for b in "$BIN"/*; do ldd "$b" 2> /dev/null | grep "not found"; done | sort -u)
+  if [[ -n "$missing" ]]; then
+    note "FAIL     unresolved libraries: $(echo "$missing" | tr -s ' \n' ' ')"
+    FAILED=1
   else
-    note "SKIP     replay: scenarios/fast not found"
+    note "PASS     every library of bin/ resolves ($(ls "$BUNDLE/lib" | wc -l) from the bundle)"
   fi
 else
-  note "SKIP     kvcheck CLI not built ($CLI missing): check and replay not run"
+  BIN_ROOT="$BUILD"
+  SCENARIOS=scenarios
+  step "configure" 90 cmake -S . -B "$BUILD" -DKVCHECK_CUDA=ON -DKVCHECK_BENCH=ON \
+    -DCMAKE_BUILD_TYPE=Release || true
+  if ! grep -q "KVCHECK_CUDA:BOOL=ON" "$BUILD/CMakeCache.txt" 2> /dev/null; then
+    note "FAIL     configure did not enable CUDA"
+    FAILED=1
+  fi
+  # The CUDA targets first (so a broken unrelated target cannot hide them).
+  step "build CUDA targets" 240 cmake --build "$BUILD" -j "$JOBS" --target kvcheck_cuda \
+    impl_cuda_host_test impl_cuda_test decode_attention_cuda_bench || true
+  step "build kvcheck CLI and CPU bench" 150 cmake --build "$BUILD" -j "$JOBS" --target kvcheck \
+    decode_attention_bench || true
+  BIN=$(mktemp -d)
+  trap 'rm -rf "$BIN"' EXIT
+  for b in cli/kvcheck tests/impl/cuda/impl_cuda_test tests/impl/cuda/impl_cuda_host_test \
+           bench/cuda/decode_attention_cuda_bench bench/decode_attention_bench; do
+    [[ -x "$BIN_ROOT/$b" ]] && ln -s "$(cd "$(dirname "$BIN_ROOT/$b")" && pwd)/$(basename "$b")" "$BIN/"
+  done
+fi
+
+# device_step NAME CAP COMMAND...: a step that needs the GPU.
+device_step() {
+  if (( HAVE_GPU )); then
+    step "$@" || true
+  else
+    skip "$1 (no GPU)"
+  fi
+}
+# A CUDA test binary that reports a case skipped on a GPU machine did not see
+# the device: that is a failure, not a pass.
+cuda_tests() {
+  local log
+  log=$(mktemp)
+  "$BIN/impl_cuda_test" --reporter compact 2>&1 | tee "$log" | tail -40
+  local rc=${PIPESTATUS[0]}
+  if grep -q "SKIPPED (no CUDA device)" "$log"; then
+    echo "impl_cuda_test skipped cases on a GPU machine: the device was not seen"
+    rc=1
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+
+CLI="$BIN/kvcheck"
+if [[ -x "$BIN/impl_cuda_host_test" ]]; then
+  if (( HAVE_GPU )); then
+    step "impl_cuda_host_test (index math as nvcc compiled it)" 60 "$BIN/impl_cuda_host_test" || true
+  else
+    # Exit 4: the cases that launch kernels reported themselves skipped.
+    step "impl_cuda_host_test (host cases; device cases skip)" 60 sh -c '"$0" > /dev/null; rc=$?; [ $rc -eq 0 ] || [ $rc -eq 4 ]' "$BIN/impl_cuda_host_test" || true
+  fi
+fi
+if [[ -x "$CLI" ]]; then
+  step "kvcheck --version and a CPU check from the bundle" 60 sh -c "\"$CLI\" --version && \"$CLI\" check --impl cpu --cases 50 --seed 1 --out \"\$(mktemp -d)\" > /dev/null" || true
+fi
+export BIN
+[[ -x "$BIN/impl_cuda_test" ]] && device_step "impl_cuda_test (CUDA backend vs CPU backend, conformance)" 150 \
+  bash -c "$(declare -f cuda_tests); cuda_tests"
+
+BENCH="$BIN/decode_attention_cuda_bench"
+[[ -x "$BENCH" ]] && device_step "decode_attention_cuda_bench" 100 "$BENCH" --benchmark_min_time=0.2
+
+if [[ -x "$CLI" ]]; then
+  device_step "kvcheck check --impl cuda --cases 500" 90 "$CLI" check --impl cuda --cases 500 --out "$(mktemp -d)"
+  device_step "kvcheck replay scenarios/fast --impl cuda" 60 "$CLI" replay "$SCENARIOS/fast" --impl cuda
+else
+  note "FAIL     kvcheck CLI missing ($CLI): check and replay not run"
+  FAILED=1
 fi
 
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-TEST_BIN="$BUILD/tests/impl/cuda/impl_cuda_test"
+TEST_BIN="$BIN/impl_cuda_test"
 ATTEND_CASE="CudaBackend: attention over pool and scratch equals the CPU backend's"
+FAST_CASE="CudaBackend: production shapes (head_dim 128 and W = 4096) count every column once"
 COLLIDE_CASE="CudaBackend: a same-launch write-write collision is counted and the last row wins"
-if [[ -x "$SANITIZER" && -x "$TEST_BIN" ]]; then
-  step "compute-sanitizer memcheck (attention)" 90 "$SANITIZER" --tool memcheck \
-    --error-exitcode 99 "$TEST_BIN" "$ATTEND_CASE" || true
-  step "compute-sanitizer racecheck (attention)" 90 "$SANITIZER" --tool racecheck \
-    --error-exitcode 99 "$TEST_BIN" "$ATTEND_CASE" || true
-  step "compute-sanitizer memcheck (store collision)" 30 "$SANITIZER" --tool memcheck \
-    --error-exitcode 99 "$TEST_BIN" "$COLLIDE_CASE" || true
-else
-  note "SKIP     compute-sanitizer or $TEST_BIN missing"
+if (( HAVE_GPU )) && [[ ! -x "$SANITIZER" ]]; then
+  note "FAIL     compute-sanitizer not found"
   FAILED=1
+elif [[ -x "$TEST_BIN" ]]; then
+  # sanitize TOOL LABEL CAP CASE: one compute-sanitizer run of one test case.
+  sanitize() {
+    device_step "compute-sanitizer $1 ($2)" "$3" "$SANITIZER" --tool "$1" --error-exitcode 99 \
+      "$TEST_BIN" "$4"
+  }
+  sanitize memcheck "fast kernel" 90 "$FAST_CASE"
+  sanitize memcheck "attention" 60 "$ATTEND_CASE"
+  sanitize racecheck "fast kernel" 90 "$FAST_CASE"
+  sanitize racecheck "general kernel" 60 "$ATTEND_CASE"
+  sanitize initcheck "fast kernel" 60 "$FAST_CASE"
+  sanitize memcheck "store collision" 30 "$COLLIDE_CASE"
 fi
 
-BENCH="$BUILD/bench/cuda/decode_attention_cuda_bench"
-if [[ -x "$BENCH" ]]; then
-  step "decode_attention_cuda_bench" 60 "$BENCH" --benchmark_min_time=0.5 || true
-else
-  note "FAIL     $BENCH not built"
-  FAILED=1
-fi
+CPU_BENCH="$BIN/decode_attention_bench"
+[[ -x "$CPU_BENCH" ]] && device_step "decode_attention_bench (CPU, same machine)" 100 "$CPU_BENCH" --benchmark_min_time=0.1
 
 echo
-echo "=== gpu-check summary ($(( 480 - $(remaining) ))s of 480s) ==="
+echo "=== gpu-check summary ($(( BUDGET - $(remaining) ))s of ${BUDGET}s) ==="
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
 exit $FAILED

@@ -127,6 +127,7 @@ struct DeviceState {
   DeviceBuffer read_slots;      // [index_cap] int64
   DeviceBuffer part_acc;        // [max_step_rows, q_heads, splits_cap, head_dim] Acc
   DeviceBuffer part_ml;         // [max_step_rows, q_heads, splits_cap, 2] Acc
+  DeviceBuffer counters;        // [max_step_rows, q_heads] uint32 finished splits, 0 between
 };
 
 class CudaBackend final : public KvBackend {
@@ -285,6 +286,10 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   KVCHECK_CUDA_TRY("cudaMalloc(partial acc)", d.part_acc.allocate(step_q * splits_cap * acc_bytes));
   KVCHECK_CUDA_TRY("cudaMalloc(partial ml)",
                    d.part_ml.allocate(spec.max_step_rows * spec.q_heads * splits_cap * 2 * acc_bytes));
+  // One counter per (query, KV head, head tile) of the fast kernel: at most
+  // one per query head.
+  KVCHECK_CUDA_TRY("cudaMalloc(split counters)",
+                   d.counters.allocate(spec.max_step_rows * spec.q_heads * 4));
 
   // Fresh pool: zero bytes, empty tags, no claims, origin -1.
   KVCHECK_CUDA_TRY("cudaMemset(pool)", cudaMemset(d.pool.as<void>(), 0, static_cast<std::size_t>(pool_bytes)));
@@ -293,6 +298,9 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   KVCHECK_CUDA_TRY("cudaMemset(counts)", cudaMemset(d.counts.as<void>(), 0, static_cast<std::size_t>(slots * 4)));
   KVCHECK_CUDA_TRY("cudaMemset(winner)", cudaMemset(d.winner.as<void>(), 0xFF, static_cast<std::size_t>(slots * 4)));
   KVCHECK_CUDA_TRY("cudaMemset(flags)", cudaMemset(d.flags.as<void>(), 0, 16));
+  KVCHECK_CUDA_TRY("cudaMemset(split counters)",
+                   cudaMemset(d.counters.as<void>(), 0,
+                              static_cast<std::size_t>(spec.max_step_rows * spec.q_heads * 4)));
   if (spec.track_tags) {
     ring_fill_kernel<Tag><<<ring_grid(slots), kElementwiseThreads>>>(d.tags.as<Tag>(), slots, Tag{});
     KVCHECK_CUDA_TRY("launch ring_fill_kernel(tags)", cudaGetLastError());
@@ -579,9 +587,6 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
                                                      index.size_bytes(), cudaMemcpyHostToDevice));
   }
   const std::uint8_t* rows = scratch ? d_.scratch.as<std::uint8_t>() : d_.pool.as<std::uint8_t>();
-  const std::int32_t head_tiles = ring_attend_head_tiles(spec_.q_heads, spec_.kv_heads);
-  const std::int32_t splits =
-      ring_attend_splits(n, spec_.kv_heads, head_tiles, width, sm_count_, splits_cap_);
   const double inf = std::numeric_limits<double>::infinity();
   // The float path scales the rotated query in double before narrowing it,
   // as the CPU backend does; the f64 path scales each dot product.
@@ -605,10 +610,11 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
     a.scale = f64 ? static_cast<Acc>(scale_) : Acc(1);
     a.has_sink = spec_.has_sink;
     a.sink = static_cast<Acc>(spec_.sink_logit);
-    a.splits = splits;
     a.part_acc = d_.part_acc.as<Acc>();
     a.part_ml = d_.part_ml.as<Acc>();
     a.out = d_.out.as<double>();
+    a.counters = d_.counters.as<unsigned int>();
+    a.splits = ring_attend_choose_splits<F>(a, sm_count_, splits_cap_);
     return device_status("launch ring_attend", ring_attend_launch<F>(a, nullptr));
   };
   Status st;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "impl/cuda/ring_fast_attend.cuh"
 #include "impl/element_format.hpp"
 #include "impl/kv_cache.hpp"
 #include "impl/ring_index.hpp"
@@ -349,6 +350,10 @@ struct AttendArgs {
   Acc* part_acc = nullptr;            ///< [n, q_heads, splits, head_dim] unnormalized outputs
   Acc* part_ml = nullptr;             ///< [n, q_heads, splits, 2] running max and sum
   double* out = nullptr;              ///< [n, q_heads, head_dim]
+  /// Zeroed words, one per (query, KV head, fast head tile), that the fast
+  /// kernel (ring_fast_attend.cuh) counts finished splits in; null = the
+  /// general kernel only.
+  unsigned int* counters = nullptr;
 };
 
 __device__ inline float ring_exp(float x) { return expf(x); }
@@ -732,12 +737,40 @@ cudaError_t ring_attend_launch_shape(const AttendArgs<RingAccT<F>>& a, cudaStrea
   return cudaGetLastError();
 }
 
-/// Launches split + combine for a pool of format F. The caller has rotated
-/// q, sized part_acc/part_ml for a.splits, and validated the index.
+/// Splits of one attention launch of format F over `a` (a.splits is
+/// ignored): the fast kernel's choice (ring_fast_attend.cuh) when it takes
+/// the launch, else the general kernel's, at most max_splits.
+template <ElementFormat F>
+std::int32_t ring_attend_choose_splits(const AttendArgs<RingAccT<F>>& a, int sm_count,
+                                       std::int32_t max_splits) {
+  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8E4m3) {
+    if (ring_fast_attend_fits<F>(a)) {
+      const std::int32_t splits =
+          ring_fast_choose_splits<F, FastDefault<F>>(a, sm_count, max_splits);
+      if (splits > 0) return splits;
+    }
+  }
+  return ring_attend_splits(a.n, a.layout.kv_heads,
+                            ring_attend_head_tiles(a.q_heads, a.layout.kv_heads), a.width,
+                            sm_count, max_splits);
+}
+
+/// Launches the attention of a pool of format F: the fast kernel when it
+/// takes the launch and a.splits is one it can run, else split + combine of
+/// the general kernel. The caller has rotated q, chosen a.splits with
+/// ring_attend_choose_splits, sized part_acc/part_ml for them, and validated
+/// the index.
 template <ElementFormat F>
 cudaError_t ring_attend_launch(const AttendArgs<RingAccT<F>>& a, cudaStream_t stream) {
   const AttendShape shape = ring_attend_shape(a.layout.head_dim);
   if (a.q_heads % a.layout.kv_heads != 0) return cudaErrorInvalidValue;
+  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8E4m3) {
+    if (ring_fast_attend_fits<F>(a) &&
+        (a.width + a.splits - 1) / (a.splits > 0 ? a.splits : 1) <= kFastMaxSplitColumns &&
+        ring_fast_blocks_per_sm<F, FastDefault<F>, AttendArgs<RingAccT<F>>>() > 0) {
+      return ring_fast_attend_launch<F, FastDefault<F>>(a, stream);
+    }
+  }
   if (shape.lanes == 16 && shape.elements == 4) return ring_attend_launch_shape<F, 4, 16>(a, stream);
   if (shape.lanes == 16 && shape.elements == 8) return ring_attend_launch_shape<F, 8, 16>(a, stream);
   if (shape.lanes == 32 && shape.elements == 16) {

@@ -1,9 +1,30 @@
 // The CUDA backend against the CPU backend, kernel by kernel: both get the
 // same calls, and every answer (metadata, index, stored rows, tags,
-// duplicates, attention outputs, read tags and slots, refusals) must agree,
-// exactly for integers and tags, within the element format for rows, and
-// within float accumulation for attention. Needs a device: without one,
-// every case here reports itself skipped by name (cuda_skip_listener.cpp).
+// duplicates, attention outputs, read tags and slots, refusals) must agree:
+// exactly for integers and tags, and for rows and outputs within the bounds
+// that follow from what differs between the two. Needs a device: without
+// one, every case here reports itself skipped by name (cuda_skip_listener.cpp).
+//
+// What differs, and what equality that allows (u = 2^-53):
+// * RoPE. The device's pow, sin and cos are within 2 ulp (CUDA C
+//   Programming Guide, double-precision functions), glibc's within 1, and
+//   the angle p*theta multiplies theta's error by the position. For a pair
+//   (x, y) rotated at position p (theta <= 1), the two rotated values differ
+//   by at most (|x| + |y|) * (7 + 5p) * u. Values and unrotated dimensions
+//   are copied, so f64 rows promise bit equality there and this bound in the
+//   rotated dimensions. A narrower format rounds both doubles to the same
+//   element unless they straddle a rounding boundary: one format step.
+// * Attention, f64: rotated queries and keys differ as above, and the sums
+//   run in another order (splits, warps). With D = head_dim, W = columns,
+//   scores s = scale * q.k differ by ds <= scale * D * (dq * 2K + 2Q * dk)
+//   + 2 (D + 2) u * scale * D * 4QK (Q, K, V: largest input magnitudes,
+//   |rotated| <= 2 * largest), softmax turns that into at most 2 ds in the
+//   l1 norm of the weights, so outputs differ by <= 2 ds V + 2 (W + 4) u V.
+// * Attention, float formats: both sides narrow the scaled query to f32,
+//   accumulate in f32; the production kernel (ring_fast_attend.cuh) also
+//   carries the query and the weights as bf16 hi + lo pairs (16 significant
+//   bits: relative error <= 2^-17). The same bound holds with the RoPE terms
+//   replaced by 2^-16 (both sides' query rounding) and u by 2^-24.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -81,10 +102,54 @@ std::vector<double> random_rows(kvcheck::Prng& prng, std::int64_t n, double magn
   return v;
 }
 
-double row_tolerance(ElementFormat f, double x) {
-  // Device and host cos/sin may differ by an ulp, which can flip one
-  // rounding of the stored element: allow one element-format step.
+constexpr double kU64 = 0x1.0p-53;
+constexpr double kU32 = 0x1.0p-24;
+/// Largest magnitude of the random rows store_both writes, and its largest position.
+constexpr double kRowMagnitude = 2.0;
+constexpr std::int64_t kMaxStorePosition = 5000;
+
+/// Device and host RoPE of a pair with |x| + |y| <= pair_sum at position p.
+double rope_difference(double pair_sum, std::int64_t position) {
+  return pair_sum * (7.0 + 5.0 * static_cast<double>(position)) * kU64;
+}
+
+/// Allowed difference of one stored element whose CPU value is x: f64 rows
+/// differ only in rotated key dimensions, by the RoPE bound; other formats
+/// round to the same element or, across a rounding boundary, to the next.
+double row_tolerance(ElementFormat f, double x, bool rotated) {
+  if (f == ElementFormat::kF64) {
+    return rotated ? rope_difference(2.0 * kRowMagnitude, kMaxStorePosition) : 0.0;
+  }
   return 2.0 * kvcheck::impl::format_epsilon(f) * std::fabs(x) + 1e-300;
+}
+
+/// Inputs of an attention comparison, for its error bound.
+struct AttendBound {
+  ElementFormat format;
+  std::int32_t head_dim;
+  std::int64_t width;
+  double scale;
+  double q, k, v;                    // largest magnitudes of query, key, value inputs
+  std::int64_t q_position, k_position;  // largest positions of queries and stored keys
+};
+
+/// Largest allowed |cpu - cuda| of one attention output (see the top of the file).
+double attend_tolerance(const AttendBound& b) {
+  const double d = b.head_dim;
+  const double qk = d * 2.0 * b.q * 2.0 * b.k;  // bound of sum |q_rot| |k_rot|
+  double ds = 0.0, u = 0.0;
+  if (b.format == ElementFormat::kF64) {
+    u = kU64;
+    const double dq = rope_difference(2.0 * b.q, b.q_position);
+    const double dk = rope_difference(2.0 * b.k, b.k_position);
+    ds = b.scale * d * (dq * 2.0 * b.k + 2.0 * b.q * dk) + 2.0 * (d + 2.0) * u * b.scale * qk;
+  } else {
+    u = kU32;
+    ds = b.scale * qk * (0x1.0p-16 + 2.0 * (d + 2.0) * u);
+  }
+  const double weights = b.format == ElementFormat::kF64 ? 0.0 : 0x1.0p-16;
+  return 2.0 * ds * b.v + (2.0 * (static_cast<double>(b.width) + 4.0) * u + weights) * b.v +
+         1e-300;
 }
 
 /// Stores the same rows into both backends and checks the reports agree.
@@ -112,14 +177,18 @@ void store_both(Pair& p, const PoolSpec& spec, kvcheck::Prng& prng,
 void require_pools_equal(Pair& p, const PoolSpec& spec) {
   const std::int64_t e = static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim;
   std::vector<double> ka(static_cast<std::size_t>(e)), va(ka.size()), kb(ka.size()), vb(ka.size());
+  const bool rope = spec.rope_style != RopeStyle::kNone;
   for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
     INFO("slot " << slot);
     REQUIRE(p.cpu->slot_tag(slot) == p.cuda->slot_tag(slot));
     REQUIRE(p.cpu->read_row(slot, ka.data(), va.data()).ok());
     REQUIRE(p.cuda->read_row(slot, kb.data(), vb.data()).ok());
     for (std::size_t i = 0; i < ka.size(); ++i) {
-      REQUIRE(std::fabs(ka[i] - kb[i]) <= row_tolerance(spec.format, ka[i]));
-      REQUIRE(std::fabs(va[i] - vb[i]) <= row_tolerance(spec.format, va[i]));
+      const bool rotated = rope && static_cast<std::int32_t>(i % static_cast<std::size_t>(spec.head_dim)) < spec.rope_dims;
+      INFO("element " << i << " cpu " << ka[i] << " / " << va[i] << " cuda " << kb[i] << " / " << vb[i]);
+      REQUIRE(std::fabs(ka[i] - kb[i]) <= row_tolerance(spec.format, ka[i], rotated));
+      // The shared-row layout has no value row: read_row returns the key row.
+      REQUIRE(std::fabs(va[i] - vb[i]) <= row_tolerance(spec.format, va[i], rotated && spec.shared_row));
     }
   }
 }
@@ -264,10 +333,12 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
             REQUIRE(st.ok());
             REQUIRE(ta == tb);
             REQUIRE(ra == rb);
-            const double unit = f == ElementFormat::kF64 ? 0x1.0p-50 : 0x1.0p-18;
+            AttendBound bound{f, hd, width, 1.0 / std::sqrt(static_cast<double>(hd)), 1.5,
+                              kRowMagnitude, kRowMagnitude, 1000, kMaxStorePosition};
+            const double tolerance = attend_tolerance(bound);
             for (std::size_t i = 0; i < oa.size(); ++i) {
-              INFO("output " << i << " cpu " << oa[i] << " cuda " << ob[i]);
-              REQUIRE(std::fabs(oa[i] - ob[i]) <= unit * (1.0 + std::fabs(oa[i])) * 8.0);
+              INFO("output " << i << " cpu " << oa[i] << " cuda " << ob[i] << " bound " << tolerance);
+              REQUIRE(std::fabs(oa[i] - ob[i]) <= tolerance);
             }
           }
         }
@@ -305,4 +376,180 @@ TEST_CASE("CudaBackend: refused calls answer like the CPU backend and change not
   both([&](KvBackend& b) { return b.store(slots, bad_positions, k.data(), v.data(), tags, nullptr); });
   both([&](KvBackend& b) { return b.load(std::vector<std::int64_t>{0, 1}, 1000); });
   require_pools_equal(p, spec);
+}
+
+namespace {
+
+/// A production-shaped pool (head_dim 128, W = 4096) of format f with
+/// q_heads / kv_heads query heads, rows stored at slot order positions.
+PoolSpec production_spec(ElementFormat f, std::int32_t q_heads, std::int32_t kv_heads, bool rope) {
+  PoolSpec s;
+  s.states = 2;
+  s.window_rows = 4096;
+  s.ring_rows = 4096 + 64;
+  s.q_heads = q_heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = 128;
+  s.format = f;
+  s.rope_style = rope ? RopeStyle::kNeox : RopeStyle::kNone;
+  s.rope_dims = rope ? 128 : 0;
+  s.softmax_scale = 1.0 / 16.0;  // a power of two: exact scores stay exact
+  s.max_step_rows = 520;
+  return s;
+}
+
+/// Stores rows into every slot of both backends: value row of slot s is
+/// value(s) in every element, key rows come from key(slot, element).
+template <class KeyFn, class ValueFn>
+void fill_both(Pair& p, const PoolSpec& spec, KeyFn key, ValueFn value) {
+  const std::int64_t e = static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim;
+  const std::int64_t slots = spec.states * spec.ring_rows;
+  std::uint64_t seq = 0;
+  for (std::int64_t first = 0; first < slots; first += spec.max_step_rows) {
+    const std::int64_t n = std::min(spec.max_step_rows, slots - first);
+    std::vector<std::int64_t> where, positions;
+    std::vector<Tag> tags;
+    std::vector<double> k(static_cast<std::size_t>(n * e)), v(k.size());
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t slot = first + r;
+      where.push_back(slot);
+      positions.push_back(100000 + slot);
+      tags.push_back(Tag{slot / spec.ring_rows, positions.back(), ++seq});
+      for (std::int64_t i = 0; i < e; ++i) {
+        k[static_cast<std::size_t>(r * e + i)] = key(slot, i);
+        v[static_cast<std::size_t>(r * e + i)] = value(slot, i);
+      }
+    }
+    const auto a = p.cpu->store(where, positions, k.data(), v.data(), tags, nullptr);
+    const auto b = p.cuda->store(where, positions, k.data(), v.data(), tags, nullptr);
+    INFO(a.detail << " / " << b.detail);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+  }
+}
+
+/// Three index rows of width 4096 over state 0 and 1: the whole window in
+/// ring order, a shuffled window with every seventh column skipped, and 100
+/// columns followed by skips (whole splits with nothing to read).
+std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& prng) {
+  const std::int64_t w = spec.window_rows;
+  std::vector<std::int64_t> index(static_cast<std::size_t>(3 * w), -1);
+  for (std::int64_t c = 0; c < w; ++c) index[static_cast<std::size_t>(c)] = (37 + c) % spec.ring_rows;
+  std::vector<std::int64_t> shuffled;
+  for (std::int64_t c = 0; c < w; ++c) shuffled.push_back(spec.ring_rows + c);
+  for (std::int64_t i = w - 1; i > 0; --i) std::swap(shuffled[static_cast<std::size_t>(i)], shuffled[static_cast<std::size_t>(prng.range(0, i))]);
+  for (std::int64_t c = 0; c < w; ++c) {
+    index[static_cast<std::size_t>(w + c)] = c % 7 == 3 ? -1 : shuffled[static_cast<std::size_t>(c)];
+  }
+  for (std::int64_t c = 0; c < 100; ++c) index[static_cast<std::size_t>(2 * w + c)] = 500 + 3 * c;
+  return index;
+}
+
+}  // namespace
+
+TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count every column once",
+          "[cuda]") {
+  // Uniform weights (q = 0) over values that are small dyadic numbers: every
+  // sum is exact in f32 on both sides, so the output is the exact mean of
+  // the values read, and a column dropped or read twice moves it by at
+  // least 1/(8 * 4096) of the range, far past the 2^-20 allowed here.
+  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3, ElementFormat::kF32}) {
+    for (const auto& [qh, kvh] : {std::pair{32, 8}, std::pair{24, 2}, std::pair{8, 8}, std::pair{32, 4}}) {
+      INFO(kvcheck::impl::format_name(f) << " q_heads " << qh << " kv_heads " << kvh);
+      const PoolSpec spec = production_spec(f, qh, kvh, true);
+      Pair p(spec);
+      fill_both(p, spec, [](std::int64_t s, std::int64_t i) { return ((s * 31 + i) % 9 - 4) / 4.0; },
+                [](std::int64_t s, std::int64_t i) { return ((s * 13 + i / 128) % 7 + 1) / 8.0; });
+      kvcheck::Prng prng(77);
+      const auto index = production_index(spec, prng);
+      const std::int64_t n = 3, w = spec.window_rows;
+      const std::vector<double> q(static_cast<std::size_t>(n * qh * 128), 0.0);
+      const std::vector<std::int64_t> positions = {100000, 100001, 250000};
+      std::vector<double> oa(q.size()), ob(q.size());
+      REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
+      REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+      for (std::int64_t i = 0; i < n; ++i) {
+        for (std::int32_t h = 0; h < qh; ++h) {
+          const std::int32_t kv = h / (qh / kvh);
+          double sum = 0.0;
+          std::int64_t count = 0;
+          for (std::int64_t c = 0; c < w; ++c) {
+            const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
+            if (slot < 0) continue;
+            sum += ((slot * 13 + kv) % 7 + 1) / 8.0;
+            ++count;
+          }
+          const double exact = sum / static_cast<double>(count);
+          for (std::int32_t d = 0; d < 128; ++d) {
+            const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
+            INFO("query " << i << " head " << h << " dim " << d << " exact " << exact << " cpu "
+                          << oa[at] << " cuda " << ob[at]);
+            REQUIRE(std::fabs(oa[at] - exact) <= 0x1.0p-20 * exact);
+            REQUIRE(std::fabs(ob[at] - exact) <= 0x1.0p-20 * exact);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend within the error "
+          "bound of the CPU backend",
+          "[cuda]") {
+  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
+    for (const auto& [qh, kvh] : {std::pair{32, 8}, std::pair{24, 2}, std::pair{32, 4}}) {
+      for (const bool sink : {false, true}) {
+        INFO(kvcheck::impl::format_name(f) << " q_heads " << qh << " kv_heads " << kvh << " sink " << sink);
+        PoolSpec spec = production_spec(f, qh, kvh, true);
+        spec.has_sink = sink;
+        spec.sink_logit = 1.5;
+        Pair p(spec);
+        kvcheck::Prng prng(300 + qh);
+        const std::int64_t e = static_cast<std::int64_t>(kvh) * 128;
+        std::vector<double> keys(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
+        for (auto& x : keys) x = prng.signed_unit() * 2.0;
+        fill_both(p, spec, [&](std::int64_t s, std::int64_t i) { return keys[static_cast<std::size_t>(s * e + i)]; },
+                  [](std::int64_t s, std::int64_t i) { return std::sin(0.37 * static_cast<double>(s) + 0.11 * static_cast<double>(i)); });
+        const auto index = production_index(spec, prng);
+        const std::int64_t n = 3, w = spec.window_rows;
+        const auto q = random_rows(prng, n * qh * 128, 1.5);
+        const std::vector<std::int64_t> positions = {100000, 100001, 250000};
+        std::vector<double> oa(q.size()), ob(q.size());
+        REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
+        REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+        // The bound of the top of the file with sum |q_rot| |k_rot| measured:
+        // rotated query elements bounded by their pair's norm, keys as stored.
+        std::vector<double> kr(static_cast<std::size_t>(e)), vr(kr.size());
+        std::vector<double> kmag(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
+        for (std::int64_t s = 0; s < spec.states * spec.ring_rows; ++s) {
+          REQUIRE(p.cpu->read_row(s, kr.data(), vr.data()).ok());
+          for (std::int64_t i = 0; i < e; ++i) kmag[static_cast<std::size_t>(s * e + i)] = std::fabs(kr[static_cast<std::size_t>(i)]);
+        }
+        for (std::int64_t i = 0; i < n; ++i) {
+          for (std::int32_t h = 0; h < qh; ++h) {
+            const std::int32_t kv = h / (qh / kvh);
+            const double* qrow = q.data() + (i * qh + h) * 128;
+            double qb[128];
+            for (int d = 0; d < 64; ++d) qb[d] = qb[d + 64] = std::hypot(qrow[d], qrow[d + 64]);
+            double s_max = 0.0;
+            for (std::int64_t c = 0; c < w; ++c) {
+              const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
+              if (slot < 0) continue;
+              double sum = 0.0;
+              for (int d = 0; d < 128; ++d) sum += qb[d] * kmag[static_cast<std::size_t>(slot * e + kv * 128 + d)];
+              s_max = std::max(s_max, sum);
+            }
+            const double ds = spec.softmax_scale * s_max * (0x1.0p-16 + 2.0 * 130.0 * kU32);
+            const double tolerance = 2.0 * ds + (2.0 * (static_cast<double>(w) + 4.0) * kU32 + 0x1.0p-16);
+            for (std::int32_t d = 0; d < 128; ++d) {
+              const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
+              INFO("query " << i << " head " << h << " dim " << d << " cpu " << oa[at] << " cuda "
+                            << ob[at] << " bound " << tolerance);
+              REQUIRE(std::fabs(oa[at] - ob[at]) <= tolerance);
+            }
+          }
+        }
+      }
+    }
+  }
 }

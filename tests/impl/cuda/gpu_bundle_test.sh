@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU bundle's layout, tested where it is built (no GPU needed):
+# scripts/gpu-bundle.sh --no-build lays out this build tree's binaries, then
+# scripts/gpu-check.sh --bundle runs from the bundle alone (LD_LIBRARY_PATH
+# on its lib/, scenarios from its scenarios/). Asserts: every binary and the
+# MANIFEST are there, every library resolves, the host steps pass, and
+# without a GPU every device step reports SKIP (with a GPU it must PASS).
+#   gpu_bundle_test.sh BUILD_DIR
+set -u
+BUILD=$(cd "$1" && pwd)
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "gpu_bundle_test: $*" >&2; exit 1; }
+
+"$ROOT/scripts/gpu-bundle.sh" --no-build --build-dir "$BUILD" "$WORK/bundle" > "$WORK/bundle.log" 2>&1 ||
+  { cat "$WORK/bundle.log"; fail "gpu-bundle.sh failed"; }
+for f in bin/kvcheck bin/impl_cuda_test bin/impl_cuda_host_test bin/decode_attention_cuda_bench \
+         bin/decode_attention_bench scripts/gpu-check.sh scenarios/fast MANIFEST; do
+  [[ -e "$WORK/bundle/$f" ]] || fail "bundle lacks $f"
+done
+grep -q "libmpfr" <(ls "$WORK/bundle/lib") || fail "bundle lib/ lacks libmpfr (the CLI and tests load it)"
+if ls "$WORK/bundle/lib" | grep -qE '^(libc|libm|libstdc\+\+|libgcc_s)\.so'; then
+  fail "bundle lib/ holds a base-system library"
+fi
+# The MANIFEST's checksums match the files.
+(cd "$WORK/bundle" && sed -n '/^files:/,$p' MANIFEST | tail -n +2 | sha256sum --quiet -c -) ||
+  fail "MANIFEST checksums do not match the bundle"
+
+# Run from another directory, the bundle passed relative to it.
+(cd "$WORK" && GPU_CHECK_SECONDS=120 bundle/scripts/gpu-check.sh --bundle bundle) > "$WORK/check.log" 2>&1
+rc=$?
+summary=$(sed -n '/gpu-check summary/,$p' "$WORK/check.log")
+echo "$summary"
+[[ $rc -eq 0 ]] || { cat "$WORK/check.log"; fail "gpu-check.sh --bundle exited $rc"; }
+for step in "every library of bin/ resolves" "impl_cuda_host_test" "kvcheck --version and a CPU check"; do
+  grep -q "PASS .*$step" <<< "$summary" || fail "host step not passed: $step"
+done
+if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q "^GPU"; then
+  grep -q "PASS .*impl_cuda_test" <<< "$summary" || fail "impl_cuda_test did not pass on a GPU machine"
+else
+  for step in "impl_cuda_test" "decode_attention_cuda_bench" "kvcheck check --impl cuda" \
+              "compute-sanitizer racecheck (fast kernel)"; do
+    grep -qF "SKIP     $step" <<< "$summary" || fail "device step not reported skipped: $step"
+  done
+  # --require-gpu turns the missing GPU into a failure.
+  (cd "$WORK" && GPU_CHECK_ONLY=none bundle/scripts/gpu-check.sh --require-gpu --bundle bundle) > /dev/null 2>&1 &&
+    fail "--require-gpu without a GPU exited 0"
+fi
+echo "gpu_bundle_test: ok"
