@@ -2,12 +2,13 @@
 # Installs the Debian packages kvcheck builds with, only those that are
 # missing; does nothing (and needs no network) when all are present.
 # OpenMPI and Boost.MPI are optional for the build (`mpirun -n R kvcheck
-# check`); they are installed so that its test runs.
+# check`); they are installed so that its test runs. libxml2-utils (xmllint)
+# and python3-jsonschema are the parsers the report tests judge files with.
 set -euo pipefail
 
 packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
           libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema
-          openmpi-bin libopenmpi-dev libboost-mpi-dev)
+          libxml2-utils openmpi-bin libopenmpi-dev libboost-mpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
