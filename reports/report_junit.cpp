@@ -11,20 +11,61 @@ namespace detail {
 std::string xml_escape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (const char ch : text) {
-    const auto byte = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        if (byte < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') {
-          out += "\xEF\xBF\xBD";  // U+FFFD: XML 1.0 has no escape for these
-        } else {
-          out += ch;
-        }
+  constexpr const char* kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char b = p[i];
+    if (b < 0x80) {
+      switch (b) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&quot;"; break;
+        case '\'': out += "&apos;"; break;
+        default:
+          // XML 1.0 has no escape for C0 controls other than tab, LF, CR (nor DEL's neighbours).
+          if (b < 0x20 && b != '\t' && b != '\n' && b != '\r') {
+            out += kReplacement;
+          } else {
+            out += static_cast<char>(b);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A multi-byte sequence: decode it strictly (no overlong forms, no
+    // surrogates, nothing past U+10FFFF) and keep it only when XML 1.0 allows
+    // the character (U+FFFE and U+FFFF are not characters); anything else,
+    // including a byte that is not UTF-8 at all, becomes one U+FFFD.
+    std::size_t len = 0;
+    char32_t cp = 0;
+    char32_t min = 0;
+    if (b >= 0xC2 && b <= 0xDF) {
+      len = 2, cp = b & 0x1F, min = 0x80;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3, cp = b & 0x0F, min = 0x800;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4, cp = b & 0x07, min = 0x10000;
+    }
+    bool ok = len != 0 && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) {
+        ok = false;
+      } else {
+        cp = (cp << 6) | (p[i + k] & 0x3F);
+      }
+    }
+    const bool well_formed = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (well_formed && cp != 0xFFFE && cp != 0xFFFF) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      // One U+FFFD for a well-formed sequence of a forbidden character;
+      // otherwise for this byte alone, resynchronizing on the next one.
+      out += kReplacement;
+      i += well_formed ? len : 1;
     }
   }
   return out;
