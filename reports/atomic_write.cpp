@@ -24,7 +24,7 @@ namespace {
 
 }  // namespace
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+std::string write_temporary_beside(const std::filesystem::path& path, std::string_view content) {
   if (path.empty() || !path.has_filename()) throw Error(ErrorId::kIo, path.string(), "not a file path");
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   // open(O_CREAT | O_EXCL, 0666) rather than mkstemp: mkstemp makes 0600
@@ -41,27 +41,35 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   }
   if (fd < 0) fail(path, "cannot create a temporary file in " + dir.string(), errno);
 
-  // From here on every failure removes the temporary file before throwing.
-  const auto abandon = [&](const std::string& what, int err) {
-    ::unlink(temp.c_str());
-    fail(path, what, err);
-  };
-
   const char* data = content.data();
   std::size_t left = content.size();
-  while (left > 0) {
+  int err = 0;
+  while (left > 0 && err == 0) {
     const ssize_t n = ::write(fd, data, left);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      abandon("cannot write", err);
+      if (errno != EINTR) err = errno;
+      continue;
     }
     data += n;
     left -= static_cast<std::size_t>(n);
   }
-  if (::close(fd) != 0) abandon("cannot close", errno);
-  if (::rename(temp.c_str(), path.c_str()) != 0) abandon("cannot replace", errno);
+  // fsync: a crash after the rename must not leave an empty file behind it.
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    fail(path, "cannot write", err);
+  }
+  return temp;
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+  const std::string temp = write_temporary_beside(path, content);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    fail(path, "cannot replace", err);
+  }
 }
 
 }  // namespace kvcheck::reports

@@ -13,4 +13,11 @@ namespace kvcheck::reports {
 /// the temporary file.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
 
+/// Writes all of `content` (then fsync) to a new temporary file beside
+/// `target` (".NAME.tmp-PID-N" in the same directory, so a rename onto the
+/// target is atomic) and returns its path; on failure removes it and throws
+/// kvcheck::Error(ErrorId::kIo, target, reason). The step write_file_atomic
+/// and write_output_set (output_set.hpp) share.
+std::string write_temporary_beside(const std::filesystem::path& target, std::string_view content);
+
 }  // namespace kvcheck::reports
