@@ -73,6 +73,16 @@ impl::Fault fault_flag(const Args& args) {
   return fault;
 }
 
+/// --profile: default | production.
+properties::Profile profile_flag(const Args& args) {
+  properties::Profile profile = properties::Profile::kDefault;
+  const std::string name = args.get_or("--profile", "default");
+  if (!properties::parse_profile(name, &profile)) {
+    throw Error(ErrorId::kUsage, "--profile", "must be default or production, got '" + name + "'");
+  }
+  return profile;
+}
+
 int precision_flag(const Args& args) {
   const auto bits = args.integer("--precision", 113, 1, 1024);
   if (bits != 53 && bits != 113 && bits != 169) {
@@ -170,7 +180,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   reports::CheckSummary summary;
   summary.cases = result.cases;
   summary.failures = result.failures;
-  const auto names = properties::coverage_names();
+  const auto names = properties::coverage_names(options.profile);
   for (std::size_t i = 0; i < names.size(); ++i) {
     // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
     summary.coverage.push_back({names[i], result.coverage_counts[i], result.reachable[i] ? 1 : 0});
@@ -186,10 +196,13 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     report.runs.push_back(result.shrunk_run);
   }
   report.check = summary;
-  std::printf("check: %lld cases, %lld failing, seed %llu, backend %s, fault %s\n",
+  std::printf("check: %lld cases, %lld failing, seed %llu, backend %s, fault %s%s\n",
               static_cast<long long>(result.cases), static_cast<long long>(result.failures),
               static_cast<unsigned long long>(options.seed), options.run.backend.c_str(),
-              std::string(impl::fault_name(options.run.fault)).c_str());
+              std::string(impl::fault_name(options.run.fault)).c_str(),
+              options.profile == properties::Profile::kDefault
+                  ? ""
+                  : (", profile " + properties::profile_name(options.profile)).c_str());
   if (result.skipped > 0) {
     std::printf("skipped: %lld cases the cache refused to open\n", static_cast<long long>(result.skipped));
   }
@@ -250,6 +263,7 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
   o.precision_bits = options.run.precision_bits;
   o.step_timeout_seconds = options.run.step_timeout_seconds;
   o.command = command;
+  o.profile = properties::profile_name(options.profile);
   return o;
 }
 
@@ -276,9 +290,12 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   if (!impl::parse_fault(o.fault, &options.run.fault)) {
     throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault", "unknown fault '" + o.fault + "'");
   }
+  if (!properties::parse_profile(o.profile, &options.profile)) {
+    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.profile", "unknown profile '" + o.profile + "'");
+  }
   std::vector<properties::CaseTally> tallies;
   for (const auto& shard : shards) {
-    tallies.push_back(reports::tally_from_json(shard, o.cases, properties::coverage_names().size()));
+    tallies.push_back(reports::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
     if (tallies.back().reachable != tallies.front().reachable) {
       throw Error(ErrorId::kShard, shard.origin, "its cache reaches other coverage classes than " +
                                                      shards.front().origin + "'s: not the same cache");
@@ -389,7 +406,7 @@ int command_trace(int argc, char** argv) {
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
             {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record",
-             "--shard"},
+             "--shard", "--profile"},
             {});
   args.no_positional("check");
   properties::CheckOptions options;
@@ -400,6 +417,7 @@ int command_check(int argc, char** argv) {
   options.cases = args.integer("--cases", 200, 1, 100000000);
   options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
+  options.profile = profile_flag(args);
   options.progress = progress_bar("check");
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
@@ -443,7 +461,8 @@ int command_check(int argc, char** argv) {
     const scenarios::Scenario sc = report.check && !report.check->counterexample_file.empty()
                                        ? scenarios::load_scenario_file(report.check->counterexample_file)
                                        : properties::generate_scenario(properties::case_seed(options.seed, 0),
-                                                                       properties::make_provider(options.run)->capabilities());
+                                                                       properties::make_provider(options.run)->capabilities(),
+                                                                       options.profile);
     record_runs({sc}, options.run, trace);
     std::printf("trace: %s\n", args.get("--record")->c_str());
   }

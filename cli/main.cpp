@@ -24,7 +24,7 @@ usage:
   kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
   kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
-                 [--step-timeout S] [--record TRACE] [--shard I/N]
+                 [--step-timeout S] [--record TRACE] [--shard I/N] [--profile default|production]
   kvcheck replay FILE|DIR... [--impl IMPL] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
                  [--step-timeout S] [--record TRACE]
   kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS]

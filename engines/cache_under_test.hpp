@@ -162,5 +162,9 @@ class CacheProvider {
 
 /// FNV-1a over bytes, for fingerprints.
 std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = 1469598103934665603ull) noexcept;
+/// A fingerprint hash of bytes, eight at a time in four independent lanes
+/// (about ten times FNV-1a's speed: fingerprints of a whole pool are taken
+/// around every refusal probe, so their cost grows with the pool).
+std::uint64_t hash_words(const void* data, std::size_t bytes, std::uint64_t hash) noexcept;
 
 }  // namespace kvcheck::engines

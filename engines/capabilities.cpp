@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "engines/cache_under_test.hpp"
@@ -89,6 +90,24 @@ StepStatus CacheUnderTest::probe(const std::string& name, const StepCall&) {
 }
 
 std::optional<std::uint64_t> CacheUnderTest::fingerprint(std::int32_t) const { return std::nullopt; }
+
+std::uint64_t hash_words(const void* data, std::size_t bytes, std::uint64_t hash) noexcept {
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t lane[4] = {hash, hash ^ 0x243F6A8885A308D3ull, hash ^ 0x13198A2E03707344ull, hash ^ 0xA4093822299F31D0ull};
+  std::size_t i = 0;
+  for (; i + 32 <= bytes; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      lane[l] = (lane[l] ^ w) * kMul;
+      lane[l] ^= lane[l] >> 32;
+    }
+  }
+  std::uint64_t h = fnv1a(p + i, bytes - i, hash ^ bytes);  // the tail, and the length
+  for (const std::uint64_t l : lane) h = ((h ^ l) * kMul) ^ (h >> 29);
+  return h;
+}
 
 std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash) noexcept {
   const auto* p = static_cast<const unsigned char*>(data);

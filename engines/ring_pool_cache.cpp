@@ -73,12 +73,11 @@ class RingPoolCache final : public CacheUnderTest {
     std::uint64_t h = fnv1a(nullptr, 0);
     for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
       KVCHECK_ASSERT(pool.backend_const().read_row(slot, k.data(), v.data()).ok());
+      h = hash_words(k.data(), width * sizeof(double), h);
+      h = hash_words(v.data(), width * sizeof(double), h);
       const impl::Tag t = pool.backend_const().slot_tag(slot);
-      h = fnv1a(k.data(), width * sizeof(double), h);
-      h = fnv1a(v.data(), width * sizeof(double), h);
-      h = fnv1a(&t.request, sizeof t.request, h);
-      h = fnv1a(&t.position, sizeof t.position, h);
-      h = fnv1a(&t.write_seq, sizeof t.write_seq, h);
+      const std::int64_t words[3] = {t.request, t.position, static_cast<std::int64_t>(t.write_seq)};
+      h = hash_words(words, sizeof words, h);
     }
     for (std::int64_t b = 0; b < spec.states; ++b) {
       const impl::StateInfo& s = pool.state(b);

@@ -175,14 +175,13 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   const engines::Capabilities caps = main_provider.capabilities();
   CaseTally tally;
   tally.cases = mine;
-  tally.reachable = reachable_coverage(caps);
+  tally.reachable = reachable_coverage(caps, options.profile);
+  const std::size_t classes = tally.reachable.size();
 
-  struct CaseOutcome {
-    bool failed = false;
-    bool skipped = false;
-    std::vector<bool> coverage;
-  };
-  std::vector<CaseOutcome> outcomes(static_cast<std::size_t>(mine));
+  // Results are added up as cases finish (sums commute, so the tally does
+  // not depend on which worker ran what): nothing is sized by the case count.
+  std::atomic<std::int64_t> failures{0}, skipped{0};
+  std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};  // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
@@ -202,9 +201,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           provider = new_provider(options);
           run.provider = provider.get();
         }
-        const Scenario sc = generate_scenario(case_seed(options.seed, i), caps);
-        CaseOutcome& out = outcomes[static_cast<std::size_t>(k)];
-        out.coverage = coverage_flags(classify(sc));
+        const Scenario sc = generate_scenario(case_seed(options.seed, i), caps, options.profile);
         RunObservation obs;
         try {
           obs = run_scenario(sc, run);
@@ -214,9 +211,14 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
                       e.rule() + "\n(check case " + std::to_string(i) + ", case seed " +
                           std::to_string(case_seed(options.seed, i)) + ")");
         }
-        out.failed = !obs.passed;
-        out.skipped = obs.skipped;
-        if (out.failed) {
+        if (obs.skipped) {
+          skipped.fetch_add(1);
+        } else {
+          const std::vector<bool> flags = coverage_flags(classify(sc), options.profile);
+          for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
+        }
+        if (!obs.passed) {
+          failures.fetch_add(1);
           std::int64_t cur = first_failure.load();
           while (k < cur && !first_failure.compare_exchange_weak(cur, k)) {
           }
@@ -243,13 +245,9 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   }
   if (options.progress) options.progress(mine, mine);
 
-  tally.coverage_counts.assign(coverage_names().size(), 0);
-  for (const auto& o : outcomes) {
-    if (o.failed) ++tally.failures;
-    if (o.skipped) ++tally.skipped;
-    if (o.skipped) continue;
-    for (std::size_t c = 0; c < o.coverage.size(); ++c) tally.coverage_counts[c] += o.coverage[c];
-  }
+  tally.failures = failures.load();
+  tally.skipped = skipped.load();
+  for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
   if (first_failure.load() < mine) tally.first_failing_case = case_index(first_failure.load());
   return tally;
 }
@@ -270,7 +268,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   engines::CacheProvider& provider = main_provider();
   result.found_failure = true;
   result.failing_case_seed = case_seed(options.seed, tally.first_failing_case);
-  result.original = generate_scenario(result.failing_case_seed, provider.capabilities());
+  result.original = generate_scenario(result.failing_case_seed, provider.capabilities(), options.profile);
   RunOptions run = options.run;
   run.record_reads = false;
   run.record_ring = false;
@@ -304,8 +302,8 @@ CaseTally run_cases(const CheckOptions& options) {
 
 CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
   CaseTally total;
-  total.coverage_counts.assign(coverage_names().size(), 0);
   total.reachable = shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
+  total.coverage_counts.assign(total.reachable.size(), 0);
   for (const CaseTally& t : shards) {
     KVCHECK_ASSERT(t.reachable == total.reachable && t.coverage_counts.size() == total.coverage_counts.size());
     total.cases += t.cases;

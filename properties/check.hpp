@@ -37,6 +37,7 @@ struct Shard {
 struct CheckOptions {
   std::int64_t cases = 200;  ///< cases of the whole run (every shard's)
   std::uint64_t seed = 1;
+  Profile profile = Profile::kDefault;  ///< which distribution cases are drawn from (--profile)
   RunOptions run;
   int threads = 2;
   Shard shard;               ///< run_cases() runs this shard's cases only
@@ -94,7 +95,7 @@ CheckResult run_check(const CheckOptions& options);
 CaseTally run_cases(const CheckOptions& options);
 
 /// The tally of a whole run from the tallies of its shards: counts added, the
-/// lowest failing index kept. `reachable` must be equal in every tally
+/// lowest failing index kept. `reachable` (and the number of classes) must be equal in every tally
 /// (KVCHECK_ASSERT: the caller checks the shards agree first).
 CaseTally merge_tallies(const std::vector<CaseTally>& shards);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "engines/ring_pool_cache.hpp"
+#include "impl/cpu/cpu_backend.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/step_semantics.hpp"
@@ -33,35 +35,64 @@ int pick(Prng& rng, const int (&weights)[kKinds]) {
 
 }  // namespace
 
-std::vector<std::string> coverage_names() {
-  return {"ring_wrap", "verify_rejection", "chunk_longer_than_window", "state_reuse"};
+std::string profile_name(Profile profile) {
+  return profile == Profile::kProduction ? "production" : "default";
 }
 
-std::vector<bool> coverage_flags(const Coverage& c) {
-  return {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
+bool parse_profile(const std::string& name, Profile* out) {
+  if (name == "default") *out = Profile::kDefault;
+  else if (name == "production") *out = Profile::kProduction;
+  else return false;
+  return true;
 }
 
-std::vector<bool> reachable_coverage(const engines::Capabilities& caps) {
+ProductionBudget production_budget() {
+  // Measured on the 2-core VM at 113 bits: about 0.2 s a case on one core,
+  // so 200 cases take well under a minute on two (README "Production profile").
+  return ProductionBudget{700'000, 150'000, std::int64_t{48} << 20};
+}
+
+std::vector<std::string> coverage_names(Profile profile) {
+  std::vector<std::string> names = {"ring_wrap", "verify_rejection", "chunk_longer_than_window", "state_reuse"};
+  if (profile == Profile::kProduction) {
+    for (const char* n : {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts"}) names.push_back(n);
+  }
+  return names;
+}
+
+std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
+  std::vector<bool> flags = {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
+  if (profile == Profile::kProduction) {
+    for (const bool f : {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts}) flags.push_back(f);
+  }
+  return flags;
+}
+
+std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile) {
   const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
-  return {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only, caps.finish};
+  std::vector<bool> reach = {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only, caps.finish};
+  if (profile == Profile::kProduction) {
+    // The AVX-512 kernel is the CPU ring pool's, on a CPU that has AVX-512.
+    const bool cpu_pool = caps.name == "ring-pool/cpu";
+    reach.push_back(cpu_pool && impl::cpu::fast_kernel_available());
+    reach.push_back(!caps.full_window_only);
+    reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024));
+    reach.push_back(caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9));
+  }
+  return reach;
 }
 
-Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps) {
-  Prng rng(seed);
-  Scenario sc;
-  sc.name = "generated-" + std::to_string(seed);
-  sc.description = "kvcheck check case drawn from seed " + std::to_string(seed);
-  sc.data.seed = rng.next() >> 1;
+namespace {
 
-  // Swarm: which step kinds are on, and their weights (some zero).
-  int weights[kKinds];
+/// Swarm: which step kinds are on, and their weights (some zero), limited to
+/// what the cache runs (no extra draws, so a full-featured cache keeps its cases).
+void draw_weights(Prng& rng, const engines::Capabilities& caps, int (&weights)[kKinds]) {
   for (int& w : weights) w = rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
   if (weights[kPrefillLts] + weights[kPrefillStl] + weights[kDecode] + weights[kVerify] == 0) {
     weights[kDecode] = 2;
   }
   weights[kFinish] = std::min(weights[kFinish], 1);
   weights[kReset] = std::min(weights[kReset], 1);
-  // Only what the cache runs (no extra draws, so a full-featured cache keeps its cases).
   if (!caps.prefill_load_then_store) weights[kPrefillLts] = 0;
   if (!caps.prefill_store_then_load) weights[kPrefillStl] = 0;
   if (!caps.decode) weights[kDecode] = 0;
@@ -74,41 +105,25 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
     else if (caps.prefill_store_then_load) weights[kPrefillStl] = 2;
     else weights[kVerify] = 2;
   }
+}
 
-  auto& c = sc.cache;
-  c.window = rng.range(1, 7);
-  const std::uint64_t conv = rng.below(6);
-  c.convention = conv < 4 ? scenarios::Convention::kKeys
-                          : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
-  const std::int64_t keys = window_keys(c);
-  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
-  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
+/// Chunk and draft bounds fitted to the cache's step-row limit.
+void fit_step_bounds(const engines::Capabilities& caps, std::int64_t* max_chunk, std::int64_t* max_drafts) {
   if (caps.max_step_rows > 0) {
-    max_chunk = std::min(max_chunk, caps.max_step_rows);
-    max_drafts = std::min(max_drafts, caps.max_step_rows - 1);
+    *max_chunk = std::min(*max_chunk, caps.max_step_rows);
+    *max_drafts = std::min(*max_drafts, caps.max_step_rows - 1);
   }
-  // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
+}
+
+/// Minimum safe ring for these bounds (SPEC §5), before slack.
+std::int64_t safe_ring_rows(std::int64_t keys, std::int64_t max_chunk, std::int64_t max_drafts, bool store_then_load) {
   std::int64_t safe = std::max(keys + max_drafts, max_chunk);
-  if (weights[kPrefillStl] > 0) safe = std::max(safe, keys + max_chunk - 1);
-  const std::uint64_t slack_draw = rng.below(8);
-  c.ring_rows = safe + (slack_draw < 5 ? 0 : static_cast<std::int64_t>(slack_draw) - 4);
-  c.states = rng.range(1, 3);
-  c.kv_heads = static_cast<std::int32_t>(rng.range(1, 2));
-  c.q_heads = c.kv_heads * static_cast<std::int32_t>(rng.range(1, 2));
-  c.shared_row = c.kv_heads == 1 && rng.chance(1, 4);
-  c.head_dim = static_cast<std::int32_t>(2 << rng.below(3));  // 2, 4, 8
-  const std::uint64_t fmt = rng.below(8);
-  c.format = fmt < 4 ? scenarios::Format::kF64
-                     : static_cast<scenarios::Format>(static_cast<int>(fmt) - 4);
-  if (rng.chance(2, 3)) {
-    c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
-    c.rope.rotary_dims = static_cast<std::int32_t>(2 * rng.range(1, c.head_dim / 2));
-    c.rope.base = rng.chance(1, 2) ? 10000.0 : 100.0;
-  }
-  c.layers = rng.chance(1, 6) ? 2 : 1;
-  if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
-  // Fit the configuration to the cache (no extra draws).
+  if (store_then_load) safe = std::max(safe, keys + max_chunk - 1);
+  return safe;
+}
+
+/// Fits a drawn configuration to the cache (no extra draws).
+void fit_to_caps(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
   if (caps.max_states > 0) c.states = std::min(c.states, caps.max_states);
   if (!caps.gqa) c.q_heads = c.kv_heads;
   if (caps.max_heads > 0 && c.q_heads > caps.max_heads) c.q_heads = c.kv_heads = 1;
@@ -126,9 +141,49 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
   if (!caps.partial_rope && c.rope.style != scenarios::RopeStyle::kNone) c.rope.rotary_dims = c.head_dim;
   if (caps.max_layers > 0) c.layers = static_cast<std::int32_t>(std::min<std::int64_t>(c.layers, caps.max_layers));
   if (!caps.sink) c.sink_logit.reset();
+}
 
-  // Requests: 1..3, each with a state id; later requests may reuse a state.
-  const std::int64_t request_count = rng.range(1, 3);
+/// What is left of a production case's budget. Steps are charged what the
+/// reference spends on them; a step that does not fit is shortened.
+class WorkLeft {
+ public:
+  WorkLeft(const scenarios::CacheConfig& c, const ProductionBudget& b)
+      : keys_(window_keys(c)),
+        per_visible_row_(std::int64_t{c.q_heads} * c.head_dim * c.layers),
+        per_row_(std::int64_t{c.kv_heads} * c.head_dim * c.layers),
+        macs_(b.reference_macs),
+        elements_(b.row_elements) {}
+
+  /// How many of `rows` rows starting at position `first` fit (0..rows).
+  std::int64_t fit(std::int64_t first, std::int64_t rows) const {
+    std::int64_t macs = 0, elements = 0, n = 0;
+    for (; n < rows; ++n) {
+      macs += std::min(first + n + 1, keys_) * per_visible_row_;
+      elements += per_row_;
+      if (macs > macs_ || elements > elements_) break;
+    }
+    return n;
+  }
+  /// Spends the cost of `rows` rows starting at `first` (which must fit).
+  void charge(std::int64_t first, std::int64_t rows) {
+    for (std::int64_t n = 0; n < rows; ++n) {
+      macs_ -= std::min(first + n + 1, keys_) * per_visible_row_;
+      elements_ -= per_row_;
+    }
+  }
+
+ private:
+  std::int64_t keys_, per_visible_row_, per_row_, macs_, elements_;
+};
+
+/// Draws the requests (1..max_requests, each on a state id) and a schedule of
+/// up to `steps` steps over them; with `work`, every step is fitted to what
+/// is left of the budget and the schedule ends when nothing fits.
+void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::int64_t max_chunk,
+                   std::int64_t max_drafts, std::int64_t max_requests, std::int64_t min_steps,
+                   std::int64_t max_steps, WorkLeft* work) {
+  const auto& c = sc.cache;
+  const std::int64_t request_count = rng.range(1, max_requests);
   for (std::int64_t r = 0; r < request_count; ++r) {
     sc.requests.push_back({r, static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(c.states)))});
   }
@@ -139,7 +194,7 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
   };
   std::vector<Live> live(static_cast<std::size_t>(request_count));
   std::map<std::int64_t, std::int64_t> holder;  // state -> active request
-  const std::int64_t budget = rng.range(4, 16);
+  const std::int64_t budget = rng.range(min_steps, max_steps);
   for (std::int64_t s = 0; s < budget; ++s) {
     // Requests that may take a step now.
     std::vector<std::int64_t> ready;
@@ -177,6 +232,15 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
         default: step.kind = l.started ? StepKind::kReset : StepKind::kDecode; break;
       }
     }
+    if (work) {
+      const std::int64_t first = scenarios::step_first_position(l.progress);
+      const std::int64_t rows = scenarios::step_rows(step);
+      const std::int64_t fits = rows > 0 ? work->fit(first, rows) : 0;
+      if (rows > 0 && fits == 0) break;  // the budget is spent
+      if (step.kind == StepKind::kPrefill) step.rows = fits;
+      if (step.kind == StepKind::kVerify) step.drafts = fits - 1;
+      work->charge(first, scenarios::step_rows(step));
+    }
     if (!l.started) {
       l.started = true;
       holder[sc.requests[static_cast<std::size_t>(r)].state] = r;
@@ -204,15 +268,156 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
     if (live[static_cast<std::size_t>(req.id)].started) used.push_back(req);
   }
   sc.requests = used;
+}
+
+/// Last touches shared by both profiles, then validation.
+void finish_scenario(Scenario& sc, const engines::Capabilities& caps) {
   if (caps.full_window_only) {
     // A cache that attends to every row it holds: window and capacity cover
     // every position the schedule writes, so nothing ever slides or wraps.
     const std::int64_t end = scenarios::schedule_end(sc.steps);
-    c.convention = scenarios::Convention::kKeys;
-    c.window = c.ring_rows = end;
+    sc.cache.convention = scenarios::Convention::kKeys;
+    sc.cache.window = sc.cache.ring_rows = end;
   }
   scenarios::validate_scenario(sc);
+}
+
+/// A named scenario with its data seed and swarm weights drawn.
+Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& description,
+                        const engines::Capabilities& caps, int (&weights)[kKinds]) {
+  Scenario sc;
+  sc.name = name;
+  sc.description = description;
+  sc.data.seed = rng.next() >> 1;
+  draw_weights(rng, caps, weights);
   return sc;
+}
+
+Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps) {
+  Prng rng(seed);
+  int weights[kKinds];
+  Scenario sc = begin_scenario(rng, "generated-" + std::to_string(seed),
+                               "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
+
+  auto& c = sc.cache;
+  c.window = rng.range(1, 7);
+  const std::uint64_t conv = rng.below(6);
+  c.convention = conv < 4 ? scenarios::Convention::kKeys
+                          : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
+  const std::int64_t keys = window_keys(c);
+  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
+  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
+  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
+  fit_step_bounds(caps, &max_chunk, &max_drafts);
+  // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
+  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+  const std::uint64_t slack_draw = rng.below(8);
+  c.ring_rows = safe + (slack_draw < 5 ? 0 : static_cast<std::int64_t>(slack_draw) - 4);
+  c.states = rng.range(1, 3);
+  c.kv_heads = static_cast<std::int32_t>(rng.range(1, 2));
+  c.q_heads = c.kv_heads * static_cast<std::int32_t>(rng.range(1, 2));
+  c.shared_row = c.kv_heads == 1 && rng.chance(1, 4);
+  c.head_dim = static_cast<std::int32_t>(2 << rng.below(3));  // 2, 4, 8
+  const std::uint64_t fmt = rng.below(8);
+  c.format = fmt < 4 ? scenarios::Format::kF64
+                     : static_cast<scenarios::Format>(static_cast<int>(fmt) - 4);
+  if (rng.chance(2, 3)) {
+    c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
+    c.rope.rotary_dims = static_cast<std::int32_t>(2 * rng.range(1, c.head_dim / 2));
+    c.rope.base = rng.chance(1, 2) ? 10000.0 : 100.0;
+  }
+  c.layers = rng.chance(1, 6) ? 2 : 1;
+  if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
+  fit_to_caps(c, caps);
+  // Requests: 1..3, each with a state id; later requests may reuse a state.
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr);
+  finish_scenario(sc, caps);
+  return sc;
+}
+
+/// Bytes of one slot of the CPU pool for this configuration (f32 rows when
+/// the format is f64: production never draws f64).
+std::int64_t slot_bytes(const scenarios::CacheConfig& c) {
+  const std::int64_t elements = std::int64_t{c.kv_heads} * c.head_dim;
+  const std::int64_t row = c.format == scenarios::Format::kFp8 ? elements + elements / 32
+                           : c.format == scenarios::Format::kBf16 ? 2 * elements
+                           : c.format == scenarios::Format::kF32 ? 4 * elements
+                                                                 : 8 * elements;
+  return c.shared_row ? row : 2 * row;
+}
+
+Scenario generate_production(std::uint64_t seed, const engines::Capabilities& caps) {
+  Prng rng(mix_seed(seed, 0x70726f64));  // "prod": its own stream, apart from the default profile's
+  int weights[kKinds];
+  Scenario sc = begin_scenario(rng, "production-" + std::to_string(seed),
+                               "kvcheck check --profile production case drawn from seed " + std::to_string(seed),
+                               caps, weights);
+  const ProductionBudget budget = production_budget();
+
+  auto& c = sc.cache;
+  // One case in eight is long and narrow (tiny window, one 64-wide head,
+  // prefill chunks of 1024..2048 rows), the only shape whose long chunks
+  // the reference can afford; the rest have windows a quarter short
+  // (1..64), a quarter medium (65..1024) and half long (1025..8192).
+  const bool narrow = rng.chance(1, 8);
+  const std::uint64_t w = rng.below(4);
+  c.window = narrow ? rng.range(1, 3)
+                    : (w == 0 ? rng.range(1, 64) : (w == 1 ? rng.range(65, 1024) : rng.range(1025, 8192)));
+  c.convention = static_cast<scenarios::Convention>(rng.below(3));
+  const std::int64_t keys = window_keys(c);
+  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 16) : 0;
+  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
+  std::int64_t max_chunk = prefill_on ? (rng.chance(1, 2) ? rng.range(1, 2048) : rng.range(1, 64)) : 1;
+  if (narrow && prefill_on) max_chunk = rng.range(1024, 2048);
+  fit_step_bounds(caps, &max_chunk, &max_drafts);
+  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+  const std::uint64_t slack_draw = rng.below(8);
+  c.ring_rows = safe + (slack_draw < 5 ? 0 : (slack_draw < 7 ? static_cast<std::int64_t>(slack_draw) - 4 : rng.range(3, 64)));
+  c.states = rng.range(1, 4);
+  static constexpr std::int32_t kGroups[] = {1, 2, 4, 4, 8, 8};  // the AVX-512 kernel wants groups of 4 or 8
+  c.kv_heads = std::int32_t{1} << rng.below(4);                     // 1, 2, 4, 8
+  c.q_heads = c.kv_heads * kGroups[rng.below(6)];                   // up to 64
+  c.shared_row = c.kv_heads == 1 && rng.chance(1, 6);
+  c.head_dim = static_cast<std::int32_t>(64 << rng.below(3));      // 64, 128, 256
+  if (narrow) c.q_heads = c.kv_heads = 1, c.head_dim = 64;
+  static constexpr scenarios::Format kFormats[] = {scenarios::Format::kBf16, scenarios::Format::kBf16,
+                                                   scenarios::Format::kFp8, scenarios::Format::kFp8,
+                                                   scenarios::Format::kF32};
+  c.format = kFormats[rng.below(5)];
+  if (rng.chance(5, 6)) {
+    c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
+    c.rope.rotary_dims = rng.chance(1, 4) ? c.head_dim / 2 : c.head_dim;
+    c.rope.base = rng.chance(1, 2) ? 10000.0 : 500000.0;
+  }
+  c.layers = rng.chance(1, 8) ? 2 : 1;
+  if (rng.chance(1, 8)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
+  fit_to_caps(c, caps);
+  // The pool within its budget: fewer states first, then fewer KV heads
+  // (same group), then one layer (one state, one KV head and one layer of
+  // the widest draw is 8193 + 2048 + 16 + 64 rows of 2 KiB: 21 MiB).
+  const auto pool_bytes = [&c] { return std::int64_t{c.layers} * c.states * c.ring_rows * slot_bytes(c); };
+  while (pool_bytes() > budget.pool_bytes) {
+    if (c.states > 1) {
+      c.states -= 1;
+    } else if (c.kv_heads > 1) {
+      c.q_heads /= 2;
+      c.kv_heads /= 2;
+    } else if (c.layers > 1) {
+      c.layers = 1;
+    } else {
+      break;
+    }
+  }
+  WorkLeft work(c, budget);
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 4, 4, 24, &work);
+  finish_scenario(sc, caps);
+  return sc;
+}
+
+}  // namespace
+
+Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
+  return profile == Profile::kProduction ? generate_production(seed, caps) : generate_default(seed, caps);
 }
 
 Coverage classify(const Scenario& sc) {
@@ -222,6 +427,7 @@ Coverage classify(const Scenario& sc) {
   std::map<std::int64_t, std::int64_t> state_of;
   for (const auto& r : sc.requests) state_of[r.id] = r.state;
   std::map<std::int64_t, bool> state_used, started;
+  bool wrote = false;
   for (const auto& s : sc.steps) {
     if (!started[s.request]) {
       started[s.request] = true;
@@ -234,8 +440,15 @@ Coverage classify(const Scenario& sc) {
     if (n > 0 && scenarios::step_first_position(p) + n - 1 >= sc.cache.ring_rows) cov.ring_wrap = true;
     if (s.kind == StepKind::kPrefill && s.rows > keys) cov.chunk_longer_than_window = true;
     if (s.kind == StepKind::kAccept && s.accepted < p.pending_drafts) cov.verify_rejection = true;
+    if (n > 0 && keys >= 4096) cov.window_4096 = true;
+    if (s.kind == StepKind::kPrefill && s.rows >= 1024) cov.chunk_1024 = true;
+    if (s.kind == StepKind::kVerify && s.drafts >= 8) cov.verify_8_drafts = true;
+    if (n > 0) wrote = true;
     scenarios::advance(p, s);
   }
+  // The backend's own dispatch decides; its queries run the kernel once any step writes rows.
+  cov.fast_cpu_kernel =
+      wrote && impl::cpu::fast_kernel_runs(engines::ring_pool_spec(cache_spec(sc), impl::Fault::kNone));
   return cov;
 }
 

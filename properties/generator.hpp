@@ -6,6 +6,13 @@
 // sized safely for the drawn bounds (SPEC §5) plus a little random slack, so
 // the correct implementation passes every case and each named fault fails
 // some. Sizes keep a case to milliseconds at the reference's default precision.
+//
+// The production profile draws the shapes real caches run (windows up to
+// 8192 in every convention, head_dim 64/128/256, up to 64 query heads in GQA
+// groups up to 8, bf16/fp8/f32 rows, chunks up to 2048, verify up to 16
+// drafts, up to four requests on up to four states) and spends a fixed work
+// budget per case: a step that would exceed it is shortened, or ends the
+// schedule, so a case costs about the same whatever its shape.
 #pragma once
 
 #include <cstdint>
@@ -17,27 +24,58 @@
 
 namespace kvcheck::properties {
 
+/// Which distribution `kvcheck check` draws cases from (`--profile`).
+enum class Profile : std::uint8_t {
+  kDefault,     ///< small caches (window 1..7, head width 2..8): milliseconds a case
+  kProduction,  ///< production shapes under a per-case work budget
+};
+
+/// "default" or "production".
+std::string profile_name(Profile profile);
+/// Parses a profile name; false when unknown.
+bool parse_profile(const std::string& name, Profile* out);
+
+/// Per-case work budget of the production profile (the reference's cost).
+struct ProductionBudget {
+  /// Reference multiply-adds: sum over queries of visible rows * q_heads * head_dim * layers.
+  std::int64_t reference_macs = 0;
+  /// Rows written times kv_heads * head_dim * layers (the reference keeps each row exactly).
+  std::int64_t row_elements = 0;
+  /// Pool bytes of the cache (layers * states * ring_rows * slot bytes).
+  std::int64_t pool_bytes = 0;
+};
+/// The budget every production case is drawn under.
+ProductionBudget production_budget();
+
 /// Coverage classes a check run must reach (RC_CLASSIFY / CODE_PROBE style).
 struct Coverage {
   bool ring_wrap = false;            ///< some write lands at position >= S (the ring wrapped)
   bool verify_rejection = false;     ///< an accept keeps fewer drafts than the verify wrote
   bool chunk_longer_than_window = false;  ///< a prefill chunk has more rows than the window
   bool state_reuse = false;          ///< a request starts on a state id another request freed
+  // Production profile only:
+  bool fast_cpu_kernel = false;      ///< the pool's shape runs the CPU backend's AVX-512 block kernel
+  bool window_4096 = false;          ///< a query runs with a window of at least 4096 keys (index rows that wide)
+  bool chunk_1024 = false;           ///< a prefill chunk of at least 1024 rows
+  bool verify_8_drafts = false;      ///< a verify with at least 8 drafts
 };
 
-/// Names of the coverage classes, in Coverage field order.
-std::vector<std::string> coverage_names();
-/// The classes as booleans, in coverage_names() order.
-std::vector<bool> coverage_flags(const Coverage& c);
+/// Names of the coverage classes of `profile`, in Coverage field order
+/// (the production profile has the default's four, then four of its own).
+std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
+/// The classes of `profile` as booleans, in coverage_names(profile) order.
+std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::kDefault);
 
 /// Draws one scenario from `seed` (deterministic on every platform), using
 /// only what `caps` supports. With every capability on (the default) the
-/// draw is the same as it always was, so seeds keep their cases.
-scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps = {});
+/// default profile's draw is the same as it always was, so seeds keep their cases.
+scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps = {},
+                                      Profile profile = Profile::kDefault);
 
-/// Which coverage classes a cache with `caps` can reach at all (a class it
-/// cannot reach, e.g. ring wrap for a cache without a sliding window, is not gated).
-std::vector<bool> reachable_coverage(const engines::Capabilities& caps);
+/// Which coverage classes of `profile` a cache with `caps` can reach at all
+/// (a class it cannot reach, e.g. ring wrap for a cache without a sliding
+/// window, or the AVX-512 kernel on another cache or CPU, is not gated).
+std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile = Profile::kDefault);
 
 /// Which coverage classes a scenario reaches (computed from its schedule).
 Coverage classify(const scenarios::Scenario& scenario);

@@ -166,13 +166,15 @@ Json check_options_json(const CheckShardOptions& o) {
   j["precision_bits"] = o.precision_bits;
   j["step_timeout_seconds"] = o.step_timeout_seconds;
   j["command"] = o.command;
+  if (o.profile != "default") j["profile"] = o.profile;
   return j;
 }
 
 CheckShardOptions check_options_from_json(const ShardResult& shard) {
   return naming(shard.origin, [&] {
     const auto& j = shard.options;
-    jr::check_keys(j, "options", {"impl", "fault", "cases", "seed", "precision_bits", "step_timeout_seconds", "command"});
+    jr::check_keys(j, "options",
+                   {"impl", "fault", "cases", "seed", "precision_bits", "step_timeout_seconds", "command", "profile"});
     CheckShardOptions o;
     o.impl = jr::get_string(jr::require(j, "options", "impl"), "options.impl");
     o.fault = jr::get_string(jr::require(j, "options", "fault"), "options.fault");
@@ -182,6 +184,7 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
     o.precision_bits = jr::get_i32(jr::require(j, "options", "precision_bits"), "options.precision_bits");
     o.step_timeout_seconds = jr::get_f64(jr::require(j, "options", "step_timeout_seconds"), "options.step_timeout_seconds");
     o.command = jr::get_string(jr::require(j, "options", "command"), "options.command");
+    if (const auto* p = jr::find(j, "profile")) o.profile = jr::get_string(*p, "options.profile");
     return o;
   });
 }

@@ -80,6 +80,7 @@ struct CheckShardOptions {
   int precision_bits = 113;
   double step_timeout_seconds = 10.0;
   std::string command;                 ///< the report's command line (without --shard, --out, --threads)
+  std::string profile = "default";     ///< --profile; written only when not "default"
 };
 
 nlohmann::ordered_json check_options_json(const CheckShardOptions& options);

@@ -720,10 +720,7 @@ bool fast_kernel_fits(const PoolSpec& spec, std::int64_t row_elements) {
   if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256) return false;
   if (spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0 || (spec.q_heads / spec.kv_heads) % 4 != 0) return false;
   if (spec.format == ElementFormat::kFp8E4m3 && row_elements / 32 > kZMaxScales) return false;
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("fma");
-  return cpu;
+  return fast_kernel_available();
 }
 
 /// One query's attention through the AVX-512 kernel: bf16 works in
@@ -1167,6 +1164,17 @@ Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const
   decode_row(spec_.format, row, row_elements_, key);
   decode_row(spec_.format, row + (spec_.shared_row ? 0 : row_bytes_), row_elements_, value);
   return {};
+}
+
+bool fast_kernel_available() {
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("fma");
+  return cpu;
+}
+
+bool fast_kernel_runs(const PoolSpec& spec) {
+  return fast_kernel_fits(spec, static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim);
 }
 
 }  // namespace kvcheck::impl::cpu

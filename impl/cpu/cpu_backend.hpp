@@ -20,6 +20,13 @@
 
 namespace kvcheck::impl::cpu {
 
+/// True when this CPU has the AVX-512 subset the block attention kernel needs.
+bool fast_kernel_available();
+/// True when attention over a pool of `spec` runs the AVX-512 block kernel
+/// on this CPU (the dispatch configure() makes): f32/bf16/fp8 rows,
+/// head_dim 64/128/256, query heads per KV head a multiple of 4.
+bool fast_kernel_runs(const PoolSpec& spec);
+
 /// Production CPU backend (one layer's pool).
 class CpuBackend final : public KvBackend {
  public:
