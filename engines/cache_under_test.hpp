@@ -111,6 +111,19 @@ struct StepAnswer {
   /// Same-step write-write collisions the cache itself detected (beyond what
   /// `written` shows; e.g. a GPU race counter). 0 when unknown.
   std::int64_t duplicate_slots = 0;
+  /// The new rows as the cache stored them, when it can tell (README
+  /// "Stored rows"): decoded values, exactly as stored (keys after RoPE).
+  /// stored_known[i] == 0 when row i's slot no longer holds it (a same-step
+  /// collision); such rows are not judged.
+  bool has_stored = false;
+  std::vector<double> stored_k;              ///< [rows, kv_heads * head_dim]
+  std::vector<double> stored_v;              ///< [rows, kv_heads * head_dim]; empty for shared rows
+  std::vector<std::uint8_t> stored_known;    ///< [rows]
+  /// The encoded bytes of the same rows in the element format's layout
+  /// (README "Stored rows"), when the cache can give them: judged bit for bit.
+  bool has_stored_bytes = false;
+  std::vector<std::uint8_t> stored_k_bytes;  ///< [rows, bytes per row]
+  std::vector<std::uint8_t> stored_v_bytes;  ///< [rows, bytes per row]; empty for shared rows
   void clear() {
     out.clear();
     has_written = has_reads = false;
@@ -119,6 +132,12 @@ struct StepAnswer {
     read_slots.clear();
     view = ReadView::kAfterWrites;
     duplicate_slots = 0;
+    has_stored = has_stored_bytes = false;
+    stored_k.clear();
+    stored_v.clear();
+    stored_known.clear();
+    stored_k_bytes.clear();
+    stored_v_bytes.clear();
   }
 };
 

@@ -62,6 +62,7 @@ class RingPoolCache final : public CacheUnderTest {
     }
     answer->view = result.source == impl::KvSource::kScratch ? ReadView::kCausal : ReadView::kAfterWrites;
     answer->duplicate_slots = result.duplicate_slots;
+    report_stored(pool, result, answer);
     return {};
   }
 
@@ -85,6 +86,41 @@ class RingPoolCache final : public CacheUnderTest {
       h = fnv1a(words, sizeof words, h);
     }
     return h;
+  }
+
+  /// The rows this step stored, read back from the pool: decoded values
+  /// always, bytes when the backend gives them. A row whose slot a later
+  /// row of the same step took over is marked unknown.
+  static void report_stored(const impl::RingPool& pool, const impl::StepResult& result, StepAnswer* answer) {
+    const impl::KvBackend& backend = pool.backend_const();
+    const impl::PoolSpec& spec = pool.spec();
+    const std::int64_t width = static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim;
+    const std::int64_t bytes = impl::format_row_bytes(spec.format, width);
+    const auto rows = static_cast<std::int64_t>(result.writes.size());
+    answer->has_stored = true;
+    answer->has_stored_bytes = true;
+    answer->stored_k.assign(static_cast<std::size_t>(rows * width), 0.0);
+    answer->stored_v.assign(spec.shared_row ? 0 : static_cast<std::size_t>(rows * width), 0.0);
+    answer->stored_known.assign(static_cast<std::size_t>(rows), 0);
+    answer->stored_k_bytes.assign(static_cast<std::size_t>(rows * bytes), 0);
+    answer->stored_v_bytes.assign(spec.shared_row ? 0 : static_cast<std::size_t>(rows * bytes), 0);
+    std::vector<double> v(static_cast<std::size_t>(width));
+    std::vector<std::uint8_t> vb(static_cast<std::size_t>(bytes));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const impl::WriteRecord& w = result.writes[static_cast<std::size_t>(i)];
+      if (backend.slot_tag(w.slot) != w.written) continue;
+      answer->stored_known[static_cast<std::size_t>(i)] = 1;
+      double* const k = answer->stored_k.data() + i * width;
+      double* const vv = spec.shared_row ? v.data() : answer->stored_v.data() + i * width;
+      KVCHECK_ASSERT(backend.read_row(w.slot, k, vv).ok());
+      std::uint8_t* const kb = answer->stored_k_bytes.data() + i * bytes;
+      std::uint8_t* const vbp = spec.shared_row ? vb.data() : answer->stored_v_bytes.data() + i * bytes;
+      if (!backend.read_row_bytes(w.slot, kb, vbp).ok()) answer->has_stored_bytes = false;
+    }
+    if (!answer->has_stored_bytes) {
+      answer->stored_k_bytes.clear();
+      answer->stored_v_bytes.clear();
+    }
   }
 
  private:

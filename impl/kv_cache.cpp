@@ -47,6 +47,10 @@ constexpr std::array<FaultInfo, kFaultCount> kFaults = {{
 
 }  // namespace
 
+Status KvBackend::read_row_bytes(std::int64_t, std::uint8_t*, std::uint8_t*) const {
+  return Status::fail(CacheError::kUnsupported, std::string(name()) + " does not report encoded rows");
+}
+
 std::string_view fault_name(Fault fault) noexcept {
   const auto i = static_cast<std::size_t>(fault);
   return i < kFaults.size() ? kFaults[i].name : std::string_view("?");

@@ -206,6 +206,11 @@ class KvBackend {
   /// Dequantized row of one pool slot: key [kv_heads*head_dim], value likewise
   /// (value == key for shared rows). For audits and tests.
   virtual Status read_row(std::int64_t slot, double* key, double* value) const = 0;
+  /// Encoded bytes of one pool slot's key and value rows
+  /// (format_row_bytes(format, kv_heads*head_dim) each; value == key for
+  /// shared rows), in the layout of impl/element_format.hpp. Backends that
+  /// cannot give them answer kUnsupported (the default).
+  virtual Status read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const;
 };
 
 /// Factory: "cpu" always; "cuda" when built with CUDA. Throws nothing;

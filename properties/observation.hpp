@@ -32,6 +32,7 @@ struct QueryObservation {
   double eps_units = 0;       ///< abs_diff / epsilon of the element format
   double quant_abs_diff = 0;  ///< max |impl - reference on the exact rows| (includes quantization)
   double tolerance = 0;       ///< abs tolerance the kernel error was judged against
+  double rope_tolerance = 0;  ///< the part of the computed tolerance owed to the RoPE angle error (README "Tolerances")
   bool output_ok = true;
   bool failed = false;        ///< the verdict of this query (set once, by the runner)
 };
@@ -60,6 +61,9 @@ struct StepObservation {
   /// positions held per slot of the block (-1 empty, -2 another request).
   std::vector<std::int64_t> ring_positions;
   std::string error;                ///< a typed refusal the impl returned, if any
+  std::int64_t stored_rows_checked = 0;  ///< new rows the cache reported as stored, judged against the reference encoding
+  std::int64_t encoding_mismatches = 0;  ///< of those, rows that are not a correct encoding (the step fails)
+  std::string encoding_detail;           ///< the first mismatch, one line
   bool expectation_failed = false;  ///< a per-step scenario expectation was not met
   std::string expectation_detail;
   bool failed = false;              ///< the verdict of this step (set once, by the runner)
@@ -83,6 +87,9 @@ struct RunObservation {
   double max_abs_diff = 0;       ///< over queries whose reads were all correct
   double max_eps_units = 0;      ///< likewise, in units of the format's epsilon
   double max_quant_abs_diff = 0; ///< likewise, against the exact rows
+  double max_rope_tolerance = 0; ///< likewise, largest RoPE part of a query's tolerance
+  std::int64_t stored_rows_checked = 0;  ///< sum over steps
+  std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t queries = 0;
   bool passed = true;               ///< == (first_failing_step < 0 && !skipped-with-failure)
   std::int64_t first_failing_step = -1;  ///< index into `steps` of the first failed step, -1 when none

@@ -11,10 +11,14 @@
 #include "engines/factory.hpp"
 #include "engines/ring_pool_cache.hpp"
 #include "model/attention.hpp"
+#include "model/encoding.hpp"
+#include "model/error_bounds.hpp"
 #include "model/real.hpp"
 #include "model/visible.hpp"
 #include "properties/rows.hpp"
 #include "properties/shadow.hpp"
+#include "properties/stored_rows.hpp"
+#include "properties/tolerance.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/step_semantics.hpp"
 #include "support/assert.hpp"
@@ -45,12 +49,17 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
   return model::RopeStyle::kNone;
 }
 
-/// The model's truth for one written row: exact rotated key and value, and
-/// the same rows rounded through the element format (what the cache holds).
+/// The model's truth for one written row: exact rotated key and value, the
+/// reference encoding of both (model/encoding.hpp: what a correct cache
+/// stores) and its decoded values, and how far each stored key element may
+/// be from it (model/error_bounds.hpp).
 template <class R>
 struct TruthRow {
   model::Projected<R> exact;
   model::Projected<R> dequantized;
+  model::EncodedRow key_encoding, value_encoding;
+  std::vector<double> key_dev;  ///< [kv_width] RoPE deviation allowed per key element (0: exact)
+  std::vector<double> key_err;  ///< [kv_width] key_dev plus a possible rounding flip: for the tolerance
 };
 
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
@@ -103,14 +112,17 @@ std::string list_text(const std::vector<std::int64_t>& v) {
   return s + "]";
 }
 
-template <class R>
-model::Row<R> round_trip(impl::ElementFormat f, const model::Row<R>& row) {
-  std::vector<double> in, out(row.size());
-  in.reserve(row.size());
-  for (const R& x : row) in.push_back(model::to_double(x));
-  impl::format_round_trip(f, in.data(), out.data(), static_cast<std::int64_t>(in.size()));
-  return to_real<R>(out.data(), static_cast<std::int64_t>(out.size()));
+model::Encoding model_encoding(scenarios::Format f) {
+  switch (f) {
+    case scenarios::Format::kF64: return model::Encoding::kF64;
+    case scenarios::Format::kF32: return model::Encoding::kF32;
+    case scenarios::Format::kBf16: return model::Encoding::kBf16;
+    case scenarios::Format::kFp8: return model::Encoding::kFp8;
+  }
+  return model::Encoding::kF64;
 }
+
+
 
 std::string refusal_text(const engines::Refusal& r) { return r.code + (r.detail.empty() ? "" : ": " + r.detail); }
 
@@ -236,6 +248,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   using std::sqrt;
   const Real scale = cache.softmax_scale ? Real(*cache.softmax_scale)
                                          : Real(1) / sqrt(Real(cache.head_dim));
+  const double scale_d = model::to_double(scale);
   const std::optional<Real> sink =
       cache.sink_logit ? std::optional<Real>(Real(*cache.sink_logit)) : std::nullopt;
   const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
@@ -272,6 +285,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 
   const double format_eps = impl::format_epsilon(format);
   const double accum_eps = accumulation_epsilon(format);
+  const model::Encoding encoding = model_encoding(cache.format);
 
   std::vector<LayerTruth<Real>> layers(static_cast<std::size_t>(cache.layers));
   std::map<std::int64_t, RequestState> requests;
@@ -387,8 +401,37 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         row.exact.k = to_real<Real>(in.k.data() + i * kv_width, kv_width);
         rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
         if (!cache.shared_row) row.exact.v = to_real<Real>(in.v.data() + i * kv_width, kv_width);
-        row.dequantized.k = round_trip(format, row.exact.k);
-        if (!cache.shared_row) row.dequantized.v = round_trip(format, row.exact.v);
+        row.key_encoding = model::encode_row(encoding, row.exact.k);
+        row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
+        if (!cache.shared_row) {
+          row.value_encoding = model::encode_row(encoding, row.exact.v);
+          row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+        }
+        key_deviations(row.exact.k, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
+                       &row.key_dev, &row.key_err);
+        // The row as the cache stored it, when it says: judged against the
+        // reference encoding (README "Stored rows").
+        if (answer.has_stored && answer.stored_known[static_cast<std::size_t>(i)] != 0) {
+          ++obs.stored_rows_checked;
+          const std::int64_t row_bytes = model::encoded_row_bytes(encoding, kv_width);
+          const std::vector<double> no_dev(static_cast<std::size_t>(kv_width), 0.0);
+          std::string problem = check_stored_row(
+              encoding, row.exact.k, row.key_dev, row.key_encoding, answer.stored_k.data() + i * kv_width,
+              answer.has_stored_bytes ? answer.stored_k_bytes.data() + i * row_bytes : nullptr);
+          std::string which = "key";
+          if (problem.empty() && !cache.shared_row) {
+            which = "value";
+            problem = check_stored_row(
+                encoding, row.exact.v, no_dev, row.value_encoding, answer.stored_v.data() + i * kv_width,
+                answer.has_stored_bytes ? answer.stored_v_bytes.data() + i * row_bytes : nullptr);
+          }
+          if (!problem.empty()) {
+            if (obs.encoding_mismatches == 0) {
+              obs.encoding_detail = "position " + std::to_string(p) + " stored " + which + " " + problem;
+            }
+            ++obs.encoding_mismatches;
+          }
+        }
         truth.rows[{step.request, p}] = std::move(row);
       }
 
@@ -419,13 +462,15 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         model::Row<Real> query = to_real<Real>(in.q.data() + i * q_width, q_width);
         rotate_heads(query, cache.q_heads, cache.head_dim, p, rope);
         std::vector<const model::Projected<Real>*> exact, deq;
+        std::vector<KeyBounds> key_bounds;
         double vmax = 0;
         for (std::int64_t j = visible.first; j <= visible.last; ++j) {
           const TruthRow<Real>& row = truth.rows.at({step.request, j});
           exact.push_back(&row.exact);
           deq.push_back(&row.dequantized);
-          for (const Real& x : cache.shared_row ? row.dequantized.k : row.dequantized.v) {
-            vmax = std::max(vmax, std::fabs(model::to_double(x)));
+          key_bounds.push_back({&row.key_encoding.values, &row.key_err});
+          for (const double x : cache.shared_row ? row.key_encoding.values : row.value_encoding.values) {
+            vmax = std::max(vmax, std::fabs(x));
           }
         }
         const auto ref = model::attend_heads(query, deq, heads, scale, sink);
@@ -441,11 +486,13 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
           if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
         }
         q.eps_units = q.abs_diff / format_eps;
-        // Kernel error bound: accumulation rounding over the visible rows and
-        // the head width, scaled by the largest value the mixture can reach.
-        q.tolerance = sc.expect && sc.expect->output_tolerance
-                          ? *sc.expect->output_tolerance
-                          : 16.0 * accum_eps * static_cast<double>(keys + cache.head_dim) * std::max(1.0, vmax);
+        // Kernel error bound (model/error_bounds.hpp): accumulation rounding
+        // over the visible rows, the head width and the logits' size, plus
+        // what the RoPE angle error at the query's and keys' positions can
+        // move the scores (and, for shared rows, the values) by.
+        const model::OutputTolerance tol = query_tolerance(query, key_bounds, heads, scale_d, p, rope, accum_eps, vmax);
+        q.rope_tolerance = tol.rope;
+        q.tolerance = sc.expect && sc.expect->output_tolerance ? *sc.expect->output_tolerance : tol.total();
         const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
         q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
       }
@@ -479,6 +526,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       // Output errors of queries that read wrong rows are reported per query
       // but not in the run's maxima, which describe the kernel's arithmetic.
       if (reads_correct) {
+        run.max_rope_tolerance = std::max(run.max_rope_tolerance, q.rope_tolerance);
         run.max_abs_diff = std::max(run.max_abs_diff, q.abs_diff);
         run.max_eps_units = std::max(run.max_eps_units, q.eps_units);
         run.max_quant_abs_diff = std::max(run.max_quant_abs_diff, q.quant_abs_diff);
@@ -525,7 +573,14 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     if (!obs.error.empty()) {
       fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + obs.error);
     }
-    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() ||
+    run.stored_rows_checked += obs.stored_rows_checked;
+    run.encoding_mismatches += obs.encoding_mismatches;
+    if (obs.encoding_mismatches > 0) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) + ": " +
+           std::to_string(obs.encoding_mismatches) + " stored rows differ from the reference encoding; first: " +
+           obs.encoding_detail);
+    }
+    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() || obs.encoding_mismatches > 0 ||
                  std::any_of(obs.queries.begin(), obs.queries.end(), [](const QueryObservation& q) { return q.failed; });
   }
   if (run.collisions < allowed && !run.steps.empty()) {

@@ -1166,6 +1166,15 @@ Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const
   return {};
 }
 
+Status CpuBackend::read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const {
+  if (auto st = check_configured(); !st.ok()) return st;
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row_bytes: slot outside the pool");
+  const std::uint8_t* row = pool_.data() + slot * slot_stride_;
+  std::memcpy(key, row, static_cast<std::size_t>(row_bytes_));
+  std::memcpy(value, row + (spec_.shared_row ? 0 : row_bytes_), static_cast<std::size_t>(row_bytes_));
+  return {};
+}
+
 bool fast_kernel_available() {
   static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&

@@ -51,6 +51,7 @@ class CpuBackend final : public KvBackend {
                 Tag* read_tags, std::int64_t* read_slots) override;
   Tag slot_tag(std::int64_t slot) const override;
   Status read_row(std::int64_t slot, double* key, double* value) const override;
+  Status read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const override;
 
   /// Bytes of one slot (key row + value row, or one shared row).
   std::int64_t slot_bytes() const noexcept { return slot_bytes_; }

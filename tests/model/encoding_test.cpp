@@ -1,0 +1,107 @@
+// The reference encoding (model/encoding.hpp) against the formats' rules,
+// value by value: round to nearest even with its ties, no double rounding,
+// overflow, signed zero, and the fp8 block scale (the smallest 2^k with
+// amax <= 448 * 2^k), saturation, subnormal codes and zero blocks; and the
+// RoPE error bounds (model/error_bounds.hpp) at the numbers README quotes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "model/encoding.hpp"
+#include "model/error_bounds.hpp"
+
+using namespace kvcheck::model;
+
+namespace {
+
+std::uint16_t bf16_bits(double x) {
+  const EncodedRow r = encode_row(Encoding::kBf16, std::vector<double>{x});
+  return static_cast<std::uint16_t>(r.bytes[0] | (r.bytes[1] << 8));
+}
+
+}  // namespace
+
+TEST_CASE("Encoding: bf16 rounds to nearest, ties to even, from the exact value") {
+  CHECK(bf16_bits(1.0) == 0x3F80);
+  CHECK(bf16_bits(1.0 + 0x1.0p-8) == 0x3F80);              // tie, down to even
+  CHECK(bf16_bits(1.0 + 0x1.0p-7 + 0x1.0p-8) == 0x3F82);   // tie, up to even
+  CHECK(bf16_bits(1.0 + 0x1.0p-8 + 0x1.0p-30) == 0x3F81);  // above the tie; via float it would round down
+  CHECK(bf16_bits(1.0 + 0x1.0p-7 + 0x1.0p-9) == 0x3F81);   // below the tie: truncation agrees here
+  CHECK(bf16_bits(1.0 + 0x1.0p-7 + 0x1.0p-8 + 0x1.0p-12) == 0x3F82);  // truncation would give 0x3F81
+  CHECK(bf16_bits(-2.0) == 0xC000);
+  CHECK(bf16_bits(-0.0) == 0x8000);
+  CHECK(bf16_bits(3.4e38) == 0x7F80);  // beyond max + half a step: +inf
+  CHECK(bf16_bits(0x1.0p-133) == 0x0001);  // smallest subnormal
+  // Beyond double precision: a 113-bit value just above a tie rounds up.
+  const Real above = Real(1) + pow(Real(2), -8) + pow(Real(2), -80);
+  CHECK(encode_row(Encoding::kBf16, std::vector<Real>{above}).values[0] == 1.0 + 0x1.0p-7);
+  CHECK(encode_row(Encoding::kF64, std::vector<Real>{Real(1) + pow(Real(2), -53) + pow(Real(2), -100)}).values[0] ==
+        1.0 + 0x1.0p-52);
+  CHECK(encode_row(Encoding::kF32, std::vector<double>{1.0 + 0x1.0p-24}).values[0] == 1.0);
+}
+
+TEST_CASE("Encoding: fp8 e4m3 with one ue8m0 scale per 32 elements") {
+  std::vector<double> x(40, 0.0);
+  x[0] = 1.0;                      // amax 1: k = -8 (1 <= 448 / 256), scaled 256 = code 0x78
+  x[1] = 0x1.0p-16;                // scaled 2^-8 = two subnormal units: code 0x02
+  x[2] = 1.5 * 0x1.0p-17;          // scaled 1.5 units: tie, to even 2: code 0x02
+  x[3] = -0x1.0p-20;               // scaled 2^-12: rounds to -0, code 0x80
+  x[4] = 0.3;                      // scaled 76.8: step 8 at 64..128, 80 = 1.25 * 64: code 0x6A
+  const EncodedRow r = encode_row(Encoding::kFp8, x);
+  REQUIRE(r.bytes.size() == 40 + 2);
+  CHECK(r.bytes[0] == 0x78);
+  CHECK(r.bytes[1] == 0x02);
+  CHECK(r.bytes[2] == 0x02);
+  CHECK(r.bytes[3] == 0x80);
+  CHECK(r.bytes[4] == 0x6A);
+  CHECK(r.values[4] == 80.0 / 256.0);
+  CHECK(r.bytes[40] == 127 - 8);
+  CHECK(r.bytes[41] == 127);  // the second block is all zero: scale 1
+  for (int i = 32; i < 40; ++i) CHECK(r.bytes[static_cast<std::size_t>(i)] == 0);
+  // The boundary of the scale rule: 448 fits at k = 0, 449 needs k = 1.
+  CHECK(fp8_scale_exponent(448.0) == 0);
+  CHECK(fp8_scale_exponent(449.0) == 1);
+  CHECK(fp8_scale_exponent(1.75) == -8);
+  CHECK(fp8_scale_exponent(1.75 + 0x1.0p-40) == -7);
+  const EncodedRow big = encode_row(Encoding::kFp8, std::vector<double>{449.0, -224.5});
+  CHECK(big.bytes[2] == 128);
+  CHECK(big.bytes[0] == 0x76);  // 449 / 2 = 224.5 -> 224 (step 16 at 128..256)
+  CHECK(big.bytes[1] == 0xEE);  // -224.5 / 2 = -112.25 -> -112 (step 8 at 64..128)
+  // Clamped scales: a block beyond 448 * 2^127 saturates, one below 2^-127 * 2^-9 underflows.
+  const EncodedRow huge = encode_row(Encoding::kFp8, std::vector<double>{1e41});
+  CHECK(huge.bytes[1] == 254);
+  CHECK(huge.bytes[0] == 0x7E);
+  CHECK(huge.values[0] == std::ldexp(448.0, 127));
+  const EncodedRow tiny = encode_row(Encoding::kFp8, std::vector<double>{0x1.0p-140});
+  CHECK(tiny.bytes[1] == 0);
+  CHECK(tiny.values[0] == 0.0);
+}
+
+TEST_CASE("Encoding: decode_row inverts every format's bytes exactly") {
+  std::vector<double> x;
+  for (int i = 0; i < 70; ++i) x.push_back(std::ldexp(std::sin(i * 1.7) , (i % 9) - 4));
+  for (Encoding f : {Encoding::kF64, Encoding::kF32, Encoding::kBf16, Encoding::kFp8}) {
+    const EncodedRow r = encode_row(f, x);
+    CHECK(static_cast<std::int64_t>(r.bytes.size()) == encoded_row_bytes(f, 70));
+    CHECK(decode_row(f, r.bytes.data(), 70) == r.values);
+  }
+}
+
+TEST_CASE("Error bounds: the RoPE angle bound at p = 1e5 and 2^40 and its cap") {
+  const Rope rope{RopeStyle::kNeox, 128, 10000.0};
+  CHECK(rope_angle_error_bound(rope, 100000, 0, 0x1.0p-53) == Approx(8.88e-11).epsilon(0.01));
+  CHECK(rope_angle_error_bound(rope, 100000, 0, 0x1.0p-24) == Approx(4.77e-2).epsilon(0.01));
+  CHECK(rope_angle_error_bound(rope, std::int64_t{1} << 40, 0, 0x1.0p-53) == Approx(9.77e-4).epsilon(0.01));
+  // Position 0 still allows the cos/sin rounding.
+  CHECK(rope_angle_error_bound(rope, 0, 5, 0x1.0p-53) == 4 * 0x1.0p-53);
+  // A rotation error never moves a pair further than twice its length.
+  std::vector<double> dev;
+  rope_element_deviation(std::vector<double>{3.0, 0.0, 4.0, 0.0}, std::int64_t{1} << 40,
+                         Rope{RopeStyle::kNeox, 4, 1e-20}, 0x1.0p-24, &dev);
+  CHECK(dev[0] == Approx(5.0 * (2.0 + 2 * 0x1.0p-24)));
+  // The output tolerance: no RoPE part without rotation error, capped at 2 vmax.
+  const OutputTolerance none = attention_output_tolerance(0x1.0p-53, 4, 8, 1.0, 1.0, 0.0, 0.0);
+  CHECK(none.rope == 0);
+  CHECK(none.accumulation == Approx(16 * 0x1.0p-53 * (4 + 8 + 10)));
+  CHECK(attention_output_tolerance(0x1.0p-53, 4, 8, 1.0, 1.0, 1e9, 0.0).rope == 2.0);
+}
