@@ -20,6 +20,7 @@
 #include "model/trace.hpp"
 #include "properties/audit.hpp"
 #include "properties/check.hpp"
+#include "properties/memory_estimate.hpp"
 #include "properties/runner.hpp"
 #include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
@@ -71,6 +72,18 @@ impl::Fault fault_flag(const Args& args) {
     throw Error(ErrorId::kUsage, "--fault", "unknown fault '" + name + "' (see `kvcheck faults`)");
   }
   return fault;
+}
+
+/// The memory a run may use: --memory-limit, else what the machine has free.
+std::int64_t memory_limit_flag(const Args& args, std::string* source) {
+  if (const auto text = args.get("--memory-limit")) {
+    *source = "--memory-limit";
+    return properties::parse_memory_limit("--memory-limit", *text);
+  }
+  std::string from;
+  const std::int64_t bytes = properties::available_memory_bytes(&from);
+  *source = from + "; --memory-limit sets another limit";
+  return bytes;
 }
 
 /// --profile: default | production.
@@ -406,7 +419,7 @@ int command_trace(int argc, char** argv) {
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
             {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record",
-             "--shard", "--profile"},
+             "--shard", "--profile", "--memory-limit"},
             {});
   args.no_positional("check");
   properties::CheckOptions options;
@@ -419,6 +432,11 @@ int command_check(int argc, char** argv) {
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
   options.profile = profile_flag(args);
   options.progress = progress_bar("check");
+  {
+    std::string limit_source;
+    const std::int64_t limit = memory_limit_flag(args, &limit_source);
+    properties::require_memory(properties::estimate_check(options.profile, options.threads), limit, limit_source);
+  }
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
   if (shard && args.has("--record")) {
@@ -493,7 +511,9 @@ int command_merge(int argc, char** argv) {
 
 int command_replay(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout", "--record"}, {});
+            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout", "--record",
+             "--memory-limit"},
+            {});
   if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   properties::RunOptions options;
   options.backend = impl_flag(args);
@@ -511,6 +531,10 @@ int command_replay(int argc, char** argv) {
   for (std::size_t i = 0; i < loaded.size(); ++i) {
     if (loaded[i].name.empty()) loaded[i].name = files[i].stem().string();
   }
+  // Refused before any cache is opened when the runs would not fit.
+  std::string limit_source;
+  const std::int64_t limit = memory_limit_flag(args, &limit_source);
+  properties::require_memory(properties::estimate_replay(loaded, options), limit, limit_source);
   if (const auto f = args.get("--record")) {
     // Every run goes through a recording wrapper; the trace holds them all.
     auto trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));

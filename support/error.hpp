@@ -19,6 +19,7 @@ enum class ErrorId : int {
   kJsonValue = 204,      ///< a value breaks a rule (range, relation)
   kSize = 300,           ///< sizes whose product overflows, zero rings
   kNonFinite = 301,      ///< NaN or Inf where a finite number is required
+  kMemory = 302,         ///< a run whose estimated memory exceeds what is available (or --memory-limit)
   kIo = 400,             ///< a file cannot be read or written
   kDevice = 500,         ///< CUDA requested but no device is present
   kAdapter = 600,        ///< an exec adapter broke the protocol (crash, bad line, timeout)

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -346,4 +347,64 @@ TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the versio
   CHECK(v.code == 0);
   CHECK(v.out.rfind("kvcheck ", 0) == 0);
   CHECK(run("nope --help").code == 2);
+}
+
+TEST_CASE("CLI: runs whose estimated memory exceeds the limit are refused in under a second with the driving field") {
+  const fs::path dir = temp_dir("memory");
+  const std::string good = slurp(fs::path(KVCHECK_SOURCE_DIR) / "scenarios/fast/verify-s133.json");
+  auto with = [&good](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const auto pos = s.find(from);
+    REQUIRE(pos != std::string::npos);
+    return s.replace(pos, from.size(), to);
+  };
+  struct Case {
+    std::string name, text, limit, where;
+  };
+  const Case cases[] = {
+      // 2^28 rows: about 26 GB of pool, more than this limit and than most machines have.
+      {"ring", with("\"ring_rows\": 133", "\"ring_rows\": 268435456"), "4G", "cache.ring_rows"},
+      {"layers", with("\"layers\": 1", "\"layers\": 100000"), "1G", "cache.layers"},
+  };
+  const fs::path report = dir / "report.json";
+  std::ofstream(report) << "before";
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const fs::path file = dir / (c.name + ".json");
+    std::ofstream(file) << c.text;
+    const auto start = std::chrono::steady_clock::now();
+    const Outcome o = run("replay " + file.string() + " --memory-limit " + c.limit + " --report " + report.string());
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 1.0);
+    CHECK(o.code == 2);
+    CHECK(lines(o.err) == 1);
+    CHECK(o.err.rfind("kvcheck error 302 at " + c.where + ": the run needs an estimated ", 0) == 0);
+    CHECK(o.err.find("--memory-limit") != std::string::npos);
+    CHECK(o.out.empty());
+    CHECK(slurp(report) == "before");  // files are left as they were
+  }
+  // check: the estimate is per worker thread, never per case.
+  const Outcome many = run("check --cases 100000000 --threads 256 --memory-limit 64M --out " + (dir / "out").string());
+  CHECK(many.code == 2);
+  CHECK(many.err.rfind("kvcheck error 302 at --threads: ", 0) == 0);
+  CHECK_FALSE(fs::exists(dir / "out"));
+  for (const char* bad : {"0", "12X", "-5", "G"}) {
+    INFO(bad);
+    const Outcome o = run(std::string("check --memory-limit ") + bad);
+    CHECK(o.code == 2);
+    CHECK(o.err.rfind("kvcheck error 100 at --memory-limit: ", 0) == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: check --profile production runs production cases; an unknown profile is exit 2") {
+  const fs::path dir = temp_dir("profile");
+  const Outcome o = run("check --profile production --cases 12 --seed 2 --out " + (dir / "a").string());
+  CHECK(o.code <= 1);  // 12 cases may miss a rare coverage class (exit 1); none fails
+  CHECK(o.out.find("0 failing") != std::string::npos);
+  CHECK(o.out.find("profile production") != std::string::npos);
+  CHECK(o.out.find("fast_cpu_kernel=") != std::string::npos);
+  const Outcome bad = run("check --profile huge");
+  CHECK(bad.code == 2);
+  CHECK(bad.err == "kvcheck error 100 at --profile: must be default or production, got 'huge'\n");
+  fs::remove_all(dir);
 }

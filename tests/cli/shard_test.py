@@ -77,6 +77,13 @@ def main():
                "fault: the recorded command has no --shard or --out")
         # A passing run, with more shards than some cases' residues would need.
         check_case(root, "pass", ["--cases", "200", "--seed", "11"], 0)
+        # The production profile travels in the shard documents: 16 cases
+        # pass but leave verify_8_drafts unreached (exit 1), in both.
+        production = check_case(root, "production", ["--profile", "production", "--cases", "16", "--seed", "4"], 1)
+        report = json.load(open(os.path.join(production, "out", "report.json")))
+        expect([c["name"] for c in report["check"]["coverage"]][4:] ==
+               ["fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts"],
+               "production: the merged report has the profile's coverage classes")
 
         # Refusals: one line naming the shard, exit 2, --out left as it was.
         out = os.path.join(split, "out")

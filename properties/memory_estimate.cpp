@@ -1,0 +1,248 @@
+#include "properties/memory_estimate.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "scenarios/step_semantics.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::properties {
+
+namespace {
+
+using scenarios::Format;
+
+// Bytes per unit, measured with /usr/bin/time on replays of scenarios that
+// grow one dimension at a time (README "Memory"), rounded up.
+constexpr double kProcessBytes = 16.0 * 1024 * 1024;  // the executable, MPFR, the report
+constexpr double kSlotTagBytes = 32;                  // a slot's tag (24) and write stamp (8)
+constexpr double kLayerBytes = 32.0 * 1024;           // one layer's fixed buffers and bookkeeping
+constexpr double kRowBytes = 512;                     // one written row's fixed bookkeeping
+constexpr double kRowKvElementBytes = 256;            // per key/value element: exact and dequantized, key and value
+constexpr double kRowQElementBytes = 96;              // per query element of the row
+constexpr double kQueryBytes = 1024;                  // one query's observation
+constexpr double kReadBytes = 128;                    // one recorded read (replay keeps every read)
+
+/// The reference's reals are larger or smaller than at 113 bits.
+double precision_factor(int bits) { return bits <= 53 ? 0.4 : (bits > 113 ? 1.3 : 1.0); }
+
+double row_bytes(Format format, double elements) {
+  switch (format) {
+    case Format::kF64: return 8 * elements;
+    case Format::kF32: return 4 * elements;
+    case Format::kBf16: return 2 * elements;
+    case Format::kFp8: return elements + std::floor(elements / 32);
+  }
+  return 8 * elements;
+}
+
+/// Sum of min(p + 1, keys) over p in [first, first + n): the rows the
+/// queries of one step see.
+double visible_sum(double first, double n, double keys) {
+  if (n <= 0) return 0;
+  const double last = first + n - 1;
+  double sum = 0;
+  // Positions whose window is not yet full: p + 1 < keys.
+  const double growing_last = std::min(last, keys - 2);
+  if (growing_last >= first) sum += (first + 1 + growing_last + 1) * (growing_last - first + 1) / 2;
+  const double full_first = std::max(first, keys - 1);
+  if (last >= full_first) sum += keys * (last - full_first + 1);
+  return sum;
+}
+
+/// Terms of one estimate: transient (freed after the run) and kept (the report's).
+struct Terms {
+  double pool = 0, layers = 0, rows = 0, observations = 0;
+  std::string pool_field, layer_field, rows_field = "steps", observations_field = "cache.window";
+  std::string pool_formula = "the cache pool, layers*states*ring_rows*(slot bytes + 32)";
+};
+
+Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
+  const auto& c = sc.cache;
+  const double layers = c.layers;
+  const double keys = static_cast<double>(window_keys(c));
+  const double kv_width = static_cast<double>(c.kv_heads) * c.head_dim;
+  const double q_width = static_cast<double>(c.q_heads) * c.head_dim;
+  const double row = row_bytes(c.format, kv_width);
+  const double slot = c.shared_row ? row : 2 * row;
+  const double stride = std::fmod(slot, 4096) == 0 ? slot + 64 : slot;
+
+  double written = 0, visible = 0, max_step = 1;
+  std::map<std::int64_t, scenarios::RequestProgress> progress;
+  for (const auto& s : sc.steps) {
+    scenarios::RequestProgress& p = progress[s.request];
+    const double n = static_cast<double>(scenarios::step_rows(s));
+    written += n;
+    visible += visible_sum(static_cast<double>(scenarios::step_first_position(p)), n, keys);
+    max_step = std::max(max_step, n);
+    scenarios::advance(p, s);
+  }
+
+  Terms t;
+  t.pool = layers * static_cast<double>(c.states) * static_cast<double>(c.ring_rows) * (stride + kSlotTagBytes);
+  // The pool grows with whichever of its factors is largest.
+  t.pool_field = "cache.ring_rows";
+  if (static_cast<double>(c.states) > static_cast<double>(c.ring_rows) && c.states >= c.layers) t.pool_field = "cache.states";
+  if (layers > static_cast<double>(c.ring_rows) && c.layers > c.states) t.pool_field = "cache.layers";
+  // Per layer: fixed buffers, plus scratch and scores over window + chunk rows.
+  const double scratch_rows = keys + max_step;
+  t.layers = layers * (kLayerBytes + scratch_rows * (stride + kSlotTagBytes + 8 * c.q_heads) + max_step * slot);
+  t.layer_field = layers >= scratch_rows ? "cache.layers" : "cache.window";
+  const double factor = precision_factor(options.precision_bits);
+  t.rows = layers * written * (kRowBytes + factor * (kRowKvElementBytes * kv_width + kRowQElementBytes * q_width));
+  t.observations = layers * (written * kQueryBytes + (options.record_reads ? visible * kReadBytes : 0));
+  // Rows and observations are per layer too: name layers when they are the larger factor.
+  if (layers > written) t.rows_field = "cache.layers";
+  if (layers > (options.record_reads ? keys : written)) t.observations_field = "cache.layers";
+  else if (!options.record_reads) t.observations_field = "steps";
+  return t;
+}
+
+/// The estimate from its terms, naming the largest one.
+MemoryEstimate from_terms(const Terms& t, double transient_extra = 0) {
+  MemoryEstimate e;
+  e.bytes = kProcessBytes + t.pool + t.layers + t.rows + t.observations + transient_extra;
+  const struct {
+    double bytes;
+    std::string field, formula;
+  } terms[] = {
+      {t.pool, t.pool_field, t.pool_formula},
+      {t.layers, t.layer_field, "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))"},
+      {t.rows, t.rows_field, "the reference's rows, rows written*layers*(512 + 256*kv_heads*head_dim + 96*q_heads*head_dim)"},
+      {t.observations, t.observations_field, "observations kept for the report, queries*layers*1 KiB + reads*layers*128"},
+  };
+  for (const auto& term : terms) {
+    if (term.bytes > e.driver_bytes) {
+      e.driver_bytes = term.bytes;
+      e.driver = term.field;
+      e.driver_formula = term.formula;
+    }
+  }
+  return e;
+}
+
+std::int64_t read_number(const char* path, const char* key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (key[0] == '\0' || line.rfind(key, 0) == 0) {
+      const std::string rest = line.substr(std::string(key).size());
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(rest.c_str(), &end, 10);
+      if (end == rest.c_str() || errno == ERANGE) return -1;
+      return v;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_run(const scenarios::Scenario& scenario, const RunOptions& options) {
+  return from_terms(run_terms(scenario, options));
+}
+
+MemoryEstimate estimate_replay(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options) {
+  // Observations of every run stay for the report; the rest is freed between runs.
+  Terms largest, kept;
+  double largest_transient = -1;
+  for (const auto& sc : scenarios) {
+    const Terms t = run_terms(sc, options);
+    kept.observations += t.observations;
+    const double transient = t.pool + t.layers + t.rows;
+    if (transient > largest_transient) {
+      largest_transient = transient;
+      largest = t;
+    }
+  }
+  largest.observations = kept.observations;
+  return from_terms(largest);
+}
+
+MemoryEstimate estimate_check(Profile profile, int threads) {
+  // A worker holds one case at a time (tallies stream, no per-case results).
+  // Production cases are bounded by the generator's budget; default cases
+  // are at most 3 states of 2*keys+2 rows of 2x2x8 doubles.
+  double per_case = 8.0 * 1024 * 1024;
+  if (profile == Profile::kProduction) {
+    const ProductionBudget b = production_budget();
+    const double elements = static_cast<double>(b.row_elements);
+    // The pool with its tags (a slot of the narrowest rows is at least 128
+    // bytes against 32 of tag), the rows (query rows up to 8x the key rows).
+    per_case = 1.25 * static_cast<double>(b.pool_bytes) +
+               elements * (kRowKvElementBytes + 8 * kRowQElementBytes) + elements / 64 * (kRowBytes + kQueryBytes);
+  }
+  Terms t;
+  t.pool = per_case * std::max(1, threads);
+  t.pool_field = "--threads";
+  t.pool_formula = "--threads workers, each at the largest case of the profile";
+  return from_terms(t);
+}
+
+std::int64_t available_memory_bytes(std::string* source) {
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
+  std::string from = "no limit known";
+  const std::int64_t avail_kb = read_number("/proc/meminfo", "MemAvailable:");
+  if (avail_kb >= 0) {
+    best = avail_kb * 1024;
+    from = "MemAvailable in /proc/meminfo";
+  }
+  // cgroup v2: memory.max is "max" (no limit) or bytes.
+  const std::int64_t max = read_number("/sys/fs/cgroup/memory.max", "");
+  const std::int64_t used = read_number("/sys/fs/cgroup/memory.current", "");
+  if (max > 0 && used >= 0 && max - used < best) {
+    best = std::max<std::int64_t>(0, max - used);
+    from = "the cgroup's memory.max less memory.current";
+  }
+  if (source) *source = from;
+  return best;
+}
+
+std::int64_t parse_memory_limit(const std::string& flag, const std::string& text) {
+  const auto fail = [&] {
+    throw Error(ErrorId::kUsage, flag, "expects bytes, or a whole number with K, M, G or T (powers of 1024), got '" +
+                                           text + "'");
+  };
+  if (text.empty()) fail();
+  std::string digits = text;
+  int shift = 0;
+  switch (text.back()) {
+    case 'K': case 'k': shift = 10; break;
+    case 'M': case 'm': shift = 20; break;
+    case 'G': case 'g': shift = 30; break;
+    case 'T': case 't': shift = 40; break;
+    default: break;
+  }
+  if (shift > 0) digits.pop_back();
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) fail();
+  errno = 0;
+  const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
+  if (errno == ERANGE || v == 0 || v > (std::numeric_limits<std::uint64_t>::max() >> (shift + 1))) fail();
+  return static_cast<std::int64_t>(v << shift);
+}
+
+std::string bytes_text(double bytes) {
+  char text[64];
+  if (bytes >= 1e9) std::snprintf(text, sizeof text, "%.1f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  else std::snprintf(text, sizeof text, "%.1f kB", bytes / 1e3);
+  return text;
+}
+
+void require_memory(const MemoryEstimate& estimate, std::int64_t limit_bytes, const std::string& limit_source) {
+  if (estimate.bytes <= static_cast<double>(limit_bytes)) return;
+  throw Error(ErrorId::kMemory, estimate.driver,
+              "the run needs an estimated " + bytes_text(estimate.bytes) + " (" + bytes_text(estimate.driver_bytes) +
+                  " of it " + estimate.driver_formula + "), more than the " +
+                  bytes_text(static_cast<double>(limit_bytes)) + " allowed (" + limit_source + ")");
+}
+
+}  // namespace kvcheck::properties
