@@ -1,5 +1,6 @@
 #include "properties/rows.hpp"
 
+#include "properties/value_profiles.hpp"
 #include "support/prng.hpp"
 
 namespace kvcheck::properties {
@@ -35,11 +36,7 @@ RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t
     s = mix_seed(s, static_cast<std::uint64_t>(request));
     s = mix_seed(s, static_cast<std::uint64_t>(p));
     Prng rng(mix_seed(s, static_cast<std::uint64_t>(step_index)));
-    for (std::int64_t e = 0; e < kv_width; ++e) rows.k.push_back(rng.signed_unit());
-    if (!c.shared_row) {
-      for (std::int64_t e = 0; e < kv_width; ++e) rows.v.push_back(rng.signed_unit());
-    }
-    for (std::int64_t e = 0; e < q_width; ++e) rows.q.push_back(rng.signed_unit());
+    draw_profile_row(sc.data.profile, c, p, rng, rows.k, rows.v, rows.q);
   }
   return rows;
 }

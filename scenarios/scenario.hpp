@@ -85,8 +85,18 @@ struct ExplicitRow {
   bool operator==(const ExplicitRow&) const = default;
 };
 
+/// How rows without explicit values are drawn from the seed
+/// (properties/value_profiles.hpp): "uniform" elements in [-1, 1), or the
+/// profiles where numerics break.
+enum class ValueProfile : std::uint8_t {
+  kUniform,      ///< k, v, q uniform in [-1, 1)
+  kLargeLogits,  ///< q and k scaled so logits reach ~1e3 and their peak moves with the position
+  kFp8Outliers,  ///< one outlier element per 32-element block, and whole outlier rows
+};
+
 struct Data {
   std::uint64_t seed = 0;
+  ValueProfile profile = ValueProfile::kUniform;  ///< JSON "profile", omitted when uniform
   std::vector<ExplicitRow> rows;
   bool operator==(const Data&) const = default;
 };

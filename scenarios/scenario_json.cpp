@@ -81,9 +81,12 @@ CacheConfig read_cache(const json& j, const std::string& path) {
 
 Data read_data(const json& j, const std::string& path) {
   as_object(j, path);
-  check_keys(j, path, {"seed", "rows"});
+  check_keys(j, path, {"seed", "profile", "rows"});
   Data d;
   if (const json* v = find(j, "seed")) d.seed = get_u64(*v, join_key(path, "seed"));
+  if (const json* v = find(j, "profile")) {
+    d.profile = get_enum(*v, join_key(path, "profile"), kValueProfiles, value_profile_name);
+  }
   if (const json* v = find(j, "rows")) {
     const std::string rows_path = join_key(path, "rows");
     as_array(*v, rows_path);
@@ -610,6 +613,8 @@ ojson to_document(const Scenario& s) {
 
   ojson data = ojson::object();
   data["seed"] = s.data.seed;
+  // Only when not uniform: files written before profiles keep their text.
+  if (s.data.profile != ValueProfile::kUniform) data["profile"] = value_profile_name(s.data.profile);
   ojson rows = ojson::array();
   for (const ExplicitRow& r : s.data.rows) {
     ojson row = ojson::object();
@@ -727,6 +732,15 @@ std::string errno_text(int error) { return std::system_category().message(error)
 }  // namespace
 
 // ---- public API ------------------------------------------------------------------------------
+
+std::string_view value_profile_name(ValueProfile p) noexcept {
+  switch (p) {
+    case ValueProfile::kUniform: return "uniform";
+    case ValueProfile::kLargeLogits: return "large-logits";
+    case ValueProfile::kFp8Outliers: return "fp8-outliers";
+  }
+  return "?";
+}
 
 std::string_view format_name(Format f) noexcept {
   switch (f) {

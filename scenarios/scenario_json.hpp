@@ -37,6 +37,7 @@ inline constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{1} << 28;
 
 /// Stable enum names used by the format.
 std::string_view format_name(Format f) noexcept;
+std::string_view value_profile_name(ValueProfile p) noexcept;
 std::string_view convention_name(Convention c) noexcept;
 std::string_view rope_style_name(RopeStyle s) noexcept;
 std::string_view order_name(Order o) noexcept;

@@ -20,7 +20,10 @@
 #include "model/encoding.hpp"
 #include "properties/runner.hpp"
 #include "properties/stored_rows.hpp"
+#include "properties/rows.hpp"
 #include "properties/tolerance.hpp"
+#include "properties/value_profiles.hpp"
+#include "scenarios/scenario_json.hpp"
 #include "support/prng.hpp"
 
 using namespace kvcheck;
@@ -29,7 +32,7 @@ using namespace kvcheck::properties;
 namespace {
 
 /// What the test-only cache gets wrong (kCorrect: nothing).
-enum class Flaw { kCorrect, kBf16Truncate, kFp8ScaleTwice, kF32AngleTable };
+enum class Flaw { kCorrect, kBf16Truncate, kFp8ScaleTwice, kF32AngleTable, kNoMaxSubtraction };
 
 impl::ElementFormat impl_of(scenarios::Format f) { return engines::impl_format(f); }
 
@@ -133,12 +136,12 @@ class NaiveCache final : public engines::CacheUnderTest {
         rotate(flaw_, cc.rope, p, q.data());
         const std::size_t off = static_cast<std::size_t>(h / group * d);
         std::vector<double> s;
-        double peak = -HUGE_VAL;
+        double peak = flaw_ == Flaw::kNoMaxSubtraction ? 0.0 : -HUGE_VAL;
         for (const auto& k : keys) {
           double dot = 0;
           for (std::int32_t e = 0; e < d; ++e) dot += q[static_cast<std::size_t>(e)] * k[off + static_cast<std::size_t>(e)];
           s.push_back(dot * spec_.softmax_scale);
-          peak = std::max(peak, s.back());
+          if (flaw_ != Flaw::kNoMaxSubtraction) peak = std::max(peak, s.back());
         }
         double total = 0;
         for (double& x : s) total += (x = std::exp(x - peak));
@@ -228,6 +231,10 @@ TEST_CASE("Numerics: W=4, a 100,000-row prefill and a decode, f64, NeoX base 100
   // The RoPE part of the tolerance is reported on its own and is what grew.
   CHECK(run.max_rope_tolerance > 0);
   CHECK(run.max_abs_diff <= 1e-12);
+  double tolerance = 0;
+  for (const auto& q : run.steps.front().queries) tolerance = std::max(tolerance, q.tolerance);
+  WARN("p up to 1e5, f64: max |diff| " << run.max_abs_diff << ", largest tolerance " << tolerance << " of which RoPE "
+                                       << run.max_rope_tolerance);
 }
 
 TEST_CASE("Numerics: the same run with RoPE angles formed in float32 fails") {
@@ -395,4 +402,60 @@ TEST_CASE("Numerics: the model's encoder and the CPU cache's agree byte for byte
     }
   }
   CHECK(rows == 8000);
+}
+
+TEST_CASE("Numerics: value profiles reach what breaks softmax and fp8, and replay from JSON") {
+  // Uniform rows are the draw rows have always had (same seed, same rows).
+  auto sc = long_prefill(300, 299, scenarios::Format::kF64, 8, 10000.0, 5);
+  const RowSet uniform = make_rows(sc, 0, 0, 0, 3, 0);
+  Prng rng(mix_seed(mix_seed(mix_seed(mix_seed(5, 0), 0), 0), 0));
+  CHECK(uniform.k[0] == rng.signed_unit());
+  // large-logits: a softmax without max-subtraction overflows and is caught;
+  // the CPU ring pool and the correct naive cache pass, in every format.
+  sc.data.profile = scenarios::ValueProfile::kLargeLogits;
+  NaiveProvider no_shift(Flaw::kNoMaxSubtraction, true), good(Flaw::kCorrect, true);
+  const auto bad = run_on(sc, &no_shift);
+  CHECK_FALSE(bad.passed);
+  CHECK(bad.output_failures > 0);
+  auto plain = sc;
+  plain.data.profile = scenarios::ValueProfile::kUniform;
+  CHECK(run_on(plain, &no_shift).passed);  // small logits: the missing shift goes unseen
+  for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+    sc.cache.format = f;
+    const auto cpu = run_on(sc, nullptr);
+    INFO(cpu.first_failure);
+    CHECK(cpu.passed);
+    CHECK(run_on(sc, &good).passed);
+  }
+  // fp8-outliers: block scales follow one outlier per block; stored rows
+  // still match the reference bit for bit, and a scale x2 is caught.
+  auto f8 = long_prefill(8, 40, scenarios::Format::kFp8, 64, 10000.0, 9);
+  f8.data.profile = scenarios::ValueProfile::kFp8Outliers;
+  const auto outliers = run_on(f8, nullptr);
+  INFO(outliers.first_failure);
+  CHECK(outliers.passed);
+  CHECK(outliers.stored_rows_checked == 41);
+  NaiveProvider twice(Flaw::kFp8ScaleTwice, false);
+  CHECK_FALSE(run_on(f8, &twice).passed);  // values alone: the outliers push the others into subnormals
+  // The profile travels in the scenario file.
+  const auto text = scenarios::save_scenario(f8);
+  CHECK(text.find("\"profile\": \"fp8-outliers\"") != std::string::npos);
+  CHECK(scenarios::parse_scenario(text, "").data.profile == scenarios::ValueProfile::kFp8Outliers);
+  CHECK(scenarios::save_scenario(plain).find("profile") == std::string::npos);
+}
+
+TEST_CASE("Numerics: generated cases draw each value profile") {
+  Prng rng(3);
+  scenarios::CacheConfig fp8;
+  fp8.format = scenarios::Format::kFp8;
+  int large = 0, outliers = 0;
+  for (int i = 0; i < 800; ++i) {
+    const auto p = draw_value_profile(fp8, rng);
+    large += p == scenarios::ValueProfile::kLargeLogits ? 1 : 0;
+    outliers += p == scenarios::ValueProfile::kFp8Outliers ? 1 : 0;
+  }
+  CHECK(large > 50);
+  CHECK(outliers > 50);
+  scenarios::CacheConfig f64;
+  for (int i = 0; i < 200; ++i) CHECK(draw_value_profile(f64, rng) != scenarios::ValueProfile::kFp8Outliers);
 }
