@@ -21,7 +21,7 @@ std::uint16_t bf16_bits(double x) {
 
 }  // namespace
 
-TEST_CASE("Encoding: bf16 rounds to nearest, ties to even, from the exact value") {
+TEST_CASE("Encoding: bf16 rounds to nearest with ties to even from the exact value") {
   CHECK(bf16_bits(1.0) == 0x3F80);
   CHECK(bf16_bits(1.0 + 0x1.0p-8) == 0x3F80);              // tie, down to even
   CHECK(bf16_bits(1.0 + 0x1.0p-7 + 0x1.0p-8) == 0x3F82);   // tie, up to even

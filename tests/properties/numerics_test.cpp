@@ -221,7 +221,7 @@ RunObservation run_on(const scenarios::Scenario& sc, engines::CacheProvider* pro
 
 }  // namespace
 
-TEST_CASE("Numerics: W=4, a 100,000-row prefill and a decode, f64, NeoX base 10000 pass on the CPU cache") {
+TEST_CASE("Numerics: W=4 with a 100000-row prefill and a decode on f64 rows with NeoX base 10000 passes on the CPU cache") {
   const auto run = run_on(long_prefill(4, 100000, scenarios::Format::kF64, 4, 10000.0, 1), nullptr);
   INFO(run.first_failure);
   CHECK(run.passed);
@@ -235,6 +235,17 @@ TEST_CASE("Numerics: W=4, a 100,000-row prefill and a decode, f64, NeoX base 100
   for (const auto& q : run.steps.front().queries) tolerance = std::max(tolerance, q.tolerance);
   WARN("p up to 1e5, f64: max |diff| " << run.max_abs_diff << ", largest tolerance " << tolerance << " of which RoPE "
                                        << run.max_rope_tolerance);
+}
+
+TEST_CASE("Numerics: the 100000-row example also passes with RoPE base 1e-20 and with bf16 rows") {
+  // Base 1e-20 turns every angle past pair 0 into ~1e20 rad: the angle error
+  // bound saturates and the RoPE part of the tolerance covers the whole range.
+  for (const auto& [format, base] : {std::pair{scenarios::Format::kF64, 1e-20}, std::pair{scenarios::Format::kBf16, 10000.0}}) {
+    const auto run = run_on(long_prefill(4, 100000, format, 4, base, 2), nullptr);
+    INFO(run.first_failure);
+    CHECK(run.passed);
+    CHECK(run.stored_rows_checked == 100001);
+  }
 }
 
 TEST_CASE("Numerics: the same run with RoPE angles formed in float32 fails") {
@@ -404,7 +415,7 @@ TEST_CASE("Numerics: the model's encoder and the CPU cache's agree byte for byte
   CHECK(rows == 8000);
 }
 
-TEST_CASE("Numerics: value profiles reach what breaks softmax and fp8, and replay from JSON") {
+TEST_CASE("Numerics: value profiles reach what breaks softmax and fp8 and replay from JSON") {
   // Uniform rows are the draw rows have always had (same seed, same rows).
   auto sc = long_prefill(300, 299, scenarios::Format::kF64, 8, 10000.0, 5);
   const RowSet uniform = make_rows(sc, 0, 0, 0, 3, 0);
