@@ -605,7 +605,11 @@ class WindowCache:
         else:
             st.length = first + n
         self.after_step(lay, st, state)
-        return {"ok": True, "out": out, "written": written, "read": reads, "read_view": view}
+        answer = {"ok": True, "out": out, "written": written, "read": reads, "read_view": view,
+                  "stored": {"k": [s[0] for s in stored]}}
+        if v is not None:
+            answer["stored"]["v"] = [s[1] for s in stored]
+        return answer
 
 
 # ---------------------------------------------------------------------------

@@ -18,11 +18,25 @@ first. Step semantics are shared with paged_cache.py (kvcheck_adapter.py).
 default cache passes every case kvcheck generates.
 """
 
+import math
+import struct
 import sys
 
 sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
 
 import kvcheck_adapter as ka  # noqa: E402
+
+
+def bf16_truncate_row(row):
+    """bf16 by truncation: binary32 (rounded), then its low 16 bits dropped."""
+    out = []
+    for x in row:
+        try:
+            bits = struct.unpack("<I", struct.pack("<f", x))[0] & 0xFFFF0000
+            out.append(struct.unpack("<f", struct.pack("<I", bits))[0])
+        except OverflowError:
+            out.append(math.copysign(math.inf, x))
+    return out
 
 
 class RingCache(ka.WindowCache):
@@ -34,6 +48,8 @@ class RingCache(ka.WindowCache):
         self.rope_at_slot = "rope-at-slot" in bugs
         if "window-plus-one" in bugs:
             self.read_keys = spec.keys + 1
+        if "bf16-truncate" in bugs and spec.format == "bf16":
+            spec.round = bf16_truncate_row
 
     def write_slot(self, layer, st, b, p):
         return b * self.spec.capacity + p % self.modulus
@@ -56,6 +72,8 @@ class RingAdapter(ka.Adapter):
                              "no slack for verify or chunks",
         "rope-at-slot": "keys are RoPE'd at their ring row p % capacity instead of p",
         "window-plus-one": "each query reads keys + 1 positions when they exist",
+        "bf16-truncate": "bf16 rows are truncated (binary32's low 16 bits dropped) instead of "
+                         "rounded to nearest even",
     }
 
     def make_cache(self, spec):

@@ -519,6 +519,33 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
     }
   }
+  if (j.contains("stored")) {
+    // The new rows as stored, decoded (PROTOCOL.md): judged against the
+    // reference encoding (README "Stored rows").
+    const Json& st = j["stored"];
+    if (!st.is_object()) r.bad(".stored", "expected an object with k (and v unless rows are shared)");
+    const std::int64_t kv_width = static_cast<std::int64_t>(spec_.cache.kv_heads) * spec_.cache.head_dim;
+    auto rows = [&](const char* key, std::vector<double>& into) {
+      const std::string pk = std::string(".stored.") + key;
+      const Json& m = r.field(st, ".stored", key);
+      if (!m.is_array() || static_cast<std::int64_t>(m.size()) != c.rows) {
+        r.bad(pk, "expected " + std::to_string(c.rows) + " rows, one per written row");
+      }
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        const std::string pi = pk + "[" + std::to_string(i) + "]";
+        if (!m[i].is_array() || static_cast<std::int64_t>(m[i].size()) != kv_width) {
+          r.bad(pi, "expected " + std::to_string(kv_width) + " numbers (kv_heads * head_dim)");
+        }
+        for (std::size_t e = 0; e < m[i].size(); ++e) {
+          into.push_back(r.number(m[i][e], pi + "[" + std::to_string(e) + "]"));
+        }
+      }
+    };
+    rows("k", answer->stored_k);
+    if (!spec_.cache.shared_row) rows("v", answer->stored_v);
+    answer->has_stored = true;
+    answer->stored_known.assign(static_cast<std::size_t>(c.rows), 1);
+  }
   if (j.contains("read_view")) {
     const std::string view = r.text(j, "", "read_view");
     if (view == "causal") {
