@@ -54,11 +54,12 @@ int command_audit(int argc, char** argv) {
   const std::string text = reports::report_text(report);
   std::fputs(text.c_str(), stdout);
   for (const std::string& note : notes) std::fputs(note.c_str(), stdout);
-  if (const auto f = args.get("--text")) reports::write_file_atomic(*f, text);
-  if (const auto f = args.get("--report")) reports::write_file_atomic(*f, reports::report_json_text(report));
-  if (const auto f = args.get("--junit")) reports::write_file_atomic(*f, reports::report_junit(report));
-  if (const auto f = args.get("--html")) reports::write_file_atomic(*f, reports::report_html(report));
-  return report.passed() ? 0 : 1;
+  std::vector<reports::OutputFile> outputs;
+  if (const auto f = args.get("--text")) outputs.push_back({*f, text});
+  if (const auto f = args.get("--report")) outputs.push_back({*f, reports::report_json_text(report)});
+  if (const auto f = args.get("--junit")) outputs.push_back({*f, reports::report_junit(report)});
+  if (const auto f = args.get("--html")) outputs.push_back({*f, reports::report_html(report)});
+  return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
 }
 
 }  // namespace kvcheck::cli

@@ -160,12 +160,18 @@ void prepare_out_dir(const fs::path& dir) {
   }
 }
 
-void write_reports(const reports::Report& report, const fs::path& dir) {
-  fs::create_directories(dir);
-  reports::write_file_atomic(dir / "report.json", reports::report_json_text(report));
-  reports::write_file_atomic(dir / "report.txt", reports::report_text(report));
-  reports::write_file_atomic(dir / "report.html", reports::report_html(report));
-  reports::write_file_atomic(dir / "junit.xml", reports::report_junit(report));
+/// The report set of `report` in `dir`: the counterexample (if any) and the
+/// four reports, written together or not at all; returns `code` (see
+/// write_set_keeping_verdict).
+int write_reports(const reports::Report& report, const fs::path& dir, int code) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // a failure shows as the set's write error
+  std::vector<reports::OutputFile> files = report.attachments;
+  files.push_back({dir / "report.json", reports::report_json_text(report)});
+  files.push_back({dir / "report.txt", reports::report_text(report)});
+  files.push_back({dir / "report.html", reports::report_html(report)});
+  files.push_back({dir / "junit.xml", reports::report_junit(report)});
+  return write_set_keeping_verdict(files, code);
 }
 
 /// Runs `scenarios` through a recording wrapper around the cache `options`
@@ -185,8 +191,8 @@ std::vector<properties::RunObservation> record_runs(const std::vector<scenarios:
   return runs;
 }
 
-/// Writes the counterexample, prints the summary and fills `report` from a
-/// finished check; returns the exit code. Shared by one process, the merge
+/// Prints the summary and fills `report` (the counterexample as an
+/// attachment) from a finished check; returns the exit code. Shared by one process, the merge
 /// of shards and MPI rank 0, so all three print and write the same.
 int report_check(const properties::CheckOptions& options, const properties::CheckResult& result,
                  const std::string& timing, const fs::path& out_dir, reports::Report& report) {
@@ -200,9 +206,9 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   }
   summary.failing_case_seed = result.failing_case_seed;
   if (result.found_failure) {
+    // Written with the reports, as one set (write_reports).
     const fs::path file = out_dir / (result.shrunk.name + ".json");
-    fs::create_directories(out_dir);
-    scenarios::write_scenario_file(file, result.shrunk);
+    report.attachments.push_back({file, scenarios::save_scenario(result.shrunk)});
     summary.counterexample_file = file.string();
     summary.replay_command =
         "kvcheck replay " + properties::shell_quote(file.string()) + " " + properties::replay_arguments(options.run);
@@ -326,10 +332,12 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   const std::string timing = ran_cases ? timing_text(result.cases, seconds, workers)
                                        : timing_text(-1, seconds, "merging " + workers);
   const int code = report_check(options, result, timing, out_dir, report);
-  write_reports(report, out_dir);
-  std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out_dir.string().c_str(),
-              out_dir.string().c_str());
-  return code;
+  const int written = write_reports(report, out_dir, code);
+  if (written == code) {
+    std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out_dir.string().c_str(),
+                out_dir.string().c_str());
+  }
+  return written;
 }
 
 /// `mpirun -n R kvcheck check ...`: rank r runs shard r/R; rank 0 gathers
@@ -368,6 +376,23 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
 }
 
 }  // namespace
+
+/// Writes `files` as one set (reports/output_set.hpp) and returns `code`.
+/// When writing fails the verdict stays visible: the error line goes to
+/// stderr, and a failed property still exits 1 (2 only when everything
+/// passed but its files could not be written). No file of the set, and none
+/// of an earlier run's at the same paths, is left behind.
+int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int code) {
+  try {
+    reports::write_output_set(files);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "kvcheck: the verdict (%s) stands; its files were not written\n",
+                 code == 1 ? "FAIL" : code == 0 ? "PASS" : "error");
+    return code == 1 ? 1 : 2;
+  }
+  return code;
+}
 
 int command_spec(int argc, char** argv) {
   Args args(argc, argv, 2, {}, {});
@@ -470,8 +495,9 @@ int command_check(int argc, char** argv) {
   // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
   std::shared_ptr<scenarios::TraceWriter> trace;
   if (const auto f = args.get("--record")) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));
-  const int code = run_check_into(options, out, report);
-  write_reports(report, out);
+  const int checked = run_check_into(options, out, report);
+  const int code = write_reports(report, out, checked);
+  if (code != checked) return code;
   std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out.string().c_str(),
               out.string().c_str());
   if (trace) {
@@ -546,10 +572,11 @@ int command_replay(int argc, char** argv) {
     for (const auto& sc : loaded) report.runs.push_back(properties::run_scenario(sc, options));
   }
   std::fputs(reports::report_text(report).c_str(), stdout);
-  if (const auto f = args.get("--report")) reports::write_file_atomic(*f, reports::report_json_text(report));
-  if (const auto f = args.get("--junit")) reports::write_file_atomic(*f, reports::report_junit(report));
-  if (const auto f = args.get("--html")) reports::write_file_atomic(*f, reports::report_html(report));
-  return report.passed() ? 0 : 1;
+  std::vector<reports::OutputFile> outputs;
+  if (const auto f = args.get("--report")) outputs.push_back({*f, reports::report_json_text(report)});
+  if (const auto f = args.get("--junit")) outputs.push_back({*f, reports::report_junit(report)});
+  if (const auto f = args.get("--html")) outputs.push_back({*f, reports::report_html(report)});
+  return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
 }
 
 int command_demo(int argc, char** argv) {
@@ -610,7 +637,9 @@ int command_demo(int argc, char** argv) {
   audited.runs = properties::audit_trace(scenarios::load_trace_file(trace), audit_options);
   std::fputs(reports::report_text(audited).c_str(), stdout);
 
-  write_reports(report, out);
+  // The live runs' counterexample (the bug's) goes to out/exec.
+  if (write_set_keeping_verdict(scratch.attachments, 0) != 0) return 2;
+  if (write_reports(report, out, 0) != 0) return 2;
   std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n",
               out.string().c_str());
   // The bug switch and the early-free trace are meant to fail: the demo

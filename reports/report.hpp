@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "properties/observation.hpp"
+#include "reports/output_set.hpp"
 
 namespace kvcheck::reports {
 
@@ -51,6 +52,9 @@ struct Report {
   ReportContext context;
   std::vector<properties::RunObservation> runs;
   std::optional<CheckSummary> check;
+  /// Files written in the same set as the reports (the counterexample); the
+  /// writers never read them.
+  std::vector<OutputFile> attachments;
   /// True when every run passed and the check (if any) passed.
   bool passed() const noexcept;
 };
