@@ -1,5 +1,7 @@
 #include "cli/args.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <cerrno>
 #include <cstdlib>
 
@@ -7,31 +9,70 @@
 
 namespace kvcheck::cli {
 
+namespace {
+
+/// The flag a CLI11 parse error is about: its message names it first
+/// ("--cases: 1 required TEXT missing") or last ("...not expected: --out").
+std::string flag_of(const CLI::ParseError& e, const std::string& fallback) {
+  const std::string what = e.what();
+  const auto dash = what.find("--");
+  if (dash == std::string::npos) return fallback;
+  const auto stop = what.find_first_of(": ,=", dash);
+  return what.substr(dash, stop == std::string::npos ? std::string::npos : stop - dash);
+}
+
+}  // namespace
+
+// CLI11 does the matching (`--flag value`, `--flag=value`, boolean flags,
+// arguments in any order); what it accepts that kvcheck does not (a flag
+// given twice, a value for a boolean flag, an unknown flag) and every parse
+// error becomes one kvcheck::Error(kUsage) naming the flag, so the one-line
+// `kvcheck error 100 at FLAG: ...` form and exit 2 hold for every command.
 Args::Args(int argc, char** argv, int first, const std::set<std::string>& value_flags,
            const std::set<std::string>& bool_flags) {
-  for (int i = first; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0 || a == "--") {
-      positional_.push_back(a);
-      continue;
+  std::vector<std::string> tokens;
+  for (int i = argc - 1; i >= first; --i) tokens.emplace_back(argv[i]);  // CLI11 takes them reversed
+  // A value for a boolean flag, which CLI11 would read as true/false.
+  for (const auto& t : tokens) {
+    const auto eq = t.find('=');
+    if (t.rfind("--", 0) == 0 && eq != std::string::npos && bool_flags.count(t.substr(0, eq))) {
+      throw Error(ErrorId::kUsage, t.substr(0, eq), "takes no value");
     }
-    std::optional<std::string> inline_value;
-    if (const auto eq = a.find('='); eq != std::string::npos) {
-      inline_value = a.substr(eq + 1);
-      a = a.substr(0, eq);
+  }
+  CLI::App app{"kvcheck"};
+  app.set_help_flag();        // each command prints its own usage (main.cpp)
+  app.allow_extras();         // positional arguments and unknown flags: judged below
+  app.positionals_at_end(false);
+  std::map<std::string, std::vector<std::string>> given;
+  std::map<std::string, CLI::Option*> options;
+  for (const auto& f : value_flags) {
+    options[f] = app.add_option(f, given[f])
+                     ->expected(1)
+                     ->allow_extra_args(false)
+                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
+  for (const auto& f : bool_flags) options[f] = app.add_flag(f);
+  try {
+    app.parse(tokens);
+  } catch (const CLI::ParseError& e) {
+    const std::string flag = flag_of(e, tokens.empty() ? std::string("arguments") : tokens.back());
+    const bool missing = dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr;
+    throw Error(ErrorId::kUsage, flag, missing ? "needs a value" : e.what());
+  }
+  for (const auto& f : value_flags) {
+    const auto& v = given[f];
+    if (v.size() > 1) throw Error(ErrorId::kUsage, f, "given twice");
+    if (v.size() == 1) values_[f] = v.front();
+  }
+  for (const auto& f : bool_flags) {
+    if (options[f]->count() > 1) throw Error(ErrorId::kUsage, f, "given twice");
+    if (options[f]->count() == 1) bools_.insert(f);
+  }
+  for (const auto& a : app.remaining()) {
+    if (a.rfind("--", 0) == 0 && a != "--") {
+      throw Error(ErrorId::kUsage, a.substr(0, a.find('=')), "unknown flag for this command (see `kvcheck help`)");
     }
-    if (value_flags.count(a)) {
-      if (!inline_value) {
-        if (i + 1 >= argc) throw Error(ErrorId::kUsage, a, "needs a value");
-        inline_value = argv[++i];
-      }
-      if (values_.count(a)) throw Error(ErrorId::kUsage, a, "given twice");
-      values_[a] = *inline_value;
-    } else if (bool_flags.count(a) && !inline_value) {
-      bools_.insert(a);
-    } else {
-      throw Error(ErrorId::kUsage, a, "unknown flag for this command (see `kvcheck help`)");
-    }
+    positional_.push_back(a);
   }
 }
 

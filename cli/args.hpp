@@ -1,6 +1,7 @@
-// A small, strict command-line parser: `--flag value`, `--flag=value`,
-// boolean `--flag`, and positional arguments. Unknown flags and malformed
-// values throw kvcheck::Error (kUsage) naming the flag.
+// The strict command-line reading of every subcommand, over CLI11:
+// `--flag value`, `--flag=value`, boolean `--flag`, and positional
+// arguments. Unknown flags, a flag given twice and malformed values throw
+// kvcheck::Error (kUsage) naming the flag.
 #pragma once
 
 #include <cstdint>

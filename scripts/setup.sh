@@ -4,11 +4,13 @@
 # OpenMPI and Boost.MPI are optional for the build (`mpirun -n R kvcheck
 # check`); they are installed so that its test runs. libxml2-utils (xmllint)
 # and python3-jsonschema are the parsers the report tests judge files with.
+# gcovr reports the line coverage of scripts/coverage.sh. libcli11-dev is the
+# CLI's argument parser (header-only).
 set -euo pipefail
 
 packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
           libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema
-          libxml2-utils openmpi-bin libopenmpi-dev libboost-mpi-dev)
+          libxml2-utils libcli11-dev openmpi-bin libopenmpi-dev libboost-mpi-dev gcovr)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
