@@ -41,6 +41,7 @@ Json query_json(const properties::QueryObservation& q) {
   out["eps_units"] = number(q.eps_units);
   out["quant_abs_diff"] = number(q.quant_abs_diff);
   out["tolerance"] = number(q.tolerance);
+  out["rope_tolerance"] = number(q.rope_tolerance);
   out["ok"] = q.output_ok;
   j["output"] = std::move(out);
   return j;
@@ -71,6 +72,8 @@ Json step_json(const properties::StepObservation& s) {
   // explain something (failing steps) so long passing runs stay small.
   j["ring_positions"] = step_failed(s) ? Json(s.ring_positions) : Json::array();
   j["error"] = s.error;
+  j["stored_rows_checked"] = s.stored_rows_checked;
+  j["encoding_mismatches"] = s.encoding_mismatches;
   j["expectation_failed"] = s.expectation_failed;
   j["expectation_detail"] = s.expectation_detail;
   return j;
@@ -101,6 +104,9 @@ Json run_json(const properties::RunObservation& r) {
   totals["max_abs_diff"] = number(r.max_abs_diff);
   totals["max_eps_units"] = number(r.max_eps_units);
   totals["max_quant_abs_diff"] = number(r.max_quant_abs_diff);
+  totals["max_rope_tolerance"] = number(r.max_rope_tolerance);
+  totals["stored_rows_checked"] = r.stored_rows_checked;
+  totals["encoding_mismatches"] = r.encoding_mismatches;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));
