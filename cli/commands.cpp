@@ -206,7 +206,10 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   }
   summary.failing_case_seed = result.failing_case_seed;
   if (result.found_failure) {
-    // Written with the reports, as one set (write_reports).
+    // Written with the reports, as one set (write_reports); the directory
+    // is made now, as a failure to make it shows as the set's write error.
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
     const fs::path file = out_dir / (result.shrunk.name + ".json");
     report.attachments.push_back({file, scenarios::save_scenario(result.shrunk)});
     summary.counterexample_file = file.string();
