@@ -222,10 +222,9 @@ __device__ inline void fast_widen_fp8(const uint4 codes, std::uint32_t factor, u
   out1 = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/// The fast kernel's arguments beyond AttendArgs: a zeroed counter per
-/// (query, KV head, head tile), reset by the kernel after use.
+/// The fast kernel's argument beyond AttendArgs (whose `counters` hold a
+/// zeroed word per (query, KV head, head tile), reset by the kernel after use).
 struct FastExtra {
-  unsigned int* counters = nullptr;
   std::int32_t head_tiles = 1;
 };
 
@@ -584,7 +583,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   // The last split block of this (query, KV head, head tile) combines.
   __threadfence();
   __syncthreads();
-  unsigned int* counter = extra.counters + blockIdx.x;
+  unsigned int* counter = a.counters + blockIdx.x;
   if (tid == 0) {
     const unsigned int done = atomicAdd(counter, 1u);
     last_block = done == static_cast<unsigned int>(a.splits - 1) ? 1 : 0;
@@ -702,7 +701,6 @@ inline std::int32_t ring_fast_choose_splits(const Args& a, int sm_count, std::in
 template <ElementFormat F, class G, class Args>
 cudaError_t ring_fast_attend_launch(const Args& a, cudaStream_t stream) {
   FastExtra extra;
-  extra.counters = a.counters;
   extra.head_tiles = ring_fast_head_tiles(a.q_heads, a.layout.kv_heads);
   const std::int64_t blocks = a.n * a.layout.kv_heads * extra.head_tiles;
   if (blocks <= 0) return cudaSuccess;
