@@ -7,6 +7,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "pipelines/check.hpp"
 #include "properties/audit.hpp"
 #include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
@@ -59,7 +60,7 @@ int command_audit(int argc, char** argv) {
   if (const auto f = args.get("--report")) outputs.push_back({*f, reports::report_json_text(report)});
   if (const auto f = args.get("--junit")) outputs.push_back({*f, reports::report_junit(report)});
   if (const auto f = args.get("--html")) outputs.push_back({*f, reports::report_html(report)});
-  return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
+  return pipelines::write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
 }
 
 }  // namespace kvcheck::cli

@@ -1,12 +1,13 @@
-// One function per kvcheck subcommand; each returns the process exit code.
+// One function per kvcheck subcommand; each reads its flags, calls the part
+// that does the work (pipelines/, sweep/, properties/) and returns the
+// process exit code.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "cli/args.hpp"
-#include "reports/output_set.hpp"
-#include "reports/sweep/sweep.hpp"
+#include "sweep/sweep.hpp"
 
 namespace kvcheck::cli {
 
@@ -19,12 +20,6 @@ int command_sweep(int argc, char** argv);
 int command_faults(int argc, char** argv);
 int command_audit(int argc, char** argv);
 int command_merge(int argc, char** argv);
-
-/// Writes `files` as one set (reports/output_set.hpp) and returns `code`;
-/// when writing fails, prints the error and that the verdict stands, and
-/// returns 1 for a failed property, else 2. Used by every command that
-/// writes reports.
-int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int code);
 
 /// Writes a finished sweep the way `kvcheck sweep` does (--json, --csv,
 /// --svg, else the table on stdout; the summary on stderr) and returns its

@@ -1,4 +1,4 @@
-// `kvcheck sweep`: flags in, reports/sweep/ does the work.
+// `kvcheck sweep`: flags in, sweep/ does the work.
 //
 //   kvcheck sweep --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2]
 //                 --order store-then-load|load-then-store|both [--states N]
@@ -25,12 +25,13 @@
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "cli/mpi_world.hpp"
+#include "cli/sweep_flags.hpp"
 #include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
 #include "reports/shard.hpp"
-#include "reports/sweep/sweep.hpp"
-#include "reports/sweep/sweep_output.hpp"
-#include "reports/sweep/sweep_shard.hpp"
+#include "sweep/sweep.hpp"
+#include "sweep/sweep_output.hpp"
+#include "sweep/sweep_shard.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::cli {
@@ -91,10 +92,10 @@ int command_sweep(int argc, char** argv) {
     throw Error(ErrorId::kUsage, "mpirun", "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
   }
   sweep::SweepGrid grid = sweep::default_grid();
-  if (const auto v = args.get("--window")) grid.windows = sweep::parse_value_list("--window", *v, 1, kMaxWindowRows);
-  if (const auto v = args.get("--drafts")) grid.drafts = sweep::parse_value_list("--drafts", *v, 0, kMaxDrafts);
-  if (const auto v = args.get("--chunk")) grid.chunks = sweep::parse_value_list("--chunk", *v, 1, kMaxChunkRows);
-  if (const auto v = args.get("--order")) grid.orders = sweep::parse_orders("--order", *v);
+  if (const auto v = args.get("--window")) grid.windows = parse_value_list("--window", *v, 1, kMaxWindowRows);
+  if (const auto v = args.get("--drafts")) grid.drafts = parse_value_list("--drafts", *v, 0, kMaxDrafts);
+  if (const auto v = args.get("--chunk")) grid.chunks = parse_value_list("--chunk", *v, 1, kMaxChunkRows);
+  if (const auto v = args.get("--order")) grid.orders = parse_orders("--order", *v);
 
   sweep::SweepOptions options;
   if (const auto impl = args.get("--impl"); impl && *impl != "cpu") {

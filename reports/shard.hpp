@@ -10,7 +10,7 @@
 // count), the options that must be equal in every shard of one run (the
 // seed, the case count, the cache, the command line apart from --shard,
 // --out and --threads), and the kind's own findings: a check shard its
-// CaseTally, a sweep shard its rows (reports/sweep/sweep_shard.hpp). A set
+// CaseTally, a sweep shard its rows (sweep/sweep_shard.hpp). A set
 // of shards that is not exactly one whole run (missing, duplicated, of
 // another kind, version or options) is refused with ErrorId::kShard naming
 // the shard.

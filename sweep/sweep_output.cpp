@@ -1,5 +1,5 @@
 // Sweep writers: JSON, CSV, SVG heatmap, text table. Deterministic output only.
-#include "reports/sweep/sweep_output.hpp"
+#include "sweep/sweep_output.hpp"
 
 #include <algorithm>
 #include <cstdio>

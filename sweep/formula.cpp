@@ -1,5 +1,5 @@
 // Recursive-descent parser for sizing formulas, emitting reverse Polish.
-#include "reports/sweep/formula.hpp"
+#include "sweep/formula.hpp"
 
 #include <cctype>
 #include <limits>

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reports/shard.hpp"
-#include "reports/sweep/sweep.hpp"
+#include "sweep/sweep.hpp"
 
 namespace kvcheck::sweep {
 

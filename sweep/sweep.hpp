@@ -4,7 +4,7 @@
 // SPEC §5 formula (which is reported beside it, with whether it agreed).
 //
 // Why the schedules run by probe_ring() are the worst cases (the argument is
-// backed by tests/reports/sweep/sweep_test.cpp, which runs randomized
+// backed by tests/sweep/sweep_test.cpp, which runs randomized
 // schedules through the full runner at the reported minimum, every ring
 // phase, and every S below and above the minimum):
 //
@@ -63,7 +63,7 @@
 
 #include "engines/cache_under_test.hpp"
 #include "impl/kv_cache.hpp"
-#include "reports/sweep/formula.hpp"
+#include "sweep/formula.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace kvcheck::sweep {
@@ -75,15 +75,6 @@ enum class SweepOrder : std::uint8_t { kStoreThenLoad, kLoadThenStore };
 const char* order_flag_name(SweepOrder order) noexcept;
 /// "store_then_load" / "load_then_store" (the scenario file spelling).
 const char* order_file_name(SweepOrder order) noexcept;
-
-/// Parses a value list: comma-separated items, each `A`, `A:B` or `A:B:STEP`
-/// (inclusive, step >= 1), every value in [lo, hi], sorted and deduplicated.
-/// Throws kvcheck::Error(kUsage, flag, ...) for A > B, step 0, values out of
-/// range or malformed text.
-std::vector<std::int64_t> parse_value_list(const std::string& flag, const std::string& text,
-                                           std::int64_t lo, std::int64_t hi);
-/// Parses `store-then-load`, `load-then-store` or `both` (underscores accepted).
-std::vector<SweepOrder> parse_orders(const std::string& flag, const std::string& text);
 
 /// One configuration of the grid.
 struct SweepConfig {

@@ -1,5 +1,5 @@
 // Sweep shard documents and their merge.
-#include "reports/sweep/sweep_shard.hpp"
+#include "sweep/sweep_shard.hpp"
 
 #include <string>
 #include <string_view>

@@ -10,7 +10,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "reports/sweep/sweep.hpp"
+#include "sweep/sweep.hpp"
 
 namespace {
 

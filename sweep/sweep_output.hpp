@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "reports/sweep/sweep.hpp"
+#include "sweep/sweep.hpp"
 
 namespace kvcheck::sweep {
 

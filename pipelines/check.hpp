@@ -1,0 +1,83 @@
+// The check pipeline behind `kvcheck check` and `kvcheck merge` (and the
+// parts `replay`, `audit` and `demo` share): run the randomized check, print
+// its summary, write the report set with the shrunk counterexample, write or
+// merge the shard documents of a split run, record a run for `audit`.
+// cli/ reads the flags into properties::CheckOptions and calls these;
+// nothing here reads a flag.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "properties/check.hpp"
+#include "properties/runner.hpp"
+#include "reports/output_set.hpp"
+#include "reports/report.hpp"
+#include "reports/shard.hpp"
+#include "scenarios/scenario.hpp"
+#include "scenarios/trace_json.hpp"
+
+namespace kvcheck::pipelines {
+
+/// The context every report of a run records: seed, cache, fault name and
+/// `command`, the command line as reports record it.
+reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
+                                      impl::Fault fault);
+
+/// Writes `files` as one set (reports/output_set.hpp) and returns `code`.
+/// When writing fails the verdict stays visible: the error line goes to
+/// stderr, and a failed property still exits 1 (2 only when everything
+/// passed but its files could not be written). No file of the set, and none
+/// of an earlier run's at the same paths, is left behind.
+int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int code);
+
+/// The report set of `report` in `dir`: the counterexample (if any) and the
+/// four reports, written together or not at all; returns `code` (see
+/// write_set_keeping_verdict).
+int write_reports(const reports::Report& report, const std::filesystem::path& dir, int code);
+
+/// Runs `scenarios` through a recording wrapper around the cache `options`
+/// names, appending every run to `trace` (the `--record` format, read back by
+/// `kvcheck audit`).
+std::vector<properties::RunObservation> record_runs(const std::vector<scenarios::Scenario>& scenarios_in,
+                                                    properties::RunOptions options,
+                                                    const std::shared_ptr<scenarios::TraceWriter>& trace);
+
+/// Records the run a check's `--record` asks for into `trace`: the
+/// counterexample when a case failed (read back from its file), else case 0.
+void record_check_run(const properties::CheckOptions& options, const reports::Report& report,
+                      const std::shared_ptr<scenarios::TraceWriter>& trace);
+
+/// Runs the check with these options, prints its summary, and fills `report`
+/// (the shrunk counterexample as an attachment for `out_dir`); returns the
+/// exit code (1 for a failed property or an unreached coverage class).
+int run_check_into(const properties::CheckOptions& options, const std::filesystem::path& out_dir,
+                   reports::Report& report);
+
+/// One shard of a split check (`options.shard`): its cases only, no
+/// shrinking, no report; writes `out_dir`/shard.json and prints one line.
+/// Returns 0 once the shard is written.
+int run_check_shard(const properties::CheckOptions& options, const std::string& command,
+                    const std::filesystem::path& out_dir);
+
+/// This process's shard of a check, as a shard document (`command` is the
+/// command line as reports record it).
+std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
+                             const properties::CaseTally& tally);
+
+/// The report of a whole check from its shards (already ordered by
+/// reports::order_shards): the tallies added, the lowest failing case shrunk
+/// once here, the report written to `out_dir`. `workers` names what ran the
+/// shards; a merge that ran no case itself (`ran_cases` false) prints its
+/// own time from `start`. Returns the exit code.
+int merge_check(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir,
+                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases);
+
+/// Seconds since `start` (printed, never written into a report).
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+}  // namespace kvcheck::pipelines
