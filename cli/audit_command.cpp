@@ -9,7 +9,6 @@
 #include "cli/commands.hpp"
 #include "pipelines/check.hpp"
 #include "properties/audit.hpp"
-#include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"

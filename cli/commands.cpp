@@ -13,6 +13,7 @@
 
 #include "cli/args.hpp"
 #include "cli/mpi_world.hpp"
+#include "cli/progress.hpp"
 #include "engines/factory.hpp"
 #include "pipelines/catalog.hpp"
 #include "pipelines/check.hpp"
@@ -126,20 +127,6 @@ std::string impl_flag(const Args& args) {
 }
 
 double step_timeout_flag(const Args& args) { return args.seconds("--step-timeout", 10.0, 86400); }
-
-/// Progress on a terminal only; quiet when stderr is not a terminal.
-std::function<void(std::int64_t, std::int64_t)> progress_bar(const char* label) {
-  if (!isatty(fileno(stderr))) return nullptr;
-  return [label](std::int64_t done, std::int64_t total) {
-    const int width = 30;
-    const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", label, std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                 std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total));
-    if (done >= total) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  };
-}
 
 /// Makes sure `dir` exists and takes files, before any work is done (a bad
 /// --out is one line and exit 2 up front, not after every case has run).

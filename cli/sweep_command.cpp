@@ -12,7 +12,6 @@
 // computed (and --formula, if given, is safe everywhere); 1 the formula is
 // unsafe somewhere, a counterexample did not replay, or a live cache (--impl
 // layer or exec:...) loses rows at every capacity tried; 2 bad usage.
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -25,8 +24,9 @@
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "cli/mpi_world.hpp"
+#include "cli/progress.hpp"
 #include "cli/sweep_flags.hpp"
-#include "reports/atomic_write.hpp"
+#include "support/atomic_write.hpp"
 #include "reports/report.hpp"
 #include "reports/shard.hpp"
 #include "sweep/sweep.hpp"
@@ -44,25 +44,12 @@ constexpr std::int64_t kMaxWindowRows = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxDrafts = 4096;
 constexpr std::int64_t kMaxChunkRows = std::int64_t{1} << 16;
 
-std::function<void(std::int64_t, std::int64_t)> sweep_progress() {
-  if (!isatty(fileno(stderr))) return nullptr;
-  return [](std::int64_t done, std::int64_t total) {
-    const int width = 30;
-    const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\rsweep [%s%s] %lld/%lld", std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                 std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total));
-    if (done >= total) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  };
-}
-
 void emit(const std::string& file, const std::string& text) {
   if (file == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   } else {
-    reports::write_file_atomic(file, text);
+    write_file_atomic(file, text);
   }
 }
 
@@ -136,7 +123,7 @@ int command_sweep(int argc, char** argv) {
     }
   }
   stdout_outputs(args);
-  options.progress = sweep_progress();
+  options.progress = progress_bar("sweep");
 
   const auto t0 = std::chrono::steady_clock::now();
   const sweep::SweepResult result = sweep::run_sweep(grid, options);
@@ -146,7 +133,7 @@ int command_sweep(int argc, char** argv) {
     // `kvcheck merge` writes the outputs of the whole sweep.
     const std::filesystem::path file = options.out_dir / reports::kShardFileName;
     const nlohmann::ordered_json rows = sweep::sweep_shard_rows_json(result, shard->index, shard->count);
-    reports::write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, shard->index,
+    write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, shard->index,
                                                          shard->count, sweep::sweep_shard_options_json(grid, options),
                                                          rows));
     std::printf("sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "

@@ -7,7 +7,7 @@
 #include "engines/trace_cache.hpp"
 #include "impl/kv_cache.hpp"
 #include "properties/generator.hpp"
-#include "reports/atomic_write.hpp"
+#include "support/atomic_write.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
@@ -186,7 +186,7 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
   const auto start = std::chrono::steady_clock::now();
   const properties::CaseTally tally = properties::run_cases(options);
   const fs::path file = out_dir / reports::kShardFileName;
-  reports::write_file_atomic(file, check_shard_text(options, command, tally));
+  write_file_atomic(file, check_shard_text(options, command, tally));
   std::printf("check shard %lld/%lld: %lld of %lld cases, %lld failing", static_cast<long long>(options.shard.index),
               static_cast<long long>(options.shard.count), static_cast<long long>(tally.cases),
               static_cast<long long>(options.cases), static_cast<long long>(tally.failures));

@@ -14,7 +14,7 @@
 #include <set>
 #include <string>
 
-#include "reports/atomic_write.hpp"
+#include "support/atomic_write.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::reports {

@@ -1,7 +1,7 @@
 // A run's output files written as one set: all of them or none, never a mix
 // of two runs, never a stale file from an earlier run left looking current.
 //
-// write_file_atomic (atomic_write.hpp) makes each file whole; a run writes
+// write_file_atomic (support/atomic_write.hpp) makes each file whole; a run writes
 // several (report.json, report.txt, report.html, junit.xml, a
 // counterexample), and a reader must not find some from this run and some
 // from the last, or the last run's PASS next to this run's missing FAIL.

@@ -7,15 +7,8 @@
 #include "scenarios/json_read.hpp"
 #include "scenarios/step_semantics.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
@@ -23,10 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <system_error>
 #include <tuple>
 #include <utility>
 
+#include "support/atomic_write.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::scenarios {
@@ -727,8 +720,6 @@ void print(const ojson& j, int indent, std::string& out) {
   out += close;
 }
 
-std::string errno_text(int error) { return std::system_category().message(error); }
-
 }  // namespace
 
 // ---- public API ------------------------------------------------------------------------------
@@ -833,48 +824,7 @@ std::string save_scenario(const Scenario& scenario) {
 }
 
 void write_scenario_file(const std::filesystem::path& path, const Scenario& scenario) {
-  const std::string text = save_scenario(scenario);  // throws before touching the disk
-  const std::string name = path.string();
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-  // A unique temporary beside the target, so rename(2) replaces it atomically.
-  static std::atomic<unsigned> counter{0};
-  const std::filesystem::path temp =
-      dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-             std::to_string(counter.fetch_add(1)));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    fail(ErrorId::kIo, name, "cannot create a temporary file in " + dir.string() + ": " + errno_text(errno));
-  }
-  const auto abandon = [&](const std::string& what, int error) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    fail(ErrorId::kIo, name, what + ": " + errno_text(error));
-  };
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      abandon("write failed", errno);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) abandon("fsync failed", errno);
-  if (::close(fd) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    fail(ErrorId::kIo, name, "close failed: " + errno_text(error));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    fail(ErrorId::kIo, name, "rename failed: " + errno_text(error));
-  }
-  // Persist the rename itself; failure here leaves a complete file either way.
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_atomic(path, save_scenario(scenario));  // save_scenario throws before touching the disk
 }
 
 std::vector<std::filesystem::path> collect_scenario_files(

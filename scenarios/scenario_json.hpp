@@ -64,9 +64,10 @@ void validate_scenario(const Scenario& scenario);
 /// like validate_scenario, so the text always parses back to `scenario`.
 std::string save_scenario(const Scenario& scenario);
 
-/// Writes save_scenario(scenario) to `path` atomically: a temporary file in
-/// the same directory, flushed, then renamed over `path`. On any failure the
-/// temporary is removed and an existing `path` is untouched; throws kIo.
+/// Writes save_scenario(scenario) to `path` atomically through the one file
+/// writer (support/atomic_write.hpp: a temporary file in the same directory,
+/// fsync'ed, renamed over `path`). On any failure the temporary is removed
+/// and an existing `path` is untouched; throws kIo.
 void write_scenario_file(const std::filesystem::path& path, const Scenario& scenario);
 
 /// Expands files and directories into a sorted, duplicate-free list. A

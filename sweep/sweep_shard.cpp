@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-#include "reports/atomic_write.hpp"
+#include "support/atomic_write.hpp"
 #include "scenarios/json_read.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -199,7 +199,7 @@ void adopt_counterexamples(SweepResult& result, const std::filesystem::path& out
   }
   for (auto& [row, content] : files) {
     const std::filesystem::path target = out_dir / std::filesystem::path(row->counterexample).filename();
-    reports::write_file_atomic(target, content);
+    write_file_atomic(target, content);
     row->counterexample = target.string();
   }
 }

@@ -14,7 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reports/atomic_write.hpp"
 #include "reports/report.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"
@@ -408,49 +407,4 @@ TEST_CASE("HTML report: a large ring is drawn as runs of slots") {
   const std::string html = kvcheck::reports::report_html(report);
   REQUIRE(count(html, "class=\"slot ") == 0);
   REQUIRE(count(html, "class=\"slots ") >= 2);
-}
-
-TEST_CASE("write_file_atomic: replaces the file, and on failure keeps the old one and leaves no temp") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("kvcheck_reports_test_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const auto read = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-
-  const fs::path file = dir / "report.json";
-  kvcheck::reports::write_file_atomic(file, "old");
-  REQUIRE(read(file) == "old");
-  kvcheck::reports::write_file_atomic(file, std::string("new\0data", 8));
-  REQUIRE(read(file) == std::string("new\0data", 8));
-
-  // Target is a directory: rename fails, the directory and its content stay.
-  const fs::path target_dir = dir / "taken";
-  fs::create_directories(target_dir);
-  kvcheck::reports::write_file_atomic(target_dir / "inner.txt", "keep");
-  try {
-    kvcheck::reports::write_file_atomic(target_dir, "x");
-    FAIL("expected kvcheck::Error");
-  } catch (const kvcheck::Error& e) {
-    REQUIRE(e.id() == kvcheck::ErrorId::kIo);
-    REQUIRE(e.where() == target_dir.string());
-  }
-  REQUIRE(fs::is_directory(target_dir));
-  REQUIRE(read(target_dir / "inner.txt") == "keep");
-
-  // Missing parent directory.
-  REQUIRE_THROWS_AS(kvcheck::reports::write_file_atomic(dir / "no" / "such" / "file", "x"), kvcheck::Error);
-
-  std::size_t entries = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    ++entries;
-    REQUIRE(e.path().filename().string().find(".tmp-") == std::string::npos);
-  }
-  REQUIRE(entries == 2);  // report.json and taken/
-  REQUIRE(read(file) == std::string("new\0data", 8));
-  fs::remove_all(dir);
 }

@@ -1,7 +1,7 @@
 // write_file_atomic: a fresh temporary file in the target's directory + rename(2). rename is
 // atomic within one file system, which is why the temporary file lives next
 // to the target and not in /tmp.
-#include "reports/atomic_write.hpp"
+#include "support/atomic_write.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 
 #include "support/error.hpp"
 
-namespace kvcheck::reports {
+namespace kvcheck {
 namespace {
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& what, int err) {
@@ -70,6 +70,12 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     ::unlink(temp.c_str());
     fail(path, "cannot replace", err);
   }
+  // Persist the rename itself; a failure here leaves a complete file either way.
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
-}  // namespace kvcheck::reports
+}  // namespace kvcheck
