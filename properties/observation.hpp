@@ -91,6 +91,7 @@ struct RunObservation {
   std::int64_t stored_rows_checked = 0;  ///< sum over steps
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t queries = 0;
+  std::int64_t mpfr_queries = 0;    ///< queries whose reference outputs MPFR computed (the certified bound did not pin them)
   bool passed = true;               ///< == (first_failing_step < 0 && !skipped-with-failure)
   std::int64_t first_failing_step = -1;  ///< index into `steps` of the first failed step, -1 when none
   std::string first_failure;        ///< one line: what failed first, where

@@ -11,6 +11,7 @@
 #include "engines/factory.hpp"
 #include "engines/ring_pool_cache.hpp"
 #include "model/attention.hpp"
+#include "model/certified.hpp"
 #include "model/encoding.hpp"
 #include "model/error_bounds.hpp"
 #include "model/real.hpp"
@@ -60,6 +61,14 @@ struct TruthRow {
   model::EncodedRow key_encoding, value_encoding;
   std::vector<double> key_dev;  ///< [kv_width] RoPE deviation allowed per key element (0: exact)
   std::vector<double> key_err;  ///< [kv_width] key_dev plus a possible rounding flip: for the tolerance
+  // The certified reference (model/certified.hpp) keeps balls and fills the
+  // MPFR rows above only when a query needs them (real_ready).
+  bool real_ready = true;
+  std::vector<double> k_in, v_in;  ///< [kv_width] the unrotated input key and the value
+  std::vector<model::certified::Ball> k_ball;      ///< [kv_width] rotated key (MPFR's value inside)
+  std::vector<model::certified::Ball> v_ball;      ///< [kv_width] value (exact)
+  std::vector<model::certified::Ball> deq_k_ball;  ///< [kv_width] reference-encoded key (exact)
+  std::vector<model::certified::Ball> deq_v_ball;  ///< [kv_width] reference-encoded value (exact)
 };
 
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
@@ -98,6 +107,83 @@ void rotate_heads(model::Row<R>& flat, std::int32_t heads, std::int32_t head_dim
     model::rope_rotate(slice, position, rope);
     std::copy(slice.begin(), slice.end(), flat.begin() + static_cast<std::ptrdiff_t>(h) * head_dim);
   }
+}
+
+/// The certified reference's per-run state (model/certified.hpp): MPFR's
+/// theta_i, scale and unit roundoff, and the RoPE factors of the positions
+/// of the current step.
+template <class Real>
+struct Certifier {
+  bool on = false;
+  double um = 0;
+  model::Rope rope;
+  std::vector<Real> theta;
+  model::certified::Ball scale;
+  std::optional<double> sink;
+  struct Factors {
+    std::vector<model::certified::Ball> cos_f, sin_f;
+  };
+  std::map<std::int64_t, Factors> factors;  ///< by position; cleared at every step
+
+  const Factors& at(std::int64_t position) {
+    auto it = factors.find(position);
+    if (it == factors.end()) {
+      it = factors.emplace(position, Factors{}).first;
+      model::certified::rope_factors(theta, position, &it->second.cos_f, &it->second.sin_f);
+    }
+    return it->second;
+  }
+};
+
+std::vector<model::certified::Ball> exact_balls(const std::vector<double>& x) {
+  std::vector<model::certified::Ball> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = model::certified::exact(x[i]);
+  return out;
+}
+
+/// Every ball's double, when all are pinned (model::certified::pin_double).
+bool pin_all(const std::vector<model::certified::Ball>& balls, std::vector<double>* out) {
+  out->resize(balls.size());
+  for (std::size_t i = 0; i < balls.size(); ++i) {
+    if (!model::certified::pin_double(balls[i], &(*out)[i])) return false;
+  }
+  return true;
+}
+
+/// The reference encoding of a row known only as balls, when every row in
+/// the box encodes the same: the encoding is monotone in each magnitude (and
+/// the fp8 scale in the block maximum), so equal encodings of the box's
+/// smallest and largest magnitudes decide it. Signs must be fixed.
+bool pin_encoding(model::Encoding enc, const std::vector<model::certified::Ball>& balls,
+                  const std::vector<double>& pinned, model::EncodedRow* out) {
+  if (enc == model::Encoding::kF64) {  // the encoding is the nearest double: pinned
+    *out = model::encode_row(enc, pinned);
+    return true;
+  }
+  std::vector<double> small(balls.size()), big(balls.size());
+  for (std::size_t i = 0; i < balls.size(); ++i) {
+    const auto& b = balls[i];
+    if (b.r == 0 && b.c.lo == 0) {
+      small[i] = big[i] = b.c.hi;
+      continue;
+    }
+    double lo = 0, hi = 0;
+    model::certified::outward(b, &lo, &hi);
+    if (lo > 0) {
+      small[i] = lo;
+      big[i] = hi;
+    } else if (hi < 0) {
+      small[i] = hi;
+      big[i] = lo;
+    } else {
+      return false;
+    }
+  }
+  model::EncodedRow a = model::encode_row(enc, small);
+  const model::EncodedRow b = model::encode_row(enc, big);
+  if (a.bytes != b.bytes || a.values != b.values || a.scale_exponents != b.scale_exponents) return false;
+  *out = std::move(a);
+  return true;
 }
 
 std::string fmt_g(double x) {
@@ -286,6 +372,97 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   const double format_eps = impl::format_epsilon(format);
   const double accum_eps = accumulation_epsilon(format);
   const model::Encoding encoding = model_encoding(cache.format);
+  const std::int32_t group = cache.q_heads / cache.kv_heads;
+
+  // The certified reference (model/certified.hpp): double-double balls that
+  // contain MPFR's values; MPFR only where a ball does not pin a figure.
+  Certifier<Real> cert;
+  cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
+  if (cert.on) {
+    cert.um = std::ldexp(1.0, -model::real_bits<Real>());
+    cert.rope = rope;
+    cert.theta = model::certified::rope_thetas<Real>(rope);
+    cert.scale = model::certified::from_real(scale);
+    if (cache.sink_logit) cert.sink = *cache.sink_logit;
+  }
+  // A row in MPFR: the exact rotated key, its reference encoding and allowances.
+  auto make_real_row = [&](TruthRow<Real>& row, std::int64_t p, const double* k, const double* v) {
+    row.exact.k = to_real<Real>(k, kv_width);
+    rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
+    if (!cache.shared_row) row.exact.v = to_real<Real>(v, kv_width);
+    row.key_encoding = model::encode_row(encoding, row.exact.k);
+    row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
+    if (!cache.shared_row) {
+      row.value_encoding = model::encode_row(encoding, row.exact.v);
+      row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+    }
+    key_deviations(row.exact.k, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
+                   &row.key_dev, &row.key_err);
+    if (!cert.on) return;
+    row.k_ball.resize(row.exact.k.size());
+    for (std::size_t e = 0; e < row.exact.k.size(); ++e) row.k_ball[e] = model::certified::from_real(row.exact.k[e]);
+    row.deq_k_ball = exact_balls(row.key_encoding.values);
+    if (!cache.shared_row) {
+      row.v_in.assign(v, v + kv_width);
+      row.v_ball = exact_balls(row.v_in);
+      row.deq_v_ball = exact_balls(row.value_encoding.values);
+    }
+  };
+  // The same row from balls, when they pin the key's doubles and encoding.
+  auto certify_row = [&](TruthRow<Real>& row, std::int64_t p, const double* k, const double* v,
+                         std::vector<double>* k_pinned) {
+    const auto& f = cert.at(p);
+    row.k_ball = model::certified::rotate_row(k, cache.kv_heads, cache.head_dim, rope, f.cos_f, f.sin_f, cert.um);
+    if (!pin_all(row.k_ball, k_pinned) || !pin_encoding(encoding, row.k_ball, *k_pinned, &row.key_encoding)) {
+      return false;
+    }
+    row.k_in.assign(k, k + kv_width);
+    row.deq_k_ball = exact_balls(row.key_encoding.values);
+    if (!cache.shared_row) {
+      row.v_in.assign(v, v + kv_width);
+      row.value_encoding = model::encode_row(encoding, row.v_in);  // exact inputs: as in MPFR
+      row.v_ball = exact_balls(row.v_in);
+      row.deq_v_ball = exact_balls(row.value_encoding.values);
+    }
+    key_deviations(*k_pinned, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
+                   &row.key_dev, &row.key_err);
+    row.real_ready = false;
+    return true;
+  };
+  // The MPFR rows of a certified row, for a query that falls back.
+  auto ensure_real = [&](TruthRow<Real>& row, std::int64_t p) {
+    if (row.real_ready) return;
+    row.exact.k = to_real<Real>(row.k_in.data(), kv_width);
+    rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
+    row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
+    if (!cache.shared_row) {
+      row.exact.v = to_real<Real>(row.v_in.data(), kv_width);
+      row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+    }
+    row.real_ready = true;
+  };
+  // The stored key judged: from the pinned doubles when that decides it (a
+  // rotated element is judged against allowances narrowed by more than the
+  // pinned value's and the double subtraction's error, so a pass there is a
+  // pass in MPFR), else in MPFR.
+  auto key_problem = [&](TruthRow<Real>& row, std::int64_t p, const std::vector<double>* k_pinned,
+                         const double* stored, const std::uint8_t* bytes) {
+    if (k_pinned != nullptr) {
+      const bool rotated = std::any_of(row.key_dev.begin(), row.key_dev.end(), [](double d) { return d > 0; });
+      if (!rotated) return check_stored_row(encoding, *k_pinned, row.key_dev, row.key_encoding, stored, bytes);
+      std::vector<double> narrow = row.key_dev;
+      bool usable = true;
+      for (std::size_t e = 0; e < narrow.size(); ++e) {
+        if (narrow[e] == 0) continue;
+        const double m = (std::fabs((*k_pinned)[e]) + narrow[e]) * 0x1.0p-51 + 0x1.0p-1060;
+        usable = usable && narrow[e] > m;
+        narrow[e] -= m;
+      }
+      if (usable && check_stored_row(encoding, *k_pinned, narrow, row.key_encoding, stored, bytes).empty()) return std::string();
+    }
+    ensure_real(row, p);
+    return check_stored_row(encoding, row.exact.k, row.key_dev, row.key_encoding, stored, bytes);
+  };
 
   std::vector<LayerTruth<Real>> layers(static_cast<std::size_t>(cache.layers));
   std::map<std::int64_t, RequestState> requests;
@@ -315,6 +492,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   for (std::size_t step_index = 0; step_index < sc.steps.size(); ++step_index) {
     const auto& step = sc.steps[step_index];
     RequestState& req = requests.at(step.request);
+    cert.factors.clear();
     const std::int64_t n = scenarios::step_rows(step);
     const std::int64_t first = scenarios::step_first_position(req.progress);
     bool stop = false;
@@ -397,33 +575,32 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       // Model: remember each row's exact and cached values.
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t p = first + i;
+        const double* k_row = in.k.data() + i * kv_width;
+        const double* v_row = cache.shared_row ? nullptr : in.v.data() + i * kv_width;
         TruthRow<Real> row;
-        row.exact.k = to_real<Real>(in.k.data() + i * kv_width, kv_width);
-        rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
-        if (!cache.shared_row) row.exact.v = to_real<Real>(in.v.data() + i * kv_width, kv_width);
-        row.key_encoding = model::encode_row(encoding, row.exact.k);
-        row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
-        if (!cache.shared_row) {
-          row.value_encoding = model::encode_row(encoding, row.exact.v);
-          row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+        std::vector<double> k_pinned;
+        const bool certified_row = cert.on && certify_row(row, p, k_row, v_row, &k_pinned);
+        if (!certified_row) {
+          row = TruthRow<Real>{};
+          make_real_row(row, p, k_row, v_row);
         }
-        key_deviations(row.exact.k, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
-                       &row.key_dev, &row.key_err);
         // The row as the cache stored it, when it says: judged against the
         // reference encoding (README "Stored rows").
         if (answer.has_stored && answer.stored_known[static_cast<std::size_t>(i)] != 0) {
           ++obs.stored_rows_checked;
           const std::int64_t row_bytes = model::encoded_row_bytes(encoding, kv_width);
           const std::vector<double> no_dev(static_cast<std::size_t>(kv_width), 0.0);
-          std::string problem = check_stored_row(
-              encoding, row.exact.k, row.key_dev, row.key_encoding, answer.stored_k.data() + i * kv_width,
-              answer.has_stored_bytes ? answer.stored_k_bytes.data() + i * row_bytes : nullptr);
+          std::string problem =
+              key_problem(row, p, certified_row ? &k_pinned : nullptr, answer.stored_k.data() + i * kv_width,
+                          answer.has_stored_bytes ? answer.stored_k_bytes.data() + i * row_bytes : nullptr);
           std::string which = "key";
           if (problem.empty() && !cache.shared_row) {
             which = "value";
-            problem = check_stored_row(
-                encoding, row.exact.v, no_dev, row.value_encoding, answer.stored_v.data() + i * kv_width,
-                answer.has_stored_bytes ? answer.stored_v_bytes.data() + i * row_bytes : nullptr);
+            // The value is exact input: judged the same from doubles as in MPFR.
+            const double* stored_v = answer.stored_v.data() + i * kv_width;
+            const std::uint8_t* stored_vb = answer.has_stored_bytes ? answer.stored_v_bytes.data() + i * row_bytes : nullptr;
+            problem = row.real_ready ? check_stored_row(encoding, row.exact.v, no_dev, row.value_encoding, stored_v, stored_vb)
+                                     : check_stored_row(encoding, row.v_in, no_dev, row.value_encoding, stored_v, stored_vb);
           }
           if (!problem.empty()) {
             if (obs.encoding_mismatches == 0) {
@@ -459,30 +636,74 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         QueryObservation& q = obs.queries[static_cast<std::size_t>(i)];
         const std::int64_t p = first + i;
         const model::PositionRange visible = model::visible_range(p, window);
-        model::Row<Real> query = to_real<Real>(in.q.data() + i * q_width, q_width);
-        rotate_heads(query, cache.q_heads, cache.head_dim, p, rope);
-        std::vector<const model::Projected<Real>*> exact, deq;
+        std::vector<TruthRow<Real>*> visible_rows;
         std::vector<KeyBounds> key_bounds;
         double vmax = 0;
         for (std::int64_t j = visible.first; j <= visible.last; ++j) {
-          const TruthRow<Real>& row = truth.rows.at({step.request, j});
-          exact.push_back(&row.exact);
-          deq.push_back(&row.dequantized);
+          TruthRow<Real>& row = truth.rows.at({step.request, j});
+          visible_rows.push_back(&row);
           key_bounds.push_back({&row.key_encoding.values, &row.key_err});
           for (const double x : cache.shared_row ? row.key_encoding.values : row.value_encoding.values) {
             vmax = std::max(vmax, std::fabs(x));
           }
         }
-        const auto ref = model::attend_heads(query, deq, heads, scale, sink);
-        const auto ref_exact = model::attend_heads(query, exact, heads, scale, sink);
+        // The reference outputs and the rotated query as the doubles MPFR's
+        // values round to: from balls when they pin them, else from MPFR.
+        std::vector<double> ref, ref_exact, query;
+        bool pinned = false;
+        if (cert.on) {
+          const auto& f = cert.at(p);
+          const auto q_ball = model::certified::rotate_row(in.q.data() + i * q_width, cache.q_heads, cache.head_dim,
+                                                           rope, f.cos_f, f.sin_f, cert.um);
+          std::vector<model::certified::Ball> out_deq(static_cast<std::size_t>(q_width)), out_exact(out_deq.size());
+          model::certified::HeadRows deq_rows, exact_rows;
+          for (std::int32_t h = 0; h < cache.q_heads; ++h) {
+            const auto off = static_cast<std::size_t>(h / group) * static_cast<std::size_t>(cache.head_dim);
+            deq_rows.keys.clear();
+            deq_rows.values.clear();
+            exact_rows.keys.clear();
+            exact_rows.values.clear();
+            for (const TruthRow<Real>* row : visible_rows) {
+              deq_rows.keys.push_back(row->deq_k_ball.data() + off);
+              deq_rows.values.push_back((cache.shared_row ? row->deq_k_ball : row->deq_v_ball).data() + off);
+              exact_rows.keys.push_back(row->k_ball.data() + off);
+              exact_rows.values.push_back((cache.shared_row ? row->k_ball : row->v_ball).data() + off);
+            }
+            const auto at = static_cast<std::size_t>(h) * static_cast<std::size_t>(cache.head_dim);
+            model::certified::attend(q_ball.data() + at, deq_rows, cache.head_dim, cert.scale, cert.sink, cert.um,
+                                     out_deq.data() + at);
+            model::certified::attend(q_ball.data() + at, exact_rows, cache.head_dim, cert.scale, cert.sink, cert.um,
+                                     out_exact.data() + at);
+          }
+          pinned = pin_all(q_ball, &query) && pin_all(out_deq, &ref) && pin_all(out_exact, &ref_exact);
+        }
+        if (!pinned) {
+          if (!std::is_same_v<Real, double>) ++run.mpfr_queries;
+          std::vector<const model::Projected<Real>*> exact, deq;
+          for (std::int64_t j = visible.first; j <= visible.last; ++j) {
+            TruthRow<Real>* row = visible_rows[static_cast<std::size_t>(j - visible.first)];
+            ensure_real(*row, j);
+            exact.push_back(&row->exact);
+            deq.push_back(&row->dequantized);
+          }
+          model::Row<Real> query_real = to_real<Real>(in.q.data() + i * q_width, q_width);
+          rotate_heads(query_real, cache.q_heads, cache.head_dim, p, rope);
+          auto doubles = [](const model::Row<Real>& x) {
+            std::vector<double> d(x.size());
+            for (std::size_t e = 0; e < x.size(); ++e) d[e] = model::to_double(x[e]);
+            return d;
+          };
+          ref = doubles(model::attend_heads(query_real, deq, heads, scale, sink));
+          ref_exact = doubles(model::attend_heads(query_real, exact, heads, scale, sink));
+          query = doubles(query_real);
+        }
         const double* out = answer.out.data() + i * q_width;
         for (std::int64_t d = 0; d < q_width; ++d) {
-          const double r = model::to_double(ref[static_cast<std::size_t>(d)]);
+          const double r = ref[static_cast<std::size_t>(d)];
           const double diff = std::fabs(out[d] - r);
           q.abs_diff = std::max(q.abs_diff, diff);
           q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
-          q.quant_abs_diff = std::max(
-              q.quant_abs_diff, std::fabs(out[d] - model::to_double(ref_exact[static_cast<std::size_t>(d)])));
+          q.quant_abs_diff = std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
           if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
         }
         q.eps_units = q.abs_diff / format_eps;

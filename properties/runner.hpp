@@ -23,6 +23,12 @@
 
 namespace kvcheck::properties {
 
+/// How the high-precision reference is computed (precision 113 and 169).
+enum class Reference : std::uint8_t {
+  kCertified,  ///< double-double with a bound; MPFR only where the bound does not pin a figure (model/certified.hpp)
+  kMpfr,       ///< MPFR for every query
+};
+
 /// How to run a scenario.
 struct RunOptions {
   /// The cache: "cpu", "cuda" (ring pool over that kernel table), "layer"
@@ -40,6 +46,7 @@ struct RunOptions {
   bool record_ring = true;            ///< keep StepObservation::ring_positions (S <= 512)
   bool check_outputs = true;          ///< false: tags only (faster; used by sweeps)
   int precision_bits = 113;           ///< reference significand bits: 53, 113 (default) or 169
+  Reference reference = Reference::kCertified;  ///< at 113 and 169 bits; same figures either way
 };
 
 /// Visible keys per query of a cache configuration (window convention applied).

@@ -107,6 +107,7 @@ Json run_json(const properties::RunObservation& r) {
   totals["max_rope_tolerance"] = number(r.max_rope_tolerance);
   totals["stored_rows_checked"] = r.stored_rows_checked;
   totals["encoding_mismatches"] = r.encoding_mismatches;
+  totals["mpfr_queries"] = r.mpfr_queries;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));

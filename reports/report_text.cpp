@@ -42,6 +42,7 @@ std::string run_summary_line(const properties::RunObservation& run) {
   line += " max_eps=" + format_double(run.max_eps_units);
   if (run.observed != "slots+outputs") line += " observed=" + run.observed;
   if (run.probes > 0) line += " probes=" + std::to_string(run.probes);
+  if (run.mpfr_queries > 0) line += " mpfr_queries=" + std::to_string(run.mpfr_queries);
   return line;
 }
 

@@ -1,0 +1,170 @@
+#include "model/certified.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "support/assert.hpp"
+
+namespace kvcheck::model::certified {
+
+namespace {
+
+/// A double-double from a 169-bit MPFR value: relative error <= 2^-105.
+Dd split(const Real50& x) {
+  const Ball b = from_real(x);
+  return b.c;
+}
+
+}  // namespace
+
+const ExpConstants& exp_constants() {
+  static const ExpConstants constants = [] {
+    using std::log;
+    using std::pow;
+    ExpConstants k;
+    k.ln2_64 = split(log(Real50(2)) / 64);
+    for (int j = 0; j < 64; ++j) k.two_j64[j] = split(pow(Real50(2), Real50(j) / 64));
+    Real50 f = 1;
+    for (int n = 0; n < 12; ++n) {
+      if (n > 0) f *= n;
+      k.inv_factorial[n] = split(Real50(1) / f);
+    }
+    return k;
+  }();
+  return constants;
+}
+
+bool pin_double(const Ball& b, double* out) {
+  const double hi = b.c.hi;
+  if (!std::isfinite(hi) || !std::isfinite(b.r)) return false;
+  if (b.r == 0 && b.c.lo == 0) {  // an exact double (an input carried through unchanged)
+    *out = hi;
+    return true;
+  }
+  if (!(std::fabs(hi) > 0x1.0p-1000) || std::fabs(hi) > 0x1.0p1000) return false;
+  // Half the gaps to the neighbours (exact: halving a difference of adjacent
+  // doubles); the neighbours by the representation (hi is normal and finite).
+  const auto bits = std::bit_cast<std::uint64_t>(hi);
+  const double away = std::bit_cast<double>(bits + 1);
+  const double toward = std::bit_cast<double>(bits - 1);
+  const double gap_out = std::fabs(away) - std::fabs(hi);   // away from zero
+  const double gap_in = std::fabs(hi) - std::fabs(toward);  // toward zero
+  const double up_half = (hi > 0 ? gap_out : gap_in) / 2;
+  const double down_half = (hi > 0 ? gap_in : gap_out) / 2;
+  // lo and r are far below hi's ulp; the margins cover the rounding of lo +- r.
+  const double r = b.r * kUp + 0x1.0p-1074;
+  if (!(b.c.lo + r < up_half * (1 - 0x1.0p-50)) || !(b.c.lo - r > -down_half * (1 - 0x1.0p-50))) return false;
+  *out = hi;
+  return true;
+}
+
+void outward(const Ball& b, double* lo_end, double* hi_end) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double r = b.r * kUp;
+  *lo_end = std::nextafter(b.c.hi + (b.c.lo - r), -inf);
+  *hi_end = std::nextafter(b.c.hi + (b.c.lo + r), inf);
+}
+
+std::vector<Ball> rotate_row(const double* x, std::int32_t heads, std::int32_t head_dim, const Rope& rope,
+                             const std::vector<Ball>& cos_f, const std::vector<Ball>& sin_f, double um) {
+  std::vector<Ball> out(static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim));
+  for (std::size_t e = 0; e < out.size(); ++e) out[e] = exact(x[e]);
+  if (rope.style == RopeStyle::kNone || rope.rotary_dims == 0) return out;
+  const std::int32_t half = rope.rotary_dims / 2;
+  KVCHECK_ASSERT(cos_f.size() == static_cast<std::size_t>(half) && sin_f.size() == cos_f.size());
+  for (std::int32_t h = 0; h < heads; ++h) {
+    Ball* head = out.data() + static_cast<std::ptrdiff_t>(h) * head_dim;
+    for (std::int32_t i = 0; i < half; ++i) {
+      const std::size_t a = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
+      const std::size_t b = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i + half)
+                                                           : static_cast<std::size_t>(2 * i + 1);
+      const Ball xa = head[a];
+      const Ball yb = head[b];
+      const Ball& c = cos_f[static_cast<std::size_t>(i)];
+      const Ball& s = sin_f[static_cast<std::size_t>(i)];
+      // head[a] = x c - y s; head[b] = x s + y c, each product and sum rounded by MPFR.
+      head[a] = sub(mul(xa, c, um), mul(yb, s, um), um);
+      head[b] = add(mul(xa, s, um), mul(yb, c, um), um);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+/// sum_j x_j y_j over n terms, mirrored as one block (header): the centre by
+/// a compensated sum, the radius from the inputs' radii, our error and
+/// MPFR's gamma_n(um).
+template <class GetX, class GetY>
+Ball block_dot(std::size_t n, GetX x_at, GetY y_at, double um) {
+  double s_hi = 0, s_lo = 0;
+  double abs_sum = 0, prop = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Ball& x = x_at(i);
+    const Ball& y = y_at(i);
+    const Dd p = two_prod(x.c.hi, y.c.hi);
+    const double cross = std::fma(x.c.hi, y.c.lo, x.c.lo * y.c.hi);
+    const Dd t = two_sum(s_hi, p.hi);
+    s_hi = t.hi;
+    s_lo += t.lo + (p.lo + cross);
+    abs_sum += std::fabs(p.hi);
+    prop += mag(x.c) * y.r + mag(y.c) * x.r + x.r * y.r;
+  }
+  const Dd c = two_sum(s_hi, s_lo);
+  const double nd = static_cast<double>(n);
+  // sum |x.hi y.hi| rounded up: each |p.hi| is within u of its product, the
+  // recursive sum within gamma_n.
+  const double a = abs_sum * (1.0 + gamma_n(nd + 2, kU)) * (1.0 + 0x1.0p-50) + 0x1.0p-1070;
+  const double ours = (8.0 * (nd + 1) * (nd + 1) + 16.0 * nd) * kU * kU * a;
+  const double a_all = abs_sum * (1.0 + 0x1.0p-50) + a + prop;
+  const double r = (prop * (1 + gamma_n(nd + 2, kU)) + ours + gamma_n(nd, um) * a_all + nd * kTiny) * kUp;
+  return {c, r};
+}
+
+}  // namespace
+
+void attend(const Ball* query, const HeadRows& rows, std::int32_t head_dim, const Ball& scale,
+            const std::optional<double>& sink, double um, Ball* out) {
+  const std::size_t keys = rows.keys.size();
+  const auto d = static_cast<std::size_t>(head_dim);
+  KVCHECK_ASSERT(keys > 0 && rows.values.size() == keys);
+  std::vector<Ball> scores(keys);
+  for (std::size_t j = 0; j < keys; ++j) {
+    const Ball* k = rows.keys[j];
+    const Ball dot = block_dot(
+        d, [&](std::size_t e) -> const Ball& { return query[e]; }, [&](std::size_t e) -> const Ball& { return k[e]; }, um);
+    scores[j] = mul(dot, scale, um);
+  }
+  // MPFR's peak is its largest score (or the sink): the hull of the maxima.
+  const Ball* top = nullptr;
+  std::optional<Ball> sink_ball;
+  if (sink) sink_ball = exact(*sink);
+  auto consider = [&](const Ball& s) {
+    if (top == nullptr || s.c.hi > top->c.hi || (s.c.hi == top->c.hi && s.c.lo > top->c.lo)) top = &s;
+  };
+  if (sink_ball) consider(*sink_ball);
+  for (const Ball& s : scores) consider(s);
+  Ball peak = *top;
+  auto widen = [&](const Ball& s) {
+    const Dd diff = dd_add(s.c, dd_neg(top->c));  // <= 0 (top has the largest centre)
+    double above = diff.hi + diff.lo;
+    above += std::fabs(above) * 0x1.0p-50 + s.r;
+    peak.r = std::max(peak.r, above * kUp + 0x1.0p-1074);
+  };
+  if (sink_ball) widen(*sink_ball);
+  for (const Ball& s : scores) widen(s);
+
+  Ball total = sink_ball ? exp(sub(*sink_ball, peak, um), um) : exact(0.0);
+  for (Ball& s : scores) {
+    s = exp(sub(s, peak, um), um);
+    total = add(total, s, um);
+  }
+  for (Ball& s : scores) s = div(s, total, um);  // the weights
+  for (std::size_t e = 0; e < d; ++e) {
+    out[e] = block_dot(
+        keys, [&](std::size_t j) -> const Ball& { return scores[j]; },
+        [&](std::size_t j) -> const Ball& { return rows.values[j][e]; }, um);
+  }
+}
+
+}  // namespace kvcheck::model::certified
