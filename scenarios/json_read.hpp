@@ -1,4 +1,4 @@
-// Strict JSON reading shared by the scenario format (scenario_json.cpp) and
+// Strict JSON reading shared by the scenario format (scenario_read.cpp) and
 // the trace format (trace_json.cpp): a SAX-built document that rejects
 // duplicate keys, non-finite numbers and deep nesting with their JSON path,
 // and typed reads that name the path and what was expected. Every failure is

@@ -8,6 +8,11 @@
 // product overflows. Writing is canonical: fixed key order, 2-space indent,
 // shortest round-trip doubles, so save(parse(save(s))) == save(s) byte for
 // byte and bundled files can be compared with their canonical form.
+//
+// One job per file: scenario_read.cpp (document -> Scenario),
+// scenario_validate.cpp (validation by simulation), scenario_print.cpp
+// (canonical text), scenario_names.cpp (enum spellings), scenario_files.cpp
+// (load, atomic write, collect).
 #pragma once
 
 #include <cstdint>

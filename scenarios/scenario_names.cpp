@@ -1,0 +1,64 @@
+// The file spelling of each scenario enum (formats, conventions, RoPE
+// styles, prefill orders, step kinds, value profiles).
+#include "scenarios/scenario_json.hpp"
+
+namespace kvcheck::scenarios {
+
+std::string_view value_profile_name(ValueProfile p) noexcept {
+  switch (p) {
+    case ValueProfile::kUniform: return "uniform";
+    case ValueProfile::kLargeLogits: return "large-logits";
+    case ValueProfile::kFp8Outliers: return "fp8-outliers";
+  }
+  return "?";
+}
+
+std::string_view format_name(Format f) noexcept {
+  switch (f) {
+    case Format::kF64: return "f64";
+    case Format::kF32: return "f32";
+    case Format::kBf16: return "bf16";
+    case Format::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+std::string_view convention_name(Convention c) noexcept {
+  switch (c) {
+    case Convention::kKeys: return "keys";
+    case Convention::kLeft: return "left";
+    case Convention::kOffByOne: return "off-by-one";
+  }
+  return "?";
+}
+
+std::string_view rope_style_name(RopeStyle s) noexcept {
+  switch (s) {
+    case RopeStyle::kNone: return "none";
+    case RopeStyle::kNeox: return "neox";
+    case RopeStyle::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::string_view order_name(Order o) noexcept {
+  switch (o) {
+    case Order::kLoadThenStore: return "load_then_store";
+    case Order::kStoreThenLoad: return "store_then_load";
+  }
+  return "?";
+}
+
+std::string_view step_kind_name(StepKind k) noexcept {
+  switch (k) {
+    case StepKind::kPrefill: return "prefill";
+    case StepKind::kDecode: return "decode";
+    case StepKind::kVerify: return "verify";
+    case StepKind::kAccept: return "accept";
+    case StepKind::kFinish: return "finish";
+    case StepKind::kReset: return "reset";
+  }
+  return "?";
+}
+
+}  // namespace kvcheck::scenarios
