@@ -8,15 +8,15 @@
 #   scripts/gpu-check.sh --bundle OUT                            (on the GPU machine)
 #
 # OUT/
-#   bin/       kvcheck, impl_cuda_test, impl_cuda_host_test,
-#              decode_attention_cuda_bench, decode_attention_bench
+#   bin/       the binaries listed in scripts/gpu-binaries.txt (kvcheck,
+#              the CUDA tests, the CUDA and CPU decode-attention benchmarks)
 #   lib/       every shared library those binaries load that is not part of
 #              the base system (libc, libm, libstdc++, libgcc_s, the loader):
 #              libmpfr, libgmp, libbenchmark, ...; gpu-check.sh puts it on
 #              LD_LIBRARY_PATH. The CUDA runtime is linked statically; the
 #              driver (libcuda) comes from the GPU machine.
 #   scenarios/ the bundled scenarios replayed on the device.
-#   scripts/gpu-check.sh
+#   scripts/gpu-check.sh, scripts/gpu-binaries.txt
 #   MANIFEST   commit, build flags, and the sha256 of every file.
 #
 # No binary in bin/ needs the source tree: the CLI's compiled-in source path
@@ -47,15 +47,16 @@ if [[ ! -x "$NVCC" ]]; then
   exit 2
 fi
 
-BINS=(cli/kvcheck tests/impl/cuda/impl_cuda_test tests/impl/cuda/impl_cuda_host_test
-      bench/cuda/decode_attention_cuda_bench bench/decode_attention_bench)
+# The one list of bundle binaries (build-tree paths; the target is the file name).
+mapfile -t BINS < <(grep -v '^#' scripts/gpu-binaries.txt | grep -v '^$')
+TARGETS=()
+for b in "${BINS[@]}"; do TARGETS+=("$(basename "$b")"); done
 if (( NO_BUILD == 0 )); then
   scripts/setup.sh
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVCHECK_CUDA=ON -DKVCHECK_BENCH=ON \
         -DKVCHECK_MPI=OFF -DCMAKE_CUDA_COMPILER="$NVCC" \
         "-DKVCHECK_CUDA_ARCHITECTURES=90-real;90-virtual" > /dev/null
-  cmake --build "$BUILD" -j"$(nproc 2>/dev/null || echo 2)" --target kvcheck impl_cuda_test \
-        impl_cuda_host_test decode_attention_cuda_bench decode_attention_bench
+  cmake --build "$BUILD" -j"$(nproc 2>/dev/null || echo 2)" --target "${TARGETS[@]}"
 fi
 for b in "${BINS[@]}"; do
   if [[ ! -x "$BUILD/$b" ]]; then
@@ -70,7 +71,7 @@ STAGE=$(mktemp -d "${OUT%/}.tmp-XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/scripts" "$STAGE/scenarios"
 for b in "${BINS[@]}"; do cp "$BUILD/$b" "$STAGE/bin/"; done
-cp scripts/gpu-check.sh "$STAGE/scripts/"
+cp scripts/gpu-check.sh scripts/gpu-binaries.txt "$STAGE/scripts/"
 cp -r scenarios/fast scenarios/regressions "$STAGE/scenarios/"
 
 # Non-system shared libraries, by what the loader resolves here.

@@ -94,12 +94,17 @@ elif (( REQUIRE_GPU )); then
   FAILED=1
 fi
 
+# The bundle's binaries, one list (scripts/gpu-binaries.txt; a bundle carries
+# it beside this script): build-tree paths, the target is the file name.
+mapfile -t GPU_BINARIES < <(grep -v '^#' scripts/gpu-binaries.txt | grep -v '^$')
+
 if [[ -n "$BUNDLE" ]]; then
   BIN="$BUNDLE/bin"
   SCENARIOS="$BUNDLE/scenarios"
   export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   [[ -f "$BUNDLE/MANIFEST" ]] && sed -n '2,4p' "$BUNDLE/MANIFEST"
-  for b in kvcheck impl_cuda_test impl_cuda_host_test decode_attention_cuda_bench decode_attention_bench; do
+  for b in "${GPU_BINARIES[@]}"; do
+    b=$(basename "$b")
     if [[ ! -x "$BIN/$b" ]]; then
       note "FAIL     bundle lacks bin/$b"
       FAILED=1
@@ -129,8 +134,7 @@ else
     decode_attention_bench || true
   BIN=$(mktemp -d)
   trap 'rm -rf "$BIN"' EXIT
-  for b in cli/kvcheck tests/impl/cuda/impl_cuda_test tests/impl/cuda/impl_cuda_host_test \
-           bench/cuda/decode_attention_cuda_bench bench/decode_attention_bench; do
+  for b in "${GPU_BINARIES[@]}"; do
     [[ -x "$BIN_ROOT/$b" ]] && ln -s "$(cd "$(dirname "$BIN_ROOT/$b")" && pwd)/$(basename "$b")" "$BIN/"
   done
 fi

@@ -1,6 +1,10 @@
-"""The small harness of the split-run tests (shard_test.py, mpi_test.py):
-expect() prints every check as it is made and remembers the failed ones;
+"""The small harness of kvcheck's Python tests (tests/cli/*_test.py,
+tests/reports/wellformed_test.py): expect() prints every check as it is made
+and remembers the failed ones, fail() records one that failed outright,
+run() runs a command and returns its exit code, stdout and stderr as text;
 finish() is the script's exit code."""
+
+import subprocess
 
 failures = []
 
@@ -9,6 +13,17 @@ def expect(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond:
         failures.append(what)
+
+
+def fail(what):
+    expect(False, what)
+
+
+def run(command, timeout=600, **kwargs):
+    """Runs `command` (a list) with stdout and stderr captured as text;
+    keyword arguments go to subprocess.run (cwd, env, preexec_fn, errors)."""
+    p = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    return p.returncode, p.stdout, p.stderr
 
 
 def finish():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 
+import harness
 from harness import expect, finish
 
 KVCHECK = os.path.abspath(sys.argv[1])
@@ -33,8 +34,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 def run(args, cwd, ranks=None):
     command = ([MPIEXEC, "-n", str(ranks), "--oversubscribe", KVCHECK] if ranks else [KVCHECK]) + args
-    p = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(command, cwd=cwd, env=ENV)
 
 
 def files(d):

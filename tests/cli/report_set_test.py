@@ -22,13 +22,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import harness
+from harness import fail, finish
+
 KVCHECK = sys.argv[1]
-failures = []
-
-
-def fail(message):
-    failures.append(message)
-    print("FAIL: " + message)
 
 
 def limited(size):
@@ -39,9 +37,7 @@ def limited(size):
 
 
 def run(args, preexec=None):
-    proc = subprocess.run([KVCHECK] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          preexec_fn=preexec)
-    return proc.returncode, proc.stdout, proc.stderr
+    return harness.run([KVCHECK] + args, preexec_fn=preexec)
 
 
 def leftovers(d):
@@ -118,7 +114,5 @@ try:
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
-if failures:
-    print("%d failure(s)" % len(failures))
-    sys.exit(1)
+sys.exit(finish())
 print("ok: failed writes leave nothing (check, replay), 12 concurrent pairs never mixed")

@@ -17,14 +17,14 @@ import subprocess
 import sys
 import tempfile
 
+import harness
 from harness import expect, finish
 
 KVCHECK = os.path.abspath(sys.argv[1])
 
 
 def run(args, cwd):
-    p = subprocess.run([KVCHECK] + args, cwd=cwd, capture_output=True, text=True, timeout=600)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run([KVCHECK] + args, cwd=cwd)
 
 
 def same_tree(a, b, what):

@@ -24,20 +24,18 @@ import tempfile
 
 import jsonschema
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import harness  # noqa: E402 (tests/cli/harness.py)
+from harness import fail, finish  # noqa: E402
+
 KVCHECK = sys.argv[1]
 SOURCE = sys.argv[2]
-failures = []
-
-
-def fail(message):
-    failures.append(message)
-    print("FAIL: " + message)
 
 
 def run(args):
-    proc = subprocess.run([os.fsencode(a) if isinstance(a, str) else a for a in args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return proc.returncode, proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
+    code, out, err = harness.run([os.fsencode(a) if isinstance(a, str) else a for a in args], errors="replace")
+    return code, out + err
 
 
 def xmllint(path, html):
@@ -111,7 +109,7 @@ try:
         for path in (junit, html, report):
             if not os.path.isfile(path):
                 fail("missing %r" % path)
-        if failures:
+        if harness.failures:
             continue
         for e in xmllint(junit, html=False):
             fail("%r: %s" % (junit, e))
@@ -144,7 +142,5 @@ try:
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
-if failures:
-    print("%d failure(s)" % len(failures))
-    sys.exit(1)
+sys.exit(finish())
 print("ok: %d bundled scenarios and 2 report sets (replay, check) well-formed" % bundled)

@@ -15,8 +15,9 @@ fail() { echo "gpu_bundle_test: $*" >&2; exit 1; }
 
 "$ROOT/scripts/gpu-bundle.sh" --no-build --build-dir "$BUILD" "$WORK/bundle" > "$WORK/bundle.log" 2>&1 ||
   { cat "$WORK/bundle.log"; fail "gpu-bundle.sh failed"; }
-for f in bin/kvcheck bin/impl_cuda_test bin/impl_cuda_host_test bin/decode_attention_cuda_bench \
-         bin/decode_attention_bench scripts/gpu-check.sh scenarios/fast MANIFEST; do
+# Every binary of the one list (scripts/gpu-binaries.txt), and the rest.
+mapfile -t bins < <(grep -v '^#' "$ROOT/scripts/gpu-binaries.txt" | grep -v '^$' | xargs -n1 basename | sed 's#^#bin/#')
+for f in "${bins[@]}" scripts/gpu-check.sh scripts/gpu-binaries.txt scenarios/fast MANIFEST; do
   [[ -e "$WORK/bundle/$f" ]] || fail "bundle lacks $f"
 done
 grep -q "libmpfr" <(ls "$WORK/bundle/lib") || fail "bundle lib/ lacks libmpfr (the CLI and tests load it)"
