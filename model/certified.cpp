@@ -23,6 +23,7 @@ const ExpConstants& exp_constants() {
     using std::pow;
     ExpConstants k;
     k.ln2_64 = split(log(Real50(2)) / 64);
+    k.inv_ln2_64 = 1.0 / k.ln2_64.hi;
     for (int j = 0; j < 64; ++j) k.two_j64[j] = split(pow(Real50(2), Real50(j) / 64));
     Real50 f = 1;
     for (int n = 0; n < 12; ++n) {
@@ -103,7 +104,11 @@ Ball block_dot(std::size_t n, GetX x_at, GetY y_at, double um) {
     const Ball& x = x_at(i);
     const Ball& y = y_at(i);
     const Dd p = two_prod(x.c.hi, y.c.hi);
+#if defined(__FMA__)
     const double cross = std::fma(x.c.hi, y.c.lo, x.c.lo * y.c.hi);
+#else
+    const double cross = x.c.hi * y.c.lo + x.c.lo * y.c.hi;  // (a libm fma call costs more than it saves)
+#endif
     const Dd t = two_sum(s_hi, p.hi);
     s_hi = t.hi;
     s_lo += t.lo + (p.lo + cross);
@@ -128,7 +133,8 @@ void attend(const Ball* query, const HeadRows& rows, std::int32_t head_dim, cons
   const std::size_t keys = rows.keys.size();
   const auto d = static_cast<std::size_t>(head_dim);
   KVCHECK_ASSERT(keys > 0 && rows.values.size() == keys);
-  std::vector<Ball> scores(keys);
+  thread_local std::vector<Ball> scores;  // reused: one allocation per thread, not per head
+  scores.resize(keys);
   for (std::size_t j = 0; j < keys; ++j) {
     const Ball* k = rows.keys[j];
     const Ball dot = block_dot(
