@@ -157,6 +157,11 @@ std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
 std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOptions& options,
                                        ProbeResult* below, SearchStats* stats);
 
+/// History length of a probe at `phase` (the writes before the probed
+/// steps): the window is full, the ring wrapped at least twice, and the first
+/// probed row lands on slot `phase` (arguments 2, 3 above).
+std::int64_t history_rows(std::int64_t window_rows, std::int64_t ring_rows, std::int64_t phase);
+
 /// Step results of a schedule run on the tag engine (for counterexamples).
 struct ScheduleStepResult {
   std::vector<std::int64_t> overwritten;  ///< per query (empty for accept)
