@@ -13,8 +13,24 @@ namespace {
 
 using scenarios::StepKind;
 
+/// A device that fails (or is missing) is not the cache refusing a call:
+/// the run stops with a typed error instead of scoring a refusal.
+[[noreturn]] void throw_device(const impl::Status& st) {
+  throw Error(ErrorId::kDevice, "--impl", std::string(impl::cache_error_name(st.code)) + ": " + st.detail);
+}
+
+bool device_broke(const impl::Status& st) {
+  return st.code == impl::CacheError::kDeviceFailure || st.code == impl::CacheError::kNoDevice;
+}
+
 Refusal refusal(const impl::Status& st) {
+  if (device_broke(st)) throw_device(st);
   return Refusal{std::string(impl::cache_error_name(st.code)), st.detail};
+}
+
+/// Reads one pool slot back for a checker; any failure is the device's.
+void read_back(const impl::KvBackend& backend, std::int64_t slot, double* key, double* value) {
+  if (const impl::Status st = backend.read_row(slot, key, value); !st.ok()) throw_device(st);
 }
 
 class RingPoolCache final : public CacheUnderTest {
@@ -73,7 +89,7 @@ class RingPoolCache final : public CacheUnderTest {
     std::vector<double> k(width), v(width);
     std::uint64_t h = fnv1a(nullptr, 0);
     for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
-      KVCHECK_ASSERT(pool.backend_const().read_row(slot, k.data(), v.data()).ok());
+      read_back(pool.backend_const(), slot, k.data(), v.data());
       h = hash_words(k.data(), width * sizeof(double), h);
       h = hash_words(v.data(), width * sizeof(double), h);
       const impl::Tag t = pool.backend_const().slot_tag(slot);
@@ -112,10 +128,13 @@ class RingPoolCache final : public CacheUnderTest {
       answer->stored_known[static_cast<std::size_t>(i)] = 1;
       double* const k = answer->stored_k.data() + i * width;
       double* const vv = spec.shared_row ? v.data() : answer->stored_v.data() + i * width;
-      KVCHECK_ASSERT(backend.read_row(w.slot, k, vv).ok());
+      read_back(backend, w.slot, k, vv);
       std::uint8_t* const kb = answer->stored_k_bytes.data() + i * bytes;
       std::uint8_t* const vbp = spec.shared_row ? vb.data() : answer->stored_v_bytes.data() + i * bytes;
-      if (!backend.read_row_bytes(w.slot, kb, vbp).ok()) answer->has_stored_bytes = false;
+      if (const impl::Status st = backend.read_row_bytes(w.slot, kb, vbp); !st.ok()) {
+        if (device_broke(st)) throw_device(st);
+        answer->has_stored_bytes = false;  // kUnsupported: this backend keeps no bytes to give
+      }
     }
     if (!answer->has_stored_bytes) {
       answer->stored_k_bytes.clear();
@@ -147,9 +166,6 @@ class RingPoolProvider final : public CacheProvider {
       std::unique_ptr<impl::RingPool> pool;
       const impl::Status st = impl::RingPool::create(std::move(backend), pool_spec, &pool);
       if (!st.ok()) {
-        if (st.code == impl::CacheError::kNoDevice) {
-          throw Error(ErrorId::kDevice, "--impl", std::string(impl::cache_error_name(st.code)) + ": " + st.detail);
-        }
         *refused = refusal(st);
         return nullptr;
       }

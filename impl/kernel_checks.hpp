@@ -25,7 +25,7 @@ struct KernelBounds {
 /// metadata(): one output per query, states in range, positions >= 0.
 inline Status check_metadata(const KernelBounds& b, std::span<const QueryRef> queries,
                              std::span<ReadMeta> out) {
-  if (out.size() != queries.size()) return Status::fail(CacheError::kTooManyRows, "metadata: out size");
+  if (out.size() != queries.size()) return Status::fail(CacheError::kBadArgument, "metadata: out size != queries");
   for (const auto& q : queries) {
     if (q.state < 0 || q.state >= b.states) {
       return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
@@ -39,11 +39,11 @@ inline Status check_metadata(const KernelBounds& b, std::span<const QueryRef> qu
 inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta> meta,
                                  std::int64_t width, std::span<std::int64_t> index) {
   if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
-    return Status::fail(CacheError::kTooManyRows, "expand_index: index size != queries * width");
+    return Status::fail(CacheError::kBadArgument, "expand_index: index size != queries * width");
   }
   for (const auto& m : meta) {
     if (m.read_offset < 0 || m.read_offset >= b.slots || m.length < 0) {
-      return Status::fail(CacheError::kStateOutOfRange, "expand_index: read offset outside the pool");
+      return Status::fail(CacheError::kSlotOutOfRange, "expand_index: read offset outside the pool");
     }
   }
   return {};
@@ -53,10 +53,10 @@ inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta
 inline Status check_store(const KernelBounds& b, std::span<const std::int64_t> slots,
                           std::span<const Tag> tags) {
   for (auto s : slots) {
-    if (s < 0 || s >= b.slots) return Status::fail(CacheError::kStateOutOfRange, "store: slot outside the pool");
+    if (s < 0 || s >= b.slots) return Status::fail(CacheError::kSlotOutOfRange, "store: slot outside the pool");
   }
   if (b.track_tags && tags.size() != slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "store: tags size != slots size");
+    return Status::fail(CacheError::kBadArgument, "store: tags size != slots size");
   }
   return {};
 }
@@ -66,10 +66,10 @@ inline Status check_load(const KernelBounds& b, std::span<const std::int64_t> in
                          std::int64_t scratch_first) {
   const auto n = static_cast<std::int64_t>(index.size());
   if (scratch_first < 0 || scratch_first + n > b.scratch_rows) {
-    return Status::fail(CacheError::kTooManyRows, "load: scratch rows out of range");
+    return Status::fail(CacheError::kSlotOutOfRange, "load: scratch rows out of range");
   }
   for (auto s : index) {
-    if (s < -1 || s >= b.slots) return Status::fail(CacheError::kStateOutOfRange, "load: slot outside the pool");
+    if (s < -1 || s >= b.slots) return Status::fail(CacheError::kSlotOutOfRange, "load: slot outside the pool");
   }
   return {};
 }
@@ -81,15 +81,15 @@ inline Status check_scratch_store(const KernelBounds& b, std::int64_t scratch_fi
                                   std::span<const Tag> tags) {
   const auto rows = static_cast<std::int64_t>(origin_slots.size());
   if (scratch_first < 0 || scratch_first + rows > b.scratch_rows) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: scratch rows out of range");
+    return Status::fail(CacheError::kSlotOutOfRange, "scratch_store: scratch rows out of range");
   }
   for (auto s : origin_slots) {
     if (s < -1 || s >= b.slots) {
-      return Status::fail(CacheError::kStateOutOfRange, "scratch_store: origin slot outside the pool");
+      return Status::fail(CacheError::kSlotOutOfRange, "scratch_store: origin slot outside the pool");
     }
   }
   if (b.track_tags && tags.size() != origin_slots.size()) {
-    return Status::fail(CacheError::kTooManyRows, "scratch_store: tags size != rows");
+    return Status::fail(CacheError::kBadArgument, "scratch_store: tags size != rows");
   }
   return {};
 }
@@ -104,17 +104,17 @@ inline Status check_attend(const KernelBounds& b, KvSource source,
     return Status::fail(CacheError::kTooManyRows, "attend: more queries than max_step_rows");
   }
   if (width < 0 || width > b.width_max || index.size() != static_cast<std::size_t>(n * width)) {
-    return Status::fail(CacheError::kTooManyRows, "attend: index size != queries * width");
+    return Status::fail(CacheError::kBadArgument, "attend: index size != queries * width");
   }
   const std::int64_t limit = source == KvSource::kScratch ? b.scratch_rows : b.slots;
   for (auto s : index) {
-    if (s < -1 || s >= limit) return Status::fail(CacheError::kStateOutOfRange, "attend: index outside the source");
+    if (s < -1 || s >= limit) return Status::fail(CacheError::kSlotOutOfRange, "attend: index outside the source");
   }
   for (auto p : rope_positions) {
     if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");
   }
   const std::int64_t qn = n * b.q_elements;
-  if (n > 0 && q == nullptr) return Status::fail(CacheError::kNonFinite, "attend: no query rows");
+  if (n > 0 && q == nullptr) return Status::fail(CacheError::kBadArgument, "attend: no query rows");
   for (std::int64_t i = 0; i < qn; ++i) {
     if (!std::isfinite(q[i])) return Status::fail(CacheError::kNonFinite, "attend: non-finite query element");
   }

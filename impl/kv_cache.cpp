@@ -2,10 +2,13 @@
 #include "impl/kv_cache.hpp"
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "impl/cpu/cpu_backend.hpp"
 #include "impl/element_format.hpp"
+#include "impl/ring_index.hpp"
 #include "support/assert.hpp"
 
 #if KVCHECK_HAVE_CUDA
@@ -22,28 +25,16 @@ struct FaultInfo {
   std::string_view description;
 };
 
-// Indexed by the enum value; the order is checked by a test.
+// Indexed by the enum value: both come from the one KVCHECK_FAULTS list.
 constexpr std::array<FaultInfo, kFaultCount> kFaults = {{
-    {Fault::kNone, "none", "no fault: the production behaviour"},
-    {Fault::kRingSizedWindow, "ring-sized-window",
-     "ring allocated with exactly W rows: no slack for verify or chunked prefill"},
-    {Fault::kStoreThenLoadPrefill, "store-then-load-prefill",
-     "every prefill stores its chunk before reading, whatever order was asked"},
-    {Fault::kWindowTooWide, "window-too-wide", "W + 1 keys visible to each query"},
-    {Fault::kWindowTooNarrow, "window-too-narrow", "W - 1 keys visible to each query"},
-    {Fault::kIndexNoPadding, "index-no-padding",
-     "index columns past the valid length hold ring slots instead of -1"},
-    {Fault::kSlotNoStateOffset, "slot-no-state-offset",
-     "slot = p mod S: the state block offset b*S is dropped"},
-    {Fault::kModuloWholePool, "modulo-whole-pool",
-     "slot = (b*S + p) mod (states*S) instead of inside the state's block"},
-    {Fault::kRopeResidentLength, "rope-resident-length",
-     "RoPE at the resident length min(p, S) instead of the absolute position p"},
-    {Fault::kAcceptNoRollback, "accept-no-rollback",
-     "accept(a) leaves the logical length after all k drafts"},
-    {Fault::kFreedStateReadable, "freed-state-readable",
-     "a reused state id reads its old occupant's stale rows"},
+#define KVCHECK_FAULT_ROW(id, name, description) {Fault::id, name, description},
+    KVCHECK_FAULTS(KVCHECK_FAULT_ROW)
+#undef KVCHECK_FAULT_ROW
 }};
+
+bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 }  // namespace
 
@@ -139,8 +130,58 @@ std::string_view cache_error_name(CacheError error) noexcept {
     case CacheError::kUnsupported: return "unsupported";
     case CacheError::kNoDevice: return "no-device";
     case CacheError::kDeviceFailure: return "device-failure";
+    case CacheError::kBadSpec: return "bad-spec";
+    case CacheError::kSlotOutOfRange: return "slot-out-of-range";
+    case CacheError::kBadArgument: return "bad-argument";
   }
   return "?";
+}
+
+Status validate_pool_spec(const PoolSpec& spec) {
+  if (spec.states <= 0 || spec.ring_rows <= 0) {
+    return Status::fail(CacheError::kZeroRing, "states and ring_rows must be positive");
+  }
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
+      spec.max_step_rows <= 0) {
+    return Status::fail(CacheError::kZeroShape,
+                        "q_heads, kv_heads, head_dim, window_rows and max_step_rows must be positive");
+  }
+  if (spec.q_heads % spec.kv_heads != 0) {
+    return Status::fail(CacheError::kBadSpec, "q_heads must be a multiple of kv_heads");
+  }
+  if (spec.shared_row && spec.kv_heads != 1) {
+    return Status::fail(CacheError::kBadSpec, "shared rows need kv_heads == 1");
+  }
+  if (spec.rope_style != RopeStyle::kNone) {
+    if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
+      return Status::fail(CacheError::kBadSpec, "rope_dims must be even and at most head_dim");
+    }
+    if (!std::isfinite(spec.rope_base)) return Status::fail(CacheError::kNonFinite, "rope_base must be finite");
+    if (!(spec.rope_base > 0.0)) return Status::fail(CacheError::kBadSpec, "rope_base must be positive");
+  }
+  if (!std::isfinite(spec.softmax_scale) || (spec.has_sink && !std::isfinite(spec.sink_logit))) {
+    return Status::fail(CacheError::kNonFinite, "softmax_scale and sink_logit must be finite");
+  }
+  if (spec.softmax_scale < 0.0) return Status::fail(CacheError::kBadSpec, "softmax_scale must be >= 0");
+  // Every size a pool and its step buffers derive from, on any backend.
+  const std::int64_t ring_rows = spec.fault == Fault::kRingSizedWindow ? spec.window_rows : spec.ring_rows;
+  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, out_elements = 0,
+               index_elements = 0;
+  const bool overflows =
+      mul_overflows(spec.states, ring_rows, &slots) ||
+      mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
+      row_elements > std::numeric_limits<std::int64_t>::max() / 16 ||
+      mul_overflows(slots, format_row_bytes(spec.format, row_elements) * (spec.shared_row ? 1 : 2),
+                    &pool_bytes) ||
+      keys > std::numeric_limits<std::int64_t>::max() - spec.max_step_rows ||
+      mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
+      mul_overflows(q_elements, spec.max_step_rows, &out_elements) ||
+      mul_overflows(keys + spec.max_step_rows, spec.max_step_rows, &index_elements) ||
+      static_cast<std::uint64_t>(pool_bytes) > std::numeric_limits<std::size_t>::max() / 2 ||
+      static_cast<std::uint64_t>(index_elements) > (std::uint64_t{1} << 40);
+  if (overflows) return Status::fail(CacheError::kSizeOverflow, "pool or step buffer size overflows");
+  return {};
 }
 
 std::unique_ptr<KvBackend> make_backend(std::string_view name, std::string* why) {

@@ -43,22 +43,38 @@ enum class PrefillOrder : std::uint8_t {
 };
 
 /// Deliberate, named faults: each a small change a real engine has shipped.
+/// One list makes the enum, the names, the descriptions and kFaultCount, so
+/// they cannot drift apart: X(enumerator, name, description).
+#define KVCHECK_FAULTS(X)                                                                          \
+  X(kNone, "none", "no fault: the production behaviour")                                           \
+  X(kRingSizedWindow, "ring-sized-window",                                                         \
+    "ring allocated with exactly W rows: no slack for verify or chunked prefill")                  \
+  X(kStoreThenLoadPrefill, "store-then-load-prefill",                                              \
+    "every prefill stores its chunk before reading, whatever order was asked")                     \
+  X(kWindowTooWide, "window-too-wide", "W + 1 keys visible to each query")                         \
+  X(kWindowTooNarrow, "window-too-narrow", "W - 1 keys visible to each query")                     \
+  X(kIndexNoPadding, "index-no-padding",                                                           \
+    "index columns past the valid length hold ring slots instead of -1")                           \
+  X(kSlotNoStateOffset, "slot-no-state-offset", "slot = p mod S: the state block offset b*S is dropped") \
+  X(kModuloWholePool, "modulo-whole-pool",                                                         \
+    "slot = (b*S + p) mod (states*S) instead of inside the state's block")                         \
+  X(kRopeResidentLength, "rope-resident-length",                                                   \
+    "RoPE at the resident length min(p, S) instead of the absolute position p")                    \
+  X(kAcceptNoRollback, "accept-no-rollback", "accept(a) leaves the logical length after all k drafts") \
+  X(kFreedStateReadable, "freed-state-readable", "a reused state id reads its old occupant's stale rows")
+
 enum class Fault : std::uint8_t {
-  kNone,
-  kRingSizedWindow,       ///< ring allocated with exactly W rows: no verify/chunk slack
-  kStoreThenLoadPrefill,  ///< every prefill stores before it reads, whatever was asked
-  kWindowTooWide,         ///< W + 1 keys visible
-  kWindowTooNarrow,       ///< W - 1 keys visible
-  kIndexNoPadding,        ///< index columns >= len hold ring slots instead of -1
-  kSlotNoStateOffset,     ///< slot = p mod S: the state block offset b*S is dropped
-  kModuloWholePool,       ///< slot = (b*S + p) mod (states*S) instead of inside the block
-  kRopeResidentLength,    ///< RoPE at the resident length min(p, S) instead of p
-  kAcceptNoRollback,      ///< accept(a) leaves the logical length after all k drafts
-  kFreedStateReadable,    ///< a reused state id reads its old occupant's rows
+#define KVCHECK_FAULT_ENUMERATOR(id, name, description) id,
+  KVCHECK_FAULTS(KVCHECK_FAULT_ENUMERATOR)
+#undef KVCHECK_FAULT_ENUMERATOR
 };
 
-/// Number of Fault values (for iteration).
-inline constexpr int kFaultCount = 11;
+/// Number of Fault values (for iteration), counted from the list.
+inline constexpr int kFaultCount = 0
+#define KVCHECK_FAULT_COUNT(id, name, description) +1
+    KVCHECK_FAULTS(KVCHECK_FAULT_COUNT)
+#undef KVCHECK_FAULT_COUNT
+    ;
 
 /// Name used on the command line and in reports ("none", "ring-sized-window", ...).
 std::string_view fault_name(Fault fault) noexcept;
@@ -76,11 +92,14 @@ double format_epsilon(ElementFormat format) noexcept;
 /// Rounds `n` values through the format (fp8 with its per-32 block scale) and back.
 void format_round_trip(ElementFormat format, const double* in, double* out, std::int64_t n);
 
-/// Typed refusals (tier 2): the pool is left exactly as it was.
+/// Typed refusals (tier 2): the pool is left exactly as it was. Bad data
+/// (a state, a position, a row) and a caller's broken call (a null pointer, a
+/// span of the wrong length: kBadArgument) have separate codes; a device that
+/// fails is kDeviceFailure, never an abort.
 enum class CacheError : std::uint8_t {
   kOk,
   kZeroRing,         ///< ring_rows or states is zero
-  kZeroShape,        ///< heads, head_dim or window is zero
+  kZeroShape,        ///< heads, head_dim, window or max_step_rows is zero
   kSizeOverflow,     ///< a product of sizes overflows int64 or size_t
   kAllocation,       ///< the pool could not be allocated
   kStateOutOfRange,  ///< a state id outside [0, states)
@@ -93,6 +112,11 @@ enum class CacheError : std::uint8_t {
   kUnsupported,      ///< the backend does not support this configuration
   kNoDevice,         ///< CUDA backend with no CUDA device
   kDeviceFailure,    ///< a CUDA call failed
+  kBadSpec,          ///< a pool spec field breaks a rule: q_heads not a multiple of
+                     ///< kv_heads, shared rows with several KV heads, RoPE width odd or
+                     ///< wider than head_dim, RoPE base <= 0, negative softmax scale
+  kSlotOutOfRange,   ///< a pool slot, read offset or scratch row outside its buffer
+  kBadArgument,      ///< a null row pointer or a span whose length does not match the call
 };
 
 /// Stable name of a CacheError ("state-out-of-range", ...).
@@ -135,6 +159,13 @@ struct PoolSpec {
   bool track_tags = true;         ///< false: tags are neither written nor read
   Fault fault = Fault::kNone;
 };
+
+/// The rules every pool spec obeys, whatever the backend: positive sizes
+/// (kZeroRing, kZeroShape), the field relations of kBadSpec, a finite scale
+/// and sink (kNonFinite), and sizes whose products fit in int64 and size_t
+/// (kSizeOverflow). RingPool::create and every backend's configure() call
+/// this one function; a backend's supports() answers only its own limits.
+Status validate_pool_spec(const PoolSpec& spec);
 
 /// Decode metadata for one query (SPEC §2).
 struct ReadMeta {

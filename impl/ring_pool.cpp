@@ -18,10 +18,6 @@ namespace kvcheck::impl {
 
 namespace {
 
-bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
-  return __builtin_mul_overflow(a, b, out);
-}
-
 bool all_finite(const double* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) return false;
@@ -35,48 +31,11 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
                         std::unique_ptr<RingPool>* out) {
   if (!backend) return Status::fail(CacheError::kUnsupported, "no backend");
   if (out == nullptr) return Status::fail(CacheError::kUnsupported, "no output pointer");
+  if (auto st = validate_pool_spec(spec_in); !st.ok()) return st;
   PoolSpec spec = spec_in;
-  if (spec.states <= 0 || spec.ring_rows <= 0) {
-    return Status::fail(CacheError::kZeroRing, "states and ring_rows must be positive");
-  }
-  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
-      spec.max_step_rows <= 0) {
-    return Status::fail(CacheError::kZeroShape,
-                        "q_heads, kv_heads, head_dim, window_rows and max_step_rows must be positive");
-  }
-  if (spec.q_heads % spec.kv_heads != 0) {
-    return Status::fail(CacheError::kZeroShape, "q_heads must be a multiple of kv_heads");
-  }
-  if (spec.shared_row && spec.kv_heads != 1) {
-    return Status::fail(CacheError::kUnsupported, "shared rows need kv_heads == 1");
-  }
-  if (spec.rope_style != RopeStyle::kNone &&
-      (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim ||
-       !(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base))) {
-    return Status::fail(CacheError::kUnsupported, "rope_dims must be even and <= head_dim, base > 0");
-  }
-  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0 ||
-      (spec.has_sink && !std::isfinite(spec.sink_logit))) {
-    return Status::fail(CacheError::kNonFinite, "softmax_scale and sink_logit must be finite");
-  }
   if (spec.fault == Fault::kRingSizedWindow) spec.ring_rows = spec.window_rows;
-  // Overflow of every size the pool and its step buffers derive from.
   const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
-  std::int64_t slots = 0, row_elements = 0, row_bytes = 0, pool_bytes = 0, q_elements = 0;
-  std::int64_t out_elements = 0, index_elements = 0;
-  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
-      mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
-      row_elements > std::numeric_limits<std::int64_t>::max() / 16 ||
-      (row_bytes = format_row_bytes(spec.format, row_elements) * (spec.shared_row ? 1 : 2), false) ||
-      mul_overflows(slots, row_bytes, &pool_bytes) ||
-      keys > std::numeric_limits<std::int64_t>::max() - spec.max_step_rows ||
-      mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
-      mul_overflows(q_elements, spec.max_step_rows, &out_elements) ||
-      mul_overflows(keys + spec.max_step_rows, spec.max_step_rows, &index_elements) ||
-      static_cast<std::uint64_t>(pool_bytes) > std::numeric_limits<std::size_t>::max() / 2 ||
-      static_cast<std::uint64_t>(index_elements) > (std::uint64_t{1} << 40)) {
-    return Status::fail(CacheError::kSizeOverflow, "pool or step buffer size overflows");
-  }
+  const std::int64_t q_elements = static_cast<std::int64_t>(spec.q_heads) * spec.head_dim;
   std::string why;
   if (!backend->supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
   if (auto st = backend->configure(spec); !st.ok()) return st;
@@ -149,7 +108,7 @@ Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRow
     return Status::fail(CacheError::kTooManyRows, "step: rows must be in [1, max_step_rows]");
   }
   if (in.k == nullptr || in.q == nullptr || (!spec_.shared_row && in.v == nullptr)) {
-    return Status::fail(CacheError::kNonFinite, "step: missing k, v or q rows");
+    return Status::fail(CacheError::kBadArgument, "step: missing k, v or q rows");
   }
   const std::int64_t kv = rows * spec_.kv_heads * spec_.head_dim;
   const std::int64_t qn = rows * spec_.q_heads * spec_.head_dim;
@@ -250,6 +209,16 @@ void RingPool::fill_result(std::int64_t rows, std::int64_t first_position, KvSou
   result->duplicate_slots = duplicates;
 }
 
+Status RingPool::after_failed_read(std::int64_t state, std::int64_t first_position, Status failure) {
+  // Inputs were validated before the store, so only the device can fail
+  // here (kDeviceFailure). The logical length goes back; the stored rows may
+  // be in the pool, so the state must be reset before it is used again.
+  auto& s = states_[static_cast<std::size_t>(state)];
+  s.length = first_position;
+  failure.detail += " (after the step's rows were stored: reset the state)";
+  return failure;
+}
+
 Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in,
                          PrefillOrder order, StepResult* result) {
   if (auto st = check_step(state, rows, in); !st.ok()) return st;
@@ -261,9 +230,7 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
     if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
     s.length = first + rows;
     note_length(state);
-    // Inputs were validated; a read failure here is a broken invariant.
-    const Status st = run_pool_reads(state, first, rows, in);
-    KVCHECK_ASSERT(st.ok());
+    if (auto st = run_pool_reads(state, first, rows, in); !st.ok()) return after_failed_read(state, first, st);
     fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
     return {};
   }
@@ -293,7 +260,7 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
   Status st = backend_->scratch_store(m, std::span<const std::int64_t>(slots_.data(), n),
                                       std::span<const std::int64_t>(rope_positions_.data(), n),
                                       in.k, spec_.shared_row ? nullptr : in.v, tags);
-  KVCHECK_ASSERT(st.ok());
+  if (!st.ok()) return after_failed_read(state, first, st);
   // Query i at position first + i sees scratch rows of positions
   // max(first + i - keys + 1, first - m) .. first + i; scratch row of
   // position p is p - (first - m).
@@ -309,7 +276,7 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
                         in.q, std::span<const std::int64_t>(index_.data(), n * static_cast<std::size_t>(width)),
                         width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
                         spec_.track_tags ? read_slots_.data() : nullptr);
-  KVCHECK_ASSERT(st.ok());
+  if (!st.ok()) return after_failed_read(state, first, st);
   fill_result(rows, first, KvSource::kScratch, report.duplicate_slots, result);
   return {};
 }
@@ -322,8 +289,7 @@ Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* resu
   if (auto st = run_store(state, first, 1, in, &report); !st.ok()) return st;
   s.length = first + 1;
   note_length(state);
-  const Status st = run_pool_reads(state, first, 1, in);
-  KVCHECK_ASSERT(st.ok());
+  if (auto st = run_pool_reads(state, first, 1, in); !st.ok()) return after_failed_read(state, first, st);
   fill_result(1, first, KvSource::kPool, report.duplicate_slots, result);
   return {};
 }
@@ -341,10 +307,9 @@ Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows&
   StoreReport report;
   if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
   s.length = first + rows;
-  s.pending_drafts = drafts;
   note_length(state);
-  const Status st = run_pool_reads(state, first, rows, in);
-  KVCHECK_ASSERT(st.ok());
+  if (auto st = run_pool_reads(state, first, rows, in); !st.ok()) return after_failed_read(state, first, st);
+  s.pending_drafts = drafts;
   fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
   return {};
 }

@@ -114,6 +114,9 @@ class RingPool {
   Status run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                         const StepRows& in);
   std::int64_t read_width() const noexcept;
+  /// A kernel failed after the step's rows were stored: restores the logical
+  /// length and returns `failure` with a note that the state needs a reset.
+  Status after_failed_read(std::int64_t state, std::int64_t first_position, Status failure);
   void fill_result(std::int64_t rows, std::int64_t first_position, KvSource source,
                    std::int64_t duplicates, StepResult* result) const;
   void note_length(std::int64_t state);

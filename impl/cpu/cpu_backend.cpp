@@ -40,32 +40,14 @@ bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
 }  // namespace
 
 bool CpuBackend::supports(const PoolSpec& spec, std::string* why) const {
-  auto no = [&](const char* text) {
-    if (why) *why = text;
-    return false;
-  };
-  if (spec.rope_style != RopeStyle::kNone) {
-    if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
-      return no("rope_dims must be even and at most head_dim");
-    }
-    if (!(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base)) return no("rope_base must be positive");
-  }
-  if (spec.shared_row && spec.kv_heads != 1) return no("shared rows need kv_heads == 1");
-  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0) {
-    return no("softmax_scale must be finite and >= 0");
-  }
-  if (spec.has_sink && !std::isfinite(spec.sink_logit)) return no("sink_logit must be finite");
-  return true;
+  // Every valid spec: the CPU backend has no limits of its own.
+  const Status valid = validate_pool_spec(spec);
+  if (!valid.ok() && why) *why = valid.detail;
+  return valid.ok();
 }
 
 Status CpuBackend::configure(const PoolSpec& spec) {
-  std::string why;
-  if (!supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
-  if (spec.states <= 0 || spec.ring_rows <= 0) return Status::fail(CacheError::kZeroRing, "zero ring");
-  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
-      spec.max_step_rows <= 0) {
-    return Status::fail(CacheError::kZeroShape, "zero shape");
-  }
+  if (auto st = validate_pool_spec(spec); !st.ok()) return st;
   const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
   std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, width_elements = 0;
   const std::int64_t row_bytes =
@@ -201,10 +183,10 @@ Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> r
                               const double* k, const double* v) {
   if (rows > spec_.max_step_rows) return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
   if (static_cast<std::int64_t>(rope_positions.size()) != rows) {
-    return Status::fail(CacheError::kTooManyRows, "rope_positions size != rows");
+    return Status::fail(CacheError::kBadArgument, "rope_positions size != rows");
   }
   if (rows > 0 && (k == nullptr || (!spec_.shared_row && v == nullptr))) {
-    return Status::fail(CacheError::kNonFinite, "missing key or value rows");
+    return Status::fail(CacheError::kBadArgument, "missing key or value rows");
   }
   const std::int64_t n = rows * row_elements_;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -430,7 +412,7 @@ Tag CpuBackend::slot_tag(std::int64_t slot) const {
 
 Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row: slot outside the pool");
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
   const std::uint8_t* row = pool_.data() + slot * slot_stride_;
   decode_row(spec_.format, row, row_elements_, key);
   decode_row(spec_.format, row + (spec_.shared_row ? 0 : row_bytes_), row_elements_, value);
@@ -439,7 +421,7 @@ Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const
 
 Status CpuBackend::read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row_bytes: slot outside the pool");
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row_bytes: slot outside the pool");
   const std::uint8_t* row = pool_.data() + slot * slot_stride_;
   std::memcpy(key, row, static_cast<std::size_t>(row_bytes_));
   std::memcpy(value, row + (spec_.shared_row ? 0 : row_bytes_), static_cast<std::size_t>(row_bytes_));

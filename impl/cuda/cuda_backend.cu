@@ -184,22 +184,7 @@ bool CudaBackend::supports(const PoolSpec& spec, std::string* why) const {
     if (why) *why = std::move(text);
     return false;
   };
-  if (spec.rope_style != RopeStyle::kNone) {
-    if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
-      return no("rope_dims must be even and at most head_dim");
-    }
-    if (!(spec.rope_base > 0.0) || !std::isfinite(spec.rope_base)) {
-      return no("rope_base must be positive");
-    }
-  }
-  if (spec.shared_row && spec.kv_heads != 1) return no("shared rows need kv_heads == 1");
-  if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0.0) {
-    return no("softmax_scale must be finite and >= 0");
-  }
-  if (spec.has_sink && !std::isfinite(spec.sink_logit)) return no("sink_logit must be finite");
-  if (spec.kv_heads > 0 && spec.q_heads % spec.kv_heads != 0) {
-    return no("q_heads must be a multiple of kv_heads");
-  }
+  if (auto valid = validate_pool_spec(spec); !valid.ok()) return no(valid.detail);
   if (spec.head_dim > kAttendMaxHeadDim) {
     return no("cuda backend: head_dim " + std::to_string(spec.head_dim) + " > " +
               std::to_string(kAttendMaxHeadDim) + " (attention kernel limit)");
@@ -210,12 +195,8 @@ bool CudaBackend::supports(const PoolSpec& spec, std::string* why) const {
 Status CudaBackend::configure(const PoolSpec& spec) {
   std::string why;
   if (!cuda_device_available(&why)) return Status::fail(CacheError::kNoDevice, why);
+  if (auto st = validate_pool_spec(spec); !st.ok()) return st;
   if (!supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
-  if (spec.states <= 0 || spec.ring_rows <= 0) return Status::fail(CacheError::kZeroRing, "zero ring");
-  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
-      spec.max_step_rows <= 0) {
-    return Status::fail(CacheError::kZeroShape, "zero shape");
-  }
   SlotLayout layout;
   layout.kv_heads = spec.kv_heads;
   layout.head_dim = spec.head_dim;
@@ -396,10 +377,10 @@ Status CudaBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> 
     return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
   }
   if (static_cast<std::int64_t>(rope_positions.size()) != rows) {
-    return Status::fail(CacheError::kTooManyRows, "rope_positions size != rows");
+    return Status::fail(CacheError::kBadArgument, "rope_positions size != rows");
   }
   if (rows > 0 && (k == nullptr || (!spec_.shared_row && v == nullptr))) {
-    return Status::fail(CacheError::kNonFinite, "missing key or value rows");
+    return Status::fail(CacheError::kBadArgument, "missing key or value rows");
   }
   const std::int64_t n = rows * layout_.row_elements;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -670,7 +651,7 @@ Tag CudaBackend::slot_tag(std::int64_t slot) const {
 
 Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kStateOutOfRange, "read_row: slot outside the pool");
+  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
   KVCHECK_CUDA_TRY("cudaMemcpy(read_row)",
                    cudaMemcpy(host_slot_.data(), d_.pool.as<std::uint8_t>() + slot * layout_.slot_bytes,
                               host_slot_.size(), cudaMemcpyDeviceToHost));

@@ -574,6 +574,8 @@ inline PoolSnapshot snapshot(RingPool& pool) {
                      CacheError::kTooManyRows, "8 rows > max_step_rows");                        \
       expect_refused(pool->verify(1, 7, good, &r), CacheError::kTooManyRows, "verify(7)");       \
       expect_refused(pool->accept(1, 0), CacheError::kBadAccept, "accept without verify");       \
+      expect_refused(pool->decode(1, StepRows{k.data(), v.data(), nullptr}, &r),                 \
+                     CacheError::kBadArgument, "no query rows");                                 \
       for (auto* buf : {&k, &v, &q}) {                                                           \
         const double keep = (*buf)[kv + 3];                                                      \
         for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {                                 \
@@ -608,6 +610,9 @@ inline PoolSnapshot snapshot(RingPool& pool) {
       std::unique_ptr<RingPool> pool;                                                            \
       const auto st = RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), s, &pool);    \
       CHECK((pool == nullptr) == !st.ok());                                                      \
+      /* One validator: the backend alone refuses with the same code. */                         \
+      CHECK(kvcheck::impl::make_backend(NAME, nullptr)->configure(s).code == st.code);           \
+      CHECK(kvcheck::impl::validate_pool_spec(s).code == st.code);                               \
       return st.code;                                                                            \
     };                                                                                           \
     const PoolSpec base = small_spec(ElementFormat::kF32, 4, 2, false);                          \
@@ -626,10 +631,22 @@ inline PoolSnapshot snapshot(RingPool& pool) {
     CHECK(code(s) == CacheError::kZeroShape);                                                    \
     s = base;                                                                                    \
     s.q_heads = 3;                                                                               \
-    CHECK(code(s) == CacheError::kZeroShape);                                                    \
+    CHECK(code(s) == CacheError::kBadSpec);                                                      \
     s = base;                                                                                    \
     s.shared_row = true;                                                                         \
-    CHECK(code(s) == CacheError::kUnsupported);                                                  \
+    CHECK(code(s) == CacheError::kBadSpec);                                                      \
+    s = base;                                                                                    \
+    s.rope_style = kvcheck::impl::RopeStyle::kNeox;                                              \
+    s.rope_dims = 3;                                                                             \
+    CHECK(code(s) == CacheError::kBadSpec);                                                      \
+    s.rope_dims = 2;                                                                             \
+    s.rope_base = -1.0;                                                                          \
+    CHECK(code(s) == CacheError::kBadSpec);                                                      \
+    s = base;                                                                                    \
+    s.softmax_scale = -0.5;                                                                      \
+    CHECK(code(s) == CacheError::kBadSpec);                                                      \
+    s.softmax_scale = std::nan("");                                                              \
+    CHECK(code(s) == CacheError::kNonFinite);                                                    \
     s = base;                                                                                    \
     s.states = std::int64_t{1} << 40;                                                            \
     s.ring_rows = std::int64_t{1} << 30;                                                         \

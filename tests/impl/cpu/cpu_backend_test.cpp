@@ -78,7 +78,12 @@ TEST_CASE("CpuBackend: store reports same-step write-write collisions") {
   const std::vector<std::uint8_t> before(b.pool_bytes().begin(), b.pool_bytes().end());
   std::vector<std::int64_t> bad = {3, 8};
   CHECK(b.store(bad, {pos.data(), 2}, k.data(), v.data(), {tags.data(), 2}, &report).code ==
-        CacheError::kStateOutOfRange);
+        CacheError::kSlotOutOfRange);
+  // A broken call (tags for one row of two) is the caller's defect, not bad data.
+  CHECK(b.store({slots.data(), 2}, {pos.data(), 2}, k.data(), v.data(), {tags.data(), 1}, &report).code ==
+        CacheError::kBadArgument);
+  CHECK(b.store({slots.data(), 2}, {pos.data(), 2}, nullptr, v.data(), {tags.data(), 2}, &report).code ==
+        CacheError::kBadArgument);
   CHECK(std::vector<std::uint8_t>(b.pool_bytes().begin(), b.pool_bytes().end()) == before);
 }
 
@@ -99,6 +104,12 @@ TEST_CASE("CpuBackend: names of faults, formats and errors are unique and parse 
   CHECK(fault_name(Fault::kRingSizedWindow) == "ring-sized-window");
   CHECK(format_name(ElementFormat::kFp8E4m3) == "fp8");
   CHECK(cache_error_name(CacheError::kStateOutOfRange) == "state-out-of-range");
+  std::set<std::string> errors;
+  for (int e = 0; e <= static_cast<int>(CacheError::kBadArgument); ++e) {
+    const std::string name(cache_error_name(static_cast<CacheError>(e)));
+    CHECK(name != "?");
+    CHECK(errors.insert(name).second);
+  }
   std::string why;
   CHECK(make_backend("tpu", &why) == nullptr);
   CHECK(why.find("tpu") != std::string::npos);
@@ -113,4 +124,78 @@ TEST_CASE("CpuBackend: the ring-sized-window fault allocates exactly W rows") {
   std::unique_ptr<RingPool> pool;
   REQUIRE(RingPool::create(make_backend("cpu", nullptr), spec, &pool).ok());
   CHECK(pool->spec().ring_rows == 6);
+}
+
+namespace {
+
+/// The CPU backend with a device that breaks on the n-th attend: what a CUDA
+/// backend returns when a kernel launch or copy fails mid-step.
+class FailingAttend final : public KvBackend {
+ public:
+  explicit FailingAttend(int fail_at) : fail_at_(fail_at) {}
+  std::string_view name() const noexcept override { return "failing"; }
+  bool supports(const PoolSpec& s, std::string* why) const override { return cpu_.supports(s, why); }
+  Status configure(const PoolSpec& s) override { return cpu_.configure(s); }
+  Status metadata(std::span<const QueryRef> q, std::span<ReadMeta> o) override { return cpu_.metadata(q, o); }
+  Status expand_index(std::span<const ReadMeta> m, std::int64_t w, std::span<std::int64_t> i) override {
+    return cpu_.expand_index(m, w, i);
+  }
+  Status store(std::span<const std::int64_t> s, std::span<const std::int64_t> p, const double* k,
+               const double* v, std::span<const Tag> t, StoreReport* r) override {
+    return cpu_.store(s, p, k, v, t, r);
+  }
+  Status load(std::span<const std::int64_t> i, std::int64_t f) override { return cpu_.load(i, f); }
+  Status scratch_store(std::int64_t f, std::span<const std::int64_t> o, std::span<const std::int64_t> p,
+                       const double* k, const double* v, std::span<const Tag> t) override {
+    return cpu_.scratch_store(f, o, p, k, v, t);
+  }
+  Status attend(KvSource src, std::span<const std::int64_t> p, const double* q,
+                std::span<const std::int64_t> i, std::int64_t w, double* out, Tag* rt,
+                std::int64_t* rs) override {
+    if (++calls_ == fail_at_) return Status::fail(CacheError::kDeviceFailure, "attend: launch failed");
+    return cpu_.attend(src, p, q, i, w, out, rt, rs);
+  }
+  Tag slot_tag(std::int64_t slot) const override { return cpu_.slot_tag(slot); }
+  Status read_row(std::int64_t slot, double* k, double* v) const override { return cpu_.read_row(slot, k, v); }
+
+ private:
+  cpu::CpuBackend cpu_;
+  int fail_at_;
+  int calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("RingPool: a device failure after the store is returned, not an abort, and the length goes back") {
+  PoolSpec spec;
+  spec.states = 1;
+  spec.window_rows = 4;
+  spec.ring_rows = 6;
+  spec.head_dim = 2;
+  spec.max_step_rows = 3;
+  std::unique_ptr<RingPool> pool;
+  REQUIRE(RingPool::create(std::make_unique<FailingAttend>(2), spec, &pool).ok());
+  REQUIRE(pool->begin(0, 7).ok());
+  std::vector<double> rows(6, 0.5);
+  StepRows in{rows.data(), rows.data(), rows.data()};
+  StepResult r;
+  REQUIRE(pool->decode(0, in, &r).ok());
+  const Status failed = pool->decode(0, in, &r);
+  CHECK(failed.code == CacheError::kDeviceFailure);
+  CHECK(failed.detail.find("reset the state") != std::string::npos);
+  CHECK(pool->state(0).length == 1);
+  // Both prefill orders and verify fail the same way on the next failures.
+  std::unique_ptr<RingPool> again;
+  REQUIRE(RingPool::create(std::make_unique<FailingAttend>(1), spec, &again).ok());
+  REQUIRE(again->begin(0, 7).ok());
+  CHECK(again->verify(0, 1, in, &r).code == CacheError::kDeviceFailure);
+  CHECK(again->state(0).length == 0);
+  CHECK(again->state(0).pending_drafts == -1);
+  for (const auto order : {PrefillOrder::kLoadThenStore, PrefillOrder::kStoreThenLoad}) {
+    std::unique_ptr<RingPool> p;
+    REQUIRE(RingPool::create(std::make_unique<FailingAttend>(1), spec, &p).ok());
+    REQUIRE(p->begin(0, 7).ok());
+    CHECK(p->prefill(0, 2, in, order, &r).code == CacheError::kDeviceFailure);
+    CHECK(p->state(0).length == 0);
+  }
 }
