@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "scenarios/expect_json.hpp"
 #include "scenarios/json_read.hpp"
 
 namespace kvcheck::scenarios {
@@ -91,22 +92,7 @@ ojson to_document(const Scenario& s) {
   }
   root["steps"] = std::move(steps);
 
-  if (s.expect) {
-    ojson expect = ojson::object();
-    ojson overwritten = ojson::array();
-    for (const OverwriteExpectation& o : s.expect->overwritten) {
-      ojson entry = ojson::object();
-      entry["step"] = o.step;
-      entry["counts"] = o.counts;
-      overwritten.push_back(std::move(entry));
-    }
-    expect["overwritten"] = std::move(overwritten);
-    expect["collisions"] = s.expect->collisions ? ojson(*s.expect->collisions) : ojson(nullptr);
-    expect["output_tolerance"] = optional_number(s.expect->output_tolerance);
-    root["expect"] = std::move(expect);
-  } else {
-    root["expect"] = nullptr;
-  }
+  root["expect"] = s.expect ? expectations_document(*s.expect) : ojson(nullptr);
   return root;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "scenarios/expect_json.hpp"
 #include "scenarios/json_read.hpp"
 #include "support/error.hpp"
 
@@ -132,37 +133,6 @@ Step read_step(const json& j, const std::string& p) {
   return step;
 }
 
-std::optional<Expectations> read_expect(const json& j, const std::string& path) {
-  if (j.is_null()) return std::nullopt;
-  if (!j.is_object()) type_error(j, path, "an object or null");
-  check_keys(j, path, {"overwritten", "collisions", "output_tolerance"});
-  Expectations e;
-  if (const json* v = find(j, "overwritten")) {
-    const std::string list_path = join_key(path, "overwritten");
-    as_array(*v, list_path);
-    for (std::size_t i = 0; i < v->size(); ++i) {
-      const std::string p = join_index(list_path, i);
-      const json& o = as_object((*v)[i], p);
-      check_keys(o, p, {"step", "counts"});
-      OverwriteExpectation ow;
-      ow.step = get_i64(require(o, p, "step"), join_key(p, "step"));
-      const std::string counts_path = join_key(p, "counts");
-      const json& counts = as_array(require(o, p, "counts"), counts_path);
-      for (std::size_t c = 0; c < counts.size(); ++c) {
-        ow.counts.push_back(get_i64(counts[c], join_index(counts_path, c)));
-      }
-      e.overwritten.push_back(std::move(ow));
-    }
-  }
-  if (const json* v = find(j, "collisions"); v != nullptr && !v->is_null()) {
-    e.collisions = get_i64(*v, join_key(path, "collisions"));
-  }
-  if (const json* v = find(j, "output_tolerance")) {
-    e.output_tolerance = get_optional_f64(*v, join_key(path, "output_tolerance"));
-  }
-  return e;
-}
-
 Scenario read_scenario(const json& root) {
   const std::string path;
   as_object(root, path);
@@ -185,7 +155,7 @@ Scenario read_scenario(const json& root) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     s.steps.push_back(read_step(steps[i], join_index("steps", i)));
   }
-  if (const json* v = find(root, "expect")) s.expect = read_expect(*v, "expect");
+  if (const json* v = find(root, "expect")) s.expect = read_expectations(*v, "expect");
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <utility>
 
+#include "scenarios/expect_json.hpp"
 #include "scenarios/json_read.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
@@ -114,37 +115,6 @@ TraceCache read_cache(const json& j, const std::string& path) {
   return c;
 }
 
-/// A scenario file's "expect" object (its ranges are checked against the
-/// schedule by `kvcheck audit`, which validates the scenario of the run).
-std::optional<Expectations> read_expect(const json& j, const std::string& path) {
-  if (j.is_null()) return std::nullopt;
-  if (!j.is_object()) type_error(j, path, "an object or null");
-  check_keys(j, path, {"overwritten", "collisions", "output_tolerance"});
-  Expectations e;
-  if (const json* v = find(j, "overwritten")) {
-    const std::string list_path = join_key(path, "overwritten");
-    as_array(*v, list_path);
-    for (std::size_t i = 0; i < v->size(); ++i) {
-      const std::string p = join_index(list_path, i);
-      const json& o = as_object((*v)[i], p);
-      check_keys(o, p, {"step", "counts"});
-      OverwriteExpectation ow;
-      ow.step = get_i64(require(o, p, "step"), join_key(p, "step"));
-      const std::string counts_path = join_key(p, "counts");
-      const json& counts = as_array(require(o, p, "counts"), counts_path);
-      for (std::size_t c = 0; c < counts.size(); ++c) ow.counts.push_back(get_i64(counts[c], join_index(counts_path, c)));
-      e.overwritten.push_back(std::move(ow));
-    }
-  }
-  if (const json* v = find(j, "collisions"); v != nullptr && !v->is_null()) {
-    e.collisions = get_i64(*v, join_key(path, "collisions"));
-  }
-  if (const json* v = find(j, "output_tolerance")) {
-    e.output_tolerance = get_optional_f64(*v, join_key(path, "output_tolerance"));
-  }
-  return e;
-}
-
 TraceHeader read_header(const json& j) {
   check_keys(j, "", {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect"});
   const json& version = require(j, "", "kvcheck_trace");
@@ -180,7 +150,9 @@ TraceHeader read_header(const json& j) {
          "ring addressing needs capacity (the slots of state b are b*capacity .. (b+1)*capacity - 1)");
   }
   if (const json* v = find(j, "cache")) h.cache = read_cache(*v, "cache");
-  if (const json* v = find(j, "expect")) h.expect = read_expect(*v, "expect");
+  // The ranges of "expect" are checked against the schedule by `kvcheck
+  // audit`, which validates the scenario of the run.
+  if (const json* v = find(j, "expect")) h.expect = read_expectations(*v, "expect");
   return h;
 }
 
@@ -609,20 +581,7 @@ std::string trace_header_line(const TraceHeader& h) {
     cache["sink_logit"] = c.sink_logit ? ojson(*c.sink_logit) : ojson(nullptr);
     j["cache"] = std::move(cache);
   }
-  if (h.expect) {
-    ojson expect = ojson::object();
-    ojson overwritten = ojson::array();
-    for (const OverwriteExpectation& o : h.expect->overwritten) {
-      ojson entry = ojson::object();
-      entry["step"] = o.step;
-      entry["counts"] = o.counts;
-      overwritten.push_back(std::move(entry));
-    }
-    expect["overwritten"] = std::move(overwritten);
-    expect["collisions"] = h.expect->collisions ? ojson(*h.expect->collisions) : ojson(nullptr);
-    expect["output_tolerance"] = h.expect->output_tolerance ? ojson(*h.expect->output_tolerance) : ojson(nullptr);
-    j["expect"] = std::move(expect);
-  }
+  if (h.expect) j["expect"] = expectations_document(*h.expect);
   return dump_line(j);
 }
 
