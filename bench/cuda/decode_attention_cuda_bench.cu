@@ -57,28 +57,54 @@ constexpr Shape kShapes[] = {{"decode b64 w4096", 64, 4096, 10000, 8, 32},
                              {"long b1 w32768", 1, 32768, 100000, 8, 32}};
 constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 
-// kFast is the backend's configuration (FastDefault); the kW* kinds are the
-// fast kernel's other configurations (warps, pipeline stages), measured on the
-// decode shape beside it so the choice of FastDefault stays a measurement.
-enum class Kind { kFast, kGeneral, kCopy, kW4S2, kW8S3, kW2S6 };
+// kFast is the backend's configuration (FastDefault: the warp-pipelined
+// kernel); kBlock is the block-tile kernel (ring_fast_attend_kernel, 4 warps,
+// 3 stages bf16 / 4 fp8: the previous default) and the kW* kinds are other
+// configurations of the warp-pipelined kernel (warps, stages per warp),
+// measured beside it so the choice of FastDefault stays a measurement.
+enum class Kind {
+  kFast, kGeneral, kCopy, kBlock, kW4S3, kW8S2, kS8S2C, kS8S3, kS8S3H2, kS8S2H2, kS4S3H2
+};
+constexpr Kind kAllKinds[] = {Kind::kFast,  Kind::kGeneral, Kind::kCopy,    Kind::kBlock,
+                              Kind::kW4S3,  Kind::kW8S2,    Kind::kS8S2C,   Kind::kS8S3,
+                              Kind::kS8S3H2, Kind::kS8S2H2, Kind::kS4S3H2};
 
 const char* kind_name(Kind kind) {
   switch (kind) {
     case Kind::kFast: return "fast";
     case Kind::kGeneral: return "general";
     case Kind::kCopy: return "copy";
-    case Kind::kW4S2: return "fast w4s2";
-    case Kind::kW8S3: return "fast w8s3";
-    case Kind::kW2S6: return "fast w2s6";
+    case Kind::kBlock: return "block-tile";
+    case Kind::kW4S3: return "warp w4s3";
+    case Kind::kW8S2: return "warp w8s2";
+    case Kind::kS8S2C: return "slot w8s2 c";
+    case Kind::kS8S3: return "slot w8s3";
+    case Kind::kS8S3H2: return "slot w8s3 h2";
+    case Kind::kS8S2H2: return "slot w8s2 h2";
+    case Kind::kS4S3H2: return "slot w4s3 h2";
   }
   return "?";
 }
 
-/// Splits and launch of one fast-kernel configuration over `a`.
-template <ElementFormat F, int W, int S>
+/// Whether `kind` is measured on shape `s` (the long shape runs fewer).
+bool measured(int s, Kind kind) {
+  if (s == 0) return true;
+  return kind == Kind::kFast || kind == Kind::kGeneral || kind == Kind::kCopy ||
+         kind == Kind::kBlock || kind == Kind::kW4S3 || kind == Kind::kW8S2 ||
+         kind == Kind::kS8S3 || kind == Kind::kS8S3H2;
+}
+
+/// Whether `kind` is the slot-major kernel (measured on the long shape with
+/// up to kBenchMaxSplits splits: its blocks are one per (query, split)).
+bool slot_major(Kind kind) {
+  return kind == Kind::kS8S2C || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 ||
+         kind == Kind::kS8S2H2 || kind == Kind::kS4S3H2;
+}
+
+/// Splits and launch of one fast-kernel configuration G over `a`.
+template <ElementFormat F, class G>
 cudaError_t launch_variant(kc::AttendArgs<float>& a, int sm_count, std::int32_t max_splits,
                            bool choose) {
-  using G = kc::FastGeometry<F, W, S>;
   if (choose) {
     a.splits = kc::ring_fast_choose_splits<F, G>(a, sm_count, max_splits);
     return a.splits > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
@@ -88,6 +114,7 @@ cudaError_t launch_variant(kc::AttendArgs<float>& a, int sm_count, std::int32_t 
 
 double g_peak_bytes_per_s = 0.0;
 std::map<std::string, double> g_rates;       // "shape|format|kind" -> bytes/s
+std::map<std::string, int> g_splits;         // "shape|format|kind" -> splits of the launch
 std::map<std::string, double> g_differences; // "shape|format" -> max |fast - general| / max |out|
 
 /// Fills every slot with finite pseudo-random rows of format F (a hash of the
@@ -191,7 +218,8 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   }
   int sm_count = 1;
   cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0);
-  constexpr std::int32_t kMaxSplits = 64;
+  constexpr std::int32_t kMaxSplits = 64;        // the backend's cap (cuda_backend.cu)
+  constexpr std::int32_t kBenchMaxSplits = 256;  // the slot-major variants' cap here
 
   Buffers buf;
   std::uint8_t* pool = nullptr;
@@ -208,8 +236,8 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
             check(buf.get(&flush, kFlushBytes), "cudaMalloc(flush)", state) &&
             check(buf.get(&d_index, static_cast<std::int64_t>(index.size())), "cudaMalloc(index)", state) &&
             check(buf.get(&q, q_elements), "cudaMalloc(q)", state) &&
-            check(buf.get(&part_acc, q_elements * kMaxSplits), "cudaMalloc(part)", state) &&
-            check(buf.get(&part_ml, shape.batch * shape.q_heads * kMaxSplits * 2), "cudaMalloc(ml)", state) &&
+            check(buf.get(&part_acc, q_elements * kBenchMaxSplits), "cudaMalloc(part)", state) &&
+            check(buf.get(&part_ml, shape.batch * shape.q_heads * kBenchMaxSplits * 2), "cudaMalloc(ml)", state) &&
             check(buf.get(&out, q_elements), "cudaMalloc(out)", state) &&
             check(buf.get(&counters, shape.batch * shape.q_heads), "cudaMalloc(counters)", state) &&
             (kind != Kind::kCopy || check(buf.get(&copy_dst, bytes), "cudaMalloc(copy)", state)) &&
@@ -241,10 +269,18 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   a.counters = kind == Kind::kGeneral || kind == Kind::kCopy ? nullptr : counters;
   a.splits = kc::ring_attend_choose_splits<F>(a, sm_count, kMaxSplits);
   auto variant = [&](bool choose) -> cudaError_t {
+    const std::int32_t cap = slot_major(kind) ? kBenchMaxSplits : kMaxSplits;
     switch (kind) {
-      case Kind::kW4S2: return launch_variant<F, 4, 2>(a, sm_count, kMaxSplits, choose);
-      case Kind::kW8S3: return launch_variant<F, 8, 3>(a, sm_count, kMaxSplits, choose);
-      case Kind::kW2S6: return launch_variant<F, 2, 6>(a, sm_count, kMaxSplits, choose);
+      case Kind::kBlock:
+        return launch_variant<F, kc::FastGeometry<F, 4, F == ElementFormat::kFp8E4m3 ? 4 : 3>>(
+            a, sm_count, cap, choose);
+      case Kind::kW4S3: return launch_variant<F, kc::FastWarpGeometry<F, 4, 3>>(a, sm_count, cap, choose);
+      case Kind::kW8S2: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2>>(a, sm_count, cap, choose);
+      case Kind::kS8S2C: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
+      case Kind::kS8S3: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false>>(a, sm_count, cap, choose);
+      case Kind::kS8S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS8S2H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS4S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 1, 2>>(a, sm_count, cap, choose);
       default: return cudaSuccess;
     }
   };
@@ -303,17 +339,16 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
     state.counters["peak_ratio"] = g_peak_bytes_per_s > 0 ? rate / g_peak_bytes_per_s : 0.0;
     state.counters["splits"] = kind == Kind::kCopy ? 0 : a.splits;
     g_rates[key(shape, F, kind)] = rate;
+    g_splits[key(shape, F, kind)] = kind == Kind::kCopy ? 0 : a.splits;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 }
 
 void register_all() {
-  const Kind kinds[] = {Kind::kFast, Kind::kGeneral, Kind::kCopy,
-                        Kind::kW4S2, Kind::kW8S3, Kind::kW2S6};
   for (int s = 0; s < kShapeCount; ++s) {
-    for (Kind k : kinds) {
-      if (s > 0 && k != Kind::kFast && k != Kind::kGeneral && k != Kind::kCopy) continue;
+    for (Kind k : kAllKinds) {
+      if (!measured(s, k)) continue;
       for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
         const std::string name = "decode_attention_cuda/" + key(kShapes[s], f, k);
         auto* b = f == ElementFormat::kBf16
@@ -358,14 +393,13 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
-  std::printf("\n%-18s %-5s %-10s %9s %8s %8s  %s\n", "shape", "fmt", "kernel", "GB/s", "/peak",
-              "/copy", "target");
+  std::printf("\n%-18s %-5s %-12s %9s %8s %8s %6s  %s\n", "shape", "fmt", "kernel", "GB/s", "/peak",
+              "/copy", "splits", "target");
   int missed = 0;
   for (const Shape& shape : kShapes) {
     for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
       const auto copy = g_rates.find(key(shape, f, Kind::kCopy));
-      for (Kind k : {Kind::kFast, Kind::kGeneral, Kind::kCopy, Kind::kW4S2, Kind::kW8S3,
-                     Kind::kW2S6}) {
+      for (Kind k : kAllKinds) {
         const auto it = g_rates.find(key(shape, f, k));
         if (it == g_rates.end()) continue;
         const double peak = g_peak_bytes_per_s > 0 ? it->second / g_peak_bytes_per_s : 0.0;
@@ -379,10 +413,10 @@ int main(int argc, char** argv) {
           std::snprintf(buf, sizeof buf, ">= %.2f of peak: %s", target, met ? "met" : "NOT met");
           verdict = buf;
         }
-        std::printf("%-18s %-5s %-10s %9.1f %8.3f %8.3f  %s\n", shape.name,
+        std::printf("%-18s %-5s %-12s %9.1f %8.3f %8.3f %6d  %s\n", shape.name,
                     f == ElementFormat::kBf16 ? "bf16" : "fp8",
                     kind_name(k),
-                    it->second / 1e9, peak, vs_copy, verdict.c_str());
+                    it->second / 1e9, peak, vs_copy, g_splits[key(shape, f, k)], verdict.c_str());
       }
     }
   }

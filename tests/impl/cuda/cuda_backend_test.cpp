@@ -428,10 +428,12 @@ void fill_both(Pair& p, const PoolSpec& spec, KeyFn key, ValueFn value) {
   }
 }
 
-/// Three index rows of width 4096 over state 0 and 1: the whole window in
-/// ring order, a shuffled window with every seventh column skipped, and 100
-/// columns followed by skips (whole splits with nothing to read).
-std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& prng) {
+/// n index rows of width 4096 over state 0 and 1, cycling through three:
+/// the whole window in ring order, a shuffled window with every seventh
+/// column skipped, and 100 columns followed by skips (whole splits with
+/// nothing to read). Few queries run the fast kernel's split-K path (one
+/// block per KV head), many its slot-major path (one block per query).
+std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& prng, std::int64_t n) {
   const std::int64_t w = spec.window_rows;
   std::vector<std::int64_t> index(static_cast<std::size_t>(3 * w), -1);
   for (std::int64_t c = 0; c < w; ++c) index[static_cast<std::size_t>(c)] = (37 + c) % spec.ring_rows;
@@ -442,7 +444,19 @@ std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& 
     index[static_cast<std::size_t>(w + c)] = c % 7 == 3 ? -1 : shuffled[static_cast<std::size_t>(c)];
   }
   for (std::int64_t c = 0; c < 100; ++c) index[static_cast<std::size_t>(2 * w + c)] = 500 + 3 * c;
+  for (std::int64_t i = 3; i < n; ++i) {
+    index.insert(index.end(), index.begin() + (i % 3) * w, index.begin() + (i % 3 + 1) * w);
+  }
+  index.resize(static_cast<std::size_t>(n * w));
   return index;
+}
+
+/// Positions of n production queries (their RoPE angles).
+std::vector<std::int64_t> production_positions(std::int64_t n) {
+  std::vector<std::int64_t> positions = {100000, 100001, 250000};
+  for (std::int64_t i = 3; i < n; ++i) positions.push_back(100000 + 977 * i);
+  positions.resize(static_cast<std::size_t>(n));
+  return positions;
 }
 
 }  // namespace
@@ -460,32 +474,35 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
       Pair p(spec);
       fill_both(p, spec, [](std::int64_t s, std::int64_t i) { return ((s * 31 + i) % 9 - 4) / 4.0; },
                 [](std::int64_t s, std::int64_t i) { return ((s * 13 + i / 128) % 7 + 1) / 8.0; });
-      kvcheck::Prng prng(77);
-      const auto index = production_index(spec, prng);
-      const std::int64_t n = 3, w = spec.window_rows;
-      const std::vector<double> q(static_cast<std::size_t>(n * qh * 128), 0.0);
-      const std::vector<std::int64_t> positions = {100000, 100001, 250000};
-      std::vector<double> oa(q.size()), ob(q.size());
-      REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
-      REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
-      for (std::int64_t i = 0; i < n; ++i) {
-        for (std::int32_t h = 0; h < qh; ++h) {
-          const std::int32_t kv = h / (qh / kvh);
-          double sum = 0.0;
-          std::int64_t count = 0;
-          for (std::int64_t c = 0; c < w; ++c) {
-            const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
-            if (slot < 0) continue;
-            sum += ((slot * 13 + kv) % 7 + 1) / 8.0;
-            ++count;
-          }
-          const double exact = sum / static_cast<double>(count);
-          for (std::int32_t d = 0; d < 128; ++d) {
-            const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
-            INFO("query " << i << " head " << h << " dim " << d << " exact " << exact << " cpu "
-                          << oa[at] << " cuda " << ob[at]);
-            REQUIRE(std::fabs(oa[at] - exact) <= 0x1.0p-20 * exact);
-            REQUIRE(std::fabs(ob[at] - exact) <= 0x1.0p-20 * exact);
+      for (const std::int64_t n : {std::int64_t{3}, std::int64_t{24}}) {
+        INFO("queries " << n);
+        kvcheck::Prng prng(77);
+        const auto index = production_index(spec, prng, n);
+        const std::int64_t w = spec.window_rows;
+        const std::vector<double> q(static_cast<std::size_t>(n * qh * 128), 0.0);
+        const std::vector<std::int64_t> positions = production_positions(n);
+        std::vector<double> oa(q.size()), ob(q.size());
+        REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
+        REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+        for (std::int64_t i = 0; i < n; ++i) {
+          for (std::int32_t h = 0; h < qh; ++h) {
+            const std::int32_t kv = h / (qh / kvh);
+            double sum = 0.0;
+            std::int64_t count = 0;
+            for (std::int64_t c = 0; c < w; ++c) {
+              const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
+              if (slot < 0) continue;
+              sum += ((slot * 13 + kv) % 7 + 1) / 8.0;
+              ++count;
+            }
+            const double exact = sum / static_cast<double>(count);
+            for (std::int32_t d = 0; d < 128; ++d) {
+              const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
+              INFO("query " << i << " head " << h << " dim " << d << " exact " << exact << " cpu "
+                            << oa[at] << " cuda " << ob[at]);
+              REQUIRE(std::fabs(oa[at] - exact) <= 0x1.0p-20 * exact);
+              REQUIRE(std::fabs(ob[at] - exact) <= 0x1.0p-20 * exact);
+            }
           }
         }
       }
@@ -510,42 +527,45 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend wit
         for (auto& x : keys) x = prng.signed_unit() * 2.0;
         fill_both(p, spec, [&](std::int64_t s, std::int64_t i) { return keys[static_cast<std::size_t>(s * e + i)]; },
                   [](std::int64_t s, std::int64_t i) { return std::sin(0.37 * static_cast<double>(s) + 0.11 * static_cast<double>(i)); });
-        const auto index = production_index(spec, prng);
-        const std::int64_t n = 3, w = spec.window_rows;
-        const auto q = random_rows(prng, n * qh * 128, 1.5);
-        const std::vector<std::int64_t> positions = {100000, 100001, 250000};
-        std::vector<double> oa(q.size()), ob(q.size());
-        REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
-        REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
-        // The bound of the top of the file with sum |q_rot| |k_rot| measured:
-        // rotated query elements bounded by their pair's norm, keys as stored.
-        std::vector<double> kr(static_cast<std::size_t>(e)), vr(kr.size());
-        std::vector<double> kmag(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
-        for (std::int64_t s = 0; s < spec.states * spec.ring_rows; ++s) {
-          REQUIRE(p.cpu->read_row(s, kr.data(), vr.data()).ok());
-          for (std::int64_t i = 0; i < e; ++i) kmag[static_cast<std::size_t>(s * e + i)] = std::fabs(kr[static_cast<std::size_t>(i)]);
-        }
-        for (std::int64_t i = 0; i < n; ++i) {
-          for (std::int32_t h = 0; h < qh; ++h) {
-            const std::int32_t kv = h / (qh / kvh);
-            const double* qrow = q.data() + (i * qh + h) * 128;
-            double qb[128];
-            for (int d = 0; d < 64; ++d) qb[d] = qb[d + 64] = std::hypot(qrow[d], qrow[d + 64]);
-            double s_max = 0.0;
-            for (std::int64_t c = 0; c < w; ++c) {
-              const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
-              if (slot < 0) continue;
-              double sum = 0.0;
-              for (int d = 0; d < 128; ++d) sum += qb[d] * kmag[static_cast<std::size_t>(slot * e + kv * 128 + d)];
-              s_max = std::max(s_max, sum);
-            }
-            const double ds = spec.softmax_scale * s_max * (0x1.0p-16 + 2.0 * 130.0 * kU32);
-            const double tolerance = 2.0 * ds + (2.0 * (static_cast<double>(w) + 4.0) * kU32 + 0x1.0p-16);
-            for (std::int32_t d = 0; d < 128; ++d) {
-              const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
-              INFO("query " << i << " head " << h << " dim " << d << " cpu " << oa[at] << " cuda "
-                            << ob[at] << " bound " << tolerance);
-              REQUIRE(std::fabs(oa[at] - ob[at]) <= tolerance);
+        for (const std::int64_t n : {std::int64_t{3}, std::int64_t{24}}) {
+          INFO("queries " << n);
+          const auto index = production_index(spec, prng, n);
+          const std::int64_t w = spec.window_rows;
+          const auto q = random_rows(prng, n * qh * 128, 1.5);
+          const std::vector<std::int64_t> positions = production_positions(n);
+          std::vector<double> oa(q.size()), ob(q.size());
+          REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
+          REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+          // The bound of the top of the file with sum |q_rot| |k_rot| measured:
+          // rotated query elements bounded by their pair's norm, keys as stored.
+          std::vector<double> kr(static_cast<std::size_t>(e)), vr(kr.size());
+          std::vector<double> kmag(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
+          for (std::int64_t s = 0; s < spec.states * spec.ring_rows; ++s) {
+            REQUIRE(p.cpu->read_row(s, kr.data(), vr.data()).ok());
+            for (std::int64_t i = 0; i < e; ++i) kmag[static_cast<std::size_t>(s * e + i)] = std::fabs(kr[static_cast<std::size_t>(i)]);
+          }
+          for (std::int64_t i = 0; i < n; ++i) {
+            for (std::int32_t h = 0; h < qh; ++h) {
+              const std::int32_t kv = h / (qh / kvh);
+              const double* qrow = q.data() + (i * qh + h) * 128;
+              double qb[128];
+              for (int d = 0; d < 64; ++d) qb[d] = qb[d + 64] = std::hypot(qrow[d], qrow[d + 64]);
+              double s_max = 0.0;
+              for (std::int64_t c = 0; c < w; ++c) {
+                const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
+                if (slot < 0) continue;
+                double sum = 0.0;
+                for (int d = 0; d < 128; ++d) sum += qb[d] * kmag[static_cast<std::size_t>(slot * e + kv * 128 + d)];
+                s_max = std::max(s_max, sum);
+              }
+              const double ds = spec.softmax_scale * s_max * (0x1.0p-16 + 2.0 * 130.0 * kU32);
+              const double tolerance = 2.0 * ds + (2.0 * (static_cast<double>(w) + 4.0) * kU32 + 0x1.0p-16);
+              for (std::int32_t d = 0; d < 128; ++d) {
+                const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
+                INFO("query " << i << " head " << h << " dim " << d << " cpu " << oa[at] << " cuda "
+                              << ob[at] << " bound " << tolerance);
+                REQUIRE(std::fabs(oa[at] - ob[at]) <= tolerance);
+              }
             }
           }
         }
