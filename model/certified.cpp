@@ -66,6 +66,46 @@ void outward(const Ball& b, double* lo_end, double* hi_end) {
   *hi_end = std::nextafter(b.c.hi + (b.c.lo + r), inf);
 }
 
+RopeSteps rope_steps(const std::vector<Real50>& theta) {
+  using std::cos;
+  using std::sin;
+  RopeSteps out;
+  for (const Real50& t : theta) {
+    const Ball c = from_real(Real50(cos(t)));
+    const Ball s = from_real(Real50(sin(t)));
+    out.theta.push_back(to_double(t));
+    out.c.push_back(c.c);
+    out.s.push_back(s.c);
+    // 169-bit rounding (2^-169 <= 2^-160) plus the split.
+    out.eps.push_back(std::max(c.r, s.r) + 0x1.0p-160);
+  }
+  return out;
+}
+
+void rope_advance(const RopeSteps& steps, RopeTrack* track) {
+  for (std::size_t i = 0; i < steps.c.size(); ++i) {
+    const Dd c = track->c[i], s = track->s[i];
+    track->c[i] = dd_add(dd_mul(c, steps.c[i]), dd_neg(dd_mul(s, steps.s[i])));
+    track->s[i] = dd_add(dd_mul(s, steps.c[i]), dd_mul(c, steps.s[i]));
+    const double r = track->r[i];
+    track->r[i] = (r * (1 + 2 * steps.eps[i]) + 2 * steps.eps[i] * (1 + r) + 16 * kOpRel + kTiny) * kUp;
+  }
+  ++track->position;
+  ++track->steps;
+}
+
+void rope_track_balls(const RopeTrack& track, const RopeSteps& steps, double um, std::vector<Ball>* cos_out,
+                      std::vector<Ball>* sin_out) {
+  cos_out->resize(track.c.size());
+  sin_out->resize(track.c.size());
+  for (std::size_t i = 0; i < track.c.size(); ++i) {
+    const double angle = static_cast<double>(track.position) * std::fabs(steps.theta[i]) * (1 + 0x1.0p-40);
+    const double r = (track.r[i] + um * (angle + 1)) * kUp;
+    (*cos_out)[i] = Ball{track.c[i], r};
+    (*sin_out)[i] = Ball{track.s[i], r};
+  }
+}
+
 std::vector<Ball> rotate_row(const double* x, std::int32_t heads, std::int32_t head_dim, const Rope& rope,
                              const std::vector<Ball>& cos_f, const std::vector<Ball>& sin_f, double um) {
   std::vector<Ball> out(static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim));

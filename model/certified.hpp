@@ -274,6 +274,61 @@ void rope_factors(const std::vector<R>& theta, std::int64_t position, std::vecto
   }
 }
 
+/// cos and sin of p * theta_i for consecutive positions without a
+/// transcendental call per position: the exact values (not MPFR's) are
+/// enclosed, per pair, by double-double centres and one radius bounding the
+/// Euclidean norm of the (cos, sin) error. A step multiplies by the rotation
+/// (cos theta_i, sin theta_i) (double-doubles within eps_i of the exact, from
+/// 169-bit MPFR): a rotation keeps the norm of an error, the matrix error
+/// adds <= 2 eps_i (1 + r), the double-double products and sums <= 16
+/// kOpRel. An anchor comes from MPFR at the requested precision: its value
+/// at angle fl(p theta) is within um (p theta + 1) of cos(p theta) (the
+/// angle's rounding moves it by at most the angle's error, cos's rounding
+/// by um), doubled for the norm. factor_balls() then widens by um (p theta
+/// + 1) again, so the balls contain MPFR's own cos(fl(p theta)) at every
+/// position: what model::rope_rotate multiplies by.
+struct RopeTrack {
+  std::int64_t position = -1;
+  std::int64_t steps = 0;  ///< advances since the anchor
+  std::vector<Dd> c, s;
+  std::vector<double> r;
+};
+
+/// The per-pair step rotations of a RoPE configuration.
+struct RopeSteps {
+  std::vector<double> theta;  ///< MPFR's theta_i rounded to double (|p theta| bounds only)
+  std::vector<Dd> c, s;       ///< cos theta_i, sin theta_i
+  std::vector<double> eps;    ///< their error bound
+};
+
+/// Anchors `track` at `position` from MPFR values of precision R.
+template <class R>
+void rope_anchor(const std::vector<R>& theta, std::int64_t position, double um, RopeTrack* track) {
+  std::vector<Ball> c, s;
+  rope_factors(theta, position, &c, &s);
+  track->position = position;
+  track->steps = 0;
+  track->c.resize(theta.size());
+  track->s.resize(theta.size());
+  track->r.resize(theta.size());
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    const double angle = static_cast<double>(position) * std::fabs(to_double(theta[i])) * (1 + 0x1.0p-40);
+    track->c[i] = c[i].c;
+    track->s[i] = s[i].c;
+    track->r[i] = (c[i].r + s[i].r + 2 * um * (angle + 1)) * kUp;
+  }
+}
+
+/// Steps from MPFR's theta_i (169-bit cos and sin).
+RopeSteps rope_steps(const std::vector<Real50>& theta);
+
+/// Moves `track` one position on.
+void rope_advance(const RopeSteps& steps, RopeTrack* track);
+
+/// The balls of MPFR's cos and sin at the track's position (see RopeTrack).
+void rope_track_balls(const RopeTrack& track, const RopeSteps& steps, double um, std::vector<Ball>* cos_out,
+                      std::vector<Ball>* sin_out);
+
 /// MPFR's theta_i = base^(-2i / rotary_dims), as model::rope_rotate forms it.
 template <class R>
 std::vector<R> rope_thetas(const Rope& rope) {

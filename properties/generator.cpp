@@ -56,7 +56,9 @@ ProductionBudget production_budget() {
 std::vector<std::string> coverage_names(Profile profile) {
   std::vector<std::string> names = {"ring_wrap", "verify_rejection", "chunk_longer_than_window", "state_reuse"};
   if (profile == Profile::kProduction) {
-    for (const char* n : {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts"}) names.push_back(n);
+    for (const char* n : {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k"}) {
+      names.push_back(n);
+    }
   }
   return names;
 }
@@ -64,7 +66,9 @@ std::vector<std::string> coverage_names(Profile profile) {
 std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
   std::vector<bool> flags = {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
   if (profile == Profile::kProduction) {
-    for (const bool f : {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts}) flags.push_back(f);
+    for (const bool f : {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts, c.position_100k}) {
+      flags.push_back(f);
+    }
   }
   return flags;
 }
@@ -79,6 +83,7 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
     reach.push_back(!caps.full_window_only);
     reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024));
     reach.push_back(caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9));
+    reach.push_back(prefill && !caps.full_window_only);
   }
   return reach;
 }
@@ -350,6 +355,45 @@ std::int64_t slot_bytes(const scenarios::CacheConfig& c) {
   return c.shared_row ? row : 2 * row;
 }
 
+/// Rows a long-context case writes at least: RoPE angles past 10^5.
+constexpr std::int64_t kLongContextRows = 100'000;
+
+/// Turns a production case into a long-context one: one request runs past
+/// position 10^5 (where angle errors grow: README "Tolerances") in prefill
+/// chunks of up to 2048 rows, then a few decodes. One head of 64 and a
+/// window of 1..3 keys keep the reference's work at a few keys per row, and
+/// the runner keeps only the rows a window can still see, so the case costs
+/// about a second and bounded memory (README "Production profile").
+void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& caps) {
+  auto& c = sc.cache;
+  c.window = rng.range(1, 3);
+  c.q_heads = c.kv_heads = 1;
+  c.head_dim = 64;
+  c.shared_row = false;
+  c.layers = 1;
+  c.states = 1;
+  c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
+  c.rope.rotary_dims = 64;
+  c.rope.base = rng.chance(1, 2) ? 10000.0 : 500000.0;
+  fit_to_caps(c, caps);
+  std::int64_t chunk = 2048, drafts = 0;
+  fit_step_bounds(caps, &chunk, &drafts);
+  c.ring_rows = safe_ring_rows(window_keys(c), chunk, 0, true) + rng.range(0, 3);
+  sc.requests = {{0, 0}};
+  sc.steps.clear();
+  const std::int64_t end = kLongContextRows + rng.range(1, 4096);
+  for (std::int64_t written = 0; written < end;) {
+    Step step;
+    step.kind = StepKind::kPrefill;
+    const bool lts = caps.prefill_load_then_store && (!caps.prefill_store_then_load || rng.chance(1, 2));
+    step.order = lts ? Order::kLoadThenStore : Order::kStoreThenLoad;
+    step.rows = std::min(chunk, end - written);
+    written += step.rows;
+    sc.steps.push_back(step);
+  }
+  for (std::int64_t d = rng.range(1, 4); d > 0; --d) sc.steps.push_back(Step{});  // decodes
+}
+
 Scenario generate_production(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(mix_seed(seed, 0x70726f64));  // "prod": its own stream, apart from the default profile's
   int weights[kKinds];
@@ -414,6 +458,9 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   }
   WorkLeft work(c, budget);
   draw_schedule(rng, sc, weights, max_chunk, max_drafts, 4, 4, 24, &work);
+  // Drawn last, so the other cases keep their draws.
+  const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
+  if (prefill && !caps.full_window_only && rng.chance(1, 16)) make_long_context(sc, rng, caps);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -447,6 +494,7 @@ Coverage classify(const Scenario& sc) {
     if (n > 0 && keys >= 4096) cov.window_4096 = true;
     if (s.kind == StepKind::kPrefill && s.rows >= 1024) cov.chunk_1024 = true;
     if (s.kind == StepKind::kVerify && s.drafts >= 8) cov.verify_8_drafts = true;
+    if (n > 0 && scenarios::step_first_position(p) + n - 1 >= kLongContextRows) cov.position_100k = true;
     if (n > 0) wrote = true;
     scenarios::advance(p, s);
   }

@@ -58,10 +58,11 @@ struct Coverage {
   bool window_4096 = false;          ///< a query runs with a window of at least 4096 keys (index rows that wide)
   bool chunk_1024 = false;           ///< a prefill chunk of at least 1024 rows
   bool verify_8_drafts = false;      ///< a verify with at least 8 drafts
+  bool position_100k = false;        ///< a row is written at a position of at least 10^5 (RoPE at long context)
 };
 
 /// Names of the coverage classes of `profile`, in Coverage field order
-/// (the production profile has the default's four, then four of its own).
+/// (the production profile has the default's four, then five of its own).
 std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
 /// The classes of `profile` as booleans, in coverage_names(profile) order.
 std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::kDefault);

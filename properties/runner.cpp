@@ -124,13 +124,35 @@ struct Certifier {
     std::vector<model::certified::Ball> cos_f, sin_f;
   };
   std::map<std::int64_t, Factors> factors;  ///< by position; cleared at every step
+  model::certified::RopeSteps steps;         ///< from theta (set up with it)
+  model::certified::RopeTrack track;         ///< the last position's factors, carried on
 
+  void set_rope(const model::Rope& r) {
+    rope = r;
+    theta = model::certified::rope_thetas<Real>(r);
+    std::vector<model::Real50> wide(theta.begin(), theta.end());
+    steps = model::certified::rope_steps(wide);
+  }
+
+  /// The factors at `position`: carried on from the previous position
+  /// (model::certified::RopeTrack) while the angles stay below 2^40 and the
+  /// chain is short, else MPFR's own cos and sin.
   const Factors& at(std::int64_t position) {
     auto it = factors.find(position);
-    if (it == factors.end()) {
-      it = factors.emplace(position, Factors{}).first;
+    if (it != factors.end()) return it->second;
+    it = factors.emplace(position, Factors{}).first;
+    double angle = 0;
+    for (const double t : steps.theta) angle = std::max(angle, std::fabs(t) * static_cast<double>(position));
+    if (angle > 0x1.0p40) {
       model::certified::rope_factors(theta, position, &it->second.cos_f, &it->second.sin_f);
+      return it->second;
     }
+    if (track.position == position - 1 && track.c.size() == steps.c.size() && track.steps < 4096) {
+      model::certified::rope_advance(steps, &track);
+    } else {
+      model::certified::rope_anchor(theta, position, um, &track);
+    }
+    model::certified::rope_track_balls(track, steps, um, &it->second.cos_f, &it->second.sin_f);
     return it->second;
   }
 };
@@ -380,8 +402,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
   if (cert.on) {
     cert.um = std::ldexp(1.0, -model::real_bits<Real>());
-    cert.rope = rope;
-    cert.theta = model::certified::rope_thetas<Real>(rope);
+    cert.set_rope(rope);
     cert.scale = model::certified::from_real(scale);
     if (cache.sink_logit) cert.sink = *cache.sink_logit;
   }
@@ -720,6 +741,17 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       run.steps.push_back(std::move(obs));
     }
     if (stop) break;
+
+    // Rows no later query can see: every later query of this request sits at
+    // or after this writing step's first position (an accept keeps at least
+    // it; after a reset the positions are written again before they are
+    // read), so a window reaches back no further than first - keys + 1.
+    // Memory stays with the window, not the schedule's length.
+    if (n > 0 && first - keys > 0) {
+      for (LayerTruth<Real>& truth : layers) {
+        truth.rows.erase(truth.rows.lower_bound({step.request, 0}), truth.rows.lower_bound({step.request, first - keys}));
+      }
+    }
 
     // Model bookkeeping shared by all layers (SPEC §3, scenarios/step_semantics.hpp).
     req.begun = true;

@@ -91,6 +91,44 @@ TEST_CASE("Certified: rotated rows contain MPFR's rotation at positions up to 2^
   rope_contains<Real50>(12);
 }
 
+template <class R>
+void track_contains(std::uint64_t seed) {
+  using std::cos;
+  using std::sin;
+  Prng rng(seed);
+  const double um = std::ldexp(1.0, -real_bits<R>());
+  for (int t = 0; t < 6; ++t) {
+    Rope rope;
+    rope.style = RopeStyle::kNeox;
+    rope.rotary_dims = 16;
+    rope.base = t % 2 ? 10000.0 : 500000.0;
+    const std::vector<R> theta = cf::rope_thetas<R>(rope);
+    const std::vector<Real50> wide(theta.begin(), theta.end());
+    const cf::RopeSteps steps = cf::rope_steps(wide);
+    cf::RopeTrack track;
+    const std::int64_t p0 = static_cast<std::int64_t>(rng.next() >> (34 + t));  // up to 2^30
+    cf::rope_anchor(theta, p0, um, &track);
+    std::vector<cf::Ball> c, s;
+    for (std::int64_t k = 0; k < 4096; ++k) {
+      if (k > 0) cf::rope_advance(steps, &track);
+      if (k % 61 != 0 && k != 4095) continue;
+      cf::rope_track_balls(track, steps, um, &c, &s);
+      for (std::size_t i = 0; i < theta.size(); ++i) {
+        const R angle = R(p0 + k) * theta[i];  // MPFR's angle and factors, as rope_rotate forms them
+        INFO("position " << p0 + k << " pair " << i);
+        REQUIRE(contains(c[i], R(cos(angle))));
+        REQUIRE(contains(s[i], R(sin(angle))));
+        REQUIRE(c[i].r < 0x1.0p-60);  // still tight enough to pin rotated rows
+      }
+    }
+  }
+}
+
+TEST_CASE("Certified: RoPE factors carried over 4096 positions contain MPFR's cos and sin") {
+  track_contains<Real>(21);
+  track_contains<Real50>(22);
+}
+
 /// One attention head on drawn inputs: the ball contains model::attend's
 /// MPFR output; returns how many of the head's elements were pinned.
 template <class R>

@@ -90,7 +90,7 @@ ProductionBudget spent(const scenarios::Scenario& sc) {
 TEST_CASE("Generator: production cases draw production shapes within the work budget") {
   const ProductionBudget budget = production_budget();
   std::int64_t long_windows = 0, wide_heads = 0, fp8 = 0, bf16 = 0, big_groups = 0, long_chunks = 0, many_drafts = 0,
-               shared_pool = 0;
+               shared_pool = 0, long_context = 0;
   std::array<std::int64_t, 3> conventions{};
   std::set<std::int32_t> head_dims;
   for (std::int64_t i = 0; i < 2000; ++i) {
@@ -102,6 +102,14 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
     REQUIRE(c.q_heads / c.kv_heads <= 8);
     REQUIRE(c.format != scenarios::Format::kF64);
     const ProductionBudget used = spent(sc);
+    if (classify(sc).position_100k) {
+      // Long context: its own bound, a few keys of one 64-wide head per row.
+      ++long_context;
+      REQUIRE(window_keys(c) <= 4);
+      REQUIRE(c.q_heads * c.head_dim * c.layers == 64);
+      REQUIRE(scenarios::schedule_end(sc.steps) <= 100'000 + 4096 + 4);
+      continue;
+    }
     REQUIRE(used.reference_macs <= budget.reference_macs);
     REQUIRE(used.row_elements <= budget.row_elements);
     const std::int64_t row_elements = std::int64_t{c.kv_heads} * c.head_dim;
@@ -131,9 +139,10 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK(shared_pool > 50);
   CHECK(long_chunks > 20);
   CHECK(many_drafts > 50);
+  CHECK(long_context > 60);  // one case in sixteen runs past position 10^5
   // The default profile is unchanged by the production one's existence.
   CHECK(coverage_names().size() == 4);
-  CHECK(coverage_names(Profile::kProduction).size() == 8);
+  CHECK(coverage_names(Profile::kProduction).size() == 9);
 }
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {
