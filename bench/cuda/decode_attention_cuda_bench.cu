@@ -63,11 +63,13 @@ constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 // configurations of the warp-pipelined kernel (warps, stages per warp),
 // measured beside it so the choice of FastDefault stays a measurement.
 enum class Kind {
-  kFast, kGeneral, kCopy, kBlock, kW4S3, kW8S2, kS8S2C, kS8S3, kS8S3H2, kS8S2H2, kS4S3H2
+  kFast, kGeneral, kCopy, kBlock, kW4S3, kW8S2, kS8S2C, kS8S3, kS8S3H2, kS8S2H2, kS4S3H2,
+  kS8S2M2, kS8S3M2, kS4S3M3
 };
 constexpr Kind kAllKinds[] = {Kind::kFast,  Kind::kGeneral, Kind::kCopy,    Kind::kBlock,
                               Kind::kW4S3,  Kind::kW8S2,    Kind::kS8S2C,   Kind::kS8S3,
-                              Kind::kS8S3H2, Kind::kS8S2H2, Kind::kS4S3H2};
+                              Kind::kS8S3H2, Kind::kS8S2H2, Kind::kS4S3H2, Kind::kS8S2M2,
+                              Kind::kS8S3M2, Kind::kS4S3M3};
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -82,6 +84,9 @@ const char* kind_name(Kind kind) {
     case Kind::kS8S3H2: return "slot w8s3 h2";
     case Kind::kS8S2H2: return "slot w8s2 h2";
     case Kind::kS4S3H2: return "slot w4s3 h2";
+    case Kind::kS8S2M2: return "slot w8s2 m2";
+    case Kind::kS8S3M2: return "slot w8s3 m2";
+    case Kind::kS4S3M3: return "slot w4s3 m3";
   }
   return "?";
 }
@@ -98,7 +103,8 @@ bool measured(int s, Kind kind) {
 /// up to kBenchMaxSplits splits: its blocks are one per (query, split)).
 bool slot_major(Kind kind) {
   return kind == Kind::kS8S2C || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 ||
-         kind == Kind::kS8S2H2 || kind == Kind::kS4S3H2;
+         kind == Kind::kS8S2H2 || kind == Kind::kS4S3H2 || kind == Kind::kS8S2M2 ||
+         kind == Kind::kS8S3M2 || kind == Kind::kS4S3M3;
 }
 
 /// Splits and launch of one fast-kernel configuration G over `a`.
@@ -281,6 +287,9 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
       case Kind::kS8S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 1, 2>>(a, sm_count, cap, choose);
       case Kind::kS8S2H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 2>>(a, sm_count, cap, choose);
       case Kind::kS4S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS8S2M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 2, 1>>(a, sm_count, cap, choose);
+      case Kind::kS8S3M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 2, 1>>(a, sm_count, cap, choose);
+      case Kind::kS4S3M3: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 3, 1>>(a, sm_count, cap, choose);
       default: return cudaSuccess;
     }
   };
