@@ -94,12 +94,12 @@ void rope_advance(const RopeSteps& steps, RopeTrack* track) {
   ++track->steps;
 }
 
-void rope_track_balls(const RopeTrack& track, const RopeSteps& steps, double um, std::vector<Ball>* cos_out,
+void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um, std::vector<Ball>* cos_out,
                       std::vector<Ball>* sin_out) {
   cos_out->resize(track.c.size());
   sin_out->resize(track.c.size());
   for (std::size_t i = 0; i < track.c.size(); ++i) {
-    const double angle = static_cast<double>(track.position) * std::fabs(steps.theta[i]) * (1 + 0x1.0p-40);
+    const double angle = static_cast<double>(track.position) * std::fabs(theta[i]) * (1 + 0x1.0p-40);
     const double r = (track.r[i] + um * (angle + 1)) * kUp;
     (*cos_out)[i] = Ball{track.c[i], r};
     (*sin_out)[i] = Ball{track.s[i], r};

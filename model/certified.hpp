@@ -326,7 +326,8 @@ RopeSteps rope_steps(const std::vector<Real50>& theta);
 void rope_advance(const RopeSteps& steps, RopeTrack* track);
 
 /// The balls of MPFR's cos and sin at the track's position (see RopeTrack).
-void rope_track_balls(const RopeTrack& track, const RopeSteps& steps, double um, std::vector<Ball>* cos_out,
+/// `theta`: MPFR's theta_i as doubles (angle bounds only).
+void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um, std::vector<Ball>* cos_out,
                       std::vector<Ball>* sin_out);
 
 /// MPFR's theta_i = base^(-2i / rotary_dims), as model::rope_rotate forms it.

@@ -112,7 +112,7 @@ void track_contains(std::uint64_t seed) {
     for (std::int64_t k = 0; k < 4096; ++k) {
       if (k > 0) cf::rope_advance(steps, &track);
       if (k % 61 != 0 && k != 4095) continue;
-      cf::rope_track_balls(track, steps, um, &c, &s);
+      cf::rope_track_balls(track, steps.theta, um, &c, &s);
       for (std::size_t i = 0; i < theta.size(); ++i) {
         const R angle = R(p0 + k) * theta[i];  // MPFR's angle and factors, as rope_rotate forms them
         INFO("position " << p0 + k << " pair " << i);
