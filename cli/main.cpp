@@ -25,9 +25,9 @@ usage:
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
   kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
                  [--step-timeout S] [--record TRACE] [--shard I/N] [--profile default|production]
-                 [--memory-limit BYTES]
+                 [--memory-limit BYTES] [--reference certified|mpfr]
   kvcheck replay FILE|DIR... [--impl IMPL] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
-                 [--step-timeout S] [--record TRACE] [--memory-limit BYTES]
+                 [--step-timeout S] [--record TRACE] [--memory-limit BYTES] [--reference certified|mpfr]
   kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS]
   kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
