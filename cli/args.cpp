@@ -151,4 +151,12 @@ void Args::no_positional(const std::string& command) const {
   }
 }
 
+int precision_flag(const Args& args) {
+  const auto bits = args.integer("--precision", 113, 1, 1024);
+  if (bits != 53 && bits != 113 && bits != 169) {
+    throw Error(ErrorId::kUsage, "--precision", "must be 53, 113 (default) or 169 bits");
+  }
+  return static_cast<int>(bits);
+}
+
 }  // namespace kvcheck::cli

@@ -52,4 +52,8 @@ class Args {
 std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t lo,
                            std::int64_t hi);
 
+/// --precision: the reference's requested precision, 53, 113 (default) or
+/// 169 bits (check, replay and audit).
+int precision_flag(const Args& args);
+
 }  // namespace kvcheck::cli

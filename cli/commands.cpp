@@ -18,6 +18,7 @@
 #include "pipelines/catalog.hpp"
 #include "pipelines/check.hpp"
 #include "pipelines/demo.hpp"
+#include "pipelines/replay.hpp"
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
 #include "properties/runner.hpp"
@@ -92,14 +93,6 @@ properties::Profile profile_flag(const Args& args) {
     throw Error(ErrorId::kUsage, "--profile", "must be default or production, got '" + name + "'");
   }
   return profile;
-}
-
-int precision_flag(const Args& args) {
-  const auto bits = args.integer("--precision", 113, 1, 1024);
-  if (bits != 53 && bits != 113 && bits != 169) {
-    throw Error(ErrorId::kUsage, "--precision", "must be 53, 113 (default) or 169 bits");
-  }
-  return static_cast<int>(bits);
 }
 
 /// --reference certified (default) | mpfr: how the 113/169-bit reference is computed.
@@ -301,43 +294,22 @@ int command_replay(int argc, char** argv) {
              "--memory-limit", "--reference"},
             {});
   if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
-  properties::RunOptions options;
-  options.backend = impl_flag(args);
-  options.step_timeout_seconds = step_timeout_flag(args);
-  fault_flag(args, &options.fault);
-  options.precision_bits = precision_flag(args);
-  options.reference = reference_flag(args);
-  const auto files = scenarios::collect_scenario_files(args.positional());
-  if (files.empty()) throw Error(ErrorId::kUsage, "FILE", "no *.json scenario files found");
-  // Load everything first: a bad file stops the run before anything is written.
-  std::vector<scenarios::Scenario> loaded;
-  for (const auto& f : files) loaded.push_back(scenarios::load_scenario_file(f));
-  reports::Report report;
-  report.context = pipelines::report_context(command_line(argc, argv), 0, options.backend, options.fault);
-  report.context.precision_bits = options.precision_bits;
-  for (std::size_t i = 0; i < loaded.size(); ++i) {
-    if (loaded[i].name.empty()) loaded[i].name = files[i].stem().string();
-  }
-  // Refused before any cache is opened when the runs would not fit.
+  pipelines::ReplayRequest request;
+  request.run.backend = impl_flag(args);
+  request.run.step_timeout_seconds = step_timeout_flag(args);
+  fault_flag(args, &request.run.fault);
+  request.run.precision_bits = precision_flag(args);
+  request.run.reference = reference_flag(args);
+  request.command = command_line(argc, argv);
+  if (const auto f = args.get("--record")) request.record = *f;
+  if (const auto f = args.get("--report")) request.files.json = *f;
+  if (const auto f = args.get("--junit")) request.files.junit = *f;
+  if (const auto f = args.get("--html")) request.files.html = *f;
+  // The order of errors: every file is read before --memory-limit is.
+  const std::vector<scenarios::Scenario> loaded = pipelines::load_replay_scenarios(args.positional());
   std::string limit_source;
   const std::int64_t limit = memory_limit_flag(args, &limit_source);
-  properties::require_memory(properties::estimate_replay(loaded, options), limit, limit_source);
-  if (const auto f = args.get("--record")) {
-    // Every run goes through a recording wrapper; the trace holds them all.
-    auto trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));
-    report.runs = pipelines::record_runs(loaded, options, trace);
-  } else {
-    // One provider for every file (one adapter process for exec).
-    const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
-    options.provider = provider.get();
-    for (const auto& sc : loaded) report.runs.push_back(properties::run_scenario(sc, options));
-  }
-  std::fputs(reports::report_text(report).c_str(), stdout);
-  std::vector<reports::OutputFile> outputs;
-  if (const auto f = args.get("--report")) outputs.push_back({*f, reports::report_json_text(report)});
-  if (const auto f = args.get("--junit")) outputs.push_back({*f, reports::report_junit(report)});
-  if (const auto f = args.get("--html")) outputs.push_back({*f, reports::report_html(report)});
-  return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
+  return pipelines::run_replay(loaded, request, limit, limit_source);
 }
 
 int command_demo(int argc, char** argv) {

@@ -128,6 +128,15 @@ int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int
   return code;
 }
 
+int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files) {
+  std::vector<reports::OutputFile> outputs;
+  if (files.text) outputs.push_back({*files.text, text});
+  if (files.json) outputs.push_back({*files.json, reports::report_json_text(report)});
+  if (files.junit) outputs.push_back({*files.junit, reports::report_junit(report)});
+  if (files.html) outputs.push_back({*files.html, reports::report_html(report)});
+  return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
+}
+
 int write_reports(const reports::Report& report, const fs::path& dir, int code) {
   std::error_code ec;
   fs::create_directories(dir, ec);  // a failure shows as the set's write error

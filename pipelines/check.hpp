@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,20 @@ reports::ReportContext report_context(const std::string& command, std::uint64_t 
 /// passed but its files could not be written). No file of the set, and none
 /// of an earlier run's at the same paths, is left behind.
 int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int code);
+
+/// The report files `replay` and `audit` are asked for by name (--text,
+/// --report, --junit, --html); absent ones are not written.
+struct ReportFiles {
+  std::optional<std::filesystem::path> text;    ///< the text report (`text`, as printed)
+  std::optional<std::filesystem::path> json;    ///< report.json's format
+  std::optional<std::filesystem::path> junit;   ///< JUnit XML
+  std::optional<std::filesystem::path> html;    ///< the HTML report
+};
+
+/// Writes the files of `report` that `files` names, as one set, in the order
+/// text, JSON, JUnit, HTML (`text` is the report's text as printed); returns
+/// 0 when every run passed, else 1 (see write_set_keeping_verdict).
+int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files);
 
 /// The report set of `report` in `dir`: the counterexample (if any) and the
 /// four reports, written together or not at all; returns `code` (see

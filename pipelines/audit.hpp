@@ -1,0 +1,29 @@
+// The audit pipeline behind `kvcheck audit`: recorded traces
+// (scenarios/trace.hpp) of an engine that cannot be driven live, or
+// recordings kvcheck made itself (--record), judged with the same runner and
+// reports as a live run. cli/ reads the flags into an AuditRequest.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipelines/check.hpp"
+
+namespace kvcheck::pipelines {
+
+/// What `kvcheck audit` was asked for.
+struct AuditRequest {
+  std::vector<std::string> files_or_dirs;  ///< trace files (*.jsonl) or directories of them
+  int precision_bits = 113;                ///< --precision: 53, 113 or 169
+  std::string command;                     ///< the command line as the report records it
+  ReportFiles files;                       ///< --text, --report, --junit, --html
+};
+
+/// Loads every trace (all before any is judged: a bad file writes nothing),
+/// judges each run, prints the report and a note for each run whose outputs
+/// could not be judged, and writes the report files as one set. Returns 0
+/// when every run passed, else 1 (see write_set_keeping_verdict); throws
+/// kvcheck::Error for a bad trace or when there is none.
+int run_audit(const AuditRequest& request);
+
+}  // namespace kvcheck::pipelines

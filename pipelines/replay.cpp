@@ -1,0 +1,50 @@
+#include "pipelines/replay.hpp"
+
+#include <cstdio>
+#include <memory>
+
+#include "engines/factory.hpp"
+#include "properties/memory_estimate.hpp"
+#include "reports/report_text.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "scenarios/trace_json.hpp"
+#include "support/error.hpp"
+
+namespace kvcheck::pipelines {
+
+std::vector<scenarios::Scenario> load_replay_scenarios(const std::vector<std::string>& files_or_dirs) {
+  const auto files = scenarios::collect_scenario_files(files_or_dirs);
+  if (files.empty()) throw Error(ErrorId::kUsage, "FILE", "no *.json scenario files found");
+  // Load everything first: a bad file stops the run before anything is written.
+  std::vector<scenarios::Scenario> loaded;
+  for (const auto& f : files) loaded.push_back(scenarios::load_scenario_file(f));
+  for (std::size_t i = 0; i < loaded.size(); ++i) {
+    if (loaded[i].name.empty()) loaded[i].name = files[i].stem().string();
+  }
+  return loaded;
+}
+
+int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayRequest& request,
+               std::int64_t memory_limit_bytes, const std::string& limit_source) {
+  properties::RunOptions options = request.run;
+  reports::Report report;
+  report.context = report_context(request.command, 0, options.backend, options.fault);
+  report.context.precision_bits = options.precision_bits;
+  // Refused before any cache is opened when the runs would not fit.
+  properties::require_memory(properties::estimate_replay(loaded, options), memory_limit_bytes, limit_source);
+  if (request.record) {
+    // Every run goes through a recording wrapper; the trace holds them all.
+    auto trace = std::make_shared<scenarios::TraceWriter>(*request.record);
+    report.runs = record_runs(loaded, options, trace);
+  } else {
+    // One provider for every file (one adapter process for exec).
+    const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
+    options.provider = provider.get();
+    for (const auto& sc : loaded) report.runs.push_back(properties::run_scenario(sc, options));
+  }
+  const std::string text = reports::report_text(report);
+  std::fputs(text.c_str(), stdout);
+  return write_report_files(report, text, request.files);
+}
+
+}  // namespace kvcheck::pipelines
