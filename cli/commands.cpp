@@ -283,9 +283,10 @@ int command_merge(int argc, char** argv) {
     prepare_out_dir(out);
     return pipelines::merge_check(shards, out, workers, start, false);
   }
-  sweep::SweepResult result = sweep::merge_sweep_shards(shards);
-  sweep::adopt_counterexamples(result, args.get_or("--out", "kvcheck-out/sweep"));
-  return sweep_outputs(result, args, pipelines::seconds_since(start), workers);
+  const sweep::SweepResult result = pipelines::merge_sweep(shards, args.get_or("--out", "kvcheck-out/sweep"));
+  // The order of errors: the shards are read (and their counterexamples moved) before --json is checked.
+  const pipelines::SweepOutputFiles outputs = sweep_output_flags(args);
+  return pipelines::write_sweep_outputs(result, outputs, pipelines::seconds_since(start), workers);
 }
 
 int command_replay(int argc, char** argv) {

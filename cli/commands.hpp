@@ -3,11 +3,8 @@
 // process exit code.
 #pragma once
 
-#include <string>
-#include <vector>
-
 #include "cli/args.hpp"
-#include "sweep/sweep.hpp"
+#include "pipelines/sweep.hpp"
 
 namespace kvcheck::cli {
 
@@ -21,9 +18,8 @@ int command_faults(int argc, char** argv);
 int command_audit(int argc, char** argv);
 int command_merge(int argc, char** argv);
 
-/// Writes a finished sweep the way `kvcheck sweep` does (--json, --csv,
-/// --svg, else the table on stdout; the summary on stderr) and returns its
-/// exit code; `workers` says what ran it ("2 threads", "3 shards").
-int sweep_outputs(const sweep::SweepResult& result, const Args& args, double seconds, const std::string& workers);
+/// --json, --csv and --svg of `sweep` and a sweep's `merge`; refuses an
+/// empty name and more than one '-' (stdout).
+pipelines::SweepOutputFiles sweep_output_flags(const Args& args);
 
 }  // namespace kvcheck::cli

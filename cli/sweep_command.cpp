@@ -1,4 +1,5 @@
-// `kvcheck sweep`: flags in, sweep/ does the work.
+// `kvcheck sweep`: flags in, pipelines/sweep.hpp runs the sweep (sweep/) and
+// writes its outputs.
 //
 //   kvcheck sweep --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2]
 //                 --order store-then-load|load-then-store|both [--states N]
@@ -13,11 +14,6 @@
 // unsafe somewhere, a counterexample did not replay, or a live cache (--impl
 // layer or exec:...) loses rows at every capacity tried; 2 bad usage.
 
-#include <chrono>
-#include <cstdlib>
-#include <cstdio>
-#include <filesystem>
-#include <functional>
 #include <optional>
 #include <string>
 
@@ -26,13 +22,10 @@
 #include "cli/mpi_world.hpp"
 #include "cli/progress.hpp"
 #include "cli/sweep_flags.hpp"
-#include "support/atomic_write.hpp"
-#include "reports/report.hpp"
-#include "reports/shard.hpp"
-#include "sweep/sweep.hpp"
-#include "sweep/sweep_output.hpp"
-#include "sweep/sweep_shard.hpp"
+#include "pipelines/sweep.hpp"
 #include "support/error.hpp"
+#include "sweep/formula.hpp"
+#include "sweep/sweep.hpp"
 
 namespace kvcheck::cli {
 
@@ -43,28 +36,6 @@ namespace {
 constexpr std::int64_t kMaxWindowRows = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxDrafts = 4096;
 constexpr std::int64_t kMaxChunkRows = std::int64_t{1} << 16;
-
-void emit(const std::string& file, const std::string& text) {
-  if (file == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-  } else {
-    write_file_atomic(file, text);
-  }
-}
-
-/// How many of --json, --csv, --svg go to stdout ('-'); refuses more than
-/// one and empty names.
-int stdout_outputs(const Args& args) {
-  int to_stdout = 0;
-  for (const char* flag : {"--json", "--csv", "--svg"}) {
-    const auto v = args.get(flag);
-    if (v && v->empty()) throw Error(ErrorId::kUsage, flag, "needs a file name or '-'");
-    if (v == "-") ++to_stdout;
-  }
-  if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
-  return to_stdout;
-}
 
 }  // namespace
 
@@ -78,13 +49,15 @@ int command_sweep(int argc, char** argv) {
     // Every rank would sweep the whole grid; a sweep splits with --shard.
     throw Error(ErrorId::kUsage, "mpirun", "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
   }
-  sweep::SweepGrid grid = sweep::default_grid();
+  pipelines::SweepRequest request;
+  sweep::SweepGrid& grid = request.grid;
+  grid = sweep::default_grid();
   if (const auto v = args.get("--window")) grid.windows = parse_value_list("--window", *v, 1, kMaxWindowRows);
   if (const auto v = args.get("--drafts")) grid.drafts = parse_value_list("--drafts", *v, 0, kMaxDrafts);
   if (const auto v = args.get("--chunk")) grid.chunks = parse_value_list("--chunk", *v, 1, kMaxChunkRows);
   if (const auto v = args.get("--order")) grid.orders = parse_orders("--order", *v);
 
-  sweep::SweepOptions options;
+  sweep::SweepOptions& options = request.options;
   if (const auto impl = args.get("--impl"); impl && *impl != "cpu") {
     // Any other cache is driven through the step-level interface: each
     // candidate capacity goes to the cache, the worst-case schedule runs.
@@ -115,64 +88,22 @@ int command_sweep(int argc, char** argv) {
     }
     options.shard_index = shard->index;
     options.shard_count = shard->count;
-    // The shard document goes into --out: refuse a bad one before any work.
-    std::error_code ec;
-    std::filesystem::create_directories(options.out_dir, ec);
-    if (ec || !std::filesystem::is_directory(options.out_dir)) {
-      throw Error(ErrorId::kIo, "--out", "cannot create directory '" + options.out_dir.string() + "'");
-    }
+    request.shard = true;
   }
-  stdout_outputs(args);
+  request.outputs = sweep_output_flags(args);
   options.progress = progress_bar("sweep");
-
-  const auto t0 = std::chrono::steady_clock::now();
-  const sweep::SweepResult result = sweep::run_sweep(grid, options);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (shard) {
-    // One shard of a split sweep: its rows and counterexamples in --out;
-    // `kvcheck merge` writes the outputs of the whole sweep.
-    const std::filesystem::path file = options.out_dir / reports::kShardFileName;
-    const nlohmann::ordered_json rows = sweep::sweep_shard_rows_json(result, shard->index, shard->count);
-    write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, shard->index,
-                                                         shard->count, sweep::sweep_shard_options_json(grid, options),
-                                                         rows));
-    std::printf("sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
-                "with kvcheck merge)\n",
-                static_cast<long long>(shard->index), static_cast<long long>(shard->count), rows["rows"].size(),
-                static_cast<long long>(grid.size()), seconds, options.threads, file.string().c_str());
-    return 0;
-  }
-  return sweep_outputs(result, args, seconds, std::to_string(options.threads) + " threads");
+  return pipelines::run_capacity_sweep(request);
 }
 
-int sweep_outputs(const sweep::SweepResult& result, const Args& args, double seconds, const std::string& workers) {
-  const int to_stdout = stdout_outputs(args);
-  if (const auto f = args.get("--json")) emit(*f, sweep::sweep_json(result));
-  if (const auto f = args.get("--csv")) emit(*f, sweep::sweep_csv(result));
-  if (const auto f = args.get("--svg")) emit(*f, sweep::sweep_svg(result));
-  if (to_stdout == 0) {
-    const std::string table = sweep::sweep_table(result);
-    std::fwrite(table.data(), 1, table.size(), stdout);
+pipelines::SweepOutputFiles sweep_output_flags(const Args& args) {
+  int to_stdout = 0;
+  for (const char* flag : {"--json", "--csv", "--svg"}) {
+    const auto v = args.get(flag);
+    if (v && v->empty()) throw Error(ErrorId::kUsage, flag, "needs a file name or '-'");
+    if (v == "-") ++to_stdout;
   }
-  std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %s\n",
-               static_cast<long long>(result.rows.size()), static_cast<long long>(result.probes), seconds,
-               workers.c_str());
-  if (result.formula && result.formula_unsafe_rows > 0) {
-    std::fprintf(stderr, "kvcheck sweep: formula '%s' is unsafe on %lld of %lld configurations\n",
-                 result.formula->c_str(), static_cast<long long>(result.formula_unsafe_rows),
-                 static_cast<long long>(result.rows.size()));
-  }
-  if (result.replay_failures > 0) {
-    std::fprintf(stderr, "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
-                 static_cast<long long>(result.replay_failures));
-  }
-  if (result.no_safe_rows > 0) {
-    std::fprintf(stderr, "kvcheck sweep: %lld configuration(s) lose rows at every capacity tried\n",
-                 static_cast<long long>(result.no_safe_rows));
-  }
-  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 || result.no_safe_rows > 0
-             ? 1
-             : 0;
+  if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
+  return {args.get("--json"), args.get("--csv"), args.get("--svg")};
 }
 
 }  // namespace kvcheck::cli

@@ -1,0 +1,96 @@
+#include "pipelines/sweep.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <system_error>
+
+#include "reports/report.hpp"
+#include "support/atomic_write.hpp"
+#include "support/error.hpp"
+#include "sweep/sweep_output.hpp"
+#include "sweep/sweep_shard.hpp"
+
+namespace kvcheck::pipelines {
+
+namespace {
+
+/// `text` to stdout for "-", else atomically into `file`.
+void emit(const std::string& file, const std::string& text) {
+  if (file == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  } else {
+    write_file_atomic(file, text);
+  }
+}
+
+}  // namespace
+
+int run_capacity_sweep(const SweepRequest& request) {
+  const sweep::SweepOptions& options = request.options;
+  if (request.shard) {
+    // The shard document goes into --out: refuse a bad one before any work.
+    std::error_code ec;
+    std::filesystem::create_directories(options.out_dir, ec);
+    if (ec || !std::filesystem::is_directory(options.out_dir)) {
+      throw Error(ErrorId::kIo, "--out", "cannot create directory '" + options.out_dir.string() + "'");
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const sweep::SweepResult result = sweep::run_sweep(request.grid, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!request.shard) {
+    return write_sweep_outputs(result, request.outputs, seconds, std::to_string(options.threads) + " threads");
+  }
+  // One shard of a split sweep: its rows and counterexamples in --out;
+  // `kvcheck merge` writes the outputs of the whole sweep.
+  const std::filesystem::path file = options.out_dir / reports::kShardFileName;
+  const nlohmann::ordered_json rows = sweep::sweep_shard_rows_json(result, options.shard_index, options.shard_count);
+  write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, options.shard_index,
+                                              options.shard_count, sweep::sweep_shard_options_json(request.grid, options),
+                                              rows));
+  std::printf("sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
+              "with kvcheck merge)\n",
+              static_cast<long long>(options.shard_index), static_cast<long long>(options.shard_count),
+              rows["rows"].size(), static_cast<long long>(request.grid.size()), seconds, options.threads,
+              file.string().c_str());
+  return 0;
+}
+
+sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir) {
+  sweep::SweepResult result = sweep::merge_sweep_shards(shards);
+  sweep::adopt_counterexamples(result, out_dir);
+  return result;
+}
+
+int write_sweep_outputs(const sweep::SweepResult& result, const SweepOutputFiles& outputs, double seconds,
+                        const std::string& workers) {
+  if (outputs.json) emit(*outputs.json, sweep::sweep_json(result));
+  if (outputs.csv) emit(*outputs.csv, sweep::sweep_csv(result));
+  if (outputs.svg) emit(*outputs.svg, sweep::sweep_svg(result));
+  if (outputs.json != "-" && outputs.csv != "-" && outputs.svg != "-") {
+    const std::string table = sweep::sweep_table(result);
+    std::fwrite(table.data(), 1, table.size(), stdout);
+  }
+  std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %s\n",
+               static_cast<long long>(result.rows.size()), static_cast<long long>(result.probes), seconds,
+               workers.c_str());
+  if (result.formula && result.formula_unsafe_rows > 0) {
+    std::fprintf(stderr, "kvcheck sweep: formula '%s' is unsafe on %lld of %lld configurations\n",
+                 result.formula->c_str(), static_cast<long long>(result.formula_unsafe_rows),
+                 static_cast<long long>(result.rows.size()));
+  }
+  if (result.replay_failures > 0) {
+    std::fprintf(stderr, "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
+                 static_cast<long long>(result.replay_failures));
+  }
+  if (result.no_safe_rows > 0) {
+    std::fprintf(stderr, "kvcheck sweep: %lld configuration(s) lose rows at every capacity tried\n",
+                 static_cast<long long>(result.no_safe_rows));
+  }
+  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 || result.no_safe_rows > 0
+             ? 1
+             : 0;
+}
+
+}  // namespace kvcheck::pipelines
