@@ -57,19 +57,24 @@ constexpr Shape kShapes[] = {{"decode b64 w4096", 64, 4096, 10000, 8, 32},
                              {"long b1 w32768", 1, 32768, 100000, 8, 32}};
 constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 
-// kFast is the backend's configuration (FastDefault: the warp-pipelined
-// kernel); kBlock is the block-tile kernel (ring_fast_attend_kernel, 4 warps,
-// 3 stages bf16 / 4 fp8: the previous default) and the kW* kinds are other
-// configurations of the warp-pipelined kernel (warps, stages per warp),
+// kFast is the backend's configuration (FastDefault: slot-major for the
+// decode shape, warp-pipelined for split-K); kBlock is the block-tile kernel
+// (ring_fast_attend_kernel, 4 warps, 3 stages bf16 / 4 fp8: the first
+// default), the kW* kinds are other configurations of the warp-pipelined
+// kernel (warps, stages per warp) and the kS* kinds of the slot-major one,
 // measured beside it so the choice of FastDefault stays a measurement.
+// kS8S2K8 is the slot-major kernel in clusters of 8 splits (DSMEM merge);
+// kW8S2B and kSlotB are kFast's two configurations with the batched index
+// preload (fast_load_slots), to be measured against kFast in one run.
 enum class Kind {
   kFast, kGeneral, kCopy, kBlock, kW4S3, kW8S2, kS8S2C, kS8S3, kS8S3H2, kS8S2H2, kS4S3H2,
-  kS8S2M2, kS8S3M2, kS4S3M3
+  kS8S2M2, kS8S3M2, kS4S3M3, kS8S2K8, kW8S2B, kSlotB
 };
 constexpr Kind kAllKinds[] = {Kind::kFast,  Kind::kGeneral, Kind::kCopy,    Kind::kBlock,
                               Kind::kW4S3,  Kind::kW8S2,    Kind::kS8S2C,   Kind::kS8S3,
                               Kind::kS8S3H2, Kind::kS8S2H2, Kind::kS4S3H2, Kind::kS8S2M2,
-                              Kind::kS8S3M2, Kind::kS4S3M3};
+                              Kind::kS8S3M2, Kind::kS4S3M3, Kind::kS8S2K8, Kind::kW8S2B,
+                              Kind::kSlotB};
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -87,16 +92,20 @@ const char* kind_name(Kind kind) {
     case Kind::kS8S2M2: return "slot w8s2 m2";
     case Kind::kS8S3M2: return "slot w8s3 m2";
     case Kind::kS4S3M3: return "slot w4s3 m3";
+    case Kind::kS8S2K8: return "slot w8s2 k8";
+    case Kind::kW8S2B: return "warp w8s2 bi";
+    case Kind::kSlotB: return "slot bi";
   }
   return "?";
 }
 
 /// Whether `kind` is measured on shape `s` (the long shape runs fewer).
 bool measured(int s, Kind kind) {
-  if (s == 0) return true;
+  if (s == 0) return kind != Kind::kS8S2K8 && kind != Kind::kW8S2B;
   return kind == Kind::kFast || kind == Kind::kGeneral || kind == Kind::kCopy ||
          kind == Kind::kBlock || kind == Kind::kW4S3 || kind == Kind::kW8S2 ||
-         kind == Kind::kS8S3 || kind == Kind::kS8S3H2;
+         kind == Kind::kS8S3 || kind == Kind::kS8S3H2 || kind == Kind::kS8S2K8 ||
+         kind == Kind::kW8S2B;
 }
 
 /// Whether `kind` is the slot-major kernel (measured on the long shape with
@@ -104,7 +113,7 @@ bool measured(int s, Kind kind) {
 bool slot_major(Kind kind) {
   return kind == Kind::kS8S2C || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 ||
          kind == Kind::kS8S2H2 || kind == Kind::kS4S3H2 || kind == Kind::kS8S2M2 ||
-         kind == Kind::kS8S3M2 || kind == Kind::kS4S3M3;
+         kind == Kind::kS8S3M2 || kind == Kind::kS4S3M3 || kind == Kind::kS8S2K8;
 }
 
 /// Splits and launch of one fast-kernel configuration G over `a`.
@@ -282,6 +291,12 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
             a, sm_count, cap, choose);
       case Kind::kW4S3: return launch_variant<F, kc::FastWarpGeometry<F, 4, 3>>(a, sm_count, cap, choose);
       case Kind::kW8S2: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2>>(a, sm_count, cap, choose);
+      case Kind::kW8S2B: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
+      case Kind::kSlotB:  // FastAuto's slot-major configuration with the batched index preload
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, F == ElementFormat::kFp8E4m3 ? 3 : 2,
+                                                      F != ElementFormat::kFp8E4m3, 1,
+                                                      F == ElementFormat::kFp8E4m3 ? 2 : 1, 1, true>>(
+            a, sm_count, cap, choose);
       case Kind::kS8S2C: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
       case Kind::kS8S3: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false>>(a, sm_count, cap, choose);
       case Kind::kS8S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 1, 2>>(a, sm_count, cap, choose);
@@ -290,6 +305,8 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
       case Kind::kS8S2M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 2, 1>>(a, sm_count, cap, choose);
       case Kind::kS8S3M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 2, 1>>(a, sm_count, cap, choose);
       case Kind::kS4S3M3: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 3, 1>>(a, sm_count, cap, choose);
+      case Kind::kS8S2K8:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 1, 8>>(a, sm_count, cap, choose);
       default: return cudaSuccess;
     }
   };

@@ -64,11 +64,19 @@
 //   and writes the output, then resets the counter to 0 for the next
 //   launch. The combine computes each split's weight once per head, then
 //   sums the splits with independent loads.
+// * Measured and not chosen (kept for the benchmark's comparison): the
+//   slot-major kernel with many splits in thread block clusters of 8
+//   (FastSlotGeometry's Cluster): the cluster's blocks merge their states
+//   through distributed shared memory, so the combine reads one partial per
+//   cluster. On the split-K shape it fixed the slot-major kernel's combine
+//   (0.36 -> 0.59 of peak in bf16) but stayed below the warp-pipelined
+//   kernel (0.67; fp8 0.33 against 0.34).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -244,6 +252,44 @@ __device__ inline void fast_widen_fp8(const uint4 codes, std::uint32_t factor, u
   out1 = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+/// Index columns one thread of a kThreads-thread block preloads (a split holds
+/// at most kFastMaxSplitColumns).
+template <int kThreads>
+inline constexpr int kFastPreloadPer = static_cast<int>((kFastMaxSplitColumns + kThreads - 1) / kThreads);
+
+/// Loads this thread's index columns tid, tid + kThreads, ... (< columns; -1
+/// past them) into registers. Every load is issued before any is used, so
+/// the preload costs one memory round trip; the loop it replaced (load,
+/// store to shared memory, next column) made the compiler wait for each
+/// load: 8 round trips (~5 us) before a 2048-column split read its first
+/// row. The stores (fast_store_slots) come after the query's loads, which
+/// then share the same round trip.
+template <int kThreads>
+__device__ inline void fast_load_slots(const std::int64_t* index_row, int columns, int tid,
+                                       long long (&v)[kFastPreloadPer<kThreads>]) {
+  const long long* row = reinterpret_cast<const long long*>(index_row);
+#pragma unroll
+  for (int i = 0; i < kFastPreloadPer<kThreads>; ++i) {
+    const int c = tid + i * kThreads;
+    v[i] = c < columns ? __ldg(row + c) : -1ll;
+  }
+}
+
+/// Stores the preloaded columns below `padded` into `slots` as int32 slots
+/// (-1: skipped, or past the pool's row_count).
+template <int kThreads>
+__device__ inline void fast_store_slots(const long long (&v)[kFastPreloadPer<kThreads>], int padded,
+                                        std::int64_t row_count, int tid, int* slots) {
+#pragma unroll
+  for (int i = 0; i < kFastPreloadPer<kThreads>; ++i) {
+    const int c = tid + i * kThreads;
+    if (c < padded) {
+      const long long s = v[i];
+      slots[c] = s < 0 || s >= row_count ? -1 : static_cast<int>(s);
+    }
+  }
+}
+
 /// The fast kernel's argument beyond AttendArgs (whose `counters` hold a
 /// zeroed word per (query, KV head, head tile), reset by the kernel after use).
 struct FastExtra {
@@ -285,6 +331,11 @@ __device__ inline void fast_merge_weights(float& m, float& l, float m2, float l2
 /// its splits with independent loads: with 32+ splits (the split-K shape) a
 /// loop of dependent loads per element was the block's longest phase.
 template <int kWarps, int kThreads, class Args>
+__device__ inline void fast_splits_combine(const Args& a, unsigned char* smem, int heads_here,
+                                           std::int64_t qi, std::int32_t h0, std::int32_t splits,
+                                           unsigned int* counter, int tid, int* last_block);
+
+template <int kWarps, int kThreads, class Args>
 __device__ inline void fast_block_finish(const Args& a, unsigned char* smem, int heads_here,
                                          std::int64_t qi, std::int32_t h0, std::int32_t split,
                                          int tid, int* last_block) {
@@ -309,20 +360,35 @@ __device__ inline void fast_block_finish(const Args& a, unsigned char* smem, int
     }
   }
 
-  // The last split block of this (query, KV head, head tile) combines.
+  fast_splits_combine<kWarps, kThreads>(a, smem, heads_here, qi, h0, a.splits, a.counters + blockIdx.x, tid,
+                                        last_block);
+}
+
+/// The end of a split block whose partial state is written (every thread's
+/// stores issued): counts the block on `counter`, and the last of `splits`
+/// blocks to arrive combines the splits' partials of heads h0 .. h0 +
+/// heads_here - 1 of query qi with the sink, writes the output and resets
+/// the counter. The combine computes each split's weight once per head (a
+/// warp per head, splits across lanes, into shared memory), then every
+/// output element sums its splits with independent loads: with 32+ splits
+/// (the split-K shape) a loop of dependent loads per element was the
+/// block's longest phase. `smem` holds at least 8 * (splits + 1) floats.
+template <int kWarps, int kThreads, class Args>
+__device__ inline void fast_splits_combine(const Args& a, unsigned char* smem, int heads_here,
+                                           std::int64_t qi, std::int32_t h0, std::int32_t splits,
+                                           unsigned int* counter, int tid, int* last_block) {
+  const float neg_inf = format_bits_float(0xFF800000u);
   __threadfence();
   __syncthreads();
-  unsigned int* counter = a.counters + blockIdx.x;
   if (tid == 0) {
     const unsigned int done = atomicAdd(counter, 1u);
-    *last_block = done == static_cast<unsigned int>(a.splits - 1) ? 1 : 0;
+    *last_block = done == static_cast<unsigned int>(splits - 1) ? 1 : 0;
   }
   __syncthreads();
   if (!*last_block) return;
   __threadfence();
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const std::int32_t splits = a.splits;
   float* sh_w = reinterpret_cast<float*>(smem);       // [8][splits]: exp(m_s - top), 0 if empty
   float* sh_total = sh_w + kFastHeads * splits;       // [8]: sum of l_s weights + sink
   for (int h = warp; h < heads_here; h += kWarps) {
@@ -685,10 +751,13 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
 /// of Warps warps streams its own 16-row tiles (tile u of the split goes to
 /// warp u % Warps) through its own ring of Stages stages, so the main loop
 /// has no block barrier: a warp waits only for its own copies.
-template <ElementFormat F, int Warps, int Stages>
+template <ElementFormat F, int Warps, int Stages, bool BatchedIndex = false>
 struct FastWarpGeometry {
   static constexpr bool kWarpPipe = true;
   static constexpr bool kSlotMajor = false;
+  /// Index preload with every load issued first (fast_load_slots) instead
+  /// of the load-then-store loop. Not measured on a device yet.
+  static constexpr bool kBatchedIndex = BatchedIndex;
   static constexpr bool kFp8 = F == ElementFormat::kFp8E4m3;
   static constexpr int kWarps = Warps;
   static constexpr int kStages = Stages;
@@ -806,11 +875,16 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const int columns = c_end > c_begin ? static_cast<int>(c_end - c_begin) : 0;
   const int tiles = (columns + 15) / 16;  // 16-row warp tiles of the split
 
-  const std::int64_t* index_row = a.index + qi * a.width + c_begin;
-  for (int c = tid; c < tiles * 16; c += kThreads) {
-    long long s = c < columns ? static_cast<long long>(index_row[c]) : -1ll;
-    if (s < 0 || s >= a.row_count) s = -1;
-    slots[c] = static_cast<int>(s);
+  [[maybe_unused]] long long index_v[kFastPreloadPer<kThreads>];
+  if constexpr (G::kBatchedIndex) {
+    fast_load_slots<kThreads>(a.index + qi * a.width + c_begin, columns, tid, index_v);
+  } else {
+    const std::int64_t* index_row = a.index + qi * a.width + c_begin;
+    for (int c = tid; c < tiles * 16; c += kThreads) {
+      long long s = c < columns ? static_cast<long long>(index_row[c]) : -1ll;
+      if (s < 0 || s >= a.row_count) s = -1;
+      slots[c] = static_cast<int>(s);
+    }
   }
 
   const std::int64_t head_offset = static_cast<std::int64_t>(kvh) * kFastHeadDim;
@@ -898,6 +972,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   const float q_factor = a.scale * (kFp8 ? fast_pow2(q_exp) : 1.0f);
 
+  if constexpr (G::kBatchedIndex) fast_store_slots<kThreads>(index_v, tiles * 16, a.row_count, tid, slots);
   __syncthreads();  // the slots
 
   float o[kNTiles][4];
@@ -1096,10 +1171,18 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 /// tile keeps them together), so the DRAM sees whole K and V rows (all KV
 /// heads, 1-4 KiB contiguous) instead of one 128/256-byte head piece per
 /// block at a time.
-template <ElementFormat F, int Warps, int Stages, bool Couple, int MinBlocks = 1, int Halves = 1>
+template <ElementFormat F, int Warps, int Stages, bool Couple, int MinBlocks = 1, int Halves = 1,
+          int Cluster = 1, bool BatchedIndex = false>
 struct FastSlotGeometry {
   static constexpr bool kWarpPipe = false;
   static constexpr bool kSlotMajor = true;
+  /// Index preload with every load issued first (fast_load_slots) instead
+  /// of the load-then-store loop. Not measured on a device yet.
+  static constexpr bool kBatchedIndex = BatchedIndex;
+  /// Blocks (consecutive splits of one query and group) per thread block
+  /// cluster; > 1: the cluster merges its splits through distributed shared
+  /// memory and writes one partial state (see ring_fast_slot_attend_kernel).
+  static constexpr int kCluster = Cluster;
   static constexpr bool kCouple = Couple;
   static constexpr bool kFp8 = F == ElementFormat::kFp8E4m3;
   static constexpr int kWarps = Warps;
@@ -1116,8 +1199,15 @@ struct FastSlotGeometry {
   static constexpr int kIndexBytes = static_cast<int>(kFastMaxSplitColumns) * 4;
   static constexpr int kSharedBytes = kStagesBytes + kIndexBytes;
   static constexpr int kMinBlocks = MinBlocks;
-  /// Most splits the warp-level combine holds weights for (8 per split in a warp's ring).
-  static constexpr int kMostSplits = kStages * kWarpStageBytes / (4 * kFastHeads) - 1;
+  /// Most splits the warp-level combine holds weights for (8 per split in a
+  /// warp's ring); with clusters, most partial states (one per cluster) the
+  /// block-level combine holds weights for.
+  static constexpr int kMostSplits =
+      (Cluster > 1 ? kStagesBytes : kStages * kWarpStageBytes) / (4 * kFastHeads) - 1;
+  static_assert(Cluster == 1 || (Cluster <= 8 && Warps % Cluster == 0),
+                "a portable cluster; its blocks share the block's pairs evenly");
+  static_assert(kStages * kWarpStageBytes >= kFastHeads * (kFastHeadDim + 2) * 4,
+                "a warp's ring holds its state for the cluster merge");
 };
 
 /// The slot-major kernel (see FastSlotGeometry). The per-tile work of a warp
@@ -1170,11 +1260,16 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const int columns = c_end > c_begin ? static_cast<int>(c_end - c_begin) : 0;
   const int tiles = (columns + kRows - 1) / kRows;
 
-  const std::int64_t* index_row = a.index + qi * a.width + c_begin;
-  for (int c = tid; c < tiles * kRows; c += kThreads) {
-    long long s = c < columns ? static_cast<long long>(index_row[c]) : -1ll;
-    if (s < 0 || s >= a.row_count) s = -1;
-    slots[c] = static_cast<int>(s);
+  [[maybe_unused]] long long index_v[kFastPreloadPer<kThreads>];
+  if constexpr (G::kBatchedIndex) {
+    fast_load_slots<kThreads>(a.index + qi * a.width + c_begin, columns, tid, index_v);
+  } else {
+    const std::int64_t* index_row = a.index + qi * a.width + c_begin;
+    for (int c = tid; c < tiles * kRows; c += kThreads) {
+      long long s = c < columns ? static_cast<long long>(index_row[c]) : -1ll;
+      if (s < 0 || s >= a.row_count) s = -1;
+      slots[c] = static_cast<int>(s);
+    }
   }
 
   const std::int64_t head_offset = static_cast<std::int64_t>(kvh) * kFastHeadDim;
@@ -1253,6 +1348,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   const float q_factor = a.scale * (kFp8 ? fast_pow2(q_exp) : 1.0f);
 
+  if constexpr (G::kBatchedIndex) fast_store_slots<kThreads>(index_v, tiles * kRows, a.row_count, tid, slots);
   __syncthreads();  // the slots
 
   float o[kNTiles][4];
@@ -1455,6 +1551,93 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   }
   fast_wait<0>();
   __syncwarp();
+  if constexpr (G::kCluster > 1) {
+    // The cluster's kCluster blocks are consecutive splits of one (query,
+    // group). Each warp leaves its state (o in [8][128], then (m, l) per
+    // head) in its own ring; block r of the cluster merges pairs r, r + C,
+    // ... across the cluster's blocks, reading their rings through
+    // distributed shared memory, and writes one partial state per cluster:
+    // the combine then reads splits / C partials (at 128 splits of the
+    // split-K shape one warp summing every split's partial was the longest
+    // phase of the launch).
+    constexpr int kC = G::kCluster;
+    __shared__ int cluster_last;
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    {
+      const float o_unit = kFp8 ? (v_exp < 0 ? 0.0f : fast_pow2(v_exp - 127)) : 1.0f;
+      float* state = reinterpret_cast<float*>(ring);  // [8][128] o, then [8][2] (m, l)
+      if (warp_live && g < heads_here) {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          const int d0 = kFp8 ? 16 * (j / 2) + 4 * tig + (j % 2) : 8 * j + 2 * tig;
+          const int d1 = kFp8 ? d0 + 2 : d0 + 1;
+          state[g * kFastHeadDim + d0] = (o[j][0] + o[j][2]) * o_unit;
+          state[g * kFastHeadDim + d1] = (o[j][1] + o[j][3]) * o_unit;
+        }
+        if (tig == 0) {
+          state[kFastHeads * kFastHeadDim + 2 * g] = m;
+          state[kFastHeads * kFastHeadDim + 2 * g + 1] = l;
+        }
+      }
+    }
+    cluster.sync();  // every block's states are written (release / acquire across the cluster)
+    const int rank = static_cast<int>(cluster.block_rank());
+    const std::int32_t partials = a.splits / kC;
+    const std::int32_t partial = split / kC;
+    const std::int32_t group_base = static_cast<std::int32_t>(blockIdx.x % groups) * kWarps;
+    for (int p = rank; p < kWarps; p += kC) {
+      const std::int32_t pp = group_base + p;
+      if (pp >= pairs) break;  // uniform over the block
+      const std::int32_t p_kvh = pp / extra.head_tiles;
+      const std::int32_t p_tile = pp % extra.head_tiles;
+      const std::int32_t p_h0 = p_kvh * group + p_tile * kFastHeads;
+      const int p_heads = group - p_tile * kFastHeads < kFastHeads ? group - p_tile * kFastHeads : kFastHeads;
+      const float* src[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        src[c] = cluster.map_shared_rank(reinterpret_cast<float*>(stages + p * kStages * G::kWarpStageBytes), c);
+      }
+      for (int e = tid; e < p_heads * kFastHeadDim; e += kThreads) {
+        const int h = e / kFastHeadDim;
+        const int d = e % kFastHeadDim;
+        float ms[kC], ls[kC], os[kC];
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          ms[c] = src[c][kFastHeads * kFastHeadDim + 2 * h];
+          ls[c] = src[c][kFastHeads * kFastHeadDim + 2 * h + 1];
+          os[c] = src[c][h * kFastHeadDim + d];
+        }
+        float mm = neg_inf, ll = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          float wa, wb;
+          fast_merge_weights(mm, ll, ms[c], ls[c], wa, wb);
+          acc = acc * wa + os[c] * wb;
+        }
+        const std::int64_t part = (qi * a.q_heads + p_h0 + h) * partials + partial;
+        a.part_acc[part * kFastHeadDim + d] = acc;
+        if (d == 0) {
+          a.part_ml[part * 2] = mm;
+          a.part_ml[part * 2 + 1] = ll;
+        }
+      }
+    }
+    cluster.sync();  // no block's rings are read any more: they hold the combine's weights now
+    for (int p = rank; p < kWarps; p += kC) {
+      const std::int32_t pp = group_base + p;
+      if (pp >= pairs) break;
+      const std::int32_t p_kvh = pp / extra.head_tiles;
+      const std::int32_t p_tile = pp % extra.head_tiles;
+      const std::int32_t p_h0 = p_kvh * group + p_tile * kFastHeads;
+      const int p_heads = group - p_tile * kFastHeads < kFastHeads ? group - p_tile * kFastHeads : kFastHeads;
+      fast_splits_combine<kWarps, kThreads>(a, stages, p_heads, qi, p_h0, partials,
+                                            a.counters + qi * pairs + pp, tid, &cluster_last);
+      __syncthreads();  // the weights in the stages are read before the next pair's combine
+    }
+    return;
+  }
   if (!warp_live) return;
 
   // This warp's split state goes straight from registers to the partials.
@@ -1526,7 +1709,10 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 
 /// The configuration the backend runs (measured on an H200, see README):
 /// the slot-major kernel where its blocks fill the device (batch decode),
-/// else the warp-pipelined kernel with 8 warps (the split-K case).
+/// else the warp-pipelined kernel with 8 warps (the split-K case). (The
+/// slot-major kernel in clusters of 8 splits, FastSlotGeometry<..., 8>,
+/// measured slower on the split-K shape: 0.59 / 0.33 of peak against 0.67 /
+/// 0.34 in the same run.)
 template <ElementFormat F>
 struct FastAuto {
   static constexpr bool kAuto = true;
@@ -1623,6 +1809,44 @@ inline int ring_fast_blocks_per_sm() {
   }
 }
 
+/// Blocks per cluster of configuration G (1: launched without clusters).
+template <class G>
+constexpr int fast_cluster_of() {
+  if constexpr (requires { G::kCluster; }) {
+    return G::kCluster;
+  } else {
+    return 1;
+  }
+}
+
+/// Clusters of configuration G (kCluster > 1) the device holds at once
+/// (occupancy query, once per configuration; 0 when none fits: the error is
+/// cleared).
+template <ElementFormat F, class G, class Args>
+inline int ring_fast_resident_clusters() {
+  static const int clusters = [] {
+    if (ring_fast_blocks_per_sm<F, G, Args>() < 1) return 0;
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 1;
+    attribute[0].val.clusterDim.y = G::kCluster;
+    attribute[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(1, G::kCluster, 1);
+    config.blockDim = dim3(G::kThreads, 1, 1);
+    config.dynamicSmemBytes = G::kSharedBytes;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, ring_fast_kernel_of<F, G, Args>(), &config) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return clusters;
+}
+
 /// Blocks of the grid's x dimension of configuration G over `a`: (query, KV
 /// head, head tile), or for the slot-major kernel (query, group of kWarps
 /// (KV head, head tile) pairs).
@@ -1659,6 +1883,24 @@ inline std::int32_t ring_fast_choose_splits(const Args& a, int sm_count, std::in
     return ring_fast_use_slot<G>(a)
                ? ring_fast_choose_splits<F, typename G::Slot>(a, sm_count, max_splits)
                : ring_fast_choose_splits<F, typename G::Warp>(a, sm_count, max_splits);
+  } else if constexpr (fast_cluster_of<G>() > 1) {
+    // One wave of clusters: the most splits (a multiple of the cluster) whose
+    // blocks the device holds at once, at least enough that no split passes
+    // kFastMaxSplitColumns, no more than one tile per split; max_splits and
+    // kMostSplits bound the partial states (one per cluster).
+    (void)sm_count;
+    constexpr std::int64_t kC = G::kCluster;
+    const std::int64_t resident = static_cast<std::int64_t>(ring_fast_resident_clusters<F, G, Args>()) * kC;
+    const std::int64_t base = ring_fast_grid_x<G>(a);
+    if (resident <= 0 || base <= 0 || a.width <= 0) return 0;
+    std::int64_t s = resident / base / kC * kC;
+    const std::int64_t need = (a.width + kFastMaxSplitColumns - 1) / kFastMaxSplitColumns;
+    const std::int64_t most = (a.width + G::kTileRows - 1) / G::kTileRows;
+    if (s > most) s = most / kC * kC;
+    if (s < need) s = need;
+    s = (s + kC - 1) / kC * kC;
+    if (s / kC > max_splits || s / kC > G::kMostSplits || s > 65535) return 0;
+    return static_cast<std::int32_t>(s);
   } else {
     const int per_sm = ring_fast_blocks_per_sm<F, G, Args>();
     if (per_sm <= 0) return 0;
@@ -1678,15 +1920,32 @@ cudaError_t ring_fast_attend_launch_one(const Args& a, cudaStream_t stream) {
   extra.head_tiles = ring_fast_head_tiles(a.q_heads, a.layout.kv_heads);
   const std::int64_t blocks = ring_fast_grid_x<G>(a);
   if (blocks <= 0) return cudaSuccess;
-  if (blocks > 0x7fffffff || a.splits < 1 || a.splits > 65535 || a.splits > G::kMostSplits ||
-      (a.width + a.splits - 1) / a.splits > kFastMaxSplitColumns) {
+  constexpr int kC = fast_cluster_of<G>();
+  if (blocks > 0x7fffffff || a.splits < 1 || a.splits > 65535 || a.splits % kC != 0 ||
+      a.splits / kC > G::kMostSplits || (a.width + a.splits - 1) / a.splits > kFastMaxSplitColumns) {
     return cudaErrorInvalidConfiguration;
   }
   if (ring_fast_blocks_per_sm<F, G, Args>() < 1) return cudaErrorInvalidConfiguration;
-  ring_fast_kernel_of<F, G, Args>()
-      <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), G::kThreads,
-         G::kSharedBytes, stream>>>(a, extra);
-  return cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
+  if constexpr (kC > 1) {
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 1;
+    attribute[0].val.clusterDim.y = kC;
+    attribute[0].val.clusterDim.z = 1;
+    config.gridDim = grid;
+    config.blockDim = dim3(G::kThreads, 1, 1);
+    config.dynamicSmemBytes = G::kSharedBytes;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, ring_fast_kernel_of<F, G, Args>(), a, extra);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  } else {
+    ring_fast_kernel_of<F, G, Args>()<<<grid, G::kThreads, G::kSharedBytes, stream>>>(a, extra);
+    return cudaGetLastError();
+  }
 }
 
 /// Launches configuration G (or, for the production policy FastAuto, the
