@@ -248,8 +248,8 @@ int command_check(int argc, char** argv) {
     return pipelines::run_check_shard(options, command_line(argc, argv), out);
   }
   reports::Report report;
-  report.context = pipelines::report_context(command_line(argc, argv), options.seed, options.run.backend, options.run.fault);
-  report.context.precision_bits = options.run.precision_bits;
+  report.context = pipelines::report_context(command_line(argc, argv), options.seed, options.run.backend,
+                                             options.run.fault, options.run.precision_bits);
   // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
   std::shared_ptr<scenarios::TraceWriter> trace;
   if (const auto f = args.get("--record")) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "impl/kv_cache.hpp"
 #include "properties/audit.hpp"
 #include "reports/report_text.hpp"
 #include "scenarios/trace_json.hpp"
@@ -29,10 +30,7 @@ int run_audit(const AuditRequest& request) {
   }
 
   reports::Report report;
-  report.context.backend = "trace";
-  report.context.fault = "none";
-  report.context.precision_bits = options.precision_bits;
-  report.context.command = request.command;
+  report.context = report_context(request.command, 0, "trace", impl::Fault::kNone, options.precision_bits);
   for (auto& run : properties::audit_trace(runs, options)) report.runs.push_back(std::move(run));
   const std::string text = reports::report_text(report);
   std::fputs(text.c_str(), stdout);

@@ -5,6 +5,7 @@
 
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
+#include "pipelines/catalog.hpp"
 #include "impl/kv_cache.hpp"
 #include "properties/generator.hpp"
 #include "support/atomic_write.hpp"
@@ -97,7 +98,7 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
   o.fault = std::string(impl::fault_name(options.run.fault));
   o.cases = options.cases;
   o.seed = options.seed;
-  o.precision_bits = options.run.precision_bits;
+  o.precision_requested = options.run.precision_bits;
   o.step_timeout_seconds = options.run.step_timeout_seconds;
   o.command = command;
   o.profile = properties::profile_name(options.profile);
@@ -107,8 +108,10 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
 }  // namespace
 
 reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
-                                      impl::Fault fault) {
+                                      impl::Fault fault, int precision_requested) {
   reports::ReportContext ctx;
+  ctx.precision_bits = reference_significand_bits(precision_requested);
+  ctx.precision_requested = precision_requested;
   ctx.seed = seed;
   ctx.backend = backend;
   ctx.fault = std::string(impl::fault_name(fault));
@@ -212,7 +215,7 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   options.cases = o.cases;
   options.seed = o.seed;
   options.run.backend = o.impl;
-  options.run.precision_bits = o.precision_bits;
+  options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
   if (!impl::parse_fault(o.fault, &options.run.fault)) {
     throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault", "unknown fault '" + o.fault + "'");
@@ -229,11 +232,7 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
     }
   }
   reports::Report report;
-  report.context.seed = o.seed;
-  report.context.backend = o.impl;
-  report.context.fault = o.fault;
-  report.context.precision_bits = o.precision_bits;
-  report.context.command = o.command;
+  report.context = report_context(o.command, o.seed, o.impl, options.run.fault, o.precision_requested);
   const properties::CheckResult result = properties::finish_check(options, properties::merge_tallies(tallies));
   // A merge ran no case itself: its time is the merge's (with the shrinking).
   const double seconds = seconds_since(start);

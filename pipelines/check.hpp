@@ -24,10 +24,13 @@
 
 namespace kvcheck::pipelines {
 
-/// The context every report of a run records: seed, cache, fault name and
-/// `command`, the command line as reports record it.
+/// The context every report of a run records: seed, cache, fault name,
+/// `command` (the command line as reports record it), and the reference's
+/// precision: `precision_requested` as --precision names it (53, 113, 169)
+/// and precision_bits, the real significand bits the runs record (53, 114,
+/// 168; reference_significand_bits).
 reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
-                                      impl::Fault fault);
+                                      impl::Fault fault, int precision_requested);
 
 /// Writes `files` as one set (reports/output_set.hpp) and returns `code`.
 /// When writing fails the verdict stays visible: the error line goes to

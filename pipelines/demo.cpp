@@ -44,7 +44,8 @@ int run_demo(const DemoOptions& demo) {
   options.seed = demo.seed;
   options.progress = demo.progress;
   reports::Report report;
-  report.context = report_context(demo.command, options.seed, "cpu", impl::Fault::kNone);
+  report.context =
+      report_context(demo.command, options.seed, "cpu", impl::Fault::kNone, options.run.precision_bits);
   for (const auto& f : scenarios::collect_scenario_files({bundled})) {
     report.runs.push_back(properties::run_scenario(scenarios::load_scenario_file(f), options.run));
   }
@@ -74,8 +75,8 @@ int run_demo(const DemoOptions& demo) {
   const fs::path trace = fs::path(demo.source_dir) / "traces" / "paged-engine-early-free.jsonl";
   std::printf("\n== 6. A recorded trace audited (kvcheck audit %s) ==\n", trace.string().c_str());
   reports::Report audited;
-  audited.context = report_context(demo.command, 0, "trace", impl::Fault::kNone);
   properties::AuditOptions audit_options;
+  audited.context = report_context(demo.command, 0, "trace", impl::Fault::kNone, audit_options.precision_bits);
   audited.runs = properties::audit_trace(scenarios::load_trace_file(trace), audit_options);
   std::fputs(reports::report_text(audited).c_str(), stdout);
 

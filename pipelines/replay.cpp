@@ -28,8 +28,7 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
                std::int64_t memory_limit_bytes, const std::string& limit_source) {
   properties::RunOptions options = request.run;
   reports::Report report;
-  report.context = report_context(request.command, 0, options.backend, options.fault);
-  report.context.precision_bits = options.precision_bits;
+  report.context = report_context(request.command, 0, options.backend, options.fault, options.precision_bits);
   // Refused before any cache is opened when the runs would not fit.
   properties::require_memory(properties::estimate_replay(loaded, options), memory_limit_bytes, limit_source);
   if (request.record) {

@@ -22,7 +22,10 @@ struct ReportContext {
   std::uint64_t seed = 0;              ///< the invocation's seed
   std::string backend = "cpu";         ///< "cpu", "cuda", ...
   std::string fault = "none";          ///< injected fault, "none" for production code
-  int precision_bits = 113;            ///< reference significand bits
+  /// The reference's real significand bits, as every run records them: 53,
+  /// 114 (`--precision 113`, mpfr_float_backend<34>) or 168 (`--precision 169`).
+  int precision_bits = 114;
+  int precision_requested = 113;       ///< `--precision` as given: 53, 113 or 169
   std::string command;                 ///< the exact command line
 };
 

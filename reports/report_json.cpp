@@ -152,6 +152,7 @@ Json report_to_json(const Report& report) {
                       {"backend", ctx.backend},
                       {"fault", ctx.fault},
                       {"precision_bits", ctx.precision_bits},
+                      {"precision_requested", ctx.precision_requested},
                       {"command", ctx.command}};
   j["summary"] = Json{{"runs", static_cast<std::int64_t>(report.runs.size())},
                       {"passed_runs", static_cast<std::int64_t>(report.runs.size()) - failed},

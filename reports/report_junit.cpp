@@ -103,6 +103,7 @@ std::string report_junit(const Report& report) {
   property("backend", ctx.backend);
   property("fault", ctx.fault);
   property("precision_bits", std::to_string(ctx.precision_bits));
+  property("precision_requested", std::to_string(ctx.precision_requested));
   property("command", ctx.command);
   out += "    </properties>\n";
 

@@ -163,7 +163,7 @@ Json check_options_json(const CheckShardOptions& o) {
   j["fault"] = o.fault;
   j["cases"] = o.cases;
   j["seed"] = o.seed;
-  j["precision_bits"] = o.precision_bits;
+  j["precision_requested"] = o.precision_requested;
   j["step_timeout_seconds"] = o.step_timeout_seconds;
   j["command"] = o.command;
   if (o.profile != "default") j["profile"] = o.profile;
@@ -174,14 +174,15 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
   return naming(shard.origin, [&] {
     const auto& j = shard.options;
     jr::check_keys(j, "options",
-                   {"impl", "fault", "cases", "seed", "precision_bits", "step_timeout_seconds", "command", "profile"});
+                   {"impl", "fault", "cases", "seed", "precision_requested", "step_timeout_seconds", "command", "profile"});
     CheckShardOptions o;
     o.impl = jr::get_string(jr::require(j, "options", "impl"), "options.impl");
     o.fault = jr::get_string(jr::require(j, "options", "fault"), "options.fault");
     o.cases = jr::get_i64(jr::require(j, "options", "cases"), "options.cases");
     if (o.cases < 1) jr::fail(ErrorId::kJsonValue, "options.cases", "must be at least 1");
     o.seed = jr::get_u64(jr::require(j, "options", "seed"), "options.seed");
-    o.precision_bits = jr::get_i32(jr::require(j, "options", "precision_bits"), "options.precision_bits");
+    o.precision_requested =
+        jr::get_i32(jr::require(j, "options", "precision_requested"), "options.precision_requested");
     o.step_timeout_seconds = jr::get_f64(jr::require(j, "options", "step_timeout_seconds"), "options.step_timeout_seconds");
     o.command = jr::get_string(jr::require(j, "options", "command"), "options.command");
     if (const auto* p = jr::find(j, "profile")) o.profile = jr::get_string(*p, "options.profile");

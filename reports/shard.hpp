@@ -77,7 +77,7 @@ struct CheckShardOptions {
   std::string fault;                   ///< --fault name
   std::int64_t cases = 0;              ///< cases of the whole run
   std::uint64_t seed = 0;
-  int precision_bits = 113;
+  int precision_requested = 113;       ///< --precision as given (53, 113, 169); reports record its real bits too
   double step_timeout_seconds = 10.0;
   std::string command;                 ///< the report's command line (without --shard, --out, --threads)
   std::string profile = "default";     ///< --profile; written only when not "default"

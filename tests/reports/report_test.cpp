@@ -232,7 +232,8 @@ TEST_CASE("JSON report: self-describing, carries every observed field, byte-iden
   REQUIRE(j.at("context").at("seed") == 42);
   REQUIRE(j.at("context").at("backend") == "cpu");
   REQUIRE(j.at("context").at("fault") == "none");
-  REQUIRE(j.at("context").at("precision_bits") == 113);
+  REQUIRE(j.at("context").at("precision_bits") == 114);  // the default reference's real significand
+  REQUIRE(j.at("context").at("precision_requested") == 113);
   REQUIRE(j.at("context").at("command") == report.context.command);
   REQUIRE(j.at("check").is_null());
   REQUIRE(j.at("summary").at("failed_runs") == 1);
