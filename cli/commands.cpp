@@ -1,15 +1,12 @@
 #include "cli/commands.hpp"
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
-#include <memory>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
-#include <sstream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 #include "cli/mpi_world.hpp"
@@ -19,21 +16,13 @@
 #include "pipelines/check.hpp"
 #include "pipelines/demo.hpp"
 #include "pipelines/replay.hpp"
+#include "pipelines/sweep.hpp"
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
 #include "properties/runner.hpp"
-#include "reports/report.hpp"
-#include "reports/report_html.hpp"
-#include "reports/report_json.hpp"
-#include "reports/report_junit.hpp"
-#include "reports/report_text.hpp"
 #include "reports/shard.hpp"
 #include "reports/trace_table.hpp"
-#include "scenarios/scenario_json.hpp"
-#include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
-#include "sweep/sweep.hpp"
-#include "sweep/sweep_shard.hpp"
 
 #ifndef KVCHECK_SOURCE_DIR
 #define KVCHECK_SOURCE_DIR "."
@@ -121,20 +110,6 @@ std::string impl_flag(const Args& args) {
 
 double step_timeout_flag(const Args& args) { return args.seconds("--step-timeout", 10.0, 86400); }
 
-/// Makes sure `dir` exists and takes files, before any work is done (a bad
-/// --out is one line and exit 2 up front, not after every case has run).
-void prepare_out_dir(const fs::path& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) {
-    throw Error(ErrorId::kIo, "--out", "cannot create directory '" + dir.string() + "': " +
-                                           (ec ? ec.message() : std::string("a file is in the way")));
-  }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    throw Error(ErrorId::kIo, "--out", "directory '" + dir.string() + "' is not writable");
-  }
-}
-
 /// `mpirun -n R kvcheck check ...`: rank r runs shard r/R; rank 0 gathers
 /// every rank's shard document (or its error) and writes the report of the
 /// whole run. A rank that failed makes the run fail with exit 2 naming it;
@@ -150,7 +125,7 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
   static constexpr std::string_view kErrorMark = "kvcheck-rank-error\n";
   std::string mine;
   try {
-    if (root) prepare_out_dir(out);
+    if (root) pipelines::prepare_out_dir(out);
     mine = pipelines::check_shard_text(options, command, properties::run_cases(options));
   } catch (const std::exception& e) {
     mine = std::string(kErrorMark) + e.what();
@@ -240,30 +215,16 @@ int command_check(int argc, char** argv) {
     if (args.has("--record")) throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
     return check_over_mpi(*world, options, command_line(argc, argv), out);
   }
-  prepare_out_dir(out);
+  pipelines::prepare_out_dir(out);
   if (shard) {
     // One shard of a split run: its cases only, no shrinking, no report;
     // `kvcheck merge` joins the shards. Exit 0 once the shard is written.
     options.shard = {shard->index, shard->count};
     return pipelines::run_check_shard(options, command_line(argc, argv), out);
   }
-  reports::Report report;
-  report.context = pipelines::report_context(command_line(argc, argv), options.seed, options.run.backend,
-                                             options.run.fault, options.run.precision_bits);
-  // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
-  std::shared_ptr<scenarios::TraceWriter> trace;
-  if (const auto f = args.get("--record")) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*f));
-  const int checked = pipelines::run_check_into(options, out, report);
-  const int code = pipelines::write_reports(report, out, checked);
-  if (code != checked) return code;
-  std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out.string().c_str(),
-              out.string().c_str());
-  if (trace) {
-    // The counterexample when a case failed, else case 0: one run a reader can audit.
-    pipelines::record_check_run(options, report, trace);
-    std::printf("trace: %s\n", args.get("--record")->c_str());
-  }
-  return code;
+  std::optional<std::string> record;
+  if (const auto f = args.get("--record")) record = *f;
+  return pipelines::run_check(options, command_line(argc, argv), out, record);
 }
 
 int command_merge(int argc, char** argv) {
@@ -280,7 +241,7 @@ int command_merge(int argc, char** argv) {
       if (args.has(flag)) throw Error(ErrorId::kUsage, flag, "is for sweep shards; a check writes its reports into --out");
     }
     const fs::path out = args.get_or("--out", "kvcheck-out");
-    prepare_out_dir(out);
+    pipelines::prepare_out_dir(out);
     return pipelines::merge_check(shards, out, workers, start, false);
   }
   const sweep::SweepResult result = pipelines::merge_sweep(shards, args.get_or("--out", "kvcheck-out/sweep"));
@@ -318,7 +279,7 @@ int command_demo(int argc, char** argv) {
   args.no_positional("demo");
   pipelines::DemoOptions demo;
   demo.out_dir = args.get_or("--out", "kvcheck-out");
-  prepare_out_dir(demo.out_dir);
+  pipelines::prepare_out_dir(demo.out_dir);
   demo.source_dir = KVCHECK_SOURCE_DIR;
   demo.scenarios_dir = args.get_or("--scenarios", std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast");
   demo.cases = args.integer("--cases", 300, 1, 100000000);

@@ -1,5 +1,5 @@
-// One function per kvcheck subcommand; each reads its flags, calls the part
-// that does the work (pipelines/, sweep/, properties/) and returns the
+// One function per kvcheck subcommand; each reads its flags, calls one
+// pipeline (pipelines/) that does the work and returns the
 // process exit code.
 #pragma once
 

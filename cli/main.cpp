@@ -1,5 +1,5 @@
 // kvcheck: the command-line front end. Argument parsing and dispatch only;
-// the work is done by model/, properties/, scenarios/ and reports/.
+// the work is done by pipelines/ (which calls model/, properties/, sweep/ and reports/).
 //
 // Exit codes: 0 every property holds, 1 a property failed (the counterexample
 // is written out), 2 bad usage or input (one line on stderr).

@@ -1,5 +1,7 @@
 #include "pipelines/check.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <system_error>
 
@@ -192,6 +194,39 @@ std::string check_shard_text(const properties::CheckOptions& options, const std:
   return reports::shard_text("check", reports::ReportContext{}.tool_version, options.shard.index, options.shard.count,
                              reports::check_options_json(shard_options(options, command)),
                              reports::tally_json(tally));
+}
+
+void prepare_out_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    throw Error(ErrorId::kIo, "--out", "cannot create directory '" + dir.string() + "': " +
+                                           (ec ? ec.message() : std::string("a file is in the way")));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw Error(ErrorId::kIo, "--out", "directory '" + dir.string() + "' is not writable");
+  }
+}
+
+int run_check(const properties::CheckOptions& options, const std::string& command, const fs::path& out_dir,
+              const std::optional<std::string>& record) {
+  reports::Report report;
+  report.context =
+      report_context(command, options.seed, options.run.backend, options.run.fault, options.run.precision_bits);
+  // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
+  std::shared_ptr<scenarios::TraceWriter> trace;
+  if (record) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*record));
+  const int checked = run_check_into(options, out_dir, report);
+  const int code = write_reports(report, out_dir, checked);
+  if (code != checked) return code;
+  std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out_dir.string().c_str(),
+              out_dir.string().c_str());
+  if (trace) {
+    // The counterexample when a case failed, else case 0: one run a reader can audit.
+    record_check_run(options, report, trace);
+    std::printf("trace: %s\n", record->c_str());
+  }
+  return code;
 }
 
 int run_check_shard(const properties::CheckOptions& options, const std::string& command, const fs::path& out_dir) {

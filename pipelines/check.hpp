@@ -76,6 +76,18 @@ void record_check_run(const properties::CheckOptions& options, const reports::Re
 int run_check_into(const properties::CheckOptions& options, const std::filesystem::path& out_dir,
                    reports::Report& report);
 
+/// Makes sure `dir` exists and takes files, before any work is done (a bad
+/// --out is one line and exit 2 up front, not after every case has run).
+void prepare_out_dir(const std::filesystem::path& dir);
+
+/// The whole check in one process (`kvcheck check` without --shard): the
+/// trace file of `record` opened (and truncated) before any work, the check
+/// run, its summary printed, the report set written into `out_dir`, then
+/// (when the set was written) the recorded run appended to the trace: the
+/// counterexample when a case failed, else case 0. Returns the exit code.
+int run_check(const properties::CheckOptions& options, const std::string& command,
+              const std::filesystem::path& out_dir, const std::optional<std::string>& record);
+
 /// One shard of a split check (`options.shard`): its cases only, no
 /// shrinking, no report; writes `out_dir`/shard.json and prints one line.
 /// Returns 0 once the shard is written.
