@@ -97,6 +97,19 @@ fi
 # The bundle's binaries, one list (scripts/gpu-binaries.txt; a bundle carries
 # it beside this script): build-tree paths, the target is the file name.
 mapfile -t GPU_BINARIES < <(grep -v '^#' scripts/gpu-binaries.txt | grep -v '^$')
+# The same list split by its "# build: cuda|host" marks into the targets of
+# the two build steps (a path before any mark, or under another mark, is a
+# host target).
+CUDA_TARGETS=()
+HOST_TARGETS=()
+build_section=host
+while IFS= read -r line; do
+  if [[ $line =~ ^#\ build:\ *([a-z]+) ]]; then
+    build_section=${BASH_REMATCH[1]}
+  elif [[ -n $line && $line != \#* ]]; then
+    if [[ $build_section == cuda ]]; then CUDA_TARGETS+=("$(basename "$line")"); else HOST_TARGETS+=("$(basename "$line")"); fi
+  fi
+done < scripts/gpu-binaries.txt
 
 if [[ -n "$BUNDLE" ]]; then
   BIN="$BUNDLE/bin"
@@ -128,10 +141,14 @@ else
     FAILED=1
   fi
   # The CUDA targets first (so a broken unrelated target cannot hide them).
-  step "build CUDA targets" 240 cmake --build "$BUILD" -j "$JOBS" --target kvcheck_cuda \
-    impl_cuda_host_test impl_cuda_test decode_attention_cuda_bench || true
-  step "build kvcheck CLI and CPU bench" 150 cmake --build "$BUILD" -j "$JOBS" --target kvcheck \
-    decode_attention_bench || true
+  if (( ${#CUDA_TARGETS[@]} == 0 )); then
+    note "FAIL     scripts/gpu-binaries.txt marks no CUDA target (# build: cuda)"
+    FAILED=1
+  else
+    step "build CUDA targets (${CUDA_TARGETS[*]})" 240 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" || true
+  fi
+  (( ${#HOST_TARGETS[@]} > 0 )) &&
+    { step "build host targets (${HOST_TARGETS[*]})" 150 cmake --build "$BUILD" -j "$JOBS" --target "${HOST_TARGETS[@]}" || true; }
   BIN=$(mktemp -d)
   trap 'rm -rf "$BIN"' EXIT
   for b in "${GPU_BINARIES[@]}"; do
