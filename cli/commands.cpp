@@ -33,7 +33,6 @@ namespace kvcheck::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using pipelines::write_set_keeping_verdict;
 
 /// The command line as reports record it: without --out, --threads,
 /// --shard and --reference, which never change a result, so the report of a

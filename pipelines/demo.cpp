@@ -33,7 +33,8 @@ int run_demo(const DemoOptions& demo) {
   // The real significand of the default reference, not the nominal 113 that
   // names --precision's default: Boost gives mpfr_float_backend<34>
   // 34 * 1000 / 301 + 2 = 114 bits (std::numeric_limits<Real>::digits, what
-  // report.json's runs record as precision_bits).
+  // report.json's context and runs record as precision_bits; the 113 is
+  // context.precision_requested).
   std::printf("== 1. SPEC §6 reproduced by the reference model (%d-bit MPFR) ==\n", model::real_bits<model::Real>());
   bool spec_ok = true;
   std::fputs(spec_table(&spec_ok).c_str(), stdout);
