@@ -1,0 +1,136 @@
+#include "properties/verdict.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/assert.hpp"
+
+namespace kvcheck::properties {
+
+namespace {
+
+std::string fmt_g(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+std::string list_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void mark_failed(RunObservation* run, const std::string& why) {
+  if (run->passed) run->first_failure = why;
+  run->passed = false;
+}
+
+void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
+  RunObservation& run = *out;
+  auto fail = [&run](const std::string& why) { mark_failed(&run, why); };
+  std::map<std::int64_t, const scenarios::OverwriteExpectation*> expected;
+  if (sc.expect) {
+    for (const auto& e : sc.expect->overwritten) expected[e.step] = &e;
+  }
+  const std::int64_t allowed = sc.expect && sc.expect->collisions ? *sc.expect->collisions : 0;
+  std::int64_t collisions_so_far = 0;
+  for (auto& obs : run.steps) {
+    const auto it = expected.find(obs.step);
+    std::vector<std::int64_t> counts;
+    for (auto& q : obs.queries) {
+      counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
+      run.lost_rows += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size());
+      run.extra_reads += static_cast<std::int64_t>(q.extra.size());
+      const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
+      // Output errors of queries that read wrong rows are reported per query
+      // but not in the run's maxima, which describe the kernel's arithmetic.
+      if (reads_correct) {
+        run.max_rope_tolerance = std::max(run.max_rope_tolerance, q.rope_tolerance);
+        run.max_abs_diff = std::max(run.max_abs_diff, q.abs_diff);
+        run.max_eps_units = std::max(run.max_eps_units, q.eps_units);
+        run.max_quant_abs_diff = std::max(run.max_quant_abs_diff, q.quant_abs_diff);
+      }
+      ++run.queries;
+      // With an expectation for the step, its overwritten counts are judged
+      // as a list; missing and extra reads still fail the query.
+      const bool reads_fail = it != expected.end() ? (!q.missing.empty() || !q.extra.empty()) : !reads_correct;
+      q.failed = !q.output_ok || reads_fail;
+      if (!q.output_ok) {
+        ++run.output_failures;
+        fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + " query " +
+             std::to_string(q.position) + ": output differs by " + fmt_g(q.abs_diff) + " (tolerance " +
+             fmt_g(q.tolerance) + ", " + fmt_g(q.eps_units) + " eps)");
+      }
+      if (reads_fail) {
+        if (it == expected.end() && !obs.expectation_failed) {
+          obs.expectation_failed = true;
+          obs.expectation_detail = "query " + std::to_string(q.position) +
+                                   " lost or misread rows, and the scenario expects none here";
+        }
+        fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+             " query " + std::to_string(q.position) + ": overwritten " + list_text(q.overwritten) + ", missing " +
+             list_text(q.missing) + ", " + std::to_string(q.extra.size()) + " extra reads");
+      }
+    }
+    if (it != expected.end() && counts != it->second->counts) {
+      obs.expectation_failed = true;
+      obs.expectation_detail =
+          "expected overwritten " + list_text(it->second->counts) + ", observed " + list_text(counts);
+      fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + ": " + obs.expectation_detail);
+    }
+    run.collisions += obs.collisions.total();
+    collisions_so_far += obs.collisions.total();
+    bool collision_fail = false;
+    if (obs.collisions.total() > 0 && collisions_so_far > allowed) {
+      // The first step past the allowed total fails, and every later step with collisions.
+      collision_fail = true;
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + std::to_string(obs.collisions.same_step) +
+           " same-step, " + std::to_string(obs.collisions.outside_block) + " outside-block, " +
+           std::to_string(obs.collisions.replaced_needed) + " replaced-needed collisions (expected " +
+           std::to_string(allowed) + " in all)");
+    }
+    if (!obs.error.empty()) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + obs.error);
+    }
+    run.stored_rows_checked += obs.stored_rows_checked;
+    run.encoding_mismatches += obs.encoding_mismatches;
+    if (obs.encoding_mismatches > 0) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) + ": " +
+           std::to_string(obs.encoding_mismatches) + " stored rows differ from the reference encoding; first: " +
+           obs.encoding_detail);
+    }
+    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() || obs.encoding_mismatches > 0 ||
+                 std::any_of(obs.queries.begin(), obs.queries.end(), [](const QueryObservation& q) { return q.failed; });
+  }
+  if (run.collisions < allowed && !run.steps.empty()) {
+    // Fewer collisions than the scenario expects: known only at the end, so
+    // the last step carries it.
+    auto& last = run.steps.back();
+    last.failed = true;
+    last.expectation_failed = true;
+    last.expectation_detail = "expected " + std::to_string(allowed) + " collisions in all, observed " +
+                              std::to_string(run.collisions);
+    fail(last.expectation_detail);
+  } else if (run.collisions < allowed) {
+    fail("expected " + std::to_string(allowed) + " collisions, observed " + std::to_string(run.collisions));
+  }
+  run.first_failing_step = -1;
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    if (run.steps[i].failed) {
+      run.first_failing_step = static_cast<std::int64_t>(i);
+      break;
+    }
+  }
+  // The one verdict: failed exactly when a step failed (a run with no steps
+  // at all that expected collisions is the single exception, kept failed).
+  if (run.first_failing_step >= 0) KVCHECK_ASSERT(!run.passed);
+  if (run.first_failing_step < 0 && !run.steps.empty()) KVCHECK_ASSERT(run.passed);
+}
+
+}  // namespace kvcheck::properties
