@@ -41,7 +41,8 @@ reports::Report report_of(const std::string& cache, std::uint64_t seed, int prec
   reports::Report report;
   report.context.backend = cache;
   report.context.seed = seed;
-  report.context.precision_bits = precision_bits;
+  report.context.precision_bits = properties::reference_significand_bits(precision_bits);
+  report.context.precision_requested = precision_bits;
   return report;
 }
 

@@ -1,20 +1,9 @@
 #include "pipelines/catalog.hpp"
 
-#include "model/real.hpp"
 #include "model/spec_report.hpp"
 #include "model/trace.hpp"
 
 namespace kvcheck::pipelines {
-
-int reference_significand_bits(int precision_requested) {
-  // The types properties::run_scenario picks for each --precision.
-  switch (precision_requested) {
-    case 53: return model::real_bits<double>();
-    case 113: return model::real_bits<model::Real>();
-    case 169: return model::real_bits<model::Real50>();
-    default: return precision_requested;
-  }
-}
 
 bool parse_fault(const std::string& name, impl::Fault* fault) { return impl::parse_fault(name, fault); }
 

@@ -13,13 +13,6 @@
 
 namespace kvcheck::pipelines {
 
-/// The real significand bits of the reference `--precision` names: 53
-/// (double), 113 (model::Real, 34 decimal digits: Boost gives
-/// mpfr_float_backend<34> 34 * 1000 / 301 + 2 = 114 bits) or 169
-/// (model::Real50: 168 bits). What every run records as precision_bits, and
-/// so what a report's context records; other values are returned as given.
-int reference_significand_bits(int precision_requested);
-
 /// Sets `*fault` to the fault named `name` ("none" included); false when no
 /// fault has that name.
 bool parse_fault(const std::string& name, impl::Fault* fault);

@@ -10,6 +10,7 @@
 #include "pipelines/catalog.hpp"
 #include "impl/kv_cache.hpp"
 #include "properties/generator.hpp"
+#include "properties/runner.hpp"
 #include "support/atomic_write.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"
@@ -112,7 +113,7 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
 reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
                                       impl::Fault fault, int precision_requested) {
   reports::ReportContext ctx;
-  ctx.precision_bits = reference_significand_bits(precision_requested);
+  ctx.precision_bits = properties::reference_significand_bits(precision_requested);
   ctx.precision_requested = precision_requested;
   ctx.seed = seed;
   ctx.backend = backend;

@@ -103,6 +103,16 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
   }
 }
 
+int reference_significand_bits(int precision_requested) {
+  // The types properties::run_scenario picks for each --precision.
+  switch (precision_requested) {
+    case 53: return model::real_bits<double>();
+    case 113: return model::real_bits<model::Real>();
+    case 169: return model::real_bits<model::Real50>();
+    default: return precision_requested;
+  }
+}
+
 std::int64_t window_keys(const scenarios::CacheConfig& cache) {
   const model::Window w{cache.window, to_model(cache.convention)};
   return *w.keys();

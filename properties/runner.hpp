@@ -65,4 +65,11 @@ std::unique_ptr<engines::CacheProvider> make_provider(const RunOptions& options)
 /// not an exception.
 RunObservation run_scenario(const scenarios::Scenario& scenario, const RunOptions& options);
 
+/// The real significand bits of the reference `--precision` names: 53
+/// (double), 113 (model::Real, 34 decimal digits: Boost gives
+/// mpfr_float_backend<34> 34 * 1000 / 301 + 2 = 114 bits) or 169
+/// (model::Real50: 168 bits). What every run records as precision_bits, and
+/// so what a report's context records; other values are returned as given.
+int reference_significand_bits(int precision_requested);
+
 }  // namespace kvcheck::properties
