@@ -131,7 +131,7 @@ Fixture& fixture(ElementFormat f, bool batch) {
   // ring_rows == W: the pool holds exactly the windows, so the streaming read
   // below covers the same bytes the attention reads, no more.
   spec.ring_rows = kWindow;
-  spec.window_rows = kWindow;
+  spec.window_keys = kWindow;
   spec.q_heads = kQHeads;
   spec.kv_heads = kKvHeads;
   spec.head_dim = kHeadDim;

@@ -206,7 +206,7 @@ impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
   impl::PoolSpec p;
   p.states = c.states;
   p.ring_rows = c.ring_rows;
-  p.window_rows = spec.window_keys;
+  p.window_keys = spec.window_keys;
   p.q_heads = c.q_heads;
   p.kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;

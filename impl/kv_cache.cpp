@@ -141,10 +141,10 @@ Status validate_pool_spec(const PoolSpec& spec) {
   if (spec.states <= 0 || spec.ring_rows <= 0) {
     return Status::fail(CacheError::kZeroRing, "states and ring_rows must be positive");
   }
-  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_rows <= 0 ||
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_keys <= 0 ||
       spec.max_step_rows <= 0) {
     return Status::fail(CacheError::kZeroShape,
-                        "q_heads, kv_heads, head_dim, window_rows and max_step_rows must be positive");
+                        "q_heads, kv_heads, head_dim, window_keys and max_step_rows must be positive");
   }
   if (spec.q_heads % spec.kv_heads != 0) {
     return Status::fail(CacheError::kBadSpec, "q_heads must be a multiple of kv_heads");
@@ -164,8 +164,8 @@ Status validate_pool_spec(const PoolSpec& spec) {
   }
   if (spec.softmax_scale < 0.0) return Status::fail(CacheError::kBadSpec, "softmax_scale must be >= 0");
   // Every size a pool and its step buffers derive from, on any backend.
-  const std::int64_t ring_rows = spec.fault == Fault::kRingSizedWindow ? spec.window_rows : spec.ring_rows;
-  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  const std::int64_t ring_rows = spec.fault == Fault::kRingSizedWindow ? spec.window_keys : spec.ring_rows;
+  const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, out_elements = 0,
                index_elements = 0;
   const bool overflows =

@@ -143,7 +143,7 @@ struct Tag {
 struct PoolSpec {
   std::int64_t states = 1;        ///< state ids (requests resident at once)
   std::int64_t ring_rows = 0;     ///< S: physical rows per state block
-  std::int64_t window_rows = 0;   ///< W: keys visible to a query, itself included
+  std::int64_t window_keys = 0;   ///< W: keys visible to a query, itself included
   std::int32_t q_heads = 1;       ///< query heads
   std::int32_t kv_heads = 1;      ///< stored KV heads (q_heads % kv_heads == 0)
   std::int32_t head_dim = 1;      ///< elements per head
@@ -201,7 +201,7 @@ class KvBackend {
   virtual std::string_view name() const noexcept = 0;
   /// Whether this backend can run `spec`; on false, `why` says what is missing.
   virtual bool supports(const PoolSpec& spec, std::string* why) const = 0;
-  /// Allocates the pool and scratch (window_rows + max_step_rows rows) for `spec`.
+  /// Allocates the pool and scratch (window_keys + max_step_rows rows) for `spec`.
   virtual Status configure(const PoolSpec& spec) = 0;
 
   /// SPEC §2 decode metadata for each query. `out` has queries.size() entries.

@@ -15,10 +15,10 @@ namespace kvcheck::impl {
 KVCHECK_HOST_DEVICE std::int64_t ring_mod(std::int64_t a, std::int64_t m) { return a % m; }
 
 /// Keys visible per query after faults that change the window.
-KVCHECK_HOST_DEVICE std::int64_t ring_window_keys(std::int64_t window_rows, Fault fault) {
-  if (fault == Fault::kWindowTooWide) return window_rows + 1;
-  if (fault == Fault::kWindowTooNarrow) return window_rows > 1 ? window_rows - 1 : 1;
-  return window_rows;
+KVCHECK_HOST_DEVICE std::int64_t ring_window_keys(std::int64_t window_keys, Fault fault) {
+  if (fault == Fault::kWindowTooWide) return window_keys + 1;
+  if (fault == Fault::kWindowTooNarrow) return window_keys > 1 ? window_keys - 1 : 1;
+  return window_keys;
 }
 
 /// Slot of (state, position): state*S + position mod S, or a faulty variant.
@@ -34,9 +34,9 @@ KVCHECK_HOST_DEVICE std::int64_t ring_slot(std::int64_t state, std::int64_t posi
 
 /// Decode metadata of one query (SPEC §2).
 KVCHECK_HOST_DEVICE ReadMeta ring_metadata(std::int64_t state, std::int64_t position,
-                                           std::int64_t window_rows, std::int64_t ring_rows,
+                                           std::int64_t window_keys, std::int64_t ring_rows,
                                            std::int64_t states, Fault fault) {
-  const std::int64_t keys = ring_window_keys(window_rows, fault);
+  const std::int64_t keys = ring_window_keys(window_keys, fault);
   const std::int64_t len = position + 1 < keys ? position + 1 : keys;
   const std::int64_t start = position - len + 1;
   ReadMeta m;

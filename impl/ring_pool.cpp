@@ -33,8 +33,8 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
   if (out == nullptr) return Status::fail(CacheError::kUnsupported, "no output pointer");
   if (auto st = validate_pool_spec(spec_in); !st.ok()) return st;
   PoolSpec spec = spec_in;
-  if (spec.fault == Fault::kRingSizedWindow) spec.ring_rows = spec.window_rows;
-  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  if (spec.fault == Fault::kRingSizedWindow) spec.ring_rows = spec.window_keys;
+  const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   const std::int64_t q_elements = static_cast<std::int64_t>(spec.q_heads) * spec.head_dim;
   std::string why;
   if (!backend->supports(spec, &why)) return Status::fail(CacheError::kUnsupported, why);
@@ -91,7 +91,7 @@ Status RingPool::begin(std::int64_t state, std::int64_t request) {
 }
 
 std::int64_t RingPool::read_width() const noexcept {
-  return ring_window_keys(spec_.window_rows, spec_.fault);
+  return ring_window_keys(spec_.window_keys, spec_.fault);
 }
 
 void RingPool::note_length(std::int64_t state) {

@@ -64,7 +64,7 @@ class RingPool {
  public:
   /// Validates `spec` (typed errors for zero/overflowing sizes), asks the
   /// backend whether it supports it, and configures it. The ring-sized-window
-  /// fault shrinks ring_rows to window_rows here.
+  /// fault shrinks ring_rows to window_keys here.
   static Status create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec,
                        std::unique_ptr<RingPool>* out);
 
@@ -88,7 +88,7 @@ class RingPool {
   PoolSpec spec_;
   std::unique_ptr<KvBackend> backend_;
   std::vector<StateInfo> states_;
-  // Preallocated step buffers (sized from max_step_rows and window_rows).
+  // Preallocated step buffers (sized from max_step_rows and window_keys).
   std::vector<QueryRef> queries_;
   std::vector<ReadMeta> meta_;
   std::vector<std::int64_t> index_;

@@ -1,8 +1,8 @@
 // The reference model's number type. The model is templated on its real type;
 // the default is an MPFR-backed Boost.Multiprecision float with 34 decimal
-// digits (113-bit significand), stack-allocated so each operation costs no
-// heap traffic. Real50 (50 digits, 169 bits) is there for precision
-// selection; `double` instantiates the same templates for quick comparisons.
+// digits (`--precision 113`; Boost gives it 114 significand bits),
+// stack-allocated so each operation costs no heap traffic. Real50 (50
+// digits, `--precision 169`, 168 bits) is there for precision selection; `double` instantiates the same templates for quick comparisons.
 #pragma once
 
 #include <boost/multiprecision/mpfr.hpp>
@@ -12,9 +12,9 @@ namespace kvcheck::model {
 
 namespace bmp = boost::multiprecision;
 
-/// Default reference real: 34 decimal digits, 113 significand bits (>= 100).
+/// Default reference real: 34 decimal digits, 114 significand bits (>= 100).
 using Real = bmp::number<bmp::mpfr_float_backend<34, bmp::allocate_stack>, bmp::et_off>;
-/// Higher-precision alternative: 50 decimal digits, 169 significand bits.
+/// Higher-precision alternative: 50 decimal digits, 168 significand bits.
 using Real50 = bmp::number<bmp::mpfr_float_backend<50, bmp::allocate_stack>, bmp::et_off>;
 
 /// Significand bits of a real type (53 for double).

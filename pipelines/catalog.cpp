@@ -28,10 +28,10 @@ std::string spec_table(bool* all_match) {
   return model::spec_table(lines);
 }
 
-std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_rows, std::int64_t ring_rows, std::int64_t state,
+std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t state,
                                                  const std::vector<std::int64_t>& positions) {
   std::vector<reports::TraceLine> lines;
-  for (const auto& r : model::ring_trace(window_rows, ring_rows, state, positions)) {
+  for (const auto& r : model::ring_trace(window_keys, ring_rows, state, positions)) {
     lines.push_back({r.position, r.logical_first, r.logical_last, r.first_read_slot, r.last_read_slot, r.write_slot});
   }
   return lines;

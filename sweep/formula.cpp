@@ -169,10 +169,10 @@ Formula Formula::parse(std::string_view text, const std::string& flag) {
   return f;
 }
 
-std::int64_t Formula::evaluate(std::int64_t window_rows, std::int64_t drafts,
+std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts,
                                std::int64_t chunk_rows) const {
   const auto where = [&] {
-    return " evaluating '" + text_ + "' at W=" + std::to_string(window_rows) +
+    return " evaluating '" + text_ + "' at W=" + std::to_string(window_keys) +
            ", k=" + std::to_string(drafts) + ", C=" + std::to_string(chunk_rows);
   };
   // Reverse Polish needs at most nodes_.size() entries.
@@ -181,7 +181,7 @@ std::int64_t Formula::evaluate(std::int64_t window_rows, std::int64_t drafts,
   for (const Node& n : nodes_) {
     if (n.op == Op::kLiteral || n.op == Op::kWindow || n.op == Op::kDrafts || n.op == Op::kChunk) {
       stack.push_back(n.op == Op::kLiteral  ? n.value
-                      : n.op == Op::kWindow ? window_rows
+                      : n.op == Op::kWindow ? window_keys
                       : n.op == Op::kDrafts ? drafts
                                             : chunk_rows);
       continue;

@@ -26,7 +26,7 @@ class Formula {
 
   /// Value at (W, k, C). Throws kvcheck::Error(kUsage, flag, ...) on overflow
   /// or division by zero, naming the configuration.
-  std::int64_t evaluate(std::int64_t window_rows, std::int64_t drafts, std::int64_t chunk_rows) const;
+  std::int64_t evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows) const;
 
   /// The text as the user wrote it.
   const std::string& text() const noexcept { return text_; }

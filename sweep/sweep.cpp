@@ -52,7 +52,7 @@ SweepConfig SweepGrid::at(std::int64_t row) const {
   r /= chunks.size();
   c.drafts = drafts[r % drafts.size()];
   r /= drafts.size();
-  c.window_rows = windows[r];
+  c.window_keys = windows[r];
   return c;
 }
 
@@ -123,12 +123,12 @@ std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
 scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
                                         const engines::Capabilities& caps) {
   scenarios::Scenario sc;
-  sc.name = "sweep-live-w" + std::to_string(config.window_rows) + "-k" + std::to_string(config.drafts) + "-c" +
+  sc.name = "sweep-live-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
             std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" + std::to_string(ring_rows);
   sc.description = "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) + " (W=" +
-                   std::to_string(config.window_rows) + ", k=" + std::to_string(config.drafts) + ", C=" +
+                   std::to_string(config.window_keys) + ", k=" + std::to_string(config.drafts) + ", C=" +
                    std::to_string(config.chunk_rows) + ", " + order_file_name(config.order) + ")";
-  sc.cache.window = config.window_rows;
+  sc.cache.window = config.window_keys;
   sc.cache.convention = scenarios::Convention::kKeys;
   sc.cache.ring_rows = ring_rows;
   sc.cache.states = states;
@@ -144,8 +144,8 @@ scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t 
   };
   scenarios::Step decode;
   decode.kind = StepKind::kDecode;
-  const std::int64_t fill = history_rows(config.window_rows, ring_rows, 0);
-  const std::int64_t chunk = std::min(config.window_rows, ring_rows);
+  const std::int64_t fill = history_rows(config.window_keys, ring_rows, 0);
+  const std::int64_t chunk = std::min(config.window_keys, ring_rows);
   for (std::int64_t done = 0; done < fill;) {
     scenarios::Step st;
     st.kind = StepKind::kPrefill;
@@ -230,14 +230,14 @@ ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const 
 std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOptions& options,
                                        ProbeResult* below, SearchStats* stats) {
   ProbeResult last_unsafe;
-  std::int64_t s = config.window_rows;
+  std::int64_t s = config.window_keys;
   for (;; ++s) {
     if (stats) ++stats->probes;
     ProbeResult r = probe_ring(config, s, options);
     if (r.safe) break;
     last_unsafe = std::move(r);
   }
-  if (s == config.window_rows && s > 1) {
+  if (s == config.window_keys && s > 1) {
     // Safe at W: S = W - 1 still needs a probe for the report below the minimum.
     if (stats) ++stats->probes;
     ProbeResult r = probe_ring(config, s - 1, options);
@@ -250,13 +250,13 @@ std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOpt
 
 std::int64_t spec_bound(const SweepConfig& c) noexcept {
   if (c.order == SweepOrder::kStoreThenLoad) {
-    return std::max(c.window_rows + c.drafts, c.window_rows + c.chunk_rows - 1);
+    return std::max(c.window_keys + c.drafts, c.window_keys + c.chunk_rows - 1);
   }
-  return std::max(c.window_rows + c.drafts, c.chunk_rows);
+  return std::max(c.window_keys + c.drafts, c.chunk_rows);
 }
 
 std::int64_t seed_ring(const SweepConfig& c) noexcept {
-  return c.window_rows + std::max<std::int64_t>(0, c.drafts + 1);
+  return c.window_keys + std::max<std::int64_t>(0, c.drafts + 1);
 }
 
 namespace {
@@ -283,7 +283,7 @@ void counterexample_for(const SweepOptions& options, const ProbeResult& below, S
     row->replay_detail = "the counterexample's hazard step lost a different number of rows than the probe";
     return;
   }
-  if (row->config.window_rows > kReplayWindowLimit) return;
+  if (row->config.window_keys > kReplayWindowLimit) return;
   properties::RunOptions run;
   run.backend = "cpu";
   run.record_reads = false;
@@ -311,7 +311,7 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     // Evaluated up front so a bad formula fails before any work, the same way every time.
     if (options.formula) {
       row.has_formula = true;
-      row.formula_ring = options.formula->evaluate(row.config.window_rows, row.config.drafts, row.config.chunk_rows);
+      row.formula_ring = options.formula->evaluate(row.config.window_keys, row.config.drafts, row.config.chunk_rows);
     }
   }
   const bool write_files = options.counterexamples == CounterexampleMode::kAll ||
@@ -367,7 +367,7 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
               live.provider = provider.get();
             }
             const std::int64_t guess =
-                prev_min < 0 ? row.config.window_rows : prev_min + (row.config.window_rows - prev_window);
+                prev_min < 0 ? row.config.window_keys : prev_min + (row.config.window_keys - prev_window);
             // A live cache may have no safe capacity at all (a bug that loses
             // rows at any size): stop at a generous multiple of the bound.
             const std::int64_t limit = 4 * spec_bound(row.config) + 64;
@@ -388,10 +388,10 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             row.min_safe_ring = find_min_safe_ring_linear(row.config, options.probe, &below, &stats);
           } else {
             const std::int64_t guess =
-                prev_min < 0 ? row.config.window_rows : prev_min + (row.config.window_rows - prev_window);
+                prev_min < 0 ? row.config.window_keys : prev_min + (row.config.window_keys - prev_window);
             row.min_safe_ring = find_min_safe_ring(row.config, guess, options.probe, &below, &stats);
           }
-          prev_window = row.config.window_rows;
+          prev_window = row.config.window_keys;
           prev_min = row.min_safe_ring;
           row.probes = stats.probes;
           row.spec_agrees = row.spec_bound == row.min_safe_ring;

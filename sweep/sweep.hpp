@@ -78,7 +78,7 @@ const char* order_file_name(SweepOrder order) noexcept;
 
 /// One configuration of the grid.
 struct SweepConfig {
-  std::int64_t window_rows = 1;
+  std::int64_t window_keys = 1;
   std::int64_t drafts = 0;
   std::int64_t chunk_rows = 1;
   SweepOrder order = SweepOrder::kStoreThenLoad;
@@ -160,7 +160,7 @@ std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOpt
 /// History length of a probe at `phase` (the writes before the probed
 /// steps): the window is full, the ring wrapped at least twice, and the first
 /// probed row lands on slot `phase` (arguments 2, 3 above).
-std::int64_t history_rows(std::int64_t window_rows, std::int64_t ring_rows, std::int64_t phase);
+std::int64_t history_rows(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t phase);
 
 /// Step results of a schedule run on the tag engine (for counterexamples).
 struct ScheduleStepResult {

@@ -114,7 +114,7 @@ std::string sweep_json(const SweepResult& result) {
   Json rows = Json::array();
   for (const SweepRow& r : result.rows) {
     Json j;
-    j["window"] = r.config.window_rows;
+    j["window"] = r.config.window_keys;
     j["drafts"] = r.config.drafts;
     j["chunk"] = r.config.chunk_rows;
     j["order"] = order_file_name(r.config.order);
@@ -160,7 +160,7 @@ std::string sweep_csv(const SweepResult& result) {
   for (const SweepRow& r : result.rows) {
     std::string over;
     for (std::size_t i = 0; i < r.below_overwritten.size(); ++i) over += (i ? " " : "") + std::to_string(r.below_overwritten[i]);
-    out += std::to_string(r.config.window_rows) + "," + std::to_string(r.config.drafts) + "," +
+    out += std::to_string(r.config.window_keys) + "," + std::to_string(r.config.drafts) + "," +
            std::to_string(r.config.chunk_rows) + "," + order_file_name(r.config.order) + "," +
            std::to_string(r.min_safe_ring) + "," + std::to_string(r.spec_bound) + "," +
            (r.spec_agrees ? "true" : "false") + "," + std::to_string(r.seed_ring) + "," +
@@ -273,7 +273,7 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
     std::snprintf(seed, sizeof seed, "%lld(%+lld)", static_cast<long long>(r.seed_ring),
                   static_cast<long long>(r.seed_ring - r.min_safe_ring));
     std::snprintf(line, sizeof line, "%6lld %3lld %5lld %-16s %6lld %6lld %-5s %9s",
-                  static_cast<long long>(r.config.window_rows), static_cast<long long>(r.config.drafts),
+                  static_cast<long long>(r.config.window_keys), static_cast<long long>(r.config.drafts),
                   static_cast<long long>(r.config.chunk_rows), order_flag_name(r.config.order),
                   static_cast<long long>(r.min_safe_ring), static_cast<long long>(r.spec_bound),
                   r.spec_agrees ? "yes" : "NO", seed);
@@ -307,7 +307,7 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
       std::int64_t listed = 0;
       for (const SweepRow& r : result.rows) {
         if (!r.has_formula || r.formula_safe) continue;
-        s << (listed ? "; " : ": ") << "W=" << r.config.window_rows << " k=" << r.config.drafts
+        s << (listed ? "; " : ": ") << "W=" << r.config.window_keys << " k=" << r.config.drafts
           << " C=" << r.config.chunk_rows << " " << order_flag_name(r.config.order) << " gives "
           << r.formula_ring << " < " << r.min_safe_ring;
         if (++listed == 5) {

@@ -74,14 +74,14 @@ class TagEngine {
  public:
   TagEngine(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
             impl::Fault fault = impl::Fault::kNone)
-      : config_(config), ring_rows_(ring_rows), window_(config.window_rows) {
+      : config_(config), ring_rows_(ring_rows), window_(config.window_keys) {
     std::string why;
     backend_ = impl::make_backend("cpu", &why);
     KVCHECK_ASSERT(backend_ != nullptr);
     impl::PoolSpec spec;
     spec.states = states;
     spec.ring_rows = ring_rows;
-    spec.window_rows = config.window_rows;
+    spec.window_keys = config.window_keys;
     spec.q_heads = 1;
     spec.kv_heads = 1;
     spec.head_dim = 1;
@@ -93,7 +93,7 @@ class TagEngine {
     const impl::Status st = backend_->configure(spec);
     if (!st.ok()) {
       throw Error(ErrorId::kSize, "--window",
-                  "the CPU backend refused W=" + std::to_string(config.window_rows) + ", S=" +
+                  "the CPU backend refused W=" + std::to_string(config.window_keys) + ", S=" +
                       std::to_string(ring_rows) + ": " + st.detail);
     }
     states_.resize(static_cast<std::size_t>(states));
@@ -469,7 +469,7 @@ ProbeResult run_round(const SweepConfig& config, std::int64_t ring_rows,
   std::vector<std::vector<ProgramOp>> programs;
   std::size_t longest = 0;
   for (std::int64_t b = 0; b < states; ++b) {
-    engine.history(b, history_rows(config.window_rows, ring_rows, phases[static_cast<std::size_t>(b)]));
+    engine.history(b, history_rows(config.window_keys, ring_rows, phases[static_cast<std::size_t>(b)]));
     programs.push_back(probe_program(config, b, states));
     longest = std::max(longest, programs.back().size());
   }
@@ -504,8 +504,8 @@ ProbeResult run_round(const SweepConfig& config, std::int64_t ring_rows,
 
 }  // namespace
 
-std::int64_t history_rows(std::int64_t window_rows, std::int64_t ring_rows, std::int64_t phase) {
-  const std::int64_t wraps = std::max<std::int64_t>(2, 1 + ceil_div(window_rows, ring_rows));
+std::int64_t history_rows(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t phase) {
+  const std::int64_t wraps = std::max<std::int64_t>(2, 1 + ceil_div(window_keys, ring_rows));
   return wraps * ring_rows + phase;
 }
 
@@ -549,12 +549,12 @@ std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config
   if (below.safe || below.path.empty() || ring_rows < 1) return std::nullopt;
   // Fill lengths to try: the window just full, then the probe's own history
   // (two wraps, phase 0), so the scenario is as small as reproduces.
-  const std::int64_t fills[] = {config.window_rows, history_rows(config.window_rows, ring_rows, 0)};
+  const std::int64_t fills[] = {config.window_keys, history_rows(config.window_keys, ring_rows, 0)};
   for (const std::int64_t fill : fills) {
     std::vector<ProbeStep> steps;
     // Chunks no longer than the ring or the window: load_then_store chunks of
     // at most S rows neither lose a row nor collide.
-    const std::int64_t chunk = std::min(config.window_rows, ring_rows);
+    const std::int64_t chunk = std::min(config.window_keys, ring_rows);
     for (std::int64_t done = 0; done < fill; done += chunk) {
       steps.push_back(ProbeStep{StepKind::kPrefill, std::min(chunk, fill - done), SweepOrder::kLoadThenStore, 0, 0});
     }
@@ -574,16 +574,16 @@ std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config
     if (!fill_clean || !fails) continue;
 
     scenarios::Scenario sc;
-    sc.name = "sweep-w" + std::to_string(config.window_rows) + "-k" + std::to_string(config.drafts) + "-c" +
+    sc.name = "sweep-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
               std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" +
               std::to_string(ring_rows);
-    sc.description = "kvcheck sweep counterexample: W=" + std::to_string(config.window_rows) +
+    sc.description = "kvcheck sweep counterexample: W=" + std::to_string(config.window_keys) +
                      ", k=" + std::to_string(config.drafts) + ", C=" + std::to_string(config.chunk_rows) +
                      ", " + order_file_name(config.order) + "; the minimum safe ring is " +
                      std::to_string(ring_rows + 1) + ", and at S=" + std::to_string(ring_rows) +
                      " after a fill of " + std::to_string(fill) + " rows, " + below.hazard +
                      " loses visible rows or collides";
-    sc.cache.window = config.window_rows;
+    sc.cache.window = config.window_keys;
     sc.cache.convention = scenarios::Convention::kKeys;
     sc.cache.ring_rows = ring_rows;
     sc.cache.states = 1;

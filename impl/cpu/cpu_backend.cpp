@@ -48,7 +48,7 @@ bool CpuBackend::supports(const PoolSpec& spec, std::string* why) const {
 
 Status CpuBackend::configure(const PoolSpec& spec) {
   if (auto st = validate_pool_spec(spec); !st.ok()) return st;
-  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, width_elements = 0;
   const std::int64_t row_bytes =
       format_row_bytes(spec.format, static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim);
@@ -160,7 +160,7 @@ Status CpuBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMet
   if (auto st = check_configured(); !st.ok()) return st;
   if (auto st = check_metadata(bounds(), queries, out); !st.ok()) return st;
   for (std::size_t i = 0; i < queries.size(); ++i) {
-    out[i] = ring_metadata(queries[i].state, queries[i].position, spec_.window_rows, spec_.ring_rows,
+    out[i] = ring_metadata(queries[i].state, queries[i].position, spec_.window_keys, spec_.ring_rows,
                            spec_.states, spec_.fault);
   }
   return {};

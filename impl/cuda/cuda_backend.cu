@@ -201,7 +201,7 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   layout.kv_heads = spec.kv_heads;
   layout.head_dim = spec.head_dim;
   layout.shared_row = spec.shared_row;
-  const std::int64_t keys = ring_window_keys(spec.window_rows, spec.fault);
+  const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   const std::int64_t scratch_rows = keys + spec.max_step_rows;
   const std::int64_t item_cap = std::max(spec.max_step_rows, scratch_rows);
   std::int64_t slots = 0, pool_bytes = 0, scratch_bytes = 0, q_elements = 0, step_q = 0,
@@ -343,7 +343,7 @@ Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMe
                    cudaMemcpy(d_.queries.as<void>(), queries.data(), queries.size_bytes(),
                               cudaMemcpyHostToDevice));
   ring_metadata_kernel<<<ring_grid(n), kElementwiseThreads>>>(
-      d_.queries.as<QueryRef>(), n, spec_.window_rows, spec_.ring_rows, spec_.states, spec_.fault,
+      d_.queries.as<QueryRef>(), n, spec_.window_keys, spec_.ring_rows, spec_.states, spec_.fault,
       d_.meta.as<ReadMeta>());
   KVCHECK_CUDA_TRY("launch ring_metadata_kernel", cudaGetLastError());
   KVCHECK_CUDA_TRY("cudaMemcpy(meta)", cudaMemcpy(out.data(), d_.meta.as<void>(), out.size_bytes(),

@@ -116,11 +116,11 @@ __global__ void ring_fill_kernel(T* p, std::int64_t n, T value) {
 
 /// meta[i] = ring_metadata(queries[i]) for i < n.
 __global__ void ring_metadata_kernel(const QueryRef* queries, std::int64_t n,
-                                     std::int64_t window_rows, std::int64_t ring_rows,
+                                     std::int64_t window_keys, std::int64_t ring_rows,
                                      std::int64_t states, Fault fault, ReadMeta* meta) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    meta[i] = ring_metadata(queries[i].state, queries[i].position, window_rows, ring_rows, states,
+    meta[i] = ring_metadata(queries[i].state, queries[i].position, window_keys, ring_rows, states,
                             fault);
   }
 }

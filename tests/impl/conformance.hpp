@@ -80,7 +80,7 @@ class Harness {
  public:
   /// `spec` is what the pool is asked for; the oracle uses it fault-free.
   Harness(const std::string& backend, const PoolSpec& spec, std::uint64_t seed)
-      : spec_(spec), prng_(seed), oracle_(model::Ring{spec.states, spec.ring_rows, spec.window_rows}) {
+      : spec_(spec), prng_(seed), oracle_(model::Ring{spec.states, spec.ring_rows, spec.window_keys}) {
     auto b = impl::make_backend(backend, nullptr);
     if (!b) {
       fail("backend unavailable");
@@ -268,19 +268,19 @@ class Harness {
         }
       }
     }
-    if (result.queries != n || result.width != spec_.window_rows) {
+    if (result.queries != n || result.width != spec_.window_keys) {
       fail(where + ": result has " + std::to_string(result.queries) + " queries of width " +
-           std::to_string(result.width) + ", expected width " + std::to_string(spec_.window_rows));
+           std::to_string(result.width) + ", expected width " + std::to_string(spec_.window_keys));
     }
     const auto width = result.width;
     for (std::int64_t i = 0; i < n && i < result.queries; ++i) {
       const std::int64_t p = first + i;
-      const auto expected_index = model::expand_index(state, p, ring, spec_.window_rows);
+      const auto expected_index = model::expand_index(state, p, ring, spec_.window_keys);
       const model::DecodeMeta meta = model::decode_meta(state, p, ring);
       if (spec_.track_tags && result.read_slots.size() >= static_cast<std::size_t>((i + 1) * width)) {
-        for (std::int64_t c = 0; c < std::max<std::int64_t>(width, spec_.window_rows); ++c) {
+        for (std::int64_t c = 0; c < std::max<std::int64_t>(width, spec_.window_keys); ++c) {
           const std::int64_t got = c < width ? result.read_slots[idx(i * width + c)] : -1;
-          const std::int64_t want = c < spec_.window_rows ? expected_index[idx(c)] : -1;
+          const std::int64_t want = c < spec_.window_keys ? expected_index[idx(c)] : -1;
           if (got != want) {
             fail(where + ": query " + std::to_string(p) + " column " + std::to_string(c) +
                  " read slot " + std::to_string(got) + ", expected " + std::to_string(want));
@@ -307,7 +307,7 @@ class Harness {
 
   void check_output(const std::string& where, std::int64_t p, const double* q, const double* out,
                     std::int64_t request) {
-    const std::int64_t first = std::max<std::int64_t>(0, p - spec_.window_rows + 1);
+    const std::int64_t first = std::max<std::int64_t>(0, p - spec_.window_keys + 1);
     std::vector<model::Projected<Real>> rows, exact;
     double magnitude = 0;
     for (std::int64_t j = first; j <= p; ++j) {
@@ -338,7 +338,7 @@ class Harness {
     if (spec_.has_sink) sink = Real(spec_.sink_logit);
     const auto ref = model::attend_heads(q_rot, ptrs, heads, scale, sink);
     const auto ref_exact = model::attend_heads(q_rot, exact_ptrs, heads, scale, sink);
-    const double tol = kernel_tolerance(spec_.format, spec_.window_rows, magnitude);
+    const double tol = kernel_tolerance(spec_.format, spec_.window_keys, magnitude);
     const double qtol = tol + quantization_tolerance(spec_.format, magnitude) * 8.0;
     for (std::int64_t x = 0; x < q_elements(); ++x) {
       const double r = model::to_double(ref[idx(x)]);
@@ -374,7 +374,7 @@ inline PoolSpec small_spec(ElementFormat f, std::int32_t q_heads, std::int32_t k
                            bool shared) {
   PoolSpec s;
   s.states = 3;
-  s.window_rows = 5;
+  s.window_keys = 5;
   s.ring_rows = 8;  // >= max(W + k, W + C - 1) for k = 2 drafts, store-first chunks of 4
   s.q_heads = q_heads;
   s.kv_heads = kv_heads;
@@ -627,7 +627,7 @@ inline PoolSnapshot snapshot(RingPool& pool) {
     s.head_dim = 0;                                                                              \
     CHECK(code(s) == CacheError::kZeroShape);                                                    \
     s = base;                                                                                    \
-    s.window_rows = 0;                                                                           \
+    s.window_keys = 0;                                                                           \
     CHECK(code(s) == CacheError::kZeroShape);                                                    \
     s = base;                                                                                    \
     s.q_heads = 3;                                                                               \
@@ -665,7 +665,7 @@ inline PoolSnapshot snapshot(RingPool& pool) {
     for (const std::int64_t ring : {128, 133, 134}) {                                            \
       PoolSpec spec;                                                                             \
       spec.states = 1;                                                                           \
-      spec.window_rows = 128;                                                                    \
+      spec.window_keys = 128;                                                                    \
       spec.ring_rows = ring;                                                                     \
       spec.head_dim = 2;                                                                         \
       spec.max_step_rows = 300;                                                                  \
@@ -703,7 +703,7 @@ inline PoolSnapshot snapshot(RingPool& pool) {
       for (const std::int64_t chunk : {3, 4, 5}) {                                               \
         PoolSpec spec;                                                                           \
         spec.states = 1;                                                                         \
-        spec.window_rows = 3;                                                                    \
+        spec.window_keys = 3;                                                                    \
         spec.ring_rows = 5;                                                                      \
         spec.head_dim = 2;                                                                       \
         spec.max_step_rows = 8;                                                                  \

@@ -302,7 +302,7 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     const double base = c % 16 == 5 ? 1e-300 : (c % 16 == 6 ? 1e300 : std::pow(10.0, static_cast<double>(rng.next() % 41) - 20.0));
     impl::PoolSpec ps;
     ps.states = 1;
-    ps.ring_rows = ps.window_rows = keys;
+    ps.ring_rows = ps.window_keys = keys;
     ps.head_dim = d;
     ps.format = impl_of(format);
     ps.rope_style = impl::RopeStyle::kNeox;

@@ -46,7 +46,7 @@ nlohmann::json sweep_rows(const SweepGrid& grid, SweepOptions options) {
 }
 
 std::int64_t simulated_min(const SweepConfig& c) {
-  return find_min_safe_ring(c, c.window_rows, ProbeOptions{}, nullptr, nullptr);
+  return find_min_safe_ring(c, c.window_keys, ProbeOptions{}, nullptr, nullptr);
 }
 
 properties::RunOptions tags_only() {
@@ -233,7 +233,7 @@ TEST_CASE("Sweep: every counterexample at S_min - 1 replays through the referenc
   const SweepResult r = run_sweep(g, o);
   std::map<std::string, int> hazards;
   for (const SweepRow& row : r.rows) {
-    INFO("W=" << row.config.window_rows << " k=" << row.config.drafts << " C=" << row.config.chunk_rows << " "
+    INFO("W=" << row.config.window_keys << " k=" << row.config.drafts << " C=" << row.config.chunk_rows << " "
               << order_flag_name(row.config.order) << ": " << row.below_hazard << " " << row.replay_detail);
     if (!row.has_below) {
       CHECK(row.min_safe_ring == 1);
@@ -262,7 +262,7 @@ scenarios::Scenario random_schedule(const SweepConfig& cfg, std::int64_t ring, s
   Prng rng(seed);
   scenarios::Scenario sc;
   sc.name = "sweep-property";
-  sc.cache.window = cfg.window_rows;
+  sc.cache.window = cfg.window_keys;
   sc.cache.ring_rows = ring;
   sc.cache.states = rng.range(1, 3);
   sc.cache.head_dim = 1;
@@ -425,7 +425,7 @@ TEST_CASE("Sweep: a user's formula is judged safe or unsafe per configuration") 
   o.formula = Formula::parse("W + k");  // ignores the chunk: unsafe for C = 8
   SweepResult r = run_sweep(g, o);
   for (const SweepRow& row : r.rows) {
-    CHECK(row.formula_ring == row.config.window_rows + row.config.drafts);
+    CHECK(row.formula_ring == row.config.window_keys + row.config.drafts);
     CHECK(row.formula_safe == (row.config.chunk_rows == 1));
   }
   CHECK(r.formula_unsafe_rows == 4);

@@ -20,7 +20,7 @@ TEST_CASE("CpuBackend: SPEC ring trace W = 128, S = 134 through metadata and ind
   REQUIRE(b);
   PoolSpec spec;
   spec.states = 4;
-  spec.window_rows = 128;
+  spec.window_keys = 128;
   spec.ring_rows = 134;
   REQUIRE(b->configure(spec).ok());
   struct Row {
@@ -58,7 +58,7 @@ TEST_CASE("CpuBackend: store reports same-step write-write collisions") {
   cpu::CpuBackend b;
   PoolSpec spec;
   spec.states = 2;
-  spec.window_rows = 4;
+  spec.window_keys = 4;
   spec.ring_rows = 4;
   spec.head_dim = 2;
   spec.max_step_rows = 6;
@@ -118,7 +118,7 @@ TEST_CASE("CpuBackend: names of faults, formats and errors are unique and parse 
 TEST_CASE("CpuBackend: the ring-sized-window fault allocates exactly W rows") {
   PoolSpec spec;
   spec.states = 2;
-  spec.window_rows = 6;
+  spec.window_keys = 6;
   spec.ring_rows = 9;
   spec.fault = Fault::kRingSizedWindow;
   std::unique_ptr<RingPool> pool;
@@ -169,7 +169,7 @@ class FailingAttend final : public KvBackend {
 TEST_CASE("RingPool: a device failure after the store is returned, not an abort, and the length goes back") {
   PoolSpec spec;
   spec.states = 1;
-  spec.window_rows = 4;
+  spec.window_keys = 4;
   spec.ring_rows = 6;
   spec.head_dim = 2;
   spec.max_step_rows = 3;

@@ -47,7 +47,7 @@ TEST_CASE("RingPool: decode, verify, accept and prefill allocate nothing after c
       PoolSpec spec;
       spec.states = 2;
       spec.ring_rows = 70;
-      spec.window_rows = 64;
+      spec.window_keys = 64;
       spec.q_heads = 8;
       spec.kv_heads = 2;
       spec.head_dim = 128;

@@ -83,7 +83,7 @@ PoolSpec make_spec(ElementFormat f, const Layout& l, std::int32_t head_dim) {
   PoolSpec s;
   s.states = 3;
   s.ring_rows = 11;
-  s.window_rows = 7;
+  s.window_keys = 7;
   s.q_heads = l.q_heads;
   s.kv_heads = l.kv_heads;
   s.head_dim = head_dim;
@@ -199,7 +199,7 @@ TEST_CASE("CudaBackend: metadata and index expansion equal the CPU backend's", "
   PoolSpec spec = make_spec(ElementFormat::kF32, kLayouts[0], 4);
   spec.states = 4;
   spec.ring_rows = 134;
-  spec.window_rows = 128;
+  spec.window_keys = 128;
   spec.max_step_rows = 8;
   for (int f = 0; f < kvcheck::impl::kFaultCount; ++f) {
     spec.fault = static_cast<kvcheck::impl::Fault>(f);
@@ -385,7 +385,7 @@ namespace {
 PoolSpec production_spec(ElementFormat f, std::int32_t q_heads, std::int32_t kv_heads, bool rope) {
   PoolSpec s;
   s.states = 2;
-  s.window_rows = 4096;
+  s.window_keys = 4096;
   s.ring_rows = 4096 + 64;
   s.q_heads = q_heads;
   s.kv_heads = kv_heads;
@@ -434,7 +434,7 @@ void fill_both(Pair& p, const PoolSpec& spec, KeyFn key, ValueFn value) {
 /// nothing to read). Few queries run the fast kernel's split-K path (one
 /// block per KV head), many its slot-major path (one block per query).
 std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& prng, std::int64_t n) {
-  const std::int64_t w = spec.window_rows;
+  const std::int64_t w = spec.window_keys;
   std::vector<std::int64_t> index(static_cast<std::size_t>(3 * w), -1);
   for (std::int64_t c = 0; c < w; ++c) index[static_cast<std::size_t>(c)] = (37 + c) % spec.ring_rows;
   std::vector<std::int64_t> shuffled;
@@ -478,7 +478,7 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
         INFO("queries " << n);
         kvcheck::Prng prng(77);
         const auto index = production_index(spec, prng, n);
-        const std::int64_t w = spec.window_rows;
+        const std::int64_t w = spec.window_keys;
         const std::vector<double> q(static_cast<std::size_t>(n * qh * 128), 0.0);
         const std::vector<std::int64_t> positions = production_positions(n);
         std::vector<double> oa(q.size()), ob(q.size());
@@ -530,7 +530,7 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend wit
         for (const std::int64_t n : {std::int64_t{3}, std::int64_t{24}}) {
           INFO("queries " << n);
           const auto index = production_index(spec, prng, n);
-          const std::int64_t w = spec.window_rows;
+          const std::int64_t w = spec.window_keys;
           const auto q = random_rows(prng, n * qh * 128, 1.5);
           const std::vector<std::int64_t> positions = production_positions(n);
           std::vector<double> oa(q.size()), ob(q.size());

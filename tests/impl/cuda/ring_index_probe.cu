@@ -16,7 +16,7 @@ __global__ void probe_kernel(const ProbeCase* cases, std::int64_t n, std::int64_
   if (i >= n) return;
   const ProbeCase c = cases[i];
   const ReadMeta m =
-      ring_metadata(c.state, c.position, c.window_rows, c.ring_rows, c.states, c.fault);
+      ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states, c.fault);
   meta[i] = m;
   for (std::int64_t col = 0; col < width; ++col) {
     index[i * width + col] = ring_index_column(m, col, c.ring_rows, c.fault);
@@ -35,7 +35,7 @@ std::vector<ProbeResult> nvcc_host_probe(const std::vector<ProbeCase>& cases, st
   out.reserve(cases.size());
   for (const ProbeCase& c : cases) {
     ProbeResult r;
-    r.meta = ring_metadata(c.state, c.position, c.window_rows, c.ring_rows, c.states, c.fault);
+    r.meta = ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states, c.fault);
     for (std::int64_t col = 0; col < width; ++col) {
       r.index.push_back(ring_index_column(r.meta, col, c.ring_rows, c.fault));
     }

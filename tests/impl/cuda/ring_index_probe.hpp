@@ -16,7 +16,7 @@ namespace kvcheck::impl::cuda_test {
 struct ProbeCase {
   std::int64_t state = 0;
   std::int64_t position = 0;
-  std::int64_t window_rows = 1;
+  std::int64_t window_keys = 1;
   std::int64_t ring_rows = 1;
   std::int64_t states = 1;
   Fault fault = Fault::kNone;

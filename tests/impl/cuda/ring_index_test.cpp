@@ -58,7 +58,7 @@ std::vector<ProbeCase> probe_grid() {
 
 ProbeResult gxx_probe(const ProbeCase& c, std::int64_t width) {
   ProbeResult r;
-  r.meta = kvcheck::impl::ring_metadata(c.state, c.position, c.window_rows, c.ring_rows, c.states,
+  r.meta = kvcheck::impl::ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states,
                                         c.fault);
   for (std::int64_t col = 0; col < width; ++col) {
     r.index.push_back(kvcheck::impl::ring_index_column(r.meta, col, c.ring_rows, c.fault));
@@ -69,7 +69,7 @@ ProbeResult gxx_probe(const ProbeCase& c, std::int64_t width) {
 
 std::string describe(const ProbeCase& c) {
   return "state " + std::to_string(c.state) + " position " + std::to_string(c.position) + " W " +
-         std::to_string(c.window_rows) + " S " + std::to_string(c.ring_rows) + " states " +
+         std::to_string(c.window_keys) + " S " + std::to_string(c.ring_rows) + " states " +
          std::to_string(c.states) + " fault " + std::string(kvcheck::impl::fault_name(c.fault));
 }
 
@@ -94,7 +94,7 @@ TEST_CASE("ring_index: nvcc-compiled host math equals g++ and the model oracle",
     require_same(nvcc[i], gxx_probe(c, kWidth), c);
     if (!address_fault_free(c.fault)) continue;
     INFO(describe(c));
-    const kvcheck::model::Ring ring{c.states, c.ring_rows, c.window_rows};
+    const kvcheck::model::Ring ring{c.states, c.ring_rows, c.window_keys};
     const kvcheck::model::DecodeMeta m = kvcheck::model::decode_meta(c.state, c.position, ring);
     REQUIRE(nvcc[i].meta.read_offset == m.read_offset);
     REQUIRE(nvcc[i].meta.length == m.length);
