@@ -20,7 +20,8 @@ class BorrowedProvider final : public engines::CacheProvider {
  public:
   explicit BorrowedProvider(engines::CacheProvider& inner) : inner_(inner) {}
   const engines::Capabilities& capabilities() override { return inner_.capabilities(); }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
     return inner_.open(spec, refused);
   }
   std::string name() const override { return inner_.name(); }
@@ -87,9 +88,10 @@ CheckResult check(const ProviderFactory& factory, const CheckOptions& options) {
     out.original = std::move(r.original);
     out.counterexample = std::move(r.shrunk);
     out.counterexample.name = "counterexample-seed" + std::to_string(options.seed);
-    out.counterexample.description = "Shrunk from case seed " + std::to_string(out.failing_case_seed) + " of " +
-                                     std::to_string(options.cases) + " cases (seed " +
-                                     std::to_string(options.seed) + ") of kvcheck::api::check on " + out.cache;
+    out.counterexample.description = "Shrunk from case seed " + std::to_string(out.failing_case_seed) +
+                                     " of " + std::to_string(options.cases) + " cases (seed " +
+                                     std::to_string(options.seed) + ") of kvcheck::api::check on " +
+                                     out.cache;
     out.counterexample_run = std::move(r.shrunk_run);
     out.counterexample_run.scenario_name = out.counterexample.name;
     out.shrink_runs = r.shrink_runs;

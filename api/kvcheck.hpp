@@ -71,11 +71,11 @@ using ProviderFactory = std::function<std::unique_ptr<engines::CacheProvider>()>
 
 /// Options of a randomized check.
 struct CheckOptions {
-  std::int64_t cases = 200;      ///< generated schedules
-  std::uint64_t seed = 1;        ///< same seed, same cases, same result
-  int threads = 2;               ///< worker threads (each with its own provider)
-  bool probes = true;            ///< send the refusal probes the capabilities list
-  int precision_bits = 113;      ///< reference significand bits: 53, 113 or 169
+  std::int64_t cases = 200;  ///< generated schedules
+  std::uint64_t seed = 1;    ///< same seed, same cases, same result
+  int threads = 2;           ///< worker threads (each with its own provider)
+  bool probes = true;        ///< send the refusal probes the capabilities list
+  int precision_bits = 113;  ///< reference significand bits: 53, 113 or 169
   /// When not empty and a case fails, the shrunk counterexample is written
   /// here as a scenario file (format version 1; replay it with `replay` or
   /// `kvcheck replay FILE`). Parent directories are created.
@@ -93,22 +93,22 @@ struct Coverage {
 
 /// The outcome of a randomized check.
 struct CheckResult {
-  bool passed = false;             ///< no case failed and every reachable coverage class was hit
-  std::string cache;               ///< the provider's name()
-  std::uint64_t seed = 0;          ///< CheckOptions::seed
-  int precision_bits = 113;        ///< CheckOptions::precision_bits
+  bool passed = false;       ///< no case failed and every reachable coverage class was hit
+  std::string cache;         ///< the provider's name()
+  std::uint64_t seed = 0;    ///< CheckOptions::seed
+  int precision_bits = 113;  ///< CheckOptions::precision_bits
   std::int64_t cases = 0;
-  std::int64_t failures = 0;       ///< failing cases
-  std::int64_t skipped = 0;        ///< cases the cache refused to open
+  std::int64_t failures = 0;  ///< failing cases
+  std::int64_t skipped = 0;   ///< cases the cache refused to open
   bool coverage_ok = true;
   std::vector<Coverage> coverage;
   bool found_failure = false;
-  std::uint64_t failing_case_seed = 0;  ///< seed of the first failing case
-  scenarios::Scenario original;         ///< that case as generated
-  scenarios::Scenario counterexample;   ///< shrunk from it (fewest requests, steps, rows)
+  std::uint64_t failing_case_seed = 0;            ///< seed of the first failing case
+  scenarios::Scenario original;                   ///< that case as generated
+  scenarios::Scenario counterexample;             ///< shrunk from it (fewest requests, steps, rows)
   properties::RunObservation counterexample_run;  ///< what kvcheck observed replaying it
-  std::int64_t shrink_runs = 0;         ///< scenarios run while shrinking
-  std::filesystem::path counterexample_file;  ///< where it was written, empty when not
+  std::int64_t shrink_runs = 0;                   ///< scenarios run while shrinking
+  std::filesystem::path counterexample_file;      ///< where it was written, empty when not
 };
 
 /// Runs `options.cases` generated schedules on caches from `factory`, on

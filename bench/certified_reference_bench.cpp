@@ -49,7 +49,8 @@ void BM_CertifiedReference(benchmark::State& state) {
   const auto profile = static_cast<kvcheck::properties::Profile>(state.range(0));
   const auto count = static_cast<std::uint64_t>(state.range(1));
   std::vector<kvcheck::scenarios::Scenario> cases;
-  for (std::uint64_t i = 0; i < count; ++i) cases.push_back(kvcheck::properties::generate_scenario(1 + i, {}, profile));
+  for (std::uint64_t i = 0; i < count; ++i)
+    cases.push_back(kvcheck::properties::generate_scenario(1 + i, {}, profile));
   Timed plain, certified, mpfr;
   for (auto _ : state) {
     const Timed a = run_all(cases, 53, Reference::kCertified);
@@ -66,8 +67,9 @@ void BM_CertifiedReference(benchmark::State& state) {
   state.counters["mpfr_s"] = mpfr.seconds;
   state.counters["certified_x_double"] = certified.seconds / plain.seconds;
   state.counters["mpfr_x_double"] = mpfr.seconds / plain.seconds;
-  state.counters["mpfr_query_share"] =
-      certified.queries > 0 ? static_cast<double>(certified.mpfr_queries) / static_cast<double>(certified.queries) : 0;
+  state.counters["mpfr_query_share"] = certified.queries > 0 ? static_cast<double>(certified.mpfr_queries) /
+                                                                   static_cast<double>(certified.queries)
+                                                             : 0;
 }
 
 // (profile, cases): the default profile's small caches; production shapes.

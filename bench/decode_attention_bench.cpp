@@ -160,7 +160,8 @@ Fixture& fixture(ElementFormat f, bool batch) {
   // Each request's query sits at position W - 1 and sees its whole block.
   fx.index.resize(static_cast<std::size_t>(fx.requests * kWindow));
   for (std::int64_t b = 0; b < fx.requests; ++b) {
-    for (std::int64_t c = 0; c < kWindow; ++c) fx.index[static_cast<std::size_t>(b * kWindow + c)] = b * kWindow + c;
+    for (std::int64_t c = 0; c < kWindow; ++c)
+      fx.index[static_cast<std::size_t>(b * kWindow + c)] = b * kWindow + c;
   }
   fx.rope_position.assign(static_cast<std::size_t>(fx.requests), kWindow - 1);
   fx.q.resize(static_cast<std::size_t>(fx.requests * kQHeads * kHeadDim));
@@ -178,8 +179,8 @@ std::size_t logical_bytes(Fixture& fx) {
 void bm_attend(benchmark::State& state, ElementFormat f, bool batch) {
   Fixture& fx = fixture(f, batch);
   for (auto _ : state) {
-    const auto st = fx.backend.attend(KvSource::kPool, fx.rope_position, fx.q.data(), fx.index,
-                                      kWindow, fx.out.data(), nullptr, nullptr);
+    const auto st = fx.backend.attend(KvSource::kPool, fx.rope_position, fx.q.data(), fx.index, kWindow,
+                                      fx.out.data(), nullptr, nullptr);
     benchmark::DoNotOptimize(st.code);
     benchmark::DoNotOptimize(fx.out.data());
     benchmark::ClobberMemory();
@@ -191,8 +192,8 @@ void bm_attend(benchmark::State& state, ElementFormat f, bool batch) {
 /// Sums n 64-bit words in eight independent lanes: the fastest plain read
 /// this core does (multiversioned like the kernel, so the baseline gets the
 /// same vector width the attention gets).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-std::uint64_t stream_sum(const std::uint64_t* words, std::size_t n) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) std::uint64_t stream_sum(
+    const std::uint64_t* words, std::size_t n) {
   std::uint64_t s[8] = {};
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -285,10 +286,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(llc().bytes / 1024), llc().source.c_str(),
               static_cast<long long>(kLlcMultiple));
   for (const auto& fm : formats) {
-    std::printf("  %-5s one request %.1f MiB, batch %lld requests = %.1f MiB\n", fm.name,
-                static_cast<double>(request_bytes(fm.format)) / (1024.0 * 1024.0),
-                static_cast<long long>(batch_requests(fm.format)),
-                static_cast<double>(batch_requests(fm.format) * request_bytes(fm.format)) / (1024.0 * 1024.0));
+    std::printf(
+        "  %-5s one request %.1f MiB, batch %lld requests = %.1f MiB\n", fm.name,
+        static_cast<double>(request_bytes(fm.format)) / (1024.0 * 1024.0),
+        static_cast<long long>(batch_requests(fm.format)),
+        static_cast<double>(batch_requests(fm.format) * request_bytes(fm.format)) / (1024.0 * 1024.0));
   }
   std::fflush(stdout);
   RatioReporter reporter;

@@ -31,7 +31,9 @@ double cases_per_second(const std::string& impl, std::int64_t cases, int threads
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = kvcheck::properties::run_check(o);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (r.failures != 0) std::fprintf(stderr, "warning: %s had %lld failing cases\n", impl.c_str(), static_cast<long long>(r.failures));
+  if (r.failures != 0)
+    std::fprintf(stderr, "warning: %s had %lld failing cases\n", impl.c_str(),
+                 static_cast<long long>(r.failures));
   return static_cast<double>(cases) / s;
 }
 
@@ -67,8 +69,10 @@ int main(int argc, char** argv) {
     in_best = std::max(in_best, cases_per_second("cpu", cases, threads));
     ex_best = std::max(ex_best, cases_per_second(kRing, cases, threads));
   }
-  std::printf("check, %lld cases, seed 1, %d threads (best of 3): in-process %.0f cases/s, exec ring adapter %.0f cases/s\n",
-              static_cast<long long>(cases), threads, in_best, ex_best);
+  std::printf(
+      "check, %lld cases, seed 1, %d threads (best of 3): in-process %.0f cases/s, exec ring adapter %.0f "
+      "cases/s\n",
+      static_cast<long long>(cases), threads, in_best, ex_best);
   std::printf("exec / in-process = %.2f (goal >= 0.30)\n", ex_best / in_best);
   return 0;
 }

@@ -31,11 +31,13 @@ namespace {
 namespace fs = std::filesystem;
 
 struct Cost {
-  double cpu_seconds = 0;   ///< user + system of the child
+  double cpu_seconds = 0;  ///< user + system of the child
   double wall_seconds = 0;
 };
 
-double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; }
+double seconds(const timeval& t) {
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+}
 
 /// Runs `args` (argv[0] is the program) with stdout to /dev/null; exits on failure codes other than 0 and 1.
 Cost run(const std::vector<std::string>& args) {
@@ -61,7 +63,8 @@ Cost run(const std::vector<std::string>& args) {
   }
   Cost c;
   c.cpu_seconds = seconds(usage.ru_utime) + seconds(usage.ru_stime);
-  c.wall_seconds = static_cast<double>(t1.tv_sec - t0.tv_sec) + static_cast<double>(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  c.wall_seconds =
+      static_cast<double>(t1.tv_sec - t0.tv_sec) + static_cast<double>(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   return c;
 }
 
@@ -72,21 +75,28 @@ int main(int argc, char** argv) {
   std::string kvcheck = KVCHECK_BINARY;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--cases") cases = std::atoll(argv[i + 1]);
-    else if (flag == "--shards") shards = std::atoll(argv[i + 1]);
-    else if (flag == "--seed") seed = std::atoll(argv[i + 1]);
-    else if (flag == "--merge-shards") merge_shards = std::atoll(argv[i + 1]);
-    else if (flag == "--kvcheck") kvcheck = argv[i + 1];
+    if (flag == "--cases")
+      cases = std::atoll(argv[i + 1]);
+    else if (flag == "--shards")
+      shards = std::atoll(argv[i + 1]);
+    else if (flag == "--seed")
+      seed = std::atoll(argv[i + 1]);
+    else if (flag == "--merge-shards")
+      merge_shards = std::atoll(argv[i + 1]);
+    else if (flag == "--kvcheck")
+      kvcheck = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: shard_cost_bench [--cases N] [--shards N] [--seed X] [--merge-shards M] [--kvcheck PATH]\n");
+      std::fprintf(stderr,
+                   "usage: shard_cost_bench [--cases N] [--shards N] [--seed X] [--merge-shards M] "
+                   "[--kvcheck PATH]\n");
       return 2;
     }
   }
   if (cases < 1 || shards < 1 || merge_shards <= shards) return 2;
   const fs::path dir = fs::temp_directory_path() / ("kvcheck-shard-bench-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::vector<std::string> common = {kvcheck, "check", "--cases", std::to_string(cases), "--seed",
-                                           std::to_string(seed), "--threads", "1"};
+  const std::vector<std::string> common = {
+      kvcheck, "check", "--cases", std::to_string(cases), "--seed", std::to_string(seed), "--threads", "1"};
   auto with = [&common](std::vector<std::string> extra) {
     std::vector<std::string> a = common;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -99,7 +109,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> merge = {kvcheck, "merge"};
   for (long long i = 0; i < shards; ++i) {
     const fs::path out = dir / ("shard" + std::to_string(i));
-    const Cost c = run(with({"--shard", std::to_string(i) + "/" + std::to_string(shards), "--out", out.string()}));
+    const Cost c =
+        run(with({"--shard", std::to_string(i) + "/" + std::to_string(shards), "--out", out.string()}));
     shard_total.cpu_seconds += c.cpu_seconds;
     shard_max.wall_seconds = std::max(shard_max.wall_seconds, c.wall_seconds);
     merge.push_back(out.string());
@@ -107,14 +118,15 @@ int main(int argc, char** argv) {
   merge.insert(merge.end(), {"--out", (dir / "merged").string()});
   const Cost merged = run(merge);
   // Start-up and one case: what a process costs beyond its cases.
-  const Cost empty = run({kvcheck, "check", "--cases", "1", "--seed", std::to_string(seed), "--threads", "1", "--out",
-                          (dir / "empty").string()});
+  const Cost empty = run({kvcheck, "check", "--cases", "1", "--seed", std::to_string(seed), "--threads", "1",
+                          "--out", (dir / "empty").string()});
   // M shards of one case each, merged: the merge's cost per shard document.
   std::vector<std::string> many = {kvcheck, "merge"};
   for (long long i = 0; i < merge_shards; ++i) {
     const fs::path out = dir / "many" / std::to_string(i);
-    run({kvcheck, "check", "--cases", std::to_string(merge_shards), "--seed", std::to_string(seed), "--threads", "1",
-         "--shard", std::to_string(i) + "/" + std::to_string(merge_shards), "--out", out.string()});
+    run({kvcheck, "check", "--cases", std::to_string(merge_shards), "--seed", std::to_string(seed),
+         "--threads", "1", "--shard", std::to_string(i) + "/" + std::to_string(merge_shards), "--out",
+         out.string()});
     many.push_back(out.string());
   }
   many.insert(many.end(), {"--out", (dir / "many-merged").string()});
@@ -141,12 +153,13 @@ int main(int argc, char** argv) {
   // the shards' time C·c/P equals the merge's P·m: P* = sqrt(C·c/m).
   const double big_cases = 1e7, cores = 1000;
   // The merge's cost per shard from the two merges (at least 1 µs: timer resolution).
-  const double merge_per_shard =
-      std::max(1e-6, (many_merged.cpu_seconds - merged.cpu_seconds) / static_cast<double>(merge_shards - shards));
+  const double merge_per_shard = std::max(
+      1e-6, (many_merged.cpu_seconds - merged.cpu_seconds) / static_cast<double>(merge_shards - shards));
   const double shard_wall = empty.wall_seconds + big_cases / cores * per_case;
   const double merge_wall = merged.cpu_seconds + (cores - static_cast<double>(shards)) * merge_per_shard;
-  std::printf("paper: 1e7 cases on 1000 cores: shards %.1f s + merge %.3f s = %.1f s wall (one core: %.1f h)\n",
-              shard_wall, merge_wall, shard_wall + merge_wall, big_cases * per_case / 3600);
+  std::printf(
+      "paper: 1e7 cases on 1000 cores: shards %.1f s + merge %.3f s = %.1f s wall (one core: %.1f h)\n",
+      shard_wall, merge_wall, shard_wall + merge_wall, big_cases * per_case / 3600);
   std::printf("paper: scaling stops near P* = sqrt(C*c/m) = %.0f cores (merge %.3f ms per shard)\n",
               std::sqrt(big_cases * per_case / merge_per_shard), merge_per_shard * 1e3);
   return 0;

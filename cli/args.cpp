@@ -40,8 +40,8 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& value_
     }
   }
   CLI::App app{"kvcheck"};
-  app.set_help_flag();        // each command prints its own usage (main.cpp)
-  app.allow_extras();         // positional arguments and unknown flags: judged below
+  app.set_help_flag();  // each command prints its own usage (main.cpp)
+  app.allow_extras();   // positional arguments and unknown flags: judged below
   app.positionals_at_end(false);
   std::map<std::string, std::vector<std::string>> given;
   std::map<std::string, CLI::Option*> options;
@@ -70,7 +70,8 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& value_
   }
   for (const auto& a : app.remaining()) {
     if (a.rfind("--", 0) == 0 && a != "--") {
-      throw Error(ErrorId::kUsage, a.substr(0, a.find('=')), "unknown flag for this command (see `kvcheck help`)");
+      throw Error(ErrorId::kUsage, a.substr(0, a.find('=')),
+                  "unknown flag for this command (see `kvcheck help`)");
     }
     positional_.push_back(a);
   }
@@ -106,8 +107,7 @@ std::int64_t Args::integer(const std::string& flag, std::int64_t fallback, std::
   return v ? parse_integer(flag, *v, lo, hi) : fallback;
 }
 
-std::vector<std::int64_t> Args::integers(const std::string& flag, std::int64_t lo,
-                                         std::int64_t hi) const {
+std::vector<std::int64_t> Args::integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const {
   std::vector<std::int64_t> out;
   const auto v = get(flag);
   if (!v) return out;
@@ -128,8 +128,9 @@ double Args::seconds(const std::string& flag, double fallback, double hi) const 
   char* end = nullptr;
   const double v = std::strtod(text->c_str(), &end);
   if (end == text->c_str() || *end != '\0' || !(v > 0) || v > hi) {
-    throw Error(ErrorId::kUsage, flag, "expects seconds in (0, " + std::to_string(static_cast<long long>(hi)) +
-                                           "], got '" + *text + "'");
+    throw Error(
+        ErrorId::kUsage, flag,
+        "expects seconds in (0, " + std::to_string(static_cast<long long>(hi)) + "], got '" + *text + "'");
   }
   return v;
 }
@@ -138,7 +139,8 @@ std::optional<ShardFlag> Args::shard(const std::string& flag) const {
   const auto text = get(flag);
   if (!text) return std::nullopt;
   const auto slash = text->find('/');
-  if (slash == std::string::npos) throw Error(ErrorId::kUsage, flag, "expects I/N (shard I of N, 0 <= I < N), got '" + *text + "'");
+  if (slash == std::string::npos)
+    throw Error(ErrorId::kUsage, flag, "expects I/N (shard I of N, 0 <= I < N), got '" + *text + "'");
   ShardFlag s;
   s.count = parse_integer(flag, text->substr(slash + 1), 1, 1000000);
   s.index = parse_integer(flag, text->substr(0, slash), 0, s.count - 1);

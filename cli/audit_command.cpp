@@ -12,7 +12,8 @@ namespace kvcheck::cli {
 
 int command_audit(int argc, char** argv) {
   Args args(argc, argv, 2, {"--report", "--junit", "--html", "--text", "--precision"}, {});
-  if (args.positional().empty()) throw Error(ErrorId::kUsage, "TRACE", "audit needs trace files (*.jsonl) or directories");
+  if (args.positional().empty())
+    throw Error(ErrorId::kUsage, "TRACE", "audit needs trace files (*.jsonl) or directories");
   pipelines::AuditRequest request;
   request.files_or_dirs = args.positional();
   request.precision_bits = precision_flag(args);

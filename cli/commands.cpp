@@ -100,14 +100,18 @@ std::string impl_flag(const Args& args) {
     std::string why;
     if (!pipelines::backend_available(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
   } else if (name != "layer" && !engines::is_exec(name)) {
-    throw Error(ErrorId::kUsage, "--impl", "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
+    throw Error(ErrorId::kUsage, "--impl",
+                "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
   } else if (name == "exec:") {
-    throw Error(ErrorId::kUsage, "--impl", "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
+    throw Error(ErrorId::kUsage, "--impl",
+                "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
   }
   return name;
 }
 
-double step_timeout_flag(const Args& args) { return args.seconds("--step-timeout", 10.0, 86400); }
+double step_timeout_flag(const Args& args) {
+  return args.seconds("--step-timeout", 10.0, 86400);
+}
 
 /// `mpirun -n R kvcheck check ...`: rank r runs shard r/R; rank 0 gathers
 /// every rank's shard document (or its error) and writes the report of the
@@ -135,13 +139,14 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
   for (std::size_t r = 0; r < all.size(); ++r) {
     const std::string origin = "rank " + std::to_string(r);
     if (all[r].rfind(kErrorMark, 0) == 0) {
-      throw Error(ErrorId::kShard, origin + " of " + std::to_string(all.size()),
-                  "failed, so the run is incomplete and no report was written: " + all[r].substr(kErrorMark.size()));
+      throw Error(
+          ErrorId::kShard, origin + " of " + std::to_string(all.size()),
+          "failed, so the run is incomplete and no report was written: " + all[r].substr(kErrorMark.size()));
     }
     shards.push_back(reports::parse_shard(all[r], origin));
   }
-  return pipelines::merge_check(reports::order_shards(std::move(shards)), out, std::to_string(world.size()) + " MPI ranks",
-                     start, true);
+  return pipelines::merge_check(reports::order_shards(std::move(shards)), out,
+                                std::to_string(world.size()) + " MPI ranks", start, true);
 }
 
 }  // namespace
@@ -184,8 +189,8 @@ int command_trace(int argc, char** argv) {
 
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout", "--record",
-             "--shard", "--profile", "--memory-limit", "--reference"},
+            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout",
+             "--record", "--shard", "--profile", "--memory-limit", "--reference"},
             {});
   args.no_positional("check");
   properties::CheckOptions options;
@@ -202,16 +207,20 @@ int command_check(int argc, char** argv) {
   {
     std::string limit_source;
     const std::int64_t limit = memory_limit_flag(args, &limit_source);
-    properties::require_memory(properties::estimate_check(options.profile, options.threads), limit, limit_source);
+    properties::require_memory(properties::estimate_check(options.profile, options.threads), limit,
+                               limit_source);
   }
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
   if (shard && args.has("--record")) {
-    throw Error(ErrorId::kUsage, "--record", "records one run; use it with `kvcheck replay` on the merged counterexample, not on a shard");
+    throw Error(ErrorId::kUsage, "--record",
+                "records one run; use it with `kvcheck replay` on the merged counterexample, not on a shard");
   }
   if (const std::unique_ptr<MpiWorld> world = join_mpi_world(argc, argv)) {
-    if (shard) throw Error(ErrorId::kUsage, "--shard", "not under mpirun: each MPI rank runs one shard by itself");
-    if (args.has("--record")) throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
+    if (shard)
+      throw Error(ErrorId::kUsage, "--shard", "not under mpirun: each MPI rank runs one shard by itself");
+    if (args.has("--record"))
+      throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
     return check_over_mpi(*world, options, command_line(argc, argv), out);
   }
   pipelines::prepare_out_dir(out);
@@ -229,7 +238,8 @@ int command_check(int argc, char** argv) {
 int command_merge(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   Args args(argc, argv, 2, {"--out", "--json", "--csv", "--svg"}, {});
-  if (args.positional().empty()) throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
+  if (args.positional().empty())
+    throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
   // Every shard is read and checked before anything is written.
   std::vector<reports::ShardResult> shards;
   for (const auto& dir : args.positional()) shards.push_back(reports::read_shard_dir(dir));
@@ -237,7 +247,8 @@ int command_merge(int argc, char** argv) {
   const std::string workers = std::to_string(shards.size()) + " shards";
   if (shards.front().kind == "check") {
     for (const char* flag : {"--json", "--csv", "--svg"}) {
-      if (args.has(flag)) throw Error(ErrorId::kUsage, flag, "is for sweep shards; a check writes its reports into --out");
+      if (args.has(flag))
+        throw Error(ErrorId::kUsage, flag, "is for sweep shards; a check writes its reports into --out");
     }
     const fs::path out = args.get_or("--out", "kvcheck-out");
     pipelines::prepare_out_dir(out);
@@ -251,10 +262,11 @@ int command_merge(int argc, char** argv) {
 
 int command_replay(int argc, char** argv) {
   Args args(argc, argv, 2,
-            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout", "--record",
-             "--memory-limit", "--reference"},
+            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout",
+             "--record", "--memory-limit", "--reference"},
             {});
-  if (args.positional().empty()) throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
+  if (args.positional().empty())
+    throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   pipelines::ReplayRequest request;
   request.run.backend = impl_flag(args);
   request.run.step_timeout_seconds = step_timeout_flag(args);
@@ -289,4 +301,3 @@ int command_demo(int argc, char** argv) {
 }
 
 }  // namespace kvcheck::cli
-

@@ -65,10 +65,13 @@ std::string command_usage(const std::string& command) {
     const std::size_t end = text.find('\n', at);
     const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
     at = end == std::string::npos ? text.size() : end + 1;
-    if (line.rfind("  kvcheck ", 0) == 0) in_command = line.rfind(head, 0) == 0 || line == "  kvcheck " + command;
-    else if (line.rfind("                 ", 0) != 0) in_command = false;
+    if (line.rfind("  kvcheck ", 0) == 0)
+      in_command = line.rfind(head, 0) == 0 || line == "  kvcheck " + command;
+    else if (line.rfind("                 ", 0) != 0)
+      in_command = false;
     if (in_command) out += line + "\n";
-    if (line.rfind("IMPL:", 0) == 0 || line.rfind("speaking", 0) == 0 || line.rfind("exit codes:", 0) == 0) notes += line + "\n";
+    if (line.rfind("IMPL:", 0) == 0 || line.rfind("speaking", 0) == 0 || line.rfind("exit codes:", 0) == 0)
+      notes += line + "\n";
   }
   return out.empty() ? out : "usage:\n" + out + "\n" + notes;
 }
@@ -118,7 +121,8 @@ int main(int argc, char** argv) {
     return 3;
   } catch (const std::exception& e) {
     // Not bad input: a defect in kvcheck. Its own id and exit code.
-    std::fprintf(stderr, "%s\n", Error(ErrorId::kInternal, command, std::string("internal error: ") + e.what()).what());
+    std::fprintf(stderr, "%s\n",
+                 Error(ErrorId::kInternal, command, std::string("internal error: ") + e.what()).what());
     return 3;
   }
 }

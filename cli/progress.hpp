@@ -19,7 +19,8 @@ inline std::function<void(std::int64_t, std::int64_t)> progress_bar(const char* 
   return [label](std::int64_t done, std::int64_t total) {
     const int width = 30;
     const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", label, std::string(static_cast<std::size_t>(filled), '#').c_str(),
+    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", label,
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
                  static_cast<long long>(done), static_cast<long long>(total));
     if (done >= total) std::fputc('\n', stderr);

@@ -40,14 +40,16 @@ constexpr std::int64_t kMaxChunkRows = std::int64_t{1} << 16;
 }  // namespace
 
 int command_sweep(int argc, char** argv) {
-  const Args args(argc, argv, 2,
-                  {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg",
-                   "--formula", "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard"},
-                  {});
+  const Args args(
+      argc, argv, 2,
+      {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg", "--formula",
+       "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard"},
+      {});
   args.no_positional("sweep");
   if (launched_by_mpi()) {
     // Every rank would sweep the whole grid; a sweep splits with --shard.
-    throw Error(ErrorId::kUsage, "mpirun", "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
+    throw Error(ErrorId::kUsage, "mpirun",
+                "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
   }
   pipelines::SweepRequest request;
   sweep::SweepGrid& grid = request.grid;
@@ -62,7 +64,8 @@ int command_sweep(int argc, char** argv) {
     // Any other cache is driven through the step-level interface: each
     // candidate capacity goes to the cache, the worst-case schedule runs.
     if (*impl != "layer" && impl->rfind("exec:", 0) != 0) {
-      throw Error(ErrorId::kUsage, "--impl", "sweep runs cpu (the tag engine), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
+      throw Error(ErrorId::kUsage, "--impl",
+                  "sweep runs cpu (the tag engine), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
     }
     options.impl = *impl;
   }
@@ -84,7 +87,8 @@ int command_sweep(int argc, char** argv) {
   const std::optional<ShardFlag> shard = args.shard("--shard");
   if (shard) {
     for (const char* flag : {"--json", "--csv", "--svg"}) {
-      if (args.has(flag)) throw Error(ErrorId::kUsage, flag, "goes to `kvcheck merge`, which writes the whole sweep");
+      if (args.has(flag))
+        throw Error(ErrorId::kUsage, flag, "goes to `kvcheck merge`, which writes the whole sweep");
     }
     options.shard_index = shard->index;
     options.shard_count = shard->count;

@@ -15,8 +15,8 @@ namespace kvcheck::cli {
 /// (inclusive, step >= 1), every value in [lo, hi], sorted and deduplicated.
 /// Throws kvcheck::Error(kUsage, flag, ...) for A > B, step 0, values out of
 /// range or malformed text.
-std::vector<std::int64_t> parse_value_list(const std::string& flag, const std::string& text,
-                                           std::int64_t lo, std::int64_t hi);
+std::vector<std::int64_t> parse_value_list(const std::string& flag, const std::string& text, std::int64_t lo,
+                                           std::int64_t hi);
 /// Parses `store-then-load`, `load-then-store` or `both` (underscores accepted).
 std::vector<sweep::SweepOrder> parse_orders(const std::string& flag, const std::string& text);
 

@@ -27,26 +27,26 @@ namespace kvcheck::engines {
 
 /// What a cache under test can run. Defaults: everything.
 struct Capabilities {
-  std::string name;                       ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
+  std::string name;  ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
   bool prefill_load_then_store = true;
   bool prefill_store_then_load = true;
   bool decode = true;
-  bool verify = true;                     ///< verify(k) and accept(a)
+  bool verify = true;  ///< verify(k) and accept(a)
   bool finish = true;
   bool reset = true;
   std::vector<scenarios::Format> formats = {scenarios::Format::kF64, scenarios::Format::kF32,
                                             scenarios::Format::kBf16, scenarios::Format::kFp8};
-  std::vector<scenarios::RopeStyle> rope_styles = {
-      scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox, scenarios::RopeStyle::kInterleaved};
-  bool gqa = true;         ///< q_heads a multiple > 1 of kv_heads (includes MQA)
-  bool shared_row = true;  ///< one stored row is both key and value
-  bool sink = true;        ///< an attention-sink logit
+  std::vector<scenarios::RopeStyle> rope_styles = {scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox,
+                                                   scenarios::RopeStyle::kInterleaved};
+  bool gqa = true;            ///< q_heads a multiple > 1 of kv_heads (includes MQA)
+  bool shared_row = true;     ///< one stored row is both key and value
+  bool sink = true;           ///< an attention-sink logit
   bool softmax_scale = true;  ///< a scale other than 1/sqrt(head_dim)
   bool partial_rope = true;   ///< rotary_dims < head_dim
   /// The cache attends to every row it holds (no sliding window): the
   /// generator then sets window = ring = a capacity no schedule exceeds.
   bool full_window_only = false;
-  std::int64_t max_states = 0;     ///< 0: no limit
+  std::int64_t max_states = 0;  ///< 0: no limit
   std::int64_t max_layers = 0;
   std::int64_t max_step_rows = 0;
   std::int64_t max_head_dim = 0;
@@ -61,8 +61,7 @@ struct Capabilities {
 
   /// Whether `cache` (with steps of at most `max_step_rows` rows) fits; on
   /// false `why` names the first thing that does not.
-  bool supports(const scenarios::CacheConfig& cache, std::int64_t max_step_rows,
-                std::string* why) const;
+  bool supports(const scenarios::CacheConfig& cache, std::int64_t max_step_rows, std::string* why) const;
   /// Whether the cache runs this step kind (and prefill order).
   bool supports_step(const scenarios::Step& step) const noexcept;
   /// Whether a whole scenario fits (configuration and every step).
@@ -71,10 +70,10 @@ struct Capabilities {
 
 /// What the cache is asked to be for one run.
 struct CacheSpec {
-  scenarios::CacheConfig cache;      ///< ring_rows is the capacity per state
-  std::int64_t window_keys = 1;      ///< keys a query sees, itself included
+  scenarios::CacheConfig cache;  ///< ring_rows is the capacity per state
+  std::int64_t window_keys = 1;  ///< keys a query sees, itself included
   std::int64_t max_step_rows = 1;
-  double softmax_scale = 1.0;        ///< resolved (default 1/sqrt(head_dim))
+  double softmax_scale = 1.0;  ///< resolved (default 1/sqrt(head_dim))
 };
 
 /// One step sent to a cache (prefill, decode, verify, accept, finish, reset)
@@ -82,15 +81,15 @@ struct CacheSpec {
 struct StepCall {
   enum class Op : std::uint8_t { kBegin, kStep };
   Op op = Op::kStep;
-  scenarios::Step step;              ///< kind, request, rows/order/drafts/accepted
+  scenarios::Step step;  ///< kind, request, rows/order/drafts/accepted
   std::int32_t layer = 0;
   std::int64_t state = 0;
-  std::int64_t position = 0;         ///< first position written (the logical length)
-  std::int64_t rows = 0;             ///< rows written / queries run (0 for bookkeeping steps)
-  std::int64_t step_index = -1;      ///< index into the scenario's steps (for error messages)
-  const double* k = nullptr;         ///< [rows, kv_heads * head_dim], before RoPE
-  const double* v = nullptr;         ///< [rows, kv_heads * head_dim]; nullptr for shared rows
-  const double* q = nullptr;         ///< [rows, q_heads * head_dim], before RoPE
+  std::int64_t position = 0;     ///< first position written (the logical length)
+  std::int64_t rows = 0;         ///< rows written / queries run (0 for bookkeeping steps)
+  std::int64_t step_index = -1;  ///< index into the scenario's steps (for error messages)
+  const double* k = nullptr;     ///< [rows, kv_heads * head_dim], before RoPE
+  const double* v = nullptr;     ///< [rows, kv_heads * head_dim]; nullptr for shared rows
+  const double* q = nullptr;     ///< [rows, q_heads * head_dim], before RoPE
 };
 
 /// How a step's reads relate to its own writes.
@@ -101,12 +100,12 @@ enum class ReadView : std::uint8_t {
 
 /// What a step answered. Vectors are reused between calls.
 struct StepAnswer {
-  std::vector<double> out;                    ///< [rows, q_heads * head_dim]
+  std::vector<double> out;  ///< [rows, q_heads * head_dim]
   bool has_written = false;
-  std::vector<std::int64_t> written;          ///< [rows] slot of each new row
+  std::vector<std::int64_t> written;  ///< [rows] slot of each new row
   bool has_reads = false;
-  std::vector<std::int64_t> read_offsets;     ///< [rows + 1] query i read read_slots[off[i], off[i+1])
-  std::vector<std::int64_t> read_slots;       ///< -1 entries are ignored
+  std::vector<std::int64_t> read_offsets;  ///< [rows + 1] query i read read_slots[off[i], off[i+1])
+  std::vector<std::int64_t> read_slots;    ///< -1 entries are ignored
   ReadView view = ReadView::kAfterWrites;
   /// Same-step write-write collisions the cache itself detected (beyond what
   /// `written` shows; e.g. a GPU race counter). 0 when unknown.
@@ -116,9 +115,9 @@ struct StepAnswer {
   /// stored_known[i] == 0 when row i's slot no longer holds it (a same-step
   /// collision); such rows are not judged.
   bool has_stored = false;
-  std::vector<double> stored_k;              ///< [rows, kv_heads * head_dim]
-  std::vector<double> stored_v;              ///< [rows, kv_heads * head_dim]; empty for shared rows
-  std::vector<std::uint8_t> stored_known;    ///< [rows]
+  std::vector<double> stored_k;            ///< [rows, kv_heads * head_dim]
+  std::vector<double> stored_v;            ///< [rows, kv_heads * head_dim]; empty for shared rows
+  std::vector<std::uint8_t> stored_known;  ///< [rows]
   /// The encoded bytes of the same rows in the element format's layout
   /// (README "Stored rows"), when the cache can give them: judged bit for bit.
   bool has_stored_bytes = false;
@@ -180,7 +179,8 @@ class CacheProvider {
 };
 
 /// FNV-1a over bytes, for fingerprints.
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = 1469598103934665603ull) noexcept;
+std::uint64_t fnv1a(const void* data, std::size_t bytes,
+                    std::uint64_t hash = 1469598103934665603ull) noexcept;
 /// A fingerprint hash of bytes, eight at a time in four independent lanes
 /// (about ten times FNV-1a's speed: fingerprints of a whole pool are taken
 /// around every refusal probe, so their cost grows with the pool).

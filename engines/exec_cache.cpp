@@ -102,7 +102,8 @@ class Child {
     while (done < line.size()) {
       const ssize_t n = ::write(to_child_, line.data() + done, line.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(where, "cannot write to the adapter (" + std::string(std::strerror(errno)) + ")" + exit_text());
+      if (n < 0)
+        fail(where, "cannot write to the adapter (" + std::string(std::strerror(errno)) + ")" + exit_text());
       done += static_cast<std::size_t>(n);
     }
   }
@@ -187,7 +188,8 @@ class Child {
         return;
       }
       stderr_tail_.append(chunk, static_cast<std::size_t>(n));
-      if (stderr_tail_.size() > kStderrTailBytes) stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
+      if (stderr_tail_.size() > kStderrTailBytes)
+        stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
     }
   }
 
@@ -220,8 +222,10 @@ struct Reader {
     Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       const std::string shown = line.size() > 120 ? line.substr(0, 120) + "..." : line;
-      bad("", "the line is not JSON (NaN and Infinity are not JSON; an adapter writes only protocol lines to "
-              "stdout and logs to stderr): " + shown);
+      bad("",
+          "the line is not JSON (NaN and Infinity are not JSON; an adapter writes only protocol lines to "
+          "stdout and logs to stderr): " +
+              shown);
     }
     if (!j.is_object()) bad("", "expected a JSON object");
     return j;
@@ -273,7 +277,8 @@ struct Reader {
 };
 
 std::string op_text(const StepCall& c) {
-  return c.op == StepCall::Op::kBegin ? std::string("begin") : std::string(scenarios::step_kind_name(c.step.kind));
+  return c.op == StepCall::Op::kBegin ? std::string("begin")
+                                      : std::string(scenarios::step_kind_name(c.step.kind));
 }
 
 Json rows_json(const double* x, std::int64_t rows, std::int64_t width) {
@@ -314,13 +319,17 @@ class ExecProvider final : public CacheProvider {
     Json s;
     s["states"] = c.states;
     s["capacity"] = c.ring_rows;
-    s["window"] = {{"param", c.window}, {"convention", scenarios::convention_name(c.convention)}, {"keys", spec.window_keys}};
+    s["window"] = {{"param", c.window},
+                   {"convention", scenarios::convention_name(c.convention)},
+                   {"keys", spec.window_keys}};
     s["q_heads"] = c.q_heads;
     s["kv_heads"] = c.kv_heads;
     s["head_dim"] = c.head_dim;
     s["shared_row"] = c.shared_row;
     s["format"] = scenarios::format_name(c.format);
-    s["rope"] = {{"style", scenarios::rope_style_name(c.rope.style)}, {"rotary_dims", c.rope.rotary_dims}, {"base", c.rope.base}};
+    s["rope"] = {{"style", scenarios::rope_style_name(c.rope.style)},
+                 {"rotary_dims", c.rope.rotary_dims},
+                 {"base", c.rope.base}};
     s["softmax_scale"] = spec.softmax_scale;
     s["sink_logit"] = c.sink_logit ? Json(*c.sink_logit) : Json(nullptr);
     s["layers"] = c.layers;
@@ -344,8 +353,8 @@ class ExecProvider final : public CacheProvider {
 
  private:
   void hello() {
-    const Json answer =
-        exchange(Json{{"op", "hello"}, {"protocol", "kvcheck-exec"}, {"version", kExecProtocolVersion}}, "hello");
+    const Json answer = exchange(
+        Json{{"op", "hello"}, {"protocol", "kvcheck-exec"}, {"version", kExecProtocolVersion}}, "hello");
     Reader r{child_, "hello"};
     if (auto refusal = r.status(answer)) {
       child_.fail("hello", "the adapter refused the handshake: " + refusal->code + " " + refusal->detail);
@@ -420,7 +429,8 @@ class ExecProvider final : public CacheProvider {
     if (caps.contains("reports")) {
       const Json& rep = caps["reports"];
       if (!rep.is_object()) r.bad(p + ".reports", "expected an object");
-      caps_.reports_written_slots = rep.contains("written_slots") && r.boolean(rep, p + ".reports", "written_slots");
+      caps_.reports_written_slots =
+          rep.contains("written_slots") && r.boolean(rep, p + ".reports", "written_slots");
       caps_.reports_read_slots = rep.contains("read_slots") && r.boolean(rep, p + ".reports", "read_slots");
     } else {
       caps_.reports_written_slots = caps_.reports_read_slots = false;
@@ -452,9 +462,9 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
   const auto& cache = spec_.cache;
   const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(cache.q_heads) * cache.head_dim;
-  const bool writes = c.op == StepCall::Op::kStep &&
-                      (c.step.kind == StepKind::kPrefill || c.step.kind == StepKind::kDecode ||
-                       c.step.kind == StepKind::kVerify);
+  const bool writes =
+      c.op == StepCall::Op::kStep && (c.step.kind == StepKind::kPrefill || c.step.kind == StepKind::kDecode ||
+                                      c.step.kind == StepKind::kVerify);
   if (c.op == StepCall::Op::kStep) {
     switch (c.step.kind) {
       case StepKind::kPrefill:
@@ -560,7 +570,9 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
 }  // namespace
 
 std::unique_ptr<CacheProvider> make_exec_provider(const std::string& command, const ExecOptions& options) {
-  if (command.empty()) throw Error(ErrorId::kUsage, "--impl", "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
+  if (command.empty())
+    throw Error(ErrorId::kUsage, "--impl",
+                "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
   return std::make_unique<ExecProvider>(command, options);
 }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <span>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "impl/cpu/layer_kv_cache.hpp"
@@ -37,8 +37,7 @@ struct Bound {
 
 class LayerCache final : public CacheUnderTest {
  public:
-  LayerCache(const CacheSpec& spec, std::vector<Bound> layers)
-      : spec_(spec), layers_(std::move(layers)) {
+  LayerCache(const CacheSpec& spec, std::vector<Bound> layers) : spec_(spec), layers_(std::move(layers)) {
     const auto& c = spec_.cache;
     hd_ = static_cast<std::int64_t>(c.q_heads) * c.head_dim;
     model_width_ = 3 * hd_;
@@ -155,10 +154,12 @@ class LayerCache final : public CacheUnderTest {
     for (std::size_t at = 0; at < b.history.size(); at += width) {
       const LayerCacheError r =
           fresh->append(*b.layer, std::span<const double>(b.history.data() + at, width), shape, out_);
-      if (r != LayerCacheError::kOk) return Refusal{"replay-refused", std::string(impl::cpu::layer_cache_error_name(r))};
+      if (r != LayerCacheError::kOk)
+        return Refusal{"replay-refused", std::string(impl::cpu::layer_cache_error_name(r))};
     }
     if (fresh->length() != b.cache->length() || !same_live_rows(*fresh, *b.cache)) {
-      return Refusal{"replay-mismatch", "a cache rebuilt for the updated layer and replayed holds other rows"};
+      return Refusal{"replay-mismatch",
+                     "a cache rebuilt for the updated layer and replayed holds other rows"};
     }
     b.cache = std::move(fresh);
     return {};
@@ -202,7 +203,8 @@ class LayerCacheProvider final : public CacheProvider {
     caps_.max_states = 1;
     caps_.max_step_rows = 1;
     caps_.ring_addressing = false;
-    caps_.probes = {"rebuilt-layer", "rope-mismatch", "stale-revision", "wrong-width", "two-tokens", "non-finite-row"};
+    caps_.probes = {"rebuilt-layer", "rope-mismatch", "stale-revision",
+                    "wrong-width",   "two-tokens",    "non-finite-row"};
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return "layer"; }
@@ -218,11 +220,13 @@ class LayerCacheProvider final : public CacheProvider {
     const std::int32_t hd = h * d, m = 3 * hd;
     auto select = [m, hd](std::int32_t from) {
       std::vector<double> w(static_cast<std::size_t>(m) * static_cast<std::size_t>(m), 0.0);
-      for (std::int32_t i = 0; i < hd; ++i) w[static_cast<std::size_t>(i) * m + static_cast<std::size_t>(from + i)] = 1.0;
+      for (std::int32_t i = 0; i < hd; ++i)
+        w[static_cast<std::size_t>(i) * m + static_cast<std::size_t>(from + i)] = 1.0;
       return w;
     };
     std::vector<double> identity(static_cast<std::size_t>(m) * static_cast<std::size_t>(m), 0.0);
-    for (std::int32_t i = 0; i < m; ++i) identity[static_cast<std::size_t>(i) * m + static_cast<std::size_t>(i)] = 1.0;
+    for (std::int32_t i = 0; i < m; ++i)
+      identity[static_cast<std::size_t>(i) * m + static_cast<std::size_t>(i)] = 1.0;
     impl::cpu::LayerRope rope;
     rope.feature_width = c.rope.style == scenarios::RopeStyle::kNone ? 0 : c.rope.rotary_dims;
     rope.max_positions = c.ring_rows;
@@ -230,7 +234,8 @@ class LayerCacheProvider final : public CacheProvider {
     std::vector<Bound> layers;
     for (std::int32_t l = 0; l < c.layers; ++l) {
       Bound b;
-      b.layer = std::make_unique<AttentionLayer>(m, 3 * h, rope, select(0), select(hd), select(2 * hd), identity);
+      b.layer =
+          std::make_unique<AttentionLayer>(m, 3 * h, rope, select(0), select(hd), select(2 * hd), identity);
       const LayerCacheError e = LayerKvCache::create(*b.layer, 1, c.ring_rows, &b.cache);
       if (e != LayerCacheError::kOk) {
         *refused = refusal(e);
@@ -247,6 +252,8 @@ class LayerCacheProvider final : public CacheProvider {
 
 }  // namespace
 
-std::unique_ptr<CacheProvider> make_layer_cache_provider() { return std::make_unique<LayerCacheProvider>(); }
+std::unique_ptr<CacheProvider> make_layer_cache_provider() {
+  return std::make_unique<LayerCacheProvider>();
+}
 
 }  // namespace kvcheck::engines

@@ -52,15 +52,25 @@ class RingPoolCache final : public CacheUnderTest {
     switch (c.step.kind) {
       case StepKind::kPrefill:
         st = pool.prefill(c.state, c.rows, in,
-                          c.step.order == scenarios::Order::kLoadThenStore ? impl::PrefillOrder::kLoadThenStore
-                                                                           : impl::PrefillOrder::kStoreThenLoad,
+                          c.step.order == scenarios::Order::kLoadThenStore
+                              ? impl::PrefillOrder::kLoadThenStore
+                              : impl::PrefillOrder::kStoreThenLoad,
                           &result);
         break;
       case StepKind::kDecode: st = pool.decode(c.state, in, &result); break;
       case StepKind::kVerify: st = pool.verify(c.state, c.step.drafts, in, &result); break;
-      case StepKind::kAccept: st = pool.accept(c.state, c.step.accepted); writes = false; break;
-      case StepKind::kFinish: st = pool.finish(c.state); writes = false; break;
-      case StepKind::kReset: st = pool.reset(c.state); writes = false; break;
+      case StepKind::kAccept:
+        st = pool.accept(c.state, c.step.accepted);
+        writes = false;
+        break;
+      case StepKind::kFinish:
+        st = pool.finish(c.state);
+        writes = false;
+        break;
+      case StepKind::kReset:
+        st = pool.reset(c.state);
+        writes = false;
+        break;
     }
     if (!st.ok()) return refusal(st);
     if (!writes || answer == nullptr) return {};

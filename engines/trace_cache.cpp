@@ -19,7 +19,9 @@ using scenarios::TraceKind;
 using scenarios::TraceRun;
 using scenarios::TraceStep;
 
-std::string in_source(const TraceRun& run) { return run.source.empty() ? "" : " (in " + run.source + ")"; }
+std::string in_source(const TraceRun& run) {
+  return run.source.empty() ? "" : " (in " + run.source + ")";
+}
 
 std::string line_path(std::int64_t line, const std::string& path) {
   return "line " + std::to_string(line) + (path.empty() ? "" : ": " + path);
@@ -31,7 +33,9 @@ Refusal parse_refusal(const std::string& text) {
   return Refusal{text.substr(0, colon), text.substr(colon + 2)};
 }
 
-std::string refusal_text(const Refusal& r) { return r.code + (r.detail.empty() ? "" : ": " + r.detail); }
+std::string refusal_text(const Refusal& r) {
+  return r.code + (r.detail.empty() ? "" : ": " + r.detail);
+}
 
 // ---- replaying a trace ------------------------------------------------------------------
 
@@ -47,26 +51,30 @@ class TraceCache final : public CacheUnderTest {
     const auto it = index_.find({c.step_index, c.layer, begin});
     if (it == index_.end()) {
       if (begin) return std::nullopt;  // begin records are optional
-      throw Error(ErrorId::kJsonValue, "step " + std::to_string(c.step_index) + " layer " + std::to_string(c.layer),
+      throw Error(ErrorId::kJsonValue,
+                  "step " + std::to_string(c.step_index) + " layer " + std::to_string(c.layer),
                   "the trace '" + run_->header.name + "' has no record for this call" + in_source(*run_));
     }
     const TraceStep& rec = *it->second;
-    const auto agree = [&](bool same, const char* path, const std::string& recorded, const std::string& called) {
+    const auto agree = [&](bool same, const char* path, const std::string& recorded,
+                           const std::string& called) {
       if (!same) {
         throw Error(ErrorId::kJsonValue, line_path(rec.line, path),
                     std::string(path) + " " + recorded + " recorded, but the call of step " +
-                        std::to_string(c.step_index) + " layer " + std::to_string(c.layer) + " has " + called +
-                        in_source(*run_));
+                        std::to_string(c.step_index) + " layer " + std::to_string(c.layer) + " has " +
+                        called + in_source(*run_));
       }
     };
-    agree(rec.request == c.step.request, "request", std::to_string(rec.request), std::to_string(c.step.request));
+    agree(rec.request == c.step.request, "request", std::to_string(rec.request),
+          std::to_string(c.step.request));
     agree(rec.state == c.state, "state", std::to_string(rec.state), std::to_string(c.state));
     if (!begin) {
       const TraceKind kind = scenarios::trace_kind(c.step.kind);
       agree(rec.kind == kind, "kind", "'" + std::string(scenarios::trace_kind_name(rec.kind)) + "'",
             "'" + std::string(scenarios::trace_kind_name(kind)) + "'");
       if (scenarios::trace_kind_writes(kind)) {
-        agree(rec.position == c.position, "position", std::to_string(rec.position), std::to_string(c.position));
+        agree(rec.position == c.position, "position", std::to_string(rec.position),
+              std::to_string(c.position));
         agree(rec.rows == c.rows, "rows", std::to_string(rec.rows), std::to_string(c.rows));
         if (kind == TraceKind::kPrefill) {
           agree(rec.order == c.step.order, "order", "'" + std::string(scenarios::order_name(rec.order)) + "'",
@@ -74,14 +82,16 @@ class TraceCache final : public CacheUnderTest {
         }
       }
       if (kind == TraceKind::kAccept) {
-        agree(rec.accepted == c.step.accepted, "accepted", std::to_string(rec.accepted), std::to_string(c.step.accepted));
+        agree(rec.accepted == c.step.accepted, "accepted", std::to_string(rec.accepted),
+              std::to_string(c.step.accepted));
       }
     }
     if (rec.refused) return parse_refusal(*rec.refused);
     if (begin || !scenarios::trace_kind_writes(rec.kind) || answer == nullptr) return std::nullopt;
 
     const std::int64_t n = rec.rows;
-    const auto q_width = static_cast<std::size_t>(spec_.cache.q_heads) * static_cast<std::size_t>(spec_.cache.head_dim);
+    const auto q_width =
+        static_cast<std::size_t>(spec_.cache.q_heads) * static_cast<std::size_t>(spec_.cache.head_dim);
     bool have_out = static_cast<std::int64_t>(rec.out.size()) == n;
     for (const auto& row : rec.out) have_out = have_out && row.size() == q_width;
     if (have_out) {
@@ -97,7 +107,8 @@ class TraceCache final : public CacheUnderTest {
       answer->read_slots.insert(answer->read_slots.end(), list.begin(), list.end());
       answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
     }
-    answer->view = rec.read_view == scenarios::TraceReadView::kCausal ? ReadView::kCausal : ReadView::kAfterWrites;
+    answer->view =
+        rec.read_view == scenarios::TraceReadView::kCausal ? ReadView::kCausal : ReadView::kAfterWrites;
     return std::nullopt;
   }
 
@@ -147,7 +158,10 @@ class RecordingCache final : public CacheUnderTest {
  public:
   RecordingCache(std::unique_ptr<CacheUnderTest> inner, std::shared_ptr<scenarios::TraceWriter> writer,
                  const scenarios::TraceHeader& header, const CacheSpec& spec)
-      : inner_(std::move(inner)), writer_(std::move(writer)), spec_(spec), buffer_(scenarios::trace_header_line(header)) {}
+      : inner_(std::move(inner)),
+        writer_(std::move(writer)),
+        spec_(spec),
+        buffer_(scenarios::trace_header_line(header)) {}
 
   ~RecordingCache() override {
     try {
@@ -165,8 +179,12 @@ class RecordingCache final : public CacheUnderTest {
     return st;
   }
 
-  StepStatus probe(const std::string& name, const StepCall& context) override { return inner_->probe(name, context); }
-  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override { return inner_->fingerprint(layer); }
+  StepStatus probe(const std::string& name, const StepCall& context) override {
+    return inner_->probe(name, context);
+  }
+  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+    return inner_->fingerprint(layer);
+  }
 
  private:
   struct Live {
@@ -188,10 +206,12 @@ class RecordingCache final : public CacheUnderTest {
       return holder != holders_.end() && holder->second != c.step.request;  // a busy state
     }
     const std::int64_t n = c.rows;
-    if (!all_finite(c.k, n * kv_width()) || !all_finite(c.v, n * kv_width()) || !all_finite(c.q, n * q_width())) {
+    if (!all_finite(c.k, n * kv_width()) || !all_finite(c.v, n * kv_width()) ||
+        !all_finite(c.q, n * q_width())) {
       return true;
     }
-    scenarios::RequestProgress progress = it == live_.end() ? scenarios::RequestProgress{} : it->second.progress;
+    scenarios::RequestProgress progress =
+        it == live_.end() ? scenarios::RequestProgress{} : it->second.progress;
     return scenarios::advance(progress, c.step) != scenarios::StepRefusal::kNone;
   }
 
@@ -254,18 +274,20 @@ class RecordingCache final : public CacheUnderTest {
   std::shared_ptr<scenarios::TraceWriter> writer_;
   CacheSpec spec_;
   std::string buffer_;
-  std::map<std::pair<std::int32_t, std::int64_t>, Live> live_;              // (layer, request)
+  std::map<std::pair<std::int32_t, std::int64_t>, Live> live_;             // (layer, request)
   std::map<std::pair<std::int32_t, std::int64_t>, std::int64_t> holders_;  // (layer, state) -> request
 };
 
 class Recorder final : public RecordingProvider {
  public:
-  Recorder(std::unique_ptr<CacheProvider> inner, std::shared_ptr<scenarios::TraceWriter> writer, std::string name)
+  Recorder(std::unique_ptr<CacheProvider> inner, std::shared_ptr<scenarios::TraceWriter> writer,
+           std::string name)
       : inner_(std::move(inner)), writer_(std::move(writer)), base_(std::move(name)) {
     const Capabilities& caps = inner_->capabilities();
     if (!caps.reports_written_slots || !caps.reports_read_slots) {
       throw Error(ErrorId::kUsage, "--record",
-                  "the cache " + inner_->name() + " does not report both written and read slots, which a trace needs");
+                  "the cache " + inner_->name() +
+                      " does not report both written and read slots, which a trace needs");
     }
   }
 
@@ -287,7 +309,8 @@ class Recorder final : public RecordingProvider {
     h.convention = spec.cache.convention;
     h.capacity = spec.cache.ring_rows;
     h.states = spec.cache.states;
-    h.addressing = inner_->capabilities().ring_addressing ? scenarios::Addressing::kRing : scenarios::Addressing::kOpaque;
+    h.addressing = inner_->capabilities().ring_addressing ? scenarios::Addressing::kRing
+                                                          : scenarios::Addressing::kOpaque;
     scenarios::TraceCache c;
     c.q_heads = spec.cache.q_heads;
     c.kv_heads = spec.cache.kv_heads;
@@ -314,7 +337,9 @@ class Recorder final : public RecordingProvider {
 
 }  // namespace
 
-std::unique_ptr<CacheProvider> make_trace_provider(const TraceRun& run) { return std::make_unique<TraceProvider>(run); }
+std::unique_ptr<CacheProvider> make_trace_provider(const TraceRun& run) {
+  return std::make_unique<TraceProvider>(run);
+}
 
 std::unique_ptr<RecordingProvider> make_recording_provider(std::unique_ptr<CacheProvider> inner,
                                                            std::shared_ptr<scenarios::TraceWriter> writer,

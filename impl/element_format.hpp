@@ -103,7 +103,7 @@ KVCHECK_HOST_DEVICE std::uint16_t bf16_from_double(double x) {
     if (a != 3.4028234663852886e38) f |= 1u;
   } else {
     f = format_float_bits(static_cast<float>(a));
-    if (static_cast<double>(format_bits_float(f)) > a) f -= 1u;  // truncate
+    if (static_cast<double>(format_bits_float(f)) > a) f -= 1u;   // truncate
     if (static_cast<double>(format_bits_float(f)) != a) f |= 1u;  // sticky (odd)
   }
   std::uint16_t h = bf16_from_float(format_bits_float(f));
@@ -120,7 +120,7 @@ KVCHECK_HOST_DEVICE float bf16_to_float(std::uint16_t h) {
 
 /// Rounds a non-negative double below 2^52 to the nearest integer, ties to even.
 KVCHECK_HOST_DEVICE std::int64_t format_round_even(double t) {
-  std::int64_t n = static_cast<std::int64_t>(t);  // truncation == floor for t >= 0
+  std::int64_t n = static_cast<std::int64_t>(t);   // truncation == floor for t >= 0
   const double frac = t - static_cast<double>(n);  // exact below 2^52
   if (frac > 0.5 || (frac == 0.5 && (n & 1) != 0)) ++n;
   return n;
@@ -184,7 +184,9 @@ KVCHECK_HOST_DEVICE std::uint8_t ue8m0_choose(double amax) {
 }
 
 /// Scale 2^(byte - 127) as a double.
-KVCHECK_HOST_DEVICE double ue8m0_to_double(std::uint8_t s) { return format_pow2(static_cast<int>(s) - 127); }
+KVCHECK_HOST_DEVICE double ue8m0_to_double(std::uint8_t s) {
+  return format_pow2(static_cast<int>(s) - 127);
+}
 
 /// Scale 2^(byte - 127) as a float (byte 0 is the float subnormal 2^-127).
 KVCHECK_HOST_DEVICE float ue8m0_to_float(std::uint8_t s) {
@@ -221,8 +223,7 @@ KVCHECK_HOST_DEVICE void fp8_encode_row(const T* in, std::int64_t n, std::uint8_
 KVCHECK_HOST_DEVICE void fp8_decode_row(const std::uint8_t* row, std::int64_t n, double* out) {
   const std::uint8_t* scales = row + n;
   for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<double>(fp8_e4m3_decode(row[i])) *
-             ue8m0_to_double(scales[i / kFp8BlockElements]);
+    out[i] = static_cast<double>(fp8_e4m3_decode(row[i])) * ue8m0_to_double(scales[i / kFp8BlockElements]);
   }
 }
 

@@ -25,7 +25,8 @@ struct KernelBounds {
 /// metadata(): one output per query, states in range, positions >= 0.
 inline Status check_metadata(const KernelBounds& b, std::span<const QueryRef> queries,
                              std::span<ReadMeta> out) {
-  if (out.size() != queries.size()) return Status::fail(CacheError::kBadArgument, "metadata: out size != queries");
+  if (out.size() != queries.size())
+    return Status::fail(CacheError::kBadArgument, "metadata: out size != queries");
   for (const auto& q : queries) {
     if (q.state < 0 || q.state >= b.states) {
       return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
@@ -36,8 +37,8 @@ inline Status check_metadata(const KernelBounds& b, std::span<const QueryRef> qu
 }
 
 /// expand_index(): index is [meta, width], read offsets inside the pool.
-inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta> meta,
-                                 std::int64_t width, std::span<std::int64_t> index) {
+inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta> meta, std::int64_t width,
+                                 std::span<std::int64_t> index) {
   if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
     return Status::fail(CacheError::kBadArgument, "expand_index: index size != queries * width");
   }
@@ -53,7 +54,8 @@ inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta
 inline Status check_store(const KernelBounds& b, std::span<const std::int64_t> slots,
                           std::span<const Tag> tags) {
   for (auto s : slots) {
-    if (s < 0 || s >= b.slots) return Status::fail(CacheError::kSlotOutOfRange, "store: slot outside the pool");
+    if (s < 0 || s >= b.slots)
+      return Status::fail(CacheError::kSlotOutOfRange, "store: slot outside the pool");
   }
   if (b.track_tags && tags.size() != slots.size()) {
     return Status::fail(CacheError::kBadArgument, "store: tags size != slots size");
@@ -69,7 +71,8 @@ inline Status check_load(const KernelBounds& b, std::span<const std::int64_t> in
     return Status::fail(CacheError::kSlotOutOfRange, "load: scratch rows out of range");
   }
   for (auto s : index) {
-    if (s < -1 || s >= b.slots) return Status::fail(CacheError::kSlotOutOfRange, "load: slot outside the pool");
+    if (s < -1 || s >= b.slots)
+      return Status::fail(CacheError::kSlotOutOfRange, "load: slot outside the pool");
   }
   return {};
 }
@@ -77,8 +80,7 @@ inline Status check_load(const KernelBounds& b, std::span<const std::int64_t> in
 /// scratch_store(): scratch rows in range, origins inside the pool or -1,
 /// one tag per row when tracking.
 inline Status check_scratch_store(const KernelBounds& b, std::int64_t scratch_first,
-                                  std::span<const std::int64_t> origin_slots,
-                                  std::span<const Tag> tags) {
+                                  std::span<const std::int64_t> origin_slots, std::span<const Tag> tags) {
   const auto rows = static_cast<std::int64_t>(origin_slots.size());
   if (scratch_first < 0 || scratch_first + rows > b.scratch_rows) {
     return Status::fail(CacheError::kSlotOutOfRange, "scratch_store: scratch rows out of range");
@@ -108,7 +110,8 @@ inline Status check_attend(const KernelBounds& b, KvSource source,
   }
   const std::int64_t limit = source == KvSource::kScratch ? b.scratch_rows : b.slots;
   for (auto s : index) {
-    if (s < -1 || s >= limit) return Status::fail(CacheError::kSlotOutOfRange, "attend: index outside the source");
+    if (s < -1 || s >= limit)
+      return Status::fail(CacheError::kSlotOutOfRange, "attend: index outside the source");
   }
   for (auto p : rope_positions) {
     if (p < 0) return Status::fail(CacheError::kNegativePosition, "attend: negative rope position");

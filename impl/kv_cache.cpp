@@ -156,7 +156,8 @@ Status validate_pool_spec(const PoolSpec& spec) {
     if (spec.rope_dims < 0 || spec.rope_dims % 2 != 0 || spec.rope_dims > spec.head_dim) {
       return Status::fail(CacheError::kBadSpec, "rope_dims must be even and at most head_dim");
     }
-    if (!std::isfinite(spec.rope_base)) return Status::fail(CacheError::kNonFinite, "rope_base must be finite");
+    if (!std::isfinite(spec.rope_base))
+      return Status::fail(CacheError::kNonFinite, "rope_base must be finite");
     if (!(spec.rope_base > 0.0)) return Status::fail(CacheError::kBadSpec, "rope_base must be positive");
   }
   if (!std::isfinite(spec.softmax_scale) || (spec.has_sink && !std::isfinite(spec.sink_logit))) {

@@ -45,22 +45,22 @@ enum class PrefillOrder : std::uint8_t {
 /// Deliberate, named faults: each a small change a real engine has shipped.
 /// One list makes the enum, the names, the descriptions and kFaultCount, so
 /// they cannot drift apart: X(enumerator, name, description).
-#define KVCHECK_FAULTS(X)                                                                          \
-  X(kNone, "none", "no fault: the production behaviour")                                           \
-  X(kRingSizedWindow, "ring-sized-window",                                                         \
-    "ring allocated with exactly W rows: no slack for verify or chunked prefill")                  \
-  X(kStoreThenLoadPrefill, "store-then-load-prefill",                                              \
-    "every prefill stores its chunk before reading, whatever order was asked")                     \
-  X(kWindowTooWide, "window-too-wide", "W + 1 keys visible to each query")                         \
-  X(kWindowTooNarrow, "window-too-narrow", "W - 1 keys visible to each query")                     \
-  X(kIndexNoPadding, "index-no-padding",                                                           \
-    "index columns past the valid length hold ring slots instead of -1")                           \
+#define KVCHECK_FAULTS(X)                                                                                \
+  X(kNone, "none", "no fault: the production behaviour")                                                 \
+  X(kRingSizedWindow, "ring-sized-window",                                                               \
+    "ring allocated with exactly W rows: no slack for verify or chunked prefill")                        \
+  X(kStoreThenLoadPrefill, "store-then-load-prefill",                                                    \
+    "every prefill stores its chunk before reading, whatever order was asked")                           \
+  X(kWindowTooWide, "window-too-wide", "W + 1 keys visible to each query")                               \
+  X(kWindowTooNarrow, "window-too-narrow", "W - 1 keys visible to each query")                           \
+  X(kIndexNoPadding, "index-no-padding",                                                                 \
+    "index columns past the valid length hold ring slots instead of -1")                                 \
   X(kSlotNoStateOffset, "slot-no-state-offset", "slot = p mod S: the state block offset b*S is dropped") \
-  X(kModuloWholePool, "modulo-whole-pool",                                                         \
-    "slot = (b*S + p) mod (states*S) instead of inside the state's block")                         \
-  X(kRopeResidentLength, "rope-resident-length",                                                   \
-    "RoPE at the resident length min(p, S) instead of the absolute position p")                    \
-  X(kAcceptNoRollback, "accept-no-rollback", "accept(a) leaves the logical length after all k drafts") \
+  X(kModuloWholePool, "modulo-whole-pool",                                                               \
+    "slot = (b*S + p) mod (states*S) instead of inside the state's block")                               \
+  X(kRopeResidentLength, "rope-resident-length",                                                         \
+    "RoPE at the resident length min(p, S) instead of the absolute position p")                          \
+  X(kAcceptNoRollback, "accept-no-rollback", "accept(a) leaves the logical length after all k drafts")   \
   X(kFreedStateReadable, "freed-state-readable", "a reused state id reads its old occupant's stale rows")
 
 enum class Fault : std::uint8_t {
@@ -98,25 +98,25 @@ void format_round_trip(ElementFormat format, const double* in, double* out, std:
 /// fails is kDeviceFailure, never an abort.
 enum class CacheError : std::uint8_t {
   kOk,
-  kZeroRing,         ///< ring_rows or states is zero
-  kZeroShape,        ///< heads, head_dim, window or max_step_rows is zero
-  kSizeOverflow,     ///< a product of sizes overflows int64 or size_t
-  kAllocation,       ///< the pool could not be allocated
-  kStateOutOfRange,  ///< a state id outside [0, states)
-  kStateBusy,        ///< begin() on a state that is in use
-  kStateFree,        ///< a step on a state with no request
-  kTooManyRows,      ///< a step with more rows than max_step_rows
-  kNonFinite,        ///< a NaN or Inf in a key, value or query row
-  kNegativePosition, ///< a negative position
-  kBadAccept,        ///< accept(a) with a > k or no verify pending
-  kUnsupported,      ///< the backend does not support this configuration
-  kNoDevice,         ///< CUDA backend with no CUDA device
-  kDeviceFailure,    ///< a CUDA call failed
-  kBadSpec,          ///< a pool spec field breaks a rule: q_heads not a multiple of
-                     ///< kv_heads, shared rows with several KV heads, RoPE width odd or
-                     ///< wider than head_dim, RoPE base <= 0, negative softmax scale
-  kSlotOutOfRange,   ///< a pool slot, read offset or scratch row outside its buffer
-  kBadArgument,      ///< a null row pointer or a span whose length does not match the call
+  kZeroRing,          ///< ring_rows or states is zero
+  kZeroShape,         ///< heads, head_dim, window or max_step_rows is zero
+  kSizeOverflow,      ///< a product of sizes overflows int64 or size_t
+  kAllocation,        ///< the pool could not be allocated
+  kStateOutOfRange,   ///< a state id outside [0, states)
+  kStateBusy,         ///< begin() on a state that is in use
+  kStateFree,         ///< a step on a state with no request
+  kTooManyRows,       ///< a step with more rows than max_step_rows
+  kNonFinite,         ///< a NaN or Inf in a key, value or query row
+  kNegativePosition,  ///< a negative position
+  kBadAccept,         ///< accept(a) with a > k or no verify pending
+  kUnsupported,       ///< the backend does not support this configuration
+  kNoDevice,          ///< CUDA backend with no CUDA device
+  kDeviceFailure,     ///< a CUDA call failed
+  kBadSpec,           ///< a pool spec field breaks a rule: q_heads not a multiple of
+                      ///< kv_heads, shared rows with several KV heads, RoPE width odd or
+                      ///< wider than head_dim, RoPE base <= 0, negative softmax scale
+  kSlotOutOfRange,    ///< a pool slot, read offset or scratch row outside its buffer
+  kBadArgument,       ///< a null row pointer or a span whose length does not match the call
 };
 
 /// Stable name of a CacheError ("state-out-of-range", ...).
@@ -141,22 +141,22 @@ struct Tag {
 
 /// Everything a backend needs to allocate one layer's pool.
 struct PoolSpec {
-  std::int64_t states = 1;        ///< state ids (requests resident at once)
-  std::int64_t ring_rows = 0;     ///< S: physical rows per state block
-  std::int64_t window_keys = 0;   ///< W: keys visible to a query, itself included
-  std::int32_t q_heads = 1;       ///< query heads
-  std::int32_t kv_heads = 1;      ///< stored KV heads (q_heads % kv_heads == 0)
-  std::int32_t head_dim = 1;      ///< elements per head
-  bool shared_row = false;        ///< MLA-style: one stored row is both key and value (kv_heads == 1)
+  std::int64_t states = 1;       ///< state ids (requests resident at once)
+  std::int64_t ring_rows = 0;    ///< S: physical rows per state block
+  std::int64_t window_keys = 0;  ///< W: keys visible to a query, itself included
+  std::int32_t q_heads = 1;      ///< query heads
+  std::int32_t kv_heads = 1;     ///< stored KV heads (q_heads % kv_heads == 0)
+  std::int32_t head_dim = 1;     ///< elements per head
+  bool shared_row = false;       ///< MLA-style: one stored row is both key and value (kv_heads == 1)
   ElementFormat format = ElementFormat::kF32;
   RopeStyle rope_style = RopeStyle::kNone;
-  std::int32_t rope_dims = 0;     ///< rotary width within head_dim (even; 0 = none)
+  std::int32_t rope_dims = 0;  ///< rotary width within head_dim (even; 0 = none)
   double rope_base = 10000.0;
-  double softmax_scale = 0.0;     ///< 0 means 1/sqrt(head_dim)
-  bool has_sink = false;          ///< add an attention-sink logit to every softmax
+  double softmax_scale = 0.0;  ///< 0 means 1/sqrt(head_dim)
+  bool has_sink = false;       ///< add an attention-sink logit to every softmax
   double sink_logit = 0.0;
-  std::int64_t max_step_rows = 1; ///< most rows one step stores or queries
-  bool track_tags = true;         ///< false: tags are neither written nor read
+  std::int64_t max_step_rows = 1;  ///< most rows one step stores or queries
+  bool track_tags = true;          ///< false: tags are neither written nor read
   Fault fault = Fault::kNone;
 };
 
@@ -211,26 +211,23 @@ class KvBackend {
                               std::span<std::int64_t> index) = 0;
   /// RoPE (keys, at `rope_positions`), quantize and store rows at `slots`.
   /// k, v: [slots.size(), kv_heads, head_dim]; v is ignored for shared rows.
-  virtual Status store(std::span<const std::int64_t> slots,
-                       std::span<const std::int64_t> rope_positions, const double* k,
-                       const double* v, std::span<const Tag> tags, StoreReport* report) = 0;
+  virtual Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
+                       const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) = 0;
   /// Gathers pool rows at `index` (-1 entries skipped) into scratch rows
   /// [scratch_first, scratch_first + index.size()), with their tags and slots.
   virtual Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) = 0;
   /// Puts new rows (RoPE'd, quantized like store) straight into scratch rows
   /// [scratch_first, ...); `origin_slots` records the pool slot each represents.
-  virtual Status scratch_store(std::int64_t scratch_first,
-                               std::span<const std::int64_t> origin_slots,
-                               std::span<const std::int64_t> rope_positions, const double* k,
-                               const double* v, std::span<const Tag> tags) = 0;
+  virtual Status scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
+                               std::span<const std::int64_t> rope_positions, const double* k, const double* v,
+                               std::span<const Tag> tags) = 0;
   /// Attention of n queries over their index rows (-1 skipped).
   /// q: [n, q_heads, head_dim] (RoPE'd here at `rope_positions`);
   /// index: [n, width]; out: [n, q_heads, head_dim].
   /// With tracking on, read_tags/read_slots ([n, width]) receive the tag each
   /// read row held and the pool slot it represents (-1 for skipped columns).
-  virtual Status attend(KvSource source, std::span<const std::int64_t> rope_positions,
-                        const double* q, std::span<const std::int64_t> index,
-                        std::int64_t width, double* out, Tag* read_tags,
+  virtual Status attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
+                        std::span<const std::int64_t> index, std::int64_t width, double* out, Tag* read_tags,
                         std::int64_t* read_slots) = 0;
   /// Tag of one pool slot (for audits and tests).
   virtual Tag slot_tag(std::int64_t slot) const = 0;

@@ -12,7 +12,9 @@
 namespace kvcheck::impl {
 
 /// Positive modulo for non-negative a and positive m.
-KVCHECK_HOST_DEVICE std::int64_t ring_mod(std::int64_t a, std::int64_t m) { return a % m; }
+KVCHECK_HOST_DEVICE std::int64_t ring_mod(std::int64_t a, std::int64_t m) {
+  return a % m;
+}
 
 /// Keys visible per query after faults that change the window.
 KVCHECK_HOST_DEVICE std::int64_t ring_window_keys(std::int64_t window_keys, Fault fault) {
@@ -22,9 +24,8 @@ KVCHECK_HOST_DEVICE std::int64_t ring_window_keys(std::int64_t window_keys, Faul
 }
 
 /// Slot of (state, position): state*S + position mod S, or a faulty variant.
-KVCHECK_HOST_DEVICE std::int64_t ring_slot(std::int64_t state, std::int64_t position,
-                                           std::int64_t ring_rows, std::int64_t states,
-                                           Fault fault) {
+KVCHECK_HOST_DEVICE std::int64_t ring_slot(std::int64_t state, std::int64_t position, std::int64_t ring_rows,
+                                           std::int64_t states, Fault fault) {
   if (fault == Fault::kSlotNoStateOffset) return ring_mod(position, ring_rows);
   if (fault == Fault::kModuloWholePool) {
     return ring_mod(state * ring_rows + position, states * ring_rows);
@@ -49,8 +50,8 @@ KVCHECK_HOST_DEVICE ReadMeta ring_metadata(std::int64_t state, std::int64_t posi
 /// Index column c of a query with metadata m: the slot of start + c within
 /// the block that holds read_offset, or -1 past the valid length (the seed's
 /// get_kv_index ring branch). The no-padding fault keeps wrapping instead.
-KVCHECK_HOST_DEVICE std::int64_t ring_index_column(const ReadMeta& m, std::int64_t c,
-                                                   std::int64_t ring_rows, Fault fault) {
+KVCHECK_HOST_DEVICE std::int64_t ring_index_column(const ReadMeta& m, std::int64_t c, std::int64_t ring_rows,
+                                                   Fault fault) {
   if (c >= m.length && fault != Fault::kIndexNoPadding) return -1;
   const std::int64_t base = m.read_offset / ring_rows * ring_rows;
   return base + ring_mod(m.read_offset - base + c, ring_rows);

@@ -76,7 +76,8 @@ const StateInfo& RingPool::state(std::int64_t state) const {
 }
 
 Status RingPool::begin(std::int64_t state, std::int64_t request) {
-  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "begin: state out of range");
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "begin: state out of range");
   if (request < 0) return Status::fail(CacheError::kNegativePosition, "begin: request id must be >= 0");
   auto& s = states_[static_cast<std::size_t>(state)];
   if (s.busy) return Status::fail(CacheError::kStateBusy, "begin: state is in use");
@@ -100,7 +101,8 @@ void RingPool::note_length(std::int64_t state) {
 }
 
 Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const {
-  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "step: state out of range");
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "step: state out of range");
   const auto& s = states_[static_cast<std::size_t>(state)];
   if (!s.busy) return Status::fail(CacheError::kStateFree, "step: state has no request");
   if (s.pending_drafts >= 0) return Status::fail(CacheError::kBadAccept, "step: a verify awaits accept");
@@ -137,7 +139,8 @@ Status RingPool::run_store(std::int64_t state, std::int64_t first_position, std:
   }
   writes_.clear();
   if (spec_.track_tags) {
-    for (std::size_t i = 0; i < n; ++i) writes_.push_back(WriteRecord{slots_[i], tags_[i], backend_->slot_tag(slots_[i])});
+    for (std::size_t i = 0; i < n; ++i)
+      writes_.push_back(WriteRecord{slots_[i], tags_[i], backend_->slot_tag(slots_[i])});
   }
   std::span<const Tag> tags(tags_.data(), spec_.track_tags ? n : 0);
   if (auto st = backend_->store(std::span<const std::int64_t>(slots_.data(), n),
@@ -176,13 +179,11 @@ Status RingPool::run_pool_reads(std::int64_t state, std::int64_t first_position,
     }
   }
   std::span<std::int64_t> index(index_.data(), n * static_cast<std::size_t>(width));
-  if (auto st = backend_->expand_index(std::span<const ReadMeta>(meta_.data(), n), width, index);
-      !st.ok()) {
+  if (auto st = backend_->expand_index(std::span<const ReadMeta>(meta_.data(), n), width, index); !st.ok()) {
     return st;
   }
-  return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n),
-                          in.q, index, width, out_.data(),
-                          spec_.track_tags ? read_tags_.data() : nullptr,
+  return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n), in.q,
+                          index, width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
                           spec_.track_tags ? read_slots_.data() : nullptr);
 }
 
@@ -196,8 +197,8 @@ void RingPool::fill_result(std::int64_t rows, std::int64_t first_position, KvSou
   result->width = width;
   result->source = source;
   result->first_position = first_position;
-  result->out = std::span<const double>(out_.data(), n * static_cast<std::size_t>(spec_.q_heads) *
-                                                         static_cast<std::size_t>(spec_.head_dim));
+  result->out = std::span<const double>(
+      out_.data(), n * static_cast<std::size_t>(spec_.q_heads) * static_cast<std::size_t>(spec_.head_dim));
   if (spec_.track_tags) {
     result->read_slots = std::span<const std::int64_t>(read_slots_.data(), cells);
     result->read_tags = std::span<const Tag>(read_tags_.data(), cells);
@@ -219,8 +220,8 @@ Status RingPool::after_failed_read(std::int64_t state, std::int64_t first_positi
   return failure;
 }
 
-Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in,
-                         PrefillOrder order, StepResult* result) {
+Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in, PrefillOrder order,
+                         StepResult* result) {
   if (auto st = check_step(state, rows, in); !st.ok()) return st;
   if (spec_.fault == Fault::kStoreThenLoadPrefill) order = PrefillOrder::kStoreThenLoad;
   auto& s = states_[static_cast<std::size_t>(state)];
@@ -230,7 +231,8 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
     if (auto st = run_store(state, first, rows, in, &report); !st.ok()) return st;
     s.length = first + rows;
     note_length(state);
-    if (auto st = run_pool_reads(state, first, rows, in); !st.ok()) return after_failed_read(state, first, st);
+    if (auto st = run_pool_reads(state, first, rows, in); !st.ok())
+      return after_failed_read(state, first, st);
     fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
     return {};
   }
@@ -258,8 +260,8 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
   const auto n = static_cast<std::size_t>(rows);
   std::span<const Tag> tags(tags_.data(), spec_.track_tags ? n : 0);
   Status st = backend_->scratch_store(m, std::span<const std::int64_t>(slots_.data(), n),
-                                      std::span<const std::int64_t>(rope_positions_.data(), n),
-                                      in.k, spec_.shared_row ? nullptr : in.v, tags);
+                                      std::span<const std::int64_t>(rope_positions_.data(), n), in.k,
+                                      spec_.shared_row ? nullptr : in.v, tags);
   if (!st.ok()) return after_failed_read(state, first, st);
   // Query i at position first + i sees scratch rows of positions
   // max(first + i - keys + 1, first - m) .. first + i; scratch row of
@@ -272,8 +274,8 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
     for (std::int64_t c = 0; c < width; ++c) row[c] = c < len ? lo + c - (first - m) : -1;
     rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
   }
-  st = backend_->attend(KvSource::kScratch, std::span<const std::int64_t>(rope_positions_.data(), n),
-                        in.q, std::span<const std::int64_t>(index_.data(), n * static_cast<std::size_t>(width)),
+  st = backend_->attend(KvSource::kScratch, std::span<const std::int64_t>(rope_positions_.data(), n), in.q,
+                        std::span<const std::int64_t>(index_.data(), n * static_cast<std::size_t>(width)),
                         width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
                         spec_.track_tags ? read_slots_.data() : nullptr);
   if (!st.ok()) return after_failed_read(state, first, st);
@@ -294,8 +296,7 @@ Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* resu
   return {};
 }
 
-Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows& in,
-                        StepResult* result) {
+Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result) {
   if (drafts < 0) return Status::fail(CacheError::kBadAccept, "verify: negative draft count");
   if (drafts >= spec_.max_step_rows) {
     return Status::fail(CacheError::kTooManyRows, "verify: k + 1 rows exceed max_step_rows");
@@ -315,7 +316,8 @@ Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows&
 }
 
 Status RingPool::accept(std::int64_t state, std::int64_t accepted) {
-  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "accept: state out of range");
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "accept: state out of range");
   auto& s = states_[static_cast<std::size_t>(state)];
   if (!s.busy) return Status::fail(CacheError::kStateFree, "accept: state has no request");
   if (s.pending_drafts < 0) return Status::fail(CacheError::kBadAccept, "accept: no verify pending");
@@ -332,7 +334,8 @@ Status RingPool::accept(std::int64_t state, std::int64_t accepted) {
 }
 
 Status RingPool::finish(std::int64_t state) {
-  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "finish: state out of range");
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "finish: state out of range");
   auto& s = states_[static_cast<std::size_t>(state)];
   if (!s.busy) return Status::fail(CacheError::kStateFree, "finish: state has no request");
   note_length(state);
@@ -342,7 +345,8 @@ Status RingPool::finish(std::int64_t state) {
 }
 
 Status RingPool::reset(std::int64_t state) {
-  if (state < 0 || state >= spec_.states) return Status::fail(CacheError::kStateOutOfRange, "reset: state out of range");
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "reset: state out of range");
   auto& s = states_[static_cast<std::size_t>(state)];
   if (!s.busy) return Status::fail(CacheError::kStateFree, "reset: state has no request");
   s.length = 0;

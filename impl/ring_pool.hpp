@@ -44,8 +44,8 @@ struct StepResult {
   std::int64_t queries = 0;  ///< n
   std::int64_t width = 0;    ///< index columns per query
   KvSource source = KvSource::kPool;
-  std::int64_t first_position = 0;       ///< position of query 0
-  std::span<const double> out;           ///< [n, q_heads, head_dim]
+  std::int64_t first_position = 0;           ///< position of query 0
+  std::span<const double> out;               ///< [n, q_heads, head_dim]
   std::span<const std::int64_t> read_slots;  ///< [n, width], -1 = not read
   std::span<const Tag> read_tags;            ///< [n, width]
   std::span<const WriteRecord> writes;       ///< in write order
@@ -56,8 +56,8 @@ struct StepResult {
 struct StateInfo {
   bool busy = false;
   std::int64_t request = -1;
-  std::int64_t length = 0;         ///< committed positions
-  std::int64_t pending_drafts = -1;///< k of the last verify awaiting accept, else -1
+  std::int64_t length = 0;           ///< committed positions
+  std::int64_t pending_drafts = -1;  ///< k of the last verify awaiting accept, else -1
 };
 
 class RingPool {
@@ -109,16 +109,16 @@ class RingPool {
   std::vector<bool> reused_;
 
   Status check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const;
-  Status run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows,
-                   const StepRows& in, StoreReport* report);
+  Status run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows, const StepRows& in,
+                   StoreReport* report);
   Status run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                         const StepRows& in);
   std::int64_t read_width() const noexcept;
   /// A kernel failed after the step's rows were stored: restores the logical
   /// length and returns `failure` with a note that the state needs a reset.
   Status after_failed_read(std::int64_t state, std::int64_t first_position, Status failure);
-  void fill_result(std::int64_t rows, std::int64_t first_position, KvSource source,
-                   std::int64_t duplicates, StepResult* result) const;
+  void fill_result(std::int64_t rows, std::int64_t first_position, KvSource source, std::int64_t duplicates,
+                   StepResult* result) const;
   void note_length(std::int64_t state);
 };
 

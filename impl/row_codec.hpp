@@ -17,9 +17,7 @@ namespace kvcheck::impl {
 /// (format_row_bytes(f, n) bytes at `row`).
 inline void encode_row(ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
   switch (f) {
-    case ElementFormat::kF64:
-      std::memcpy(row, in, static_cast<std::size_t>(n) * sizeof(double));
-      return;
+    case ElementFormat::kF64: std::memcpy(row, in, static_cast<std::size_t>(n) * sizeof(double)); return;
     case ElementFormat::kF32:
       for (std::int64_t i = 0; i < n; ++i) {
         const float x = static_cast<float>(in[i]);
@@ -32,9 +30,7 @@ inline void encode_row(ElementFormat f, const double* in, std::int64_t n, std::u
         std::memcpy(row + 2 * i, &h, sizeof h);
       }
       return;
-    case ElementFormat::kFp8E4m3:
-      fp8_encode_row(in, n, row);
-      return;
+    case ElementFormat::kFp8E4m3: fp8_encode_row(in, n, row); return;
   }
   KVCHECK_ASSERT(false);
 }
@@ -43,9 +39,7 @@ inline void encode_row(ElementFormat f, const double* in, std::int64_t n, std::u
 /// representable in double).
 inline void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n, double* out) {
   switch (f) {
-    case ElementFormat::kF64:
-      std::memcpy(out, row, static_cast<std::size_t>(n) * sizeof(double));
-      return;
+    case ElementFormat::kF64: std::memcpy(out, row, static_cast<std::size_t>(n) * sizeof(double)); return;
     case ElementFormat::kF32:
       for (std::int64_t i = 0; i < n; ++i) {
         float x;
@@ -60,9 +54,7 @@ inline void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n,
         out[i] = bf16_to_float(h);
       }
       return;
-    case ElementFormat::kFp8E4m3:
-      fp8_decode_row(row, n, out);
-      return;
+    case ElementFormat::kFp8E4m3: fp8_decode_row(row, n, out); return;
   }
   KVCHECK_ASSERT(false);
 }

@@ -32,8 +32,8 @@ std::vector<std::int64_t> expand_index(std::int64_t state, std::int64_t position
   return index;
 }
 
-std::vector<std::int64_t> write_slots(std::int64_t state, std::int64_t first_position,
-                                      std::int64_t count, const Ring& ring) {
+std::vector<std::int64_t> write_slots(std::int64_t state, std::int64_t first_position, std::int64_t count,
+                                      const Ring& ring) {
   std::vector<std::int64_t> slots;
   slots.reserve(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i) {
@@ -60,9 +60,9 @@ const SlotTag& SlotOracle::at(std::int64_t slot) const {
   return slots_[static_cast<std::size_t>(slot)];
 }
 
-std::vector<std::vector<std::int64_t>> overwritten_visible(
-    const SlotOracle& oracle, std::int64_t state, std::int64_t request,
-    const std::vector<std::int64_t>& query_positions) {
+std::vector<std::vector<std::int64_t>> overwritten_visible(const SlotOracle& oracle, std::int64_t state,
+                                                           std::int64_t request,
+                                                           const std::vector<std::int64_t>& query_positions) {
   const Ring& ring = oracle.ring();
   const Window window{ring.window_keys, WindowConvention::kKeys};
   std::vector<std::vector<std::int64_t>> lost;
@@ -79,9 +79,8 @@ std::vector<std::vector<std::int64_t>> overwritten_visible(
 }
 
 std::vector<std::vector<std::int64_t>> apply_step(SlotOracle& oracle, std::int64_t state,
-                                                  std::int64_t request,
-                                                  std::int64_t first_position, std::int64_t count,
-                                                  bool store_before_read) {
+                                                  std::int64_t request, std::int64_t first_position,
+                                                  std::int64_t count, bool store_before_read) {
   std::vector<std::int64_t> queries;
   for (std::int64_t i = 0; i < count; ++i) queries.push_back(first_position + i);
   std::vector<std::vector<std::int64_t>> lost;

@@ -23,11 +23,11 @@ std::int64_t slot_of(std::int64_t state, std::int64_t position, std::int64_t rin
 
 /// SPEC §2 decode metadata for one query, plus the trace-table columns.
 struct DecodeMeta {
-  std::int64_t length = 0;           ///< min(p + 1, W)
-  std::int64_t start = 0;            ///< p - length + 1 (logical first)
-  std::int64_t read_offset = 0;      ///< first read slot
-  std::int64_t last_read_slot = 0;   ///< slot of position p
-  std::int64_t write_slot = 0;       ///< slot written by position p
+  std::int64_t length = 0;          ///< min(p + 1, W)
+  std::int64_t start = 0;           ///< p - length + 1 (logical first)
+  std::int64_t read_offset = 0;     ///< first read slot
+  std::int64_t last_read_slot = 0;  ///< slot of position p
+  std::int64_t write_slot = 0;      ///< slot written by position p
 };
 
 /// Decode metadata of a query at `position` in `state`.
@@ -38,8 +38,8 @@ std::vector<std::int64_t> expand_index(std::int64_t state, std::int64_t position
                                        std::int64_t width);
 
 /// Slots written by `count` rows starting at `first_position`.
-std::vector<std::int64_t> write_slots(std::int64_t state, std::int64_t first_position,
-                                      std::int64_t count, const Ring& ring);
+std::vector<std::int64_t> write_slots(std::int64_t state, std::int64_t first_position, std::int64_t count,
+                                      const Ring& ring);
 
 /// What the oracle says a slot holds. request < 0: never written.
 struct SlotTag {
@@ -73,9 +73,9 @@ class SlotOracle {
 /// (request, j), per query (descending positions within each list are not
 /// implied; they are ascending). The oracle must already hold the step's
 /// writes.
-std::vector<std::vector<std::int64_t>> overwritten_visible(
-    const SlotOracle& oracle, std::int64_t state, std::int64_t request,
-    const std::vector<std::int64_t>& query_positions);
+std::vector<std::vector<std::int64_t>> overwritten_visible(const SlotOracle& oracle, std::int64_t state,
+                                                           std::int64_t request,
+                                                           const std::vector<std::int64_t>& query_positions);
 
 /// Applies one step of `count` rows at first_position..+count-1 to the
 /// oracle and returns, per query of the step, the visible positions it loses.
@@ -84,8 +84,7 @@ std::vector<std::vector<std::int64_t>> overwritten_visible(
 /// (load_then_store): old positions are judged before the writes, new ones
 /// come from the step itself and are never lost.
 std::vector<std::vector<std::int64_t>> apply_step(SlotOracle& oracle, std::int64_t state,
-                                                  std::int64_t request,
-                                                  std::int64_t first_position, std::int64_t count,
-                                                  bool store_before_read);
+                                                  std::int64_t request, std::int64_t first_position,
+                                                  std::int64_t count, bool store_before_read);
 
 }  // namespace kvcheck::model

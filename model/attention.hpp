@@ -24,9 +24,9 @@ using Row = std::vector<R>;
 /// logit joins the normaliser but contributes no value row.
 /// Returns the output row (width of the values) and, if asked, the weights.
 template <class R>
-Row<R> attend(const Row<R>& query, const std::vector<Row<R>>& keys,
-              const std::vector<Row<R>>& values, const R& scale,
-              const std::optional<std::type_identity_t<R>>& sink = std::nullopt, std::vector<R>* weights_out = nullptr) {
+Row<R> attend(const Row<R>& query, const std::vector<Row<R>>& keys, const std::vector<Row<R>>& values,
+              const R& scale, const std::optional<std::type_identity_t<R>>& sink = std::nullopt,
+              std::vector<R>* weights_out = nullptr) {
   using std::exp;
   KVCHECK_ASSERT(!keys.empty() && keys.size() == values.size());
   std::vector<R> scores(keys.size());
@@ -77,16 +77,15 @@ void rope_rotate(Row<R>& head, std::int64_t position, const Rope& rope) {
   using std::pow;
   using std::sin;
   if (rope.style == RopeStyle::kNone || rope.rotary_dims == 0) return;
-  KVCHECK_ASSERT(rope.rotary_dims % 2 == 0 &&
-                 static_cast<std::size_t>(rope.rotary_dims) <= head.size());
+  KVCHECK_ASSERT(rope.rotary_dims % 2 == 0 && static_cast<std::size_t>(rope.rotary_dims) <= head.size());
   const std::int32_t half = rope.rotary_dims / 2;
   for (std::int32_t i = 0; i < half; ++i) {
     const R theta = pow(R(rope.base), R(-2 * i) / R(rope.rotary_dims));
     const R angle = R(position) * theta;
     const R c = cos(angle);
     const R s = sin(angle);
-    const std::size_t a = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i)
-                                                         : static_cast<std::size_t>(2 * i);
+    const std::size_t a =
+        rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
     const std::size_t b = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i + half)
                                                          : static_cast<std::size_t>(2 * i + 1);
     const R x = head[a];
@@ -122,9 +121,8 @@ struct Projected {
 /// Multi-head attention of one query over retained rows. Query head h reads
 /// KV head h / (q_heads / kv_heads). Output: [q_heads * head_dim].
 template <class R>
-Row<R> attend_heads(const Row<R>& q, const std::vector<const Projected<R>*>& rows,
-                    const Heads& heads, const R& scale,
-                    const std::optional<std::type_identity_t<R>>& sink = std::nullopt) {
+Row<R> attend_heads(const Row<R>& q, const std::vector<const Projected<R>*>& rows, const Heads& heads,
+                    const R& scale, const std::optional<std::type_identity_t<R>>& sink = std::nullopt) {
   KVCHECK_ASSERT(heads.kv_heads > 0 && heads.q_heads % heads.kv_heads == 0);
   KVCHECK_ASSERT(!heads.shared_row || heads.kv_heads == 1);
   const std::int32_t group = heads.q_heads / heads.kv_heads;

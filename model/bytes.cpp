@@ -12,9 +12,8 @@ std::optional<std::int64_t> checked_mul(std::optional<std::int64_t> a, std::int6
 }
 }  // namespace
 
-std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t kv_heads,
-                                             std::int64_t width, std::int64_t rows,
-                                             std::int64_t element_bytes) {
+std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t width,
+                                             std::int64_t rows, std::int64_t element_bytes) {
   std::optional<std::int64_t> bytes = 2;
   for (const std::int64_t factor : {layers, kv_heads, width, rows, element_bytes}) {
     if (factor < 0) return std::nullopt;

@@ -8,9 +8,8 @@
 namespace kvcheck::model {
 
 /// 2 * layers * kv_heads * width * rows * element_bytes, or nullopt on overflow.
-std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t kv_heads,
-                                             std::int64_t width, std::int64_t rows,
-                                             std::int64_t element_bytes);
+std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t width,
+                                             std::int64_t rows, std::int64_t element_bytes);
 
 /// One shared row of `elements` one-byte values with one scale byte per
 /// `block` elements (rounded up): 512 elements, block 32 -> 528.

@@ -94,8 +94,8 @@ void rope_advance(const RopeSteps& steps, RopeTrack* track) {
   ++track->steps;
 }
 
-void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um, std::vector<Ball>* cos_out,
-                      std::vector<Ball>* sin_out) {
+void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um,
+                      std::vector<Ball>* cos_out, std::vector<Ball>* sin_out) {
   cos_out->resize(track.c.size());
   sin_out->resize(track.c.size());
   for (std::size_t i = 0; i < track.c.size(); ++i) {
@@ -116,7 +116,8 @@ std::vector<Ball> rotate_row(const double* x, std::int32_t heads, std::int32_t h
   for (std::int32_t h = 0; h < heads; ++h) {
     Ball* head = out.data() + static_cast<std::ptrdiff_t>(h) * head_dim;
     for (std::int32_t i = 0; i < half; ++i) {
-      const std::size_t a = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
+      const std::size_t a =
+          rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
       const std::size_t b = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i + half)
                                                            : static_cast<std::size_t>(2 * i + 1);
       const Ball xa = head[a];
@@ -178,7 +179,8 @@ void attend(const Ball* query, const HeadRows& rows, std::int32_t head_dim, cons
   for (std::size_t j = 0; j < keys; ++j) {
     const Ball* k = rows.keys[j];
     const Ball dot = block_dot(
-        d, [&](std::size_t e) -> const Ball& { return query[e]; }, [&](std::size_t e) -> const Ball& { return k[e]; }, um);
+        d, [&](std::size_t e) -> const Ball& { return query[e]; },
+        [&](std::size_t e) -> const Ball& { return k[e]; }, um);
     scores[j] = mul(dot, scale, um);
   }
   // MPFR's peak is its largest score (or the sink): the hull of the maxima.

@@ -82,10 +82,10 @@ struct Ball {
   double r = 0;
 };
 
-inline constexpr double kOpRel = 0x1.0p-100;   ///< double-double +,*,/ relative error charged
-inline constexpr double kExpRel = 0x1.0p-84;   ///< double-double exp relative error charged
-inline constexpr double kTiny = 0x1.0p-1040;   ///< absolute error per operation (underflow)
-inline constexpr double kUp = 1.0 + 0x1.0p-48; ///< covers the rounding of a radius' own computation
+inline constexpr double kOpRel = 0x1.0p-100;    ///< double-double +,*,/ relative error charged
+inline constexpr double kExpRel = 0x1.0p-84;    ///< double-double exp relative error charged
+inline constexpr double kTiny = 0x1.0p-1040;    ///< absolute error per operation (underflow)
+inline constexpr double kUp = 1.0 + 0x1.0p-48;  ///< covers the rounding of a radius' own computation
 inline constexpr double kU = 0x1.0p-53;
 
 inline Dd two_sum(double a, double b) {
@@ -123,7 +123,9 @@ inline Dd dd_add(Dd x, Dd y) {
   return fast_two_sum(v.hi, t.lo + v.lo);
 }
 
-inline Dd dd_neg(Dd x) { return {-x.hi, -x.lo}; }
+inline Dd dd_neg(Dd x) {
+  return {-x.hi, -x.lo};
+}
 
 /// DWTimesDW3 (Algorithm 12; without a hardware FMA the two fused steps
 /// round twice, which DWTimesDW2's bound of 5u^2 covers).
@@ -149,7 +151,9 @@ inline Dd dd_div(Dd x, Dd y) {
 }
 
 /// |hi + lo| <= mag(x) (the low part is at most 2^-53 |hi|).
-inline double mag(const Dd& x) { return std::fabs(x.hi) * (1.0 + 0x1.0p-52); }
+inline double mag(const Dd& x) {
+  return std::fabs(x.hi) * (1.0 + 0x1.0p-52);
+}
 
 /// gamma_n(u) = n u / (1 - n u), rounded up; +inf when n u >= 1.
 inline double gamma_n(double n, double u) {
@@ -164,14 +168,18 @@ inline double result_radius(const Dd& c, double prop, double rel, double um) {
   return (prop + rel * 2.0 * m + um * (2.0 * m + prop) + kTiny) * kUp;
 }
 
-inline Ball exact(double x) { return {{x, 0}, 0}; }
+inline Ball exact(double x) {
+  return {{x, 0}, 0};
+}
 
 inline Ball add(const Ball& a, const Ball& b, double um) {
   const Dd c = dd_add(a.c, b.c);
   return {c, result_radius(c, a.r + b.r, kOpRel, um)};
 }
 
-inline Ball sub(const Ball& a, const Ball& b, double um) { return add(a, Ball{dd_neg(b.c), b.r}, um); }
+inline Ball sub(const Ball& a, const Ball& b, double um) {
+  return add(a, Ball{dd_neg(b.c), b.r}, um);
+}
 
 inline Ball mul(const Ball& a, const Ball& b, double um) {
   const Dd c = dd_mul(a.c, b.c);
@@ -327,8 +335,8 @@ void rope_advance(const RopeSteps& steps, RopeTrack* track);
 
 /// The balls of MPFR's cos and sin at the track's position (see RopeTrack).
 /// `theta`: MPFR's theta_i as doubles (angle bounds only).
-void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um, std::vector<Ball>* cos_out,
-                      std::vector<Ball>* sin_out);
+void rope_track_balls(const RopeTrack& track, const std::vector<double>& theta, double um,
+                      std::vector<Ball>* cos_out, std::vector<Ball>* sin_out);
 
 /// MPFR's theta_i = base^(-2i / rotary_dims), as model::rope_rotate forms it.
 template <class R>
@@ -336,7 +344,8 @@ std::vector<R> rope_thetas(const Rope& rope) {
   using std::pow;
   std::vector<R> out;
   if (rope.style == RopeStyle::kNone || rope.rotary_dims == 0) return out;
-  for (std::int32_t i = 0; i < rope.rotary_dims / 2; ++i) out.push_back(pow(R(rope.base), R(-2 * i) / R(rope.rotary_dims)));
+  for (std::int32_t i = 0; i < rope.rotary_dims / 2; ++i)
+    out.push_back(pow(R(rope.base), R(-2 * i) / R(rope.rotary_dims)));
   return out;
 }
 

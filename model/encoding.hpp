@@ -178,7 +178,8 @@ EncodedRow encode_row(Encoding f, const std::vector<R>& x) {
       const std::int64_t b1 = std::min(n, b0 + kFp8ScaleBlock);
       R amax = 0;
       for (std::int64_t i = b0; i < b1; ++i) {
-        const R a = x[static_cast<std::size_t>(i)] < 0 ? R(-x[static_cast<std::size_t>(i)]) : x[static_cast<std::size_t>(i)];
+        const R a = x[static_cast<std::size_t>(i)] < 0 ? R(-x[static_cast<std::size_t>(i)])
+                                                       : x[static_cast<std::size_t>(i)];
         if (a > amax) amax = a;
       }
       const int k = fp8_scale_exponent(amax);

@@ -48,7 +48,8 @@ void rope_element_deviation(const std::vector<R>& head, std::int64_t position, c
   if (rope.style == RopeStyle::kNone || rope.rotary_dims == 0) return;
   const std::int32_t half = rope.rotary_dims / 2;
   for (std::int32_t i = 0; i < half; ++i) {
-    const std::size_t a = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
+    const std::size_t a =
+        rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i) : static_cast<std::size_t>(2 * i);
     const std::size_t b = rope.style == RopeStyle::kNeox ? static_cast<std::size_t>(i + half)
                                                          : static_cast<std::size_t>(2 * i + 1);
     const double len = std::hypot(to_double(head[a]), to_double(head[b]));
@@ -83,8 +84,7 @@ inline OutputTolerance attention_output_tolerance(double u, std::int64_t keys, s
                                                   double score_abs, double value_max, double rope_score,
                                                   double rope_value) {
   OutputTolerance t;
-  t.accumulation = 16.0 * u *
-                   (static_cast<double>(keys) + head_dim + (head_dim + 2.0) * score_abs) *
+  t.accumulation = 16.0 * u * (static_cast<double>(keys) + head_dim + (head_dim + 2.0) * score_abs) *
                    std::max(1.0, value_max);
   const double mix = 2.0 * value_max;
   t.rope = rope_score > 0 ? std::min(mix, mix * std::expm1(2.0 * rope_score)) : 0.0;

@@ -89,8 +89,7 @@ LayerEvidence run_layer_fixture(const LayerModel<Real>& layer) {
         values.push_back(head_slice(r.v, h, layer.heads.head_dim));
       }
       std::vector<Real> weights;
-      attend(head_slice(rows.back().q, h, layer.heads.head_dim), keys, values, scale,
-             std::nullopt, &weights);
+      attend(head_slice(rows.back().q, h, layer.heads.head_dim), keys, values, scale, std::nullopt, &weights);
       step.weights.push_back(to_doubles(weights));
       step.keys.push_back(to_doubles(keys.back()));
       step.values.push_back(to_doubles(values.back()));

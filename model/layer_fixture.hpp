@@ -39,9 +39,9 @@ struct LayerStep {
 /// All evidence of the three-append fixture.
 struct LayerEvidence {
   std::vector<LayerStep> steps;
-  std::int64_t full_prefix_rows = 0;   ///< 1 + 2 + 3
-  std::int64_t incremental_rows = 0;   ///< 1 + 1 + 1
-  std::int64_t reused_rows = 0;        ///< full - incremental
+  std::int64_t full_prefix_rows = 0;  ///< 1 + 2 + 3
+  std::int64_t incremental_rows = 0;  ///< 1 + 1 + 1
+  std::int64_t reused_rows = 0;       ///< full - incremental
 };
 
 /// The reconstructed seed-000 layer.

@@ -86,8 +86,7 @@ PathResult<R> incremental_path(std::int64_t n, const Projector<R>& project, cons
 /// Largest |a - b| / max(|b|, tiny) and largest |a - b| over the newest
 /// query of every prefix, comparing an incremental against a full-prefix result.
 template <class R>
-std::pair<R, R> newest_output_difference(const PathResult<R>& incremental,
-                                         const PathResult<R>& full) {
+std::pair<R, R> newest_output_difference(const PathResult<R>& incremental, const PathResult<R>& full) {
   using std::abs;
   R max_abs = 0;
   R max_rel = 0;

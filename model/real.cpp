@@ -4,6 +4,8 @@
 
 namespace kvcheck::model {
 
-void release_thread_caches() noexcept { mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE); }
+void release_thread_caches() noexcept {
+  mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE);
+}
 
 }  // namespace kvcheck::model

@@ -36,7 +36,9 @@ std::string vec(const std::vector<double>& v, int digits) {
   return s + "]";
 }
 
-std::string opt(std::optional<std::int64_t> v) { return v ? std::to_string(*v) : "overflow"; }
+std::string opt(std::optional<std::int64_t> v) {
+  return v ? std::to_string(*v) : "overflow";
+}
 
 void add(std::vector<SpecLine>& out, std::string section, std::string quantity, std::string computed,
          std::string spec) {
@@ -97,24 +99,24 @@ std::vector<SpecLine> reproduce_spec() {
     for (const auto& l : apply_step(oracle, 0, 0, 300, 6, true)) {
       counts.push_back(static_cast<std::int64_t>(l.size()));
     }
-    add(out, "verify k=5 W=128", "overwritten per query, S=" + std::to_string(ring_rows), list(counts),
-        spec);
+    add(out, "verify k=5 W=128", "overwritten per query, S=" + std::to_string(ring_rows), list(counts), spec);
   }
   struct PrefillCase {
     std::int64_t rows;
     bool store_first;
     const char* spec;
   };
-  for (const PrefillCase& c : {PrefillCase{3, true, "[]"}, PrefillCase{4, true, "[2]"},
-                               PrefillCase{5, true, "[2,3] q5:[3]"}, PrefillCase{3, false, "[]"},
-                               PrefillCase{4, false, "[]"}, PrefillCase{5, false, "[]"}}) {
+  for (const PrefillCase& c :
+       {PrefillCase{3, true, "[]"}, PrefillCase{4, true, "[2]"}, PrefillCase{5, true, "[2,3] q5:[3]"},
+        PrefillCase{3, false, "[]"}, PrefillCase{4, false, "[]"}, PrefillCase{5, false, "[]"}}) {
     SlotOracle oracle(Ring{1, 5, 3});
     apply_step(oracle, 0, 0, 0, 4, false);
     const auto lost = apply_step(oracle, 0, 0, 4, c.rows, c.store_first);
     std::string computed = list(lost[0]);
     if (lost.size() > 1 && !lost[1].empty()) computed += " q5:" + list(lost[1]);
-    add(out, "prefill W=3 S=5", std::string(c.store_first ? "store_then_load" : "load_then_store") +
-                                    " 4.." + std::to_string(3 + c.rows) + ", query 4 loses",
+    add(out, "prefill W=3 S=5",
+        std::string(c.store_first ? "store_then_load" : "load_then_store") + " 4.." +
+            std::to_string(3 + c.rows) + ", query 4 loses",
         computed, c.spec);
   }
 
@@ -123,8 +125,7 @@ std::vector<SpecLine> reproduce_spec() {
                               "[0.213809009,0.786190991,0.770151153,-0.420735492]",
                               "[0.629044078,0.945303958,0.374718490,-0.583589471]"};
   for (std::size_t t = 0; t < ev.steps.size(); ++t) {
-    add(out, "layer cache", "output " + std::to_string(t), vec(ev.steps[t].cached_output, 9),
-        layer_spec[t]);
+    add(out, "layer cache", "output " + std::to_string(t), vec(ev.steps[t].cached_output, 9), layer_spec[t]);
     add(out, "layer cache", "output " + std::to_string(t) + " = full prefix within 1e-12",
         ev.steps[t].max_abs_difference <= 1e-12 ? "yes" : "no", "yes");
   }
@@ -144,8 +145,7 @@ std::string spec_table(const std::vector<SpecLine>& lines) {
   }
   auto pad = [](const std::string& s, std::size_t w) { return s + std::string(w - s.size(), ' '); };
   std::ostringstream os;
-  os << pad("section", w0) << "  " << pad("quantity", w1) << "  " << pad("computed", w2)
-     << "  SPEC §6\n";
+  os << pad("section", w0) << "  " << pad("quantity", w1) << "  " << pad("computed", w2) << "  SPEC §6\n";
   os << std::string(w0 + w1 + w2 + 16, '-') << "\n";
   int matched = 0;
   for (const auto& l : lines) {

@@ -19,7 +19,7 @@ struct TraceRow {
 };
 
 /// Trace rows for `positions` of state `state` with window W (keys) and ring S.
-std::vector<TraceRow> ring_trace(std::int64_t window_keys, std::int64_t ring_rows,
-                                 std::int64_t state, const std::vector<std::int64_t>& positions);
+std::vector<TraceRow> ring_trace(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t state,
+                                 const std::vector<std::int64_t>& positions);
 
 }  // namespace kvcheck::model

@@ -24,8 +24,9 @@ int run_audit(const AuditRequest& request) {
   for (const auto& run : runs) {
     const properties::TraceScenario ts = properties::trace_scenario(run);
     if (!ts.judge_outputs) {
-      notes.push_back("note: " + run.header.name + " (" + (run.source.empty() ? "trace" : run.source) + " line " +
-                      std::to_string(run.header_line) + "): slots judged, outputs not: " + ts.outputs_note + "\n");
+      notes.push_back("note: " + run.header.name + " (" + (run.source.empty() ? "trace" : run.source) +
+                      " line " + std::to_string(run.header_line) +
+                      "): slots judged, outputs not: " + ts.outputs_note + "\n");
     }
   }
 

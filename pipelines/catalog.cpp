@@ -5,9 +5,13 @@
 
 namespace kvcheck::pipelines {
 
-bool parse_fault(const std::string& name, impl::Fault* fault) { return impl::parse_fault(name, fault); }
+bool parse_fault(const std::string& name, impl::Fault* fault) {
+  return impl::parse_fault(name, fault);
+}
 
-bool backend_available(const std::string& name, std::string* why) { return impl::make_backend(name, why) != nullptr; }
+bool backend_available(const std::string& name, std::string* why) {
+  return impl::make_backend(name, why) != nullptr;
+}
 
 std::string fault_table() {
   std::string out;
@@ -28,11 +32,13 @@ std::string spec_table(bool* all_match) {
   return model::spec_table(lines);
 }
 
-std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t state,
+std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_keys, std::int64_t ring_rows,
+                                                 std::int64_t state,
                                                  const std::vector<std::int64_t>& positions) {
   std::vector<reports::TraceLine> lines;
   for (const auto& r : model::ring_trace(window_keys, ring_rows, state, positions)) {
-    lines.push_back({r.position, r.logical_first, r.logical_last, r.first_read_slot, r.last_read_slot, r.write_slot});
+    lines.push_back(
+        {r.position, r.logical_first, r.logical_last, r.first_read_slot, r.last_read_slot, r.write_slot});
   }
   return lines;
 }

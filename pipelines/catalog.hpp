@@ -31,7 +31,8 @@ std::string spec_table(bool* all_match);
 
 /// The ring-addressing rows of `kvcheck trace`: for each position, its
 /// window, the slots it reads and the slot it writes.
-std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t state,
+std::vector<reports::TraceLine> ring_trace_lines(std::int64_t window_keys, std::int64_t ring_rows,
+                                                 std::int64_t state,
                                                  const std::vector<std::int64_t>& positions);
 
 }  // namespace kvcheck::pipelines

@@ -7,16 +7,16 @@
 
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
-#include "pipelines/catalog.hpp"
 #include "impl/kv_cache.hpp"
+#include "pipelines/catalog.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
-#include "support/atomic_write.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
 #include "reports/report_text.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "support/atomic_write.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::pipelines {
@@ -47,8 +47,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     const fs::path file = out_dir / (result.shrunk.name + ".json");
     report.attachments.push_back({file, scenarios::save_scenario(result.shrunk)});
     summary.counterexample_file = file.string();
-    summary.replay_command =
-        "kvcheck replay " + properties::shell_quote(file.string()) + " " + properties::replay_arguments(options.run);
+    summary.replay_command = "kvcheck replay " + properties::shell_quote(file.string()) + " " +
+                             properties::replay_arguments(options.run);
     report.runs.push_back(result.shrunk_run);
   }
   report.check = summary;
@@ -69,10 +69,11 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   }
   std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
   if (result.found_failure) {
-    std::printf("counterexample: %zu requests, %zu steps (shrunk from %zu steps in %lld runs), case seed %llu\n",
-                result.shrunk.requests.size(), result.shrunk.steps.size(),
-                result.original.steps.size(), static_cast<long long>(result.shrink_runs),
-                static_cast<unsigned long long>(result.failing_case_seed));
+    std::printf(
+        "counterexample: %zu requests, %zu steps (shrunk from %zu steps in %lld runs), case seed %llu\n",
+        result.shrunk.requests.size(), result.shrunk.steps.size(), result.original.steps.size(),
+        static_cast<long long>(result.shrink_runs),
+        static_cast<unsigned long long>(result.failing_case_seed));
     std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
     std::printf("  written to %s\n  replay: %s\n", summary.counterexample_file.c_str(),
                 summary.replay_command.c_str());
@@ -95,7 +96,8 @@ std::string timing_text(std::int64_t cases, double seconds, const std::string& w
 }
 
 /// The options every shard of one check must share.
-reports::CheckShardOptions shard_options(const properties::CheckOptions& options, const std::string& command) {
+reports::CheckShardOptions shard_options(const properties::CheckOptions& options,
+                                         const std::string& command) {
   reports::CheckShardOptions o;
   o.impl = options.run.backend;
   o.fault = std::string(impl::fault_name(options.run.fault));
@@ -110,8 +112,9 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
 
 }  // namespace
 
-reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
-                                      impl::Fault fault, int precision_requested) {
+reports::ReportContext report_context(const std::string& command, std::uint64_t seed,
+                                      const std::string& backend, impl::Fault fault,
+                                      int precision_requested) {
   reports::ReportContext ctx;
   ctx.precision_bits = properties::reference_significand_bits(precision_requested);
   ctx.precision_requested = precision_requested;
@@ -128,7 +131,9 @@ int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     std::fprintf(stderr, "kvcheck: the verdict (%s) stands; its files were not written\n",
-                 code == 1 ? "FAIL" : code == 0 ? "PASS" : "error");
+                 code == 1   ? "FAIL"
+                 : code == 0 ? "PASS"
+                             : "error");
     return code == 1 ? 1 : 2;
   }
   return code;
@@ -170,11 +175,12 @@ std::vector<properties::RunObservation> record_runs(const std::vector<scenarios:
 
 void record_check_run(const properties::CheckOptions& options, const reports::Report& report,
                       const std::shared_ptr<scenarios::TraceWriter>& trace) {
-  const scenarios::Scenario sc = report.check && !report.check->counterexample_file.empty()
-                                     ? scenarios::load_scenario_file(report.check->counterexample_file)
-                                     : properties::generate_scenario(properties::case_seed(options.seed, 0),
-                                                                     properties::make_provider(options.run)->capabilities(),
-                                                                     options.profile);
+  const scenarios::Scenario sc =
+      report.check && !report.check->counterexample_file.empty()
+          ? scenarios::load_scenario_file(report.check->counterexample_file)
+          : properties::generate_scenario(properties::case_seed(options.seed, 0),
+                                          properties::make_provider(options.run)->capabilities(),
+                                          options.profile);
   record_runs({sc}, options.run, trace);
 }
 
@@ -186,23 +192,26 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
                    reports::Report& report) {
   const auto start = std::chrono::steady_clock::now();
   const properties::CheckResult result = properties::run_check(options);
-  return report_check(options, result, timing_text(result.cases, seconds_since(start), std::to_string(options.threads) + " threads"),
-                      out_dir, report);
+  return report_check(
+      options, result,
+      timing_text(result.cases, seconds_since(start), std::to_string(options.threads) + " threads"), out_dir,
+      report);
 }
 
 std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
                              const properties::CaseTally& tally) {
-  return reports::shard_text("check", reports::ReportContext{}.tool_version, options.shard.index, options.shard.count,
-                             reports::check_options_json(shard_options(options, command)),
-                             reports::tally_json(tally));
+  return reports::shard_text(
+      "check", reports::ReportContext{}.tool_version, options.shard.index, options.shard.count,
+      reports::check_options_json(shard_options(options, command)), reports::tally_json(tally));
 }
 
 void prepare_out_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) {
-    throw Error(ErrorId::kIo, "--out", "cannot create directory '" + dir.string() + "': " +
-                                           (ec ? ec.message() : std::string("a file is in the way")));
+    throw Error(ErrorId::kIo, "--out",
+                "cannot create directory '" + dir.string() +
+                    "': " + (ec ? ec.message() : std::string("a file is in the way")));
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     throw Error(ErrorId::kIo, "--out", "directory '" + dir.string() + "' is not writable");
@@ -212,8 +221,8 @@ void prepare_out_dir(const fs::path& dir) {
 int run_check(const properties::CheckOptions& options, const std::string& command, const fs::path& out_dir,
               const std::optional<std::string>& record) {
   reports::Report report;
-  report.context =
-      report_context(command, options.seed, options.run.backend, options.run.fault, options.run.precision_bits);
+  report.context = report_context(command, options.seed, options.run.backend, options.run.fault,
+                                  options.run.precision_bits);
   // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
   std::shared_ptr<scenarios::TraceWriter> trace;
   if (record) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*record));
@@ -230,22 +239,25 @@ int run_check(const properties::CheckOptions& options, const std::string& comman
   return code;
 }
 
-int run_check_shard(const properties::CheckOptions& options, const std::string& command, const fs::path& out_dir) {
+int run_check_shard(const properties::CheckOptions& options, const std::string& command,
+                    const fs::path& out_dir) {
   const auto start = std::chrono::steady_clock::now();
   const properties::CaseTally tally = properties::run_cases(options);
   const fs::path file = out_dir / reports::kShardFileName;
   write_file_atomic(file, check_shard_text(options, command, tally));
-  std::printf("check shard %lld/%lld: %lld of %lld cases, %lld failing", static_cast<long long>(options.shard.index),
-              static_cast<long long>(options.shard.count), static_cast<long long>(tally.cases),
-              static_cast<long long>(options.cases), static_cast<long long>(tally.failures));
-  if (tally.first_failing_case >= 0) std::printf(" (lowest case %lld)", static_cast<long long>(tally.first_failing_case));
-  std::printf(", %.2f s on %d threads\nshard: %s (join the shards with kvcheck merge)\n", seconds_since(start),
-              options.threads, file.string().c_str());
+  std::printf("check shard %lld/%lld: %lld of %lld cases, %lld failing",
+              static_cast<long long>(options.shard.index), static_cast<long long>(options.shard.count),
+              static_cast<long long>(tally.cases), static_cast<long long>(options.cases),
+              static_cast<long long>(tally.failures));
+  if (tally.first_failing_case >= 0)
+    std::printf(" (lowest case %lld)", static_cast<long long>(tally.first_failing_case));
+  std::printf(", %.2f s on %d threads\nshard: %s (join the shards with kvcheck merge)\n",
+              seconds_since(start), options.threads, file.string().c_str());
   return 0;
 }
 
-int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir, const std::string& workers,
-                std::chrono::steady_clock::time_point start, bool ran_cases) {
+int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir,
+                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases) {
   const reports::CheckShardOptions o = reports::check_options_from_json(shards.front());
   properties::CheckOptions options;
   options.cases = o.cases;
@@ -254,22 +266,27 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
   if (!impl::parse_fault(o.fault, &options.run.fault)) {
-    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault", "unknown fault '" + o.fault + "'");
+    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault",
+                "unknown fault '" + o.fault + "'");
   }
   if (!properties::parse_profile(o.profile, &options.profile)) {
-    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.profile", "unknown profile '" + o.profile + "'");
+    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.profile",
+                "unknown profile '" + o.profile + "'");
   }
   std::vector<properties::CaseTally> tallies;
   for (const auto& shard : shards) {
-    tallies.push_back(reports::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
+    tallies.push_back(
+        reports::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
     if (tallies.back().reachable != tallies.front().reachable) {
-      throw Error(ErrorId::kShard, shard.origin, "its cache reaches other coverage classes than " +
-                                                     shards.front().origin + "'s: not the same cache");
+      throw Error(ErrorId::kShard, shard.origin,
+                  "its cache reaches other coverage classes than " + shards.front().origin +
+                      "'s: not the same cache");
     }
   }
   reports::Report report;
   report.context = report_context(o.command, o.seed, o.impl, options.run.fault, o.precision_requested);
-  const properties::CheckResult result = properties::finish_check(options, properties::merge_tallies(tallies));
+  const properties::CheckResult result =
+      properties::finish_check(options, properties::merge_tallies(tallies));
   // A merge ran no case itself: its time is the merge's (with the shrinking).
   const double seconds = seconds_since(start);
   const std::string timing = ran_cases ? timing_text(result.cases, seconds, workers)

@@ -29,8 +29,8 @@ namespace kvcheck::pipelines {
 /// precision: `precision_requested` as --precision names it (53, 113, 169)
 /// and precision_bits, the real significand bits the runs record (53, 114,
 /// 168; reference_significand_bits).
-reports::ReportContext report_context(const std::string& command, std::uint64_t seed, const std::string& backend,
-                                      impl::Fault fault, int precision_requested);
+reports::ReportContext report_context(const std::string& command, std::uint64_t seed,
+                                      const std::string& backend, impl::Fault fault, int precision_requested);
 
 /// Writes `files` as one set (reports/output_set.hpp) and returns `code`.
 /// When writing fails the verdict stays visible: the error line goes to
@@ -42,10 +42,10 @@ int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int
 /// The report files `replay` and `audit` are asked for by name (--text,
 /// --report, --junit, --html); absent ones are not written.
 struct ReportFiles {
-  std::optional<std::filesystem::path> text;    ///< the text report (`text`, as printed)
-  std::optional<std::filesystem::path> json;    ///< report.json's format
-  std::optional<std::filesystem::path> junit;   ///< JUnit XML
-  std::optional<std::filesystem::path> html;    ///< the HTML report
+  std::optional<std::filesystem::path> text;   ///< the text report (`text`, as printed)
+  std::optional<std::filesystem::path> json;   ///< report.json's format
+  std::optional<std::filesystem::path> junit;  ///< JUnit XML
+  std::optional<std::filesystem::path> html;   ///< the HTML report
 };
 
 /// Writes the files of `report` that `files` names, as one set, in the order

@@ -35,7 +35,8 @@ int run_demo(const DemoOptions& demo) {
   // 34 * 1000 / 301 + 2 = 114 bits (std::numeric_limits<Real>::digits, what
   // report.json's context and runs record as precision_bits; the 113 is
   // context.precision_requested).
-  std::printf("== 1. SPEC §6 reproduced by the reference model (%d-bit MPFR) ==\n", model::real_bits<model::Real>());
+  std::printf("== 1. SPEC §6 reproduced by the reference model (%d-bit MPFR) ==\n",
+              model::real_bits<model::Real>());
   bool spec_ok = true;
   std::fputs(spec_table(&spec_ok).c_str(), stdout);
 
@@ -77,18 +78,21 @@ int run_demo(const DemoOptions& demo) {
   std::printf("\n== 6. A recorded trace audited (kvcheck audit %s) ==\n", trace.string().c_str());
   reports::Report audited;
   properties::AuditOptions audit_options;
-  audited.context = report_context(demo.command, 0, "trace", impl::Fault::kNone, audit_options.precision_bits);
+  audited.context =
+      report_context(demo.command, 0, "trace", impl::Fault::kNone, audit_options.precision_bits);
   audited.runs = properties::audit_trace(scenarios::load_trace_file(trace), audit_options);
   std::fputs(reports::report_text(audited).c_str(), stdout);
 
   // The live runs' counterexample (the bug's) goes to out/exec.
   if (write_set_keeping_verdict(scratch.attachments, 0) != 0) return 2;
   if (write_reports(report, out, 0) != 0) return 2;
-  std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n", out.string().c_str());
+  std::printf("\nHTML report: %s/report.html (also report.json, report.txt, junit.xml)\n",
+              out.string().c_str());
   // The bug switch and the early-free trace are meant to fail: the demo
   // fails if they do not (kvcheck would have missed a real bug).
   const bool bug_caught = bug_code == 1 && !audited.passed();
-  return spec_ok && report.passed() && check_code == 0 && swept.spec_disagreements == 0 && live_code == 0 && bug_caught
+  return spec_ok && report.passed() && check_code == 0 && swept.spec_disagreements == 0 && live_code == 0 &&
+                 bug_caught
              ? 0
              : 1;
 }

@@ -16,12 +16,13 @@ namespace kvcheck::pipelines {
 
 /// What `kvcheck demo` was asked for.
 struct DemoOptions {
-  std::filesystem::path out_dir = "kvcheck-out";  ///< the report set; the live runs' counterexample in out_dir/exec
-  std::string scenarios_dir;                      ///< the bundled scenarios replayed in part 2
-  std::string source_dir = ".";                   ///< the source tree: adapters/ and traces/ are read from it
-  std::int64_t cases = 300;                       ///< cases of the randomized checks
+  std::filesystem::path out_dir =
+      "kvcheck-out";             ///< the report set; the live runs' counterexample in out_dir/exec
+  std::string scenarios_dir;     ///< the bundled scenarios replayed in part 2
+  std::string source_dir = ".";  ///< the source tree: adapters/ and traces/ are read from it
+  std::int64_t cases = 300;      ///< cases of the randomized checks
   std::uint64_t seed = 1;
-  std::string command;                            ///< the command line as reports record it
+  std::string command;  ///< the command line as reports record it
   std::function<void(std::int64_t done, std::int64_t total)> progress;  ///< the checks' progress, or empty
 };
 

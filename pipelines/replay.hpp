@@ -19,8 +19,8 @@ namespace kvcheck::pipelines {
 
 /// What `kvcheck replay` was asked for, its scenarios aside.
 struct ReplayRequest {
-  properties::RunOptions run;                  ///< the cache, fault, precision, reference and step timeout
-  std::string command;                         ///< the command line as reports record it
+  properties::RunOptions run;                   ///< the cache, fault, precision, reference and step timeout
+  std::string command;                          ///< the command line as reports record it
   std::optional<std::filesystem::path> record;  ///< --record: the trace every run is appended to
   ReportFiles files;                            ///< --report, --junit, --html (no --text)
 };

@@ -40,24 +40,28 @@ int run_capacity_sweep(const SweepRequest& request) {
   const sweep::SweepResult result = sweep::run_sweep(request.grid, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!request.shard) {
-    return write_sweep_outputs(result, request.outputs, seconds, std::to_string(options.threads) + " threads");
+    return write_sweep_outputs(result, request.outputs, seconds,
+                               std::to_string(options.threads) + " threads");
   }
   // One shard of a split sweep: its rows and counterexamples in --out;
   // `kvcheck merge` writes the outputs of the whole sweep.
   const std::filesystem::path file = options.out_dir / reports::kShardFileName;
-  const nlohmann::ordered_json rows = sweep::sweep_shard_rows_json(result, options.shard_index, options.shard_count);
-  write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version, options.shard_index,
-                                              options.shard_count, sweep::sweep_shard_options_json(request.grid, options),
-                                              rows));
-  std::printf("sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
-              "with kvcheck merge)\n",
-              static_cast<long long>(options.shard_index), static_cast<long long>(options.shard_count),
-              rows["rows"].size(), static_cast<long long>(request.grid.size()), seconds, options.threads,
-              file.string().c_str());
+  const nlohmann::ordered_json rows =
+      sweep::sweep_shard_rows_json(result, options.shard_index, options.shard_count);
+  write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version,
+                                              options.shard_index, options.shard_count,
+                                              sweep::sweep_shard_options_json(request.grid, options), rows));
+  std::printf(
+      "sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
+      "with kvcheck merge)\n",
+      static_cast<long long>(options.shard_index), static_cast<long long>(options.shard_count),
+      rows["rows"].size(), static_cast<long long>(request.grid.size()), seconds, options.threads,
+      file.string().c_str());
   return 0;
 }
 
-sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir) {
+sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards,
+                               const std::filesystem::path& out_dir) {
   sweep::SweepResult result = sweep::merge_sweep_shards(shards);
   sweep::adopt_counterexamples(result, out_dir);
   return result;
@@ -81,14 +85,16 @@ int write_sweep_outputs(const sweep::SweepResult& result, const SweepOutputFiles
                  static_cast<long long>(result.rows.size()));
   }
   if (result.replay_failures > 0) {
-    std::fprintf(stderr, "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
+    std::fprintf(stderr,
+                 "kvcheck sweep: %lld counterexample(s) did not replay through the reference runner\n",
                  static_cast<long long>(result.replay_failures));
   }
   if (result.no_safe_rows > 0) {
     std::fprintf(stderr, "kvcheck sweep: %lld configuration(s) lose rows at every capacity tried\n",
                  static_cast<long long>(result.no_safe_rows));
   }
-  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 || result.no_safe_rows > 0
+  return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 ||
+                 result.no_safe_rows > 0
              ? 1
              : 0;
 }

@@ -40,7 +40,8 @@ int run_capacity_sweep(const SweepRequest& request);
 
 /// The sweep of a whole run from its shard documents (ordered by
 /// reports::order_shards), its counterexample files moved into `out_dir`.
-sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir);
+sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards,
+                               const std::filesystem::path& out_dir);
 
 /// Writes a finished sweep's outputs and its summary on stderr; `workers`
 /// says what ran it ("2 threads", "3 shards"). Returns 1 when the formula is

@@ -25,8 +25,9 @@ std::string at_line(std::int64_t line, const std::string& path) {
   return "line " + std::to_string(line) + (path.empty() ? "" : ": " + path);
 }
 
-std::string in_source(const TraceRun& run) { return run.source.empty() ? "" : " (in " + run.source + ")"; }
-
+std::string in_source(const TraceRun& run) {
+  return run.source.empty() ? "" : " (in " + run.source + ")";
+}
 
 /// Where each part of the built scenario came from, to name trace lines.
 struct Origins {
@@ -37,11 +38,12 @@ struct Origins {
     std::int64_t line;
     std::size_t index;  // row of the record
   };
-  std::vector<Row> row_lines;               // per explicit row
+  std::vector<Row> row_lines;  // per explicit row
 };
 
 /// "steps[12].accepted" -> (12, "accepted").
-bool split_indexed(const std::string& where, const std::string& prefix, std::size_t* index, std::string* rest) {
+bool split_indexed(const std::string& where, const std::string& prefix, std::size_t* index,
+                   std::string* rest) {
   if (where.compare(0, prefix.size(), prefix) != 0) return false;
   const auto close = where.find(']', prefix.size());
   if (close == std::string::npos) return false;
@@ -98,8 +100,8 @@ TraceScenario trace_scenario(const TraceRun& run) {
   Origins origins;
   origins.header_line = run.header_line;
   sc.name = h.name;
-  sc.description = "recorded trace" + (run.source.empty() ? std::string() : " " + run.source) + ", run at line " +
-                   std::to_string(run.header_line);
+  sc.description = "recorded trace" + (run.source.empty() ? std::string() : " " + run.source) +
+                   ", run at line " + std::to_string(run.header_line);
 
   // Cache: the header, else the defaults; sizes not given come from the records.
   std::int32_t max_layer = 0;
@@ -150,8 +152,8 @@ TraceScenario trace_scenario(const TraceRun& run) {
   // Requests (in order of first appearance, each on one state) and steps
   // (one per step index, from its first record; begin records dropped).
   std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> request_state;  // request -> (state, line)
-  std::map<std::int64_t, std::int64_t> first_step_of;                            // request -> step index
-  std::vector<bool> has_record;                                                  // per step: a step record seen
+  std::map<std::int64_t, std::int64_t> first_step_of;                           // request -> step index
+  std::vector<bool> has_record;  // per step: a step record seen
   for (const TraceStep& s : run.steps) {
     const auto [it, fresh] = request_state.emplace(s.request, std::pair(s.state, s.line));
     if (fresh) {
@@ -160,8 +162,9 @@ TraceScenario trace_scenario(const TraceRun& run) {
       first_step_of[s.request] = s.step;
     } else if (it->second.first != s.state) {
       fail_at(ErrorId::kJsonValue, s.line, "state",
-              "request " + std::to_string(s.request) + " is on state " + std::to_string(it->second.first) + " (line " +
-                  std::to_string(it->second.second) + "); a request keeps its state until it finishes",
+              "request " + std::to_string(s.request) + " is on state " + std::to_string(it->second.first) +
+                  " (line " + std::to_string(it->second.second) +
+                  "); a request keeps its state until it finishes",
               run);
     }
     if (s.kind == TraceKind::kBegin && first_step_of[s.request] != s.step) {
@@ -200,10 +203,9 @@ TraceScenario trace_scenario(const TraceRun& run) {
   sc.expect = h.expect;
   if (sc.expect && !run.steps.empty() && run.steps.back().refused) {
     auto& list = sc.expect->overwritten;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [&](const scenarios::OverwriteExpectation& e) {
-                                return e.step >= run.steps.back().step;
-                              }),
+    list.erase(std::remove_if(
+                   list.begin(), list.end(),
+                   [&](const scenarios::OverwriteExpectation& e) { return e.step >= run.steps.back().step; }),
                list.end());
   }
 
@@ -225,7 +227,8 @@ TraceScenario trace_scenario(const TraceRun& run) {
           fail_at(ErrorId::kJsonValue, s.line, "position",
                   "position " + std::to_string(s.position) + ", but request " + std::to_string(s.request) +
                       " writes at its logical length " + std::to_string(scenarios::step_first_position(p)) +
-                      " here (SPEC §3: prefill and decode advance it, verify(k) + accept(a) by 1 + a, reset to 0)",
+                      " here (SPEC §3: prefill and decode advance it, verify(k) + accept(a) by 1 + a, reset "
+                      "to 0)",
                   run);
         }
       }
@@ -274,7 +277,9 @@ TraceScenario trace_scenario(const TraceRun& run) {
       bool uniform = true;
     };
     std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t>, Group> groups;
-    const auto key = [](const scenarios::ExplicitRow& r) { return std::tuple(r.layer, r.request, r.position); };
+    const auto key = [](const scenarios::ExplicitRow& r) {
+      return std::tuple(r.layer, r.request, r.position);
+    };
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       const scenarios::ExplicitRow& row = candidates[i].row;
       const auto [it, fresh] = groups.emplace(key(row), Group{i});

@@ -48,6 +48,7 @@ TraceScenario trace_scenario(const scenarios::TraceRun& run);
 RunObservation audit_run(const scenarios::TraceRun& run, const AuditOptions& options);
 
 /// Audits every run, in order; one observation per run.
-std::vector<RunObservation> audit_trace(const std::vector<scenarios::TraceRun>& runs, const AuditOptions& options);
+std::vector<RunObservation> audit_trace(const std::vector<scenarios::TraceRun>& runs,
+                                        const AuditOptions& options);
 
 }  // namespace kvcheck::properties

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <memory>
-#include <chrono>
 #include <thread>
 
 #include "model/real.hpp"
@@ -94,7 +94,11 @@ std::vector<Scenario> variants(const Scenario& sc) {
   };
   if (sc.cache.layers > 1) with([](auto& c) { c.layers = 1; });
   if (sc.cache.q_heads > sc.cache.kv_heads) with([](auto& c) { c.q_heads = c.kv_heads; });
-  if (sc.cache.kv_heads > 1) with([](auto& c) { c.kv_heads = 1; c.q_heads = 1; });
+  if (sc.cache.kv_heads > 1)
+    with([](auto& c) {
+      c.kv_heads = 1;
+      c.q_heads = 1;
+    });
   if (sc.cache.head_dim > 2) {
     with([](auto& c) {
       c.head_dim /= 2;
@@ -113,9 +117,10 @@ std::vector<Scenario> variants(const Scenario& sc) {
 }  // namespace
 
 std::string shell_quote(const std::string& text) {
-  const bool plain = !text.empty() && text.find_first_not_of(
-                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@") ==
-                                          std::string::npos;
+  const bool plain =
+      !text.empty() &&
+      text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@") ==
+          std::string::npos;
   if (plain) return text;
   std::string out = "'";
   for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -183,7 +188,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::atomic<std::int64_t> failures{0}, skipped{0};
   std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> next{0}, done{0};
-  std::atomic<std::int64_t> first_failure{mine};  // in this shard's numbering k
+  std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
   std::atomic<bool> worker_failed{false};
 
@@ -302,14 +307,17 @@ CaseTally run_cases(const CheckOptions& options) {
 
 CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
   CaseTally total;
-  total.reachable = shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
+  total.reachable =
+      shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
   total.coverage_counts.assign(total.reachable.size(), 0);
   for (const CaseTally& t : shards) {
-    KVCHECK_ASSERT(t.reachable == total.reachable && t.coverage_counts.size() == total.coverage_counts.size());
+    KVCHECK_ASSERT(t.reachable == total.reachable &&
+                   t.coverage_counts.size() == total.coverage_counts.size());
     total.cases += t.cases;
     total.failures += t.failures;
     total.skipped += t.skipped;
-    for (std::size_t k = 0; k < t.coverage_counts.size(); ++k) total.coverage_counts[k] += t.coverage_counts[k];
+    for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
+      total.coverage_counts[k] += t.coverage_counts[k];
     if (t.first_failing_case >= 0 &&
         (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
       total.first_failing_case = t.first_failing_case;

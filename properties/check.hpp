@@ -40,7 +40,7 @@ struct CheckOptions {
   Profile profile = Profile::kDefault;  ///< which distribution cases are drawn from (--profile)
   RunOptions run;
   int threads = 2;
-  Shard shard;               ///< run_cases() runs this shard's cases only
+  Shard shard;  ///< run_cases() runs this shard's cases only
   /// Makes the cache providers instead of make_provider(run) when set: one
   /// for the coordinating thread (capabilities, shrinking) and one per
   /// worker, so a C++ engine's caches are never shared between threads.
@@ -60,11 +60,11 @@ struct CheckResult {
   bool coverage_ok = true;                    ///< every reachable class reached at least once
   std::int64_t skipped = 0;                   ///< cases the cache refused to open
   bool found_failure = false;
-  std::uint64_t failing_case_seed = 0;        ///< seed of the first failing case
-  scenarios::Scenario original;               ///< the first failing case as drawn
-  scenarios::Scenario shrunk;                 ///< its shrunk counterexample
-  RunObservation shrunk_run;                  ///< observation of the shrunk case
-  std::int64_t shrink_runs = 0;               ///< scenarios run while shrinking
+  std::uint64_t failing_case_seed = 0;  ///< seed of the first failing case
+  scenarios::Scenario original;         ///< the first failing case as drawn
+  scenarios::Scenario shrunk;           ///< its shrunk counterexample
+  RunObservation shrunk_run;            ///< observation of the shrunk case
+  std::int64_t shrink_runs = 0;         ///< scenarios run while shrinking
 };
 
 /// What the cases of one shard (or of a whole run) found, before shrinking.

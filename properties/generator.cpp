@@ -41,9 +41,12 @@ std::string profile_name(Profile profile) {
 }
 
 bool parse_profile(const std::string& name, Profile* out) {
-  if (name == "default") *out = Profile::kDefault;
-  else if (name == "production") *out = Profile::kProduction;
-  else return false;
+  if (name == "default")
+    *out = Profile::kDefault;
+  else if (name == "production")
+    *out = Profile::kProduction;
+  else
+    return false;
   return true;
 }
 
@@ -54,9 +57,11 @@ ProductionBudget production_budget() {
 }
 
 std::vector<std::string> coverage_names(Profile profile) {
-  std::vector<std::string> names = {"ring_wrap", "verify_rejection", "chunk_longer_than_window", "state_reuse"};
+  std::vector<std::string> names = {"ring_wrap", "verify_rejection", "chunk_longer_than_window",
+                                    "state_reuse"};
   if (profile == Profile::kProduction) {
-    for (const char* n : {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k"}) {
+    for (const char* n :
+         {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k"}) {
       names.push_back(n);
     }
   }
@@ -66,7 +71,8 @@ std::vector<std::string> coverage_names(Profile profile) {
 std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
   std::vector<bool> flags = {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
   if (profile == Profile::kProduction) {
-    for (const bool f : {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts, c.position_100k}) {
+    for (const bool f :
+         {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts, c.position_100k}) {
       flags.push_back(f);
     }
   }
@@ -75,7 +81,8 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
 
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile) {
   const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
-  std::vector<bool> reach = {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only, caps.finish};
+  std::vector<bool> reach = {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only,
+                             caps.finish};
   if (profile == Profile::kProduction) {
     // The AVX-512 kernel is the CPU ring pool's, on a CPU that has AVX-512.
     const bool cpu_pool = caps.name == "ring-pool/cpu";
@@ -106,10 +113,14 @@ void draw_weights(Prng& rng, const engines::Capabilities& caps, int (&weights)[k
   if (!caps.finish) weights[kFinish] = 0;
   if (!caps.reset) weights[kReset] = 0;
   if (weights[kPrefillLts] + weights[kPrefillStl] + weights[kDecode] + weights[kVerify] == 0) {
-    if (caps.decode) weights[kDecode] = 2;
-    else if (caps.prefill_load_then_store) weights[kPrefillLts] = 2;
-    else if (caps.prefill_store_then_load) weights[kPrefillStl] = 2;
-    else weights[kVerify] = 2;
+    if (caps.decode)
+      weights[kDecode] = 2;
+    else if (caps.prefill_load_then_store)
+      weights[kPrefillLts] = 2;
+    else if (caps.prefill_store_then_load)
+      weights[kPrefillStl] = 2;
+    else
+      weights[kVerify] = 2;
   }
 }
 
@@ -122,7 +133,8 @@ void fit_step_bounds(const engines::Capabilities& caps, std::int64_t* max_chunk,
 }
 
 /// Minimum safe ring for these bounds (SPEC §5), before slack.
-std::int64_t safe_ring_rows(std::int64_t keys, std::int64_t max_chunk, std::int64_t max_drafts, bool store_then_load) {
+std::int64_t safe_ring_rows(std::int64_t keys, std::int64_t max_chunk, std::int64_t max_drafts,
+                            bool store_then_load) {
   std::int64_t safe = std::max(keys + max_drafts, max_chunk);
   if (store_then_load) safe = std::max(safe, keys + max_chunk - 1);
   return safe;
@@ -137,7 +149,8 @@ void fit_to_caps(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
   if (caps.max_head_dim > 0) {
     while (c.head_dim > 2 && c.head_dim > caps.max_head_dim) c.head_dim /= 2;
   }
-  if (std::find(caps.formats.begin(), caps.formats.end(), c.format) == caps.formats.end() && !caps.formats.empty()) {
+  if (std::find(caps.formats.begin(), caps.formats.end(), c.format) == caps.formats.end() &&
+      !caps.formats.empty()) {
     c.format = caps.formats.front();
   }
   if (std::find(caps.rope_styles.begin(), caps.rope_styles.end(), c.rope.style) == caps.rope_styles.end()) {
@@ -145,7 +158,8 @@ void fit_to_caps(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
   }
   c.rope.rotary_dims = std::min(c.rope.rotary_dims, c.head_dim);
   if (!caps.partial_rope && c.rope.style != scenarios::RopeStyle::kNone) c.rope.rotary_dims = c.head_dim;
-  if (caps.max_layers > 0) c.layers = static_cast<std::int32_t>(std::min<std::int64_t>(c.layers, caps.max_layers));
+  if (caps.max_layers > 0)
+    c.layers = static_cast<std::int32_t>(std::min<std::int64_t>(c.layers, caps.max_layers));
   if (!caps.sink) c.sink_logit.reset();
 }
 
@@ -328,8 +342,7 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps)
   c.shared_row = c.kv_heads == 1 && rng.chance(1, 4);
   c.head_dim = static_cast<std::int32_t>(2 << rng.below(3));  // 2, 4, 8
   const std::uint64_t fmt = rng.below(8);
-  c.format = fmt < 4 ? scenarios::Format::kF64
-                     : static_cast<scenarios::Format>(static_cast<int>(fmt) - 4);
+  c.format = fmt < 4 ? scenarios::Format::kF64 : static_cast<scenarios::Format>(static_cast<int>(fmt) - 4);
   if (rng.chance(2, 3)) {
     c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
     c.rope.rotary_dims = static_cast<std::int32_t>(2 * rng.range(1, c.head_dim / 2));
@@ -348,10 +361,10 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps)
 /// the format is f64: production never draws f64).
 std::int64_t slot_bytes(const scenarios::CacheConfig& c) {
   const std::int64_t elements = std::int64_t{c.kv_heads} * c.head_dim;
-  const std::int64_t row = c.format == scenarios::Format::kFp8 ? elements + elements / 32
+  const std::int64_t row = c.format == scenarios::Format::kFp8    ? elements + elements / 32
                            : c.format == scenarios::Format::kBf16 ? 2 * elements
-                           : c.format == scenarios::Format::kF32 ? 4 * elements
-                                                                 : 8 * elements;
+                           : c.format == scenarios::Format::kF32  ? 4 * elements
+                                                                  : 8 * elements;
   return c.shared_row ? row : 2 * row;
 }
 
@@ -397,9 +410,9 @@ void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& cap
 Scenario generate_production(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(mix_seed(seed, 0x70726f64));  // "prod": its own stream, apart from the default profile's
   int weights[kKinds];
-  Scenario sc = begin_scenario(rng, "production-" + std::to_string(seed),
-                               "kvcheck check --profile production case drawn from seed " + std::to_string(seed),
-                               caps, weights);
+  Scenario sc = begin_scenario(
+      rng, "production-" + std::to_string(seed),
+      "kvcheck check --profile production case drawn from seed " + std::to_string(seed), caps, weights);
   const ProductionBudget budget = production_budget();
 
   auto& c = sc.cache;
@@ -420,13 +433,15 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   fit_step_bounds(caps, &max_chunk, &max_drafts);
   const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
   const std::uint64_t slack_draw = rng.below(8);
-  c.ring_rows = safe + (slack_draw < 5 ? 0 : (slack_draw < 7 ? static_cast<std::int64_t>(slack_draw) - 4 : rng.range(3, 64)));
+  c.ring_rows =
+      safe +
+      (slack_draw < 5 ? 0 : (slack_draw < 7 ? static_cast<std::int64_t>(slack_draw) - 4 : rng.range(3, 64)));
   c.states = rng.range(1, 4);
   static constexpr std::int32_t kGroups[] = {1, 2, 4, 4, 8, 8};  // the AVX-512 kernel wants groups of 4 or 8
-  c.kv_heads = std::int32_t{1} << rng.below(4);                     // 1, 2, 4, 8
-  c.q_heads = c.kv_heads * kGroups[rng.below(6)];                   // up to 64
+  c.kv_heads = std::int32_t{1} << rng.below(4);                  // 1, 2, 4, 8
+  c.q_heads = c.kv_heads * kGroups[rng.below(6)];                // up to 64
   c.shared_row = c.kv_heads == 1 && rng.chance(1, 6);
-  c.head_dim = static_cast<std::int32_t>(64 << rng.below(3));      // 64, 128, 256
+  c.head_dim = static_cast<std::int32_t>(64 << rng.below(3));  // 64, 128, 256
   if (narrow) c.q_heads = c.kv_heads = 1, c.head_dim = 64;
   static constexpr scenarios::Format kFormats[] = {scenarios::Format::kBf16, scenarios::Format::kBf16,
                                                    scenarios::Format::kFp8, scenarios::Format::kFp8,

@@ -49,16 +49,16 @@ ProductionBudget production_budget();
 
 /// Coverage classes a check run must reach (RC_CLASSIFY / CODE_PROBE style).
 struct Coverage {
-  bool ring_wrap = false;            ///< some write lands at position >= S (the ring wrapped)
-  bool verify_rejection = false;     ///< an accept keeps fewer drafts than the verify wrote
+  bool ring_wrap = false;                 ///< some write lands at position >= S (the ring wrapped)
+  bool verify_rejection = false;          ///< an accept keeps fewer drafts than the verify wrote
   bool chunk_longer_than_window = false;  ///< a prefill chunk has more rows than the window
-  bool state_reuse = false;          ///< a request starts on a state id another request freed
+  bool state_reuse = false;               ///< a request starts on a state id another request freed
   // Production profile only:
-  bool fast_cpu_kernel = false;      ///< the pool's shape runs the CPU backend's AVX-512 block kernel
-  bool window_4096 = false;          ///< a query runs with a window of at least 4096 keys (index rows that wide)
-  bool chunk_1024 = false;           ///< a prefill chunk of at least 1024 rows
-  bool verify_8_drafts = false;      ///< a verify with at least 8 drafts
-  bool position_100k = false;        ///< a row is written at a position of at least 10^5 (RoPE at long context)
+  bool fast_cpu_kernel = false;  ///< the pool's shape runs the CPU backend's AVX-512 block kernel
+  bool window_4096 = false;      ///< a query runs with a window of at least 4096 keys (index rows that wide)
+  bool chunk_1024 = false;       ///< a prefill chunk of at least 1024 rows
+  bool verify_8_drafts = false;  ///< a verify with at least 8 drafts
+  bool position_100k = false;    ///< a row is written at a position of at least 10^5 (RoPE at long context)
 };
 
 /// Names of the coverage classes of `profile`, in Coverage field order

@@ -25,13 +25,15 @@ constexpr double kProcessBytes = 16.0 * 1024 * 1024;  // the executable, MPFR, t
 constexpr double kSlotTagBytes = 32;                  // a slot's tag (24) and write stamp (8)
 constexpr double kLayerBytes = 32.0 * 1024;           // one layer's fixed buffers and bookkeeping
 constexpr double kRowBytes = 512;                     // one written row's fixed bookkeeping
-constexpr double kRowKvElementBytes = 256;            // per key/value element: exact and dequantized, key and value
-constexpr double kRowQElementBytes = 96;              // per query element of the row
-constexpr double kQueryBytes = 1024;                  // one query's observation
-constexpr double kReadBytes = 128;                    // one recorded read (replay keeps every read)
+constexpr double kRowKvElementBytes = 256;  // per key/value element: exact and dequantized, key and value
+constexpr double kRowQElementBytes = 96;    // per query element of the row
+constexpr double kQueryBytes = 1024;        // one query's observation
+constexpr double kReadBytes = 128;          // one recorded read (replay keeps every read)
 
 /// The reference's reals are larger or smaller than at 113 bits.
-double precision_factor(int bits) { return bits <= 53 ? 0.4 : (bits > 113 ? 1.3 : 1.0); }
+double precision_factor(int bits) {
+  return bits <= 53 ? 0.4 : (bits > 113 ? 1.3 : 1.0);
+}
 
 double row_bytes(Format format, double elements) {
   switch (format) {
@@ -86,22 +88,28 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   }
 
   Terms t;
-  t.pool = layers * static_cast<double>(c.states) * static_cast<double>(c.ring_rows) * (stride + kSlotTagBytes);
+  t.pool =
+      layers * static_cast<double>(c.states) * static_cast<double>(c.ring_rows) * (stride + kSlotTagBytes);
   // The pool grows with whichever of its factors is largest.
   t.pool_field = "cache.ring_rows";
-  if (static_cast<double>(c.states) > static_cast<double>(c.ring_rows) && c.states >= c.layers) t.pool_field = "cache.states";
+  if (static_cast<double>(c.states) > static_cast<double>(c.ring_rows) && c.states >= c.layers)
+    t.pool_field = "cache.states";
   if (layers > static_cast<double>(c.ring_rows) && c.layers > c.states) t.pool_field = "cache.layers";
   // Per layer: fixed buffers, plus scratch and scores over window + chunk rows.
   const double scratch_rows = keys + max_step;
-  t.layers = layers * (kLayerBytes + scratch_rows * (stride + kSlotTagBytes + 8 * c.q_heads) + max_step * slot);
+  t.layers =
+      layers * (kLayerBytes + scratch_rows * (stride + kSlotTagBytes + 8 * c.q_heads) + max_step * slot);
   t.layer_field = layers >= scratch_rows ? "cache.layers" : "cache.window";
   const double factor = precision_factor(options.precision_bits);
-  t.rows = layers * written * (kRowBytes + factor * (kRowKvElementBytes * kv_width + kRowQElementBytes * q_width));
+  t.rows =
+      layers * written * (kRowBytes + factor * (kRowKvElementBytes * kv_width + kRowQElementBytes * q_width));
   t.observations = layers * (written * kQueryBytes + (options.record_reads ? visible * kReadBytes : 0));
   // Rows and observations are per layer too: name layers when they are the larger factor.
   if (layers > written) t.rows_field = "cache.layers";
-  if (layers > (options.record_reads ? keys : written)) t.observations_field = "cache.layers";
-  else if (!options.record_reads) t.observations_field = "steps";
+  if (layers > (options.record_reads ? keys : written))
+    t.observations_field = "cache.layers";
+  else if (!options.record_reads)
+    t.observations_field = "steps";
   return t;
 }
 
@@ -114,9 +122,12 @@ MemoryEstimate from_terms(const Terms& t, double transient_extra = 0) {
     std::string field, formula;
   } terms[] = {
       {t.pool, t.pool_field, t.pool_formula},
-      {t.layers, t.layer_field, "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))"},
-      {t.rows, t.rows_field, "the reference's rows, rows written*layers*(512 + 256*kv_heads*head_dim + 96*q_heads*head_dim)"},
-      {t.observations, t.observations_field, "observations kept for the report, queries*layers*1 KiB + reads*layers*128"},
+      {t.layers, t.layer_field,
+       "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))"},
+      {t.rows, t.rows_field,
+       "the reference's rows, rows written*layers*(512 + 256*kv_heads*head_dim + 96*q_heads*head_dim)"},
+      {t.observations, t.observations_field,
+       "observations kept for the report, queries*layers*1 KiB + reads*layers*128"},
   };
   for (const auto& term : terms) {
     if (term.bytes > e.driver_bytes) {
@@ -178,7 +189,8 @@ MemoryEstimate estimate_check(Profile profile, int threads) {
     // The pool with its tags (a slot of the narrowest rows is at least 128
     // bytes against 32 of tag), the rows (query rows up to 8x the key rows).
     per_case = 1.25 * static_cast<double>(b.pool_bytes) +
-               elements * (kRowKvElementBytes + 8 * kRowQElementBytes) + elements / 64 * (kRowBytes + kQueryBytes);
+               elements * (kRowKvElementBytes + 8 * kRowQElementBytes) +
+               elements / 64 * (kRowBytes + kQueryBytes);
   }
   Terms t;
   t.pool = per_case * std::max(1, threads);
@@ -208,17 +220,21 @@ std::int64_t available_memory_bytes(std::string* source) {
 
 std::int64_t parse_memory_limit(const std::string& flag, const std::string& text) {
   const auto fail = [&] {
-    throw Error(ErrorId::kUsage, flag, "expects bytes, or a whole number with K, M, G or T (powers of 1024), got '" +
-                                           text + "'");
+    throw Error(ErrorId::kUsage, flag,
+                "expects bytes, or a whole number with K, M, G or T (powers of 1024), got '" + text + "'");
   };
   if (text.empty()) fail();
   std::string digits = text;
   int shift = 0;
   switch (text.back()) {
-    case 'K': case 'k': shift = 10; break;
-    case 'M': case 'm': shift = 20; break;
-    case 'G': case 'g': shift = 30; break;
-    case 'T': case 't': shift = 40; break;
+    case 'K':
+    case 'k': shift = 10; break;
+    case 'M':
+    case 'm': shift = 20; break;
+    case 'G':
+    case 'g': shift = 30; break;
+    case 'T':
+    case 't': shift = 40; break;
     default: break;
   }
   if (shift > 0) digits.pop_back();
@@ -231,18 +247,23 @@ std::int64_t parse_memory_limit(const std::string& flag, const std::string& text
 
 std::string bytes_text(double bytes) {
   char text[64];
-  if (bytes >= 1e9) std::snprintf(text, sizeof text, "%.1f GB", bytes / 1e9);
-  else if (bytes >= 1e6) std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
-  else std::snprintf(text, sizeof text, "%.1f kB", bytes / 1e3);
+  if (bytes >= 1e9)
+    std::snprintf(text, sizeof text, "%.1f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  else
+    std::snprintf(text, sizeof text, "%.1f kB", bytes / 1e3);
   return text;
 }
 
-void require_memory(const MemoryEstimate& estimate, std::int64_t limit_bytes, const std::string& limit_source) {
+void require_memory(const MemoryEstimate& estimate, std::int64_t limit_bytes,
+                    const std::string& limit_source) {
   if (estimate.bytes <= static_cast<double>(limit_bytes)) return;
   throw Error(ErrorId::kMemory, estimate.driver,
-              "the run needs an estimated " + bytes_text(estimate.bytes) + " (" + bytes_text(estimate.driver_bytes) +
-                  " of it " + estimate.driver_formula + "), more than the " +
-                  bytes_text(static_cast<double>(limit_bytes)) + " allowed (" + limit_source + ")");
+              "the run needs an estimated " + bytes_text(estimate.bytes) + " (" +
+                  bytes_text(estimate.driver_bytes) + " of it " + estimate.driver_formula +
+                  "), more than the " + bytes_text(static_cast<double>(limit_bytes)) + " allowed (" +
+                  limit_source + ")");
 }
 
 }  // namespace kvcheck::properties

@@ -19,10 +19,11 @@ namespace kvcheck::properties {
 
 /// An estimate of peak resident bytes, with the term that dominates it.
 struct MemoryEstimate {
-  double bytes = 0;            ///< estimated peak resident bytes
-  double driver_bytes = 0;     ///< the largest term's bytes
-  std::string driver;          ///< the field that drives the largest term, e.g. "cache.ring_rows"
-  std::string driver_formula;  ///< what the largest term counts, e.g. "layers*states*ring_rows*(slot+tag bytes)"
+  double bytes = 0;         ///< estimated peak resident bytes
+  double driver_bytes = 0;  ///< the largest term's bytes
+  std::string driver;       ///< the field that drives the largest term, e.g. "cache.ring_rows"
+  std::string
+      driver_formula;  ///< what the largest term counts, e.g. "layers*states*ring_rows*(slot+tag bytes)"
 };
 
 /// Estimate of one run of `scenario` (cache pool, per-layer buffers, the
@@ -47,7 +48,8 @@ std::int64_t parse_memory_limit(const std::string& flag, const std::string& text
 
 /// Throws kvcheck::Error(kMemory) at the estimate's driving field, one line
 /// with the estimate and the limit, when `estimate` exceeds `limit_bytes`.
-void require_memory(const MemoryEstimate& estimate, std::int64_t limit_bytes, const std::string& limit_source);
+void require_memory(const MemoryEstimate& estimate, std::int64_t limit_bytes,
+                    const std::string& limit_source);
 
 /// "25.8 GB" style text of a byte count (decimal units).
 std::string bytes_text(double bytes);

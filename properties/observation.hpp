@@ -21,36 +21,37 @@ struct ReadTag {
 
 /// One query of one step on one layer.
 struct QueryObservation {
-  std::int64_t position = 0;                ///< the query's absolute position (model truth)
-  std::int64_t visible_first = 0;           ///< first visible position (window convention applied)
-  std::vector<std::int64_t> overwritten;    ///< visible positions whose slot held another tag when read
-  std::vector<std::int64_t> missing;        ///< visible positions not read at all
-  std::vector<ReadTag> extra;               ///< reads that no visible position accounts for
-  std::vector<ReadTag> reads;               ///< every read, in index-column order
-  double abs_diff = 0;        ///< max |impl - reference on the dequantized rows| (kernel error)
-  double rel_diff = 0;        ///< abs_diff / max(|reference|, 1e-30), max over elements
-  double eps_units = 0;       ///< abs_diff / epsilon of the element format
+  std::int64_t position = 0;              ///< the query's absolute position (model truth)
+  std::int64_t visible_first = 0;         ///< first visible position (window convention applied)
+  std::vector<std::int64_t> overwritten;  ///< visible positions whose slot held another tag when read
+  std::vector<std::int64_t> missing;      ///< visible positions not read at all
+  std::vector<ReadTag> extra;             ///< reads that no visible position accounts for
+  std::vector<ReadTag> reads;             ///< every read, in index-column order
+  double abs_diff = 0;                    ///< max |impl - reference on the dequantized rows| (kernel error)
+  double rel_diff = 0;                    ///< abs_diff / max(|reference|, 1e-30), max over elements
+  double eps_units = 0;                   ///< abs_diff / epsilon of the element format
   double quant_abs_diff = 0;  ///< max |impl - reference on the exact rows| (includes quantization)
   double tolerance = 0;       ///< abs tolerance the kernel error was judged against
-  double rope_tolerance = 0;  ///< the part of the computed tolerance owed to the RoPE angle error (README "Tolerances")
+  double rope_tolerance =
+      0;  ///< the part of the computed tolerance owed to the RoPE angle error (README "Tolerances")
   bool output_ok = true;
-  bool failed = false;        ///< the verdict of this query (set once, by the runner)
+  bool failed = false;  ///< the verdict of this query (set once, by the runner)
 };
 
 /// Slot collisions of one step (SPEC §4, three kinds).
 struct Collisions {
-  std::int64_t same_step = 0;      ///< two rows of one step written to one slot
-  std::int64_t outside_block = 0;  ///< writes outside the request's own state block
-  std::int64_t replaced_needed = 0;///< writes replacing a row a query of the same step still reads
+  std::int64_t same_step = 0;        ///< two rows of one step written to one slot
+  std::int64_t outside_block = 0;    ///< writes outside the request's own state block
+  std::int64_t replaced_needed = 0;  ///< writes replacing a row a query of the same step still reads
   std::int64_t total() const noexcept { return same_step + outside_block + replaced_needed; }
 };
 
 /// One step of the schedule on one layer.
 struct StepObservation {
-  std::int64_t step = 0;            ///< index into the scenario's steps
+  std::int64_t step = 0;  ///< index into the scenario's steps
   std::int32_t layer = 0;
-  std::string kind;                 ///< "prefill", "decode", ...
-  std::string order;                ///< prefill order, else empty
+  std::string kind;   ///< "prefill", "decode", ...
+  std::string order;  ///< prefill order, else empty
   std::int64_t request = 0;
   std::int64_t state = 0;
   std::int64_t first_position = 0;  ///< model's first written position
@@ -60,49 +61,51 @@ struct StepObservation {
   /// Ring contents of the request's state block right after the step:
   /// positions held per slot of the block (-1 empty, -2 another request).
   std::vector<std::int64_t> ring_positions;
-  std::string error;                ///< a typed refusal the impl returned, if any
-  std::int64_t stored_rows_checked = 0;  ///< new rows the cache reported as stored, judged against the reference encoding
+  std::string error;  ///< a typed refusal the impl returned, if any
+  std::int64_t stored_rows_checked =
+      0;  ///< new rows the cache reported as stored, judged against the reference encoding
   std::int64_t encoding_mismatches = 0;  ///< of those, rows that are not a correct encoding (the step fails)
   std::string encoding_detail;           ///< the first mismatch, one line
-  bool expectation_failed = false;  ///< a per-step scenario expectation was not met
+  bool expectation_failed = false;       ///< a per-step scenario expectation was not met
   std::string expectation_detail;
-  bool failed = false;              ///< the verdict of this step (set once, by the runner)
+  bool failed = false;  ///< the verdict of this step (set once, by the runner)
 };
 
 /// Totals and the verdict of one run.
 struct RunObservation {
   std::string scenario_name;
   std::string backend;
-  std::string fault;                ///< "none" or a fault name
-  std::string window_convention;    ///< "keys", "left", "off-by-one"
+  std::string fault;              ///< "none" or a fault name
+  std::string window_convention;  ///< "keys", "left", "off-by-one"
   std::int64_t window_keys = 0;
   std::int64_t ring_rows = 0;
   std::string format;
-  int precision_bits = 0;           ///< reference significand bits
+  int precision_bits = 0;  ///< reference significand bits
   std::vector<StepObservation> steps;
-  std::int64_t lost_rows = 0;       ///< sum of overwritten + missing over all queries
+  std::int64_t lost_rows = 0;  ///< sum of overwritten + missing over all queries
   std::int64_t extra_reads = 0;
   std::int64_t collisions = 0;
   std::int64_t output_failures = 0;
-  double max_abs_diff = 0;       ///< over queries whose reads were all correct
-  double max_eps_units = 0;      ///< likewise, in units of the format's epsilon
-  double max_quant_abs_diff = 0; ///< likewise, against the exact rows
-  double max_rope_tolerance = 0; ///< likewise, largest RoPE part of a query's tolerance
+  double max_abs_diff = 0;               ///< over queries whose reads were all correct
+  double max_eps_units = 0;              ///< likewise, in units of the format's epsilon
+  double max_quant_abs_diff = 0;         ///< likewise, against the exact rows
+  double max_rope_tolerance = 0;         ///< likewise, largest RoPE part of a query's tolerance
   std::int64_t stored_rows_checked = 0;  ///< sum over steps
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t queries = 0;
-  std::int64_t mpfr_queries = 0;    ///< queries whose reference outputs MPFR computed (the certified bound did not pin them)
-  bool passed = true;               ///< == (first_failing_step < 0 && !skipped-with-failure)
+  std::int64_t mpfr_queries =
+      0;  ///< queries whose reference outputs MPFR computed (the certified bound did not pin them)
+  bool passed = true;                    ///< == (first_failing_step < 0 && !skipped-with-failure)
   std::int64_t first_failing_step = -1;  ///< index into `steps` of the first failed step, -1 when none
-  std::string first_failure;        ///< one line: what failed first, where
-  bool skipped = false;             ///< the cache cannot run this scenario (it did not run)
+  std::string first_failure;             ///< one line: what failed first, where
+  bool skipped = false;                  ///< the cache cannot run this scenario (it did not run)
   std::string skip_reason;
   /// Which observations the cache made available: "slots+outputs" (written
   /// and read slots reported), "written-slots+outputs", "outputs", or
   /// "slots" (`kvcheck audit` of a trace without rows and outputs for every
   /// writing step: slots judged, outputs not).
   std::string observed = "slots+outputs";
-  std::int64_t probes = 0;          ///< refusal probes sent (each must be refused, cache unchanged)
+  std::int64_t probes = 0;  ///< refusal probes sent (each must be refused, cache unchanged)
 };
 
 }  // namespace kvcheck::properties

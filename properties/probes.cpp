@@ -6,17 +6,23 @@ namespace kvcheck::properties {
 
 using scenarios::StepKind;
 
-std::string refusal_text(const engines::Refusal& r) { return r.code + (r.detail.empty() ? "" : ": " + r.detail); }
+std::string refusal_text(const engines::Refusal& r) {
+  return r.code + (r.detail.empty() ? "" : ": " + r.detail);
+}
 
 std::vector<std::string> Prober::applicable(const scenarios::Step& step,
                                             const scenarios::RequestProgress& progress) const {
   std::vector<std::string> out;
   const bool writes = scenarios::step_rows(step) > 0;
   for (const std::string& p : caps.probes) {
-    if (p == "accept-without-verify" && !progress.pending()) out.push_back(p);
-    else if (p == "accept-too-many" && progress.pending()) out.push_back(p);
-    else if (p == "begin-busy-state") out.push_back(p);
-    else if (p == "non-finite-row" && writes && !progress.pending()) out.push_back(p);
+    if (p == "accept-without-verify" && !progress.pending())
+      out.push_back(p);
+    else if (p == "accept-too-many" && progress.pending())
+      out.push_back(p);
+    else if (p == "begin-busy-state")
+      out.push_back(p);
+    else if (p == "non-finite-row" && writes && !progress.pending())
+      out.push_back(p);
     else if (p != "accept-without-verify" && p != "accept-too-many" && p != "begin-busy-state" &&
              p != "non-finite-row" && step.kind == StepKind::kDecode) {
       out.push_back(p);  // the cache's own probes go in front of a decode
@@ -25,8 +31,8 @@ std::vector<std::string> Prober::applicable(const scenarios::Step& step,
   return out;
 }
 
-std::string Prober::run(const std::string& name, engines::StepCall call, const scenarios::RequestProgress& progress,
-                        const std::vector<double>& k) {
+std::string Prober::run(const std::string& name, engines::StepCall call,
+                        const scenarios::RequestProgress& progress, const std::vector<double>& k) {
   ++sent;
   const auto before = cache.fingerprint(call.layer);
   engines::StepStatus st;

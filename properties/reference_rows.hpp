@@ -14,12 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "engines/cache_under_test.hpp"
 #include "model/attention.hpp"
 #include "model/certified.hpp"
 #include "model/encoding.hpp"
 #include "model/real.hpp"
 #include "model/visible.hpp"
-#include "engines/cache_under_test.hpp"
 #include "properties/observation.hpp"
 #include "properties/shadow.hpp"
 #include "properties/stored_rows.hpp"
@@ -42,8 +42,9 @@ struct TruthRow {
   // The certified reference (model/certified.hpp) keeps balls and fills the
   // MPFR rows above only when a query needs them (real_ready).
   bool real_ready = true;
-  bool exact_is_encoded = false;   ///< the encoding is the exact row (f64, no rotation): one reference serves both
-  std::vector<double> k_in, v_in;  ///< [kv_width] the unrotated input key and the value
+  bool exact_is_encoded =
+      false;  ///< the encoding is the exact row (f64, no rotation): one reference serves both
+  std::vector<double> k_in, v_in;                  ///< [kv_width] the unrotated input key and the value
   std::vector<model::certified::Ball> k_ball;      ///< [kv_width] rotated key (MPFR's value inside)
   std::vector<model::certified::Ball> v_ball;      ///< [kv_width] value (exact)
   std::vector<model::certified::Ball> deq_k_ball;  ///< [kv_width] reference-encoded key (exact)
@@ -73,8 +74,8 @@ model::Row<R> to_real(const double* x, std::int64_t n) {
 }
 
 template <class R>
-void rotate_heads(model::Row<R>& flat, std::int32_t heads, std::int32_t head_dim,
-                  std::int64_t position, const model::Rope& rope) {
+void rotate_heads(model::Row<R>& flat, std::int32_t heads, std::int32_t head_dim, std::int64_t position,
+                  const model::Rope& rope) {
   for (std::int32_t h = 0; h < heads; ++h) {
     model::Row<R> slice = model::head_slice(flat, h, head_dim);
     model::rope_rotate(slice, position, rope);
@@ -97,9 +98,9 @@ struct Certifier {
     std::vector<model::certified::Ball> cos_f, sin_f;
   };
   std::map<std::int64_t, Factors> factors;  ///< by position; cleared at every step
-  std::vector<double> theta_d;               ///< theta as doubles (angle bounds)
-  model::certified::RopeSteps steps;         ///< from theta, made on the first advance (169-bit sin/cos)
-  model::certified::RopeTrack track;         ///< the last position's factors, carried on
+  std::vector<double> theta_d;              ///< theta as doubles (angle bounds)
+  model::certified::RopeSteps steps;        ///< from theta, made on the first advance (169-bit sin/cos)
+  model::certified::RopeTrack track;        ///< the last position's factors, carried on
 
   void set_rope(const model::Rope& r) {
     rope = r;
@@ -121,7 +122,8 @@ struct Certifier {
       return it->second;
     }
     if (track.position == position - 1 && track.c.size() == theta.size() && track.steps < 4096) {
-      if (steps.c.size() != theta.size()) steps = model::certified::rope_steps(std::vector<model::Real50>(theta.begin(), theta.end()));
+      if (steps.c.size() != theta.size())
+        steps = model::certified::rope_steps(std::vector<model::Real50>(theta.begin(), theta.end()));
       model::certified::rope_advance(steps, &track);
     } else {
       model::certified::rope_anchor(theta, position, um, &track);
@@ -151,7 +153,7 @@ inline bool pin_all(const std::vector<model::certified::Ball>& balls, std::vecto
 /// the fp8 scale in the block maximum), so equal encodings of the box's
 /// smallest and largest magnitudes decide it. Signs must be fixed.
 inline bool pin_encoding(model::Encoding enc, const std::vector<model::certified::Ball>& balls,
-                  const std::vector<double>& pinned, model::EncodedRow* out) {
+                         const std::vector<double>& pinned, model::EncodedRow* out) {
   if (enc == model::Encoding::kF64) {  // the encoding is the nearest double: pinned
     *out = model::encode_row(enc, pinned);
     return true;
@@ -200,66 +202,68 @@ struct RowReference {
 
   /// A row in MPFR: the exact rotated key, its reference encoding and allowances.
   void make_real_row(TruthRow<Real>& row, std::int64_t p, const double* k, const double* v) {
-  row.exact.k = to_real<Real>(k, kv_width);
-  rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
-  if (!cache.shared_row) row.exact.v = to_real<Real>(v, kv_width);
-  row.key_encoding = model::encode_row(encoding, row.exact.k);
-  row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
-  if (!cache.shared_row) {
-    row.value_encoding = model::encode_row(encoding, row.exact.v);
-    row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
-  }
-  key_deviations(row.exact.k, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
-                 &row.key_dev, &row.key_err);
-  if (!cert.on) return;
-  row.k_ball.resize(row.exact.k.size());
-  for (std::size_t e = 0; e < row.exact.k.size(); ++e) row.k_ball[e] = model::certified::from_real(row.exact.k[e]);
-  row.deq_k_ball = exact_balls(row.key_encoding.values);
-  if (!cache.shared_row) {
-    row.v_in.assign(v, v + kv_width);
-    row.v_ball = exact_balls(row.v_in);
-    row.deq_v_ball = exact_balls(row.value_encoding.values);
-  }
+    row.exact.k = to_real<Real>(k, kv_width);
+    rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
+    if (!cache.shared_row) row.exact.v = to_real<Real>(v, kv_width);
+    row.key_encoding = model::encode_row(encoding, row.exact.k);
+    row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
+    if (!cache.shared_row) {
+      row.value_encoding = model::encode_row(encoding, row.exact.v);
+      row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+    }
+    key_deviations(row.exact.k, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding,
+                   accum_eps, &row.key_dev, &row.key_err);
+    if (!cert.on) return;
+    row.k_ball.resize(row.exact.k.size());
+    for (std::size_t e = 0; e < row.exact.k.size(); ++e)
+      row.k_ball[e] = model::certified::from_real(row.exact.k[e]);
+    row.deq_k_ball = exact_balls(row.key_encoding.values);
+    if (!cache.shared_row) {
+      row.v_in.assign(v, v + kv_width);
+      row.v_ball = exact_balls(row.v_in);
+      row.deq_v_ball = exact_balls(row.value_encoding.values);
+    }
   }
 
   /// The same row from balls, when they pin the key's doubles and encoding.
   bool certify_row(TruthRow<Real>& row, std::int64_t p, const double* k, const double* v,
                    std::vector<double>* k_pinned) {
-  const auto& f = cert.at(p);
-  row.k_ball = model::certified::rotate_row(k, cache.kv_heads, cache.head_dim, rope, f.cos_f, f.sin_f, cert.um);
-  if (!pin_all(row.k_ball, k_pinned) || !pin_encoding(encoding, row.k_ball, *k_pinned, &row.key_encoding)) {
-    return false;
-  }
-  row.k_in.assign(k, k + kv_width);
-  row.deq_k_ball = exact_balls(row.key_encoding.values);
-  if (!cache.shared_row) {
-    row.v_in.assign(v, v + kv_width);
-    row.value_encoding = model::encode_row(encoding, row.v_in);  // exact inputs: as in MPFR
-    row.v_ball = exact_balls(row.v_in);
-    row.deq_v_ball = exact_balls(row.value_encoding.values);
-  }
-  key_deviations(*k_pinned, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
-                 &row.key_dev, &row.key_err);
-  row.real_ready = false;
-  row.exact_is_encoded = (cache.shared_row || row.v_in == row.value_encoding.values) &&
-                         std::equal(row.k_ball.begin(), row.k_ball.end(), row.key_encoding.values.begin(),
-                                    [](const model::certified::Ball& b, double x) {
-                                      return b.r == 0 && b.c.lo == 0 && b.c.hi == x;
-                                    });
-  return true;
+    const auto& f = cert.at(p);
+    row.k_ball =
+        model::certified::rotate_row(k, cache.kv_heads, cache.head_dim, rope, f.cos_f, f.sin_f, cert.um);
+    if (!pin_all(row.k_ball, k_pinned) || !pin_encoding(encoding, row.k_ball, *k_pinned, &row.key_encoding)) {
+      return false;
+    }
+    row.k_in.assign(k, k + kv_width);
+    row.deq_k_ball = exact_balls(row.key_encoding.values);
+    if (!cache.shared_row) {
+      row.v_in.assign(v, v + kv_width);
+      row.value_encoding = model::encode_row(encoding, row.v_in);  // exact inputs: as in MPFR
+      row.v_ball = exact_balls(row.v_in);
+      row.deq_v_ball = exact_balls(row.value_encoding.values);
+    }
+    key_deviations(*k_pinned, row.key_encoding, cache.kv_heads, cache.head_dim, p, rope, encoding, accum_eps,
+                   &row.key_dev, &row.key_err);
+    row.real_ready = false;
+    row.exact_is_encoded = (cache.shared_row || row.v_in == row.value_encoding.values) &&
+                           std::equal(row.k_ball.begin(), row.k_ball.end(), row.key_encoding.values.begin(),
+                                      [](const model::certified::Ball& b, double x) {
+                                        return b.r == 0 && b.c.lo == 0 && b.c.hi == x;
+                                      });
+    return true;
   }
 
   /// The MPFR rows of a certified row, for a query that falls back.
   void ensure_real(TruthRow<Real>& row, std::int64_t p) {
-  if (row.real_ready) return;
-  row.exact.k = to_real<Real>(row.k_in.data(), kv_width);
-  rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
-  row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
-  if (!cache.shared_row) {
-    row.exact.v = to_real<Real>(row.v_in.data(), kv_width);
-    row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
-  }
-  row.real_ready = true;
+    if (row.real_ready) return;
+    row.exact.k = to_real<Real>(row.k_in.data(), kv_width);
+    rotate_heads(row.exact.k, cache.kv_heads, cache.head_dim, p, rope);
+    row.dequantized.k = to_real<Real>(row.key_encoding.values.data(), kv_width);
+    if (!cache.shared_row) {
+      row.exact.v = to_real<Real>(row.v_in.data(), kv_width);
+      row.dequantized.v = to_real<Real>(row.value_encoding.values.data(), kv_width);
+    }
+    row.real_ready = true;
   }
 
   /// The stored key judged: from the pinned doubles when that decides it (a
@@ -268,21 +272,24 @@ struct RowReference {
   /// pass in MPFR), else in MPFR.
   std::string key_problem(TruthRow<Real>& row, std::int64_t p, const std::vector<double>* k_pinned,
                           const double* stored, const std::uint8_t* bytes) {
-  if (k_pinned != nullptr) {
-    const bool rotated = std::any_of(row.key_dev.begin(), row.key_dev.end(), [](double d) { return d > 0; });
-    if (!rotated) return check_stored_row(encoding, *k_pinned, row.key_dev, row.key_encoding, stored, bytes);
-    std::vector<double> narrow = row.key_dev;
-    bool usable = true;
-    for (std::size_t e = 0; e < narrow.size(); ++e) {
-      if (narrow[e] == 0) continue;
-      const double m = (std::fabs((*k_pinned)[e]) + narrow[e]) * 0x1.0p-51 + 0x1.0p-1060;
-      usable = usable && narrow[e] > m;
-      narrow[e] -= m;
+    if (k_pinned != nullptr) {
+      const bool rotated =
+          std::any_of(row.key_dev.begin(), row.key_dev.end(), [](double d) { return d > 0; });
+      if (!rotated)
+        return check_stored_row(encoding, *k_pinned, row.key_dev, row.key_encoding, stored, bytes);
+      std::vector<double> narrow = row.key_dev;
+      bool usable = true;
+      for (std::size_t e = 0; e < narrow.size(); ++e) {
+        if (narrow[e] == 0) continue;
+        const double m = (std::fabs((*k_pinned)[e]) + narrow[e]) * 0x1.0p-51 + 0x1.0p-1060;
+        usable = usable && narrow[e] > m;
+        narrow[e] -= m;
+      }
+      if (usable && check_stored_row(encoding, *k_pinned, narrow, row.key_encoding, stored, bytes).empty())
+        return std::string();
     }
-    if (usable && check_stored_row(encoding, *k_pinned, narrow, row.key_encoding, stored, bytes).empty()) return std::string();
-  }
-  ensure_real(row, p);
-  return check_stored_row(encoding, row.exact.k, row.key_dev, row.key_encoding, stored, bytes);
+    ensure_real(row, p);
+    return check_stored_row(encoding, row.exact.k, row.key_dev, row.key_encoding, stored, bytes);
   }
 
   /// The model's row for position `p` (input key and value rows), and the
@@ -311,9 +318,12 @@ struct RowReference {
         which = "value";
         // The value is exact input: judged the same from doubles as in MPFR.
         const double* stored_v = answer.stored_v.data() + i * kv_width;
-        const std::uint8_t* stored_vb = answer.has_stored_bytes ? answer.stored_v_bytes.data() + i * row_bytes : nullptr;
-        problem = row.real_ready ? check_stored_row(encoding, row.exact.v, no_dev, row.value_encoding, stored_v, stored_vb)
-                                 : check_stored_row(encoding, row.v_in, no_dev, row.value_encoding, stored_v, stored_vb);
+        const std::uint8_t* stored_vb =
+            answer.has_stored_bytes ? answer.stored_v_bytes.data() + i * row_bytes : nullptr;
+        problem =
+            row.real_ready
+                ? check_stored_row(encoding, row.exact.v, no_dev, row.value_encoding, stored_v, stored_vb)
+                : check_stored_row(encoding, row.v_in, no_dev, row.value_encoding, stored_v, stored_vb);
       }
       if (!problem.empty()) {
         if (obs->encoding_mismatches == 0) {
@@ -339,9 +349,10 @@ struct RowReference {
     bool pinned = false;
     if (cert.on) {
       const auto& f = cert.at(p);
-      const auto q_ball = model::certified::rotate_row(q_row, cache.q_heads, cache.head_dim,
-                                                       rope, f.cos_f, f.sin_f, cert.um);
-      std::vector<model::certified::Ball> out_deq(static_cast<std::size_t>(q_width)), out_exact(out_deq.size());
+      const auto q_ball =
+          model::certified::rotate_row(q_row, cache.q_heads, cache.head_dim, rope, f.cos_f, f.sin_f, cert.um);
+      std::vector<model::certified::Ball> out_deq(static_cast<std::size_t>(q_width)),
+          out_exact(out_deq.size());
       model::certified::HeadRows deq_rows, exact_rows;
       // Identical inputs give MPFR identical outputs: one attention serves both.
       const bool same = std::all_of(visible_rows.begin(), visible_rows.end(),
@@ -362,11 +373,12 @@ struct RowReference {
         model::certified::attend(q_ball.data() + at, deq_rows, cache.head_dim, cert.scale, cert.sink, cert.um,
                                  out_deq.data() + at);
         if (!same) {
-          model::certified::attend(q_ball.data() + at, exact_rows, cache.head_dim, cert.scale, cert.sink, cert.um,
-                                   out_exact.data() + at);
+          model::certified::attend(q_ball.data() + at, exact_rows, cache.head_dim, cert.scale, cert.sink,
+                                   cert.um, out_exact.data() + at);
         }
       }
-      pinned = pin_all(q_ball, &query) && pin_all(out_deq, &ref) && pin_all(same ? out_deq : out_exact, &ref_exact);
+      pinned = pin_all(q_ball, &query) && pin_all(out_deq, &ref) &&
+               pin_all(same ? out_deq : out_exact, &ref_exact);
     }
     if (!pinned) {
       if (!std::is_same_v<Real, double>) ++mpfr_queries;

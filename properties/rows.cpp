@@ -5,8 +5,8 @@
 
 namespace kvcheck::properties {
 
-RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t request,
-                 std::int64_t first, std::int64_t n, std::int64_t step_index) {
+RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t request, std::int64_t first,
+                 std::int64_t n, std::int64_t step_index) {
   const auto& c = sc.cache;
   const std::int64_t kv_width = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(c.q_heads) * c.head_dim;

@@ -69,9 +69,6 @@ model::Encoding model_encoding(scenarios::Format f) {
   return model::Encoding::kF64;
 }
 
-
-
-
 }  // namespace
 
 namespace {
@@ -97,9 +94,9 @@ RunObservation run_scenario(const Scenario& sc, const RunOptions& options) {
     case 113: return run_with<model::Real>(sc, options, *provider);
     case 169: return run_with<model::Real50>(sc, options, *provider);
     default:
-      throw Error(ErrorId::kUsage, "--precision",
-                  "reference precision must be 53, 113 or 169 bits, got " +
-                      std::to_string(options.precision_bits));
+      throw Error(
+          ErrorId::kUsage, "--precision",
+          "reference precision must be 53, 113 or 169 bits, got " + std::to_string(options.precision_bits));
   }
 }
 
@@ -125,7 +122,8 @@ engines::CacheSpec cache_spec(const Scenario& scenario) {
   std::int64_t most = 1;
   for (const auto& s : scenario.steps) most = std::max(most, scenarios::step_rows(s));
   spec.max_step_rows = most;
-  spec.softmax_scale = scenario.cache.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(scenario.cache.head_dim)));
+  spec.softmax_scale =
+      scenario.cache.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(scenario.cache.head_dim)));
   return spec;
 }
 
@@ -140,8 +138,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   const model::Heads heads{cache.q_heads, cache.kv_heads, cache.head_dim, cache.shared_row};
   const model::Rope rope{to_model(cache.rope.style), cache.rope.rotary_dims, cache.rope.base};
   using std::sqrt;
-  const Real scale = cache.softmax_scale ? Real(*cache.softmax_scale)
-                                         : Real(1) / sqrt(Real(cache.head_dim));
+  const Real scale = cache.softmax_scale ? Real(*cache.softmax_scale) : Real(1) / sqrt(Real(cache.head_dim));
   const double scale_d = model::to_double(scale);
   const std::optional<Real> sink =
       cache.sink_logit ? std::optional<Real>(Real(*cache.sink_logit)) : std::nullopt;
@@ -184,7 +181,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 
   // The certified reference (model/certified.hpp): double-double balls that
   // contain MPFR's values; MPFR only where a ball does not pin a figure.
-  RowReference<Real> ref_rows{cache, kv_width, q_width, group, heads, rope, scale, sink, encoding, accum_eps, {}, 0};
+  RowReference<Real> ref_rows{cache, kv_width, q_width,  group,     heads, rope,
+                              scale, sink,     encoding, accum_eps, {},    0};
   Certifier<Real>& cert = ref_rows.cert;
   cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
   if (cert.on) {
@@ -223,13 +221,15 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     const std::int64_t n = scenarios::step_rows(step);
     const std::int64_t first = scenarios::step_first_position(req.progress);
     bool stop = false;
-    const RowSet rows = n > 0 ? make_rows(sc, 0, step.request, first, n, static_cast<std::int64_t>(step_index))
-                              : RowSet{};
+    const RowSet rows =
+        n > 0 ? make_rows(sc, 0, step.request, first, n, static_cast<std::int64_t>(step_index)) : RowSet{};
 
     for (std::int32_t l = 0; l < cache.layers && !stop; ++l) {
       LayerTruth<Real>& truth = layers[static_cast<std::size_t>(l)];
       const RowSet layer_rows =
-          l == 0 ? RowSet{} : (n > 0 ? make_rows(sc, l, step.request, first, n, static_cast<std::int64_t>(step_index)) : RowSet{});
+          l == 0 ? RowSet{}
+                 : (n > 0 ? make_rows(sc, l, step.request, first, n, static_cast<std::int64_t>(step_index))
+                          : RowSet{});
       const RowSet& in = l == 0 ? rows : layer_rows;
       engines::StepCall call;
       call.step = step;
@@ -261,8 +261,9 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
           const std::string& name = apply[step_index % apply.size()];
           const std::string problem = prober.run(name, call, req.progress, in.k);
           if (!problem.empty()) {
-            fail("step " + std::to_string(step_index) + " (" + std::string(scenarios::step_kind_name(step.kind)) + ") layer " +
-                 std::to_string(l) + ": " + problem);
+            fail("step " + std::to_string(step_index) + " (" +
+                 std::string(scenarios::step_kind_name(step.kind)) + ") layer " + std::to_string(l) + ": " +
+                 problem);
             stop_at(step_index, l, step, req, problem);
             stop = true;
             break;
@@ -272,7 +273,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       if (n == 0) {
         if (const auto st = cut->call(call, nullptr)) {
           const std::string e = "refused: " + refusal_text(*st);
-          fail("step " + std::to_string(step_index) + " (" + std::string(scenarios::step_kind_name(step.kind)) + "): " + e);
+          fail("step " + std::to_string(step_index) + " (" +
+               std::string(scenarios::step_kind_name(step.kind)) + "): " + e);
           stop_at(step_index, l, step, req, e);
           stop = true;
         }
@@ -292,7 +294,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       obs.first_position = first;
       if (st) {
         obs.error = refusal_text(*st);
-        fail("step " + std::to_string(step_index) + " (" + obs.kind + "): implementation refused: " + obs.error);
+        fail("step " + std::to_string(step_index) + " (" + obs.kind +
+             "): implementation refused: " + obs.error);
         run.steps.push_back(std::move(obs));
         stop = true;
         break;
@@ -345,14 +348,16 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         // The reference outputs and the rotated query as the doubles MPFR's
         // values round to: from balls when they pin them, else from MPFR.
         std::vector<double> ref, ref_exact, query;
-        ref_rows.query_reference(in.q.data() + i * q_width, p, visible, visible_rows, &ref, &ref_exact, &query);
+        ref_rows.query_reference(in.q.data() + i * q_width, p, visible, visible_rows, &ref, &ref_exact,
+                                 &query);
         const double* out = answer.out.data() + i * q_width;
         for (std::int64_t d = 0; d < q_width; ++d) {
           const double r = ref[static_cast<std::size_t>(d)];
           const double diff = std::fabs(out[d] - r);
           q.abs_diff = std::max(q.abs_diff, diff);
           q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
-          q.quant_abs_diff = std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
+          q.quant_abs_diff =
+              std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
           if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
         }
         q.eps_units = q.abs_diff / format_eps;
@@ -360,7 +365,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         // over the visible rows, the head width and the logits' size, plus
         // what the RoPE angle error at the query's and keys' positions can
         // move the scores (and, for shared rows, the values) by.
-        const model::OutputTolerance tol = query_tolerance(query, key_bounds, heads, scale_d, p, rope, accum_eps, vmax);
+        const model::OutputTolerance tol =
+            query_tolerance(query, key_bounds, heads, scale_d, p, rope, accum_eps, vmax);
         q.rope_tolerance = tol.rope;
         q.tolerance = sc.expect && sc.expect->output_tolerance ? *sc.expect->output_tolerance : tol.total();
         const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
@@ -377,7 +383,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     // Memory stays with the window, not the schedule's length.
     if (n > 0 && first - keys > 0) {
       for (LayerTruth<Real>& truth : layers) {
-        truth.rows.erase(truth.rows.lower_bound({step.request, 0}), truth.rows.lower_bound({step.request, first - keys}));
+        truth.rows.erase(truth.rows.lower_bound({step.request, 0}),
+                         truth.rows.lower_bound({step.request, first - keys}));
       }
     }
 

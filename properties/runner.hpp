@@ -26,7 +26,7 @@ namespace kvcheck::properties {
 /// How the high-precision reference is computed (precision 113 and 169).
 enum class Reference : std::uint8_t {
   kCertified,  ///< double-double with a bound; MPFR only where the bound does not pin a figure (model/certified.hpp)
-  kMpfr,       ///< MPFR for every query
+  kMpfr,  ///< MPFR for every query
 };
 
 /// How to run a scenario.
@@ -40,12 +40,12 @@ struct RunOptions {
   /// Send refusal probes along the schedule: one call per step the cache
   /// must refuse, leaving its fingerprint unchanged (Capabilities::probes).
   bool probes = true;
-  double step_timeout_seconds = 10.0; ///< exec adapters: seconds per answer
+  double step_timeout_seconds = 10.0;  ///< exec adapters: seconds per answer
   impl::Fault fault = impl::Fault::kNone;
-  bool record_reads = true;           ///< keep every read in QueryObservation::reads
-  bool record_ring = true;            ///< keep StepObservation::ring_positions (S <= 512)
-  bool check_outputs = true;          ///< false: tags only (faster; used by sweeps)
-  int precision_bits = 113;           ///< reference significand bits: 53, 113 (default) or 169
+  bool record_reads = true;                     ///< keep every read in QueryObservation::reads
+  bool record_ring = true;                      ///< keep StepObservation::ring_positions (S <= 512)
+  bool check_outputs = true;                    ///< false: tags only (faster; used by sweeps)
+  int precision_bits = 113;                     ///< reference significand bits: 53, 113 (default) or 169
   Reference reference = Reference::kCertified;  ///< at 113 and 169 bits; same figures either way
 };
 

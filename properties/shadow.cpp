@@ -110,7 +110,8 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     }
     std::vector<bool> used(reads.size(), false);
     std::vector<ReadTag> shown(reads.size());
-    for (std::size_t c = 0; c < reads.size(); ++c) shown[c] = to_read_tag(reads[c].slot, reads[c].candidates[0]);
+    for (std::size_t c = 0; c < reads.size(); ++c)
+      shown[c] = to_read_tag(reads[c].slot, reads[c].candidates[0]);
     auto claim = [&](auto&& match) {
       for (std::size_t c = 0; c < reads.size(); ++c) {
         if (used[c]) continue;
@@ -127,10 +128,10 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     std::vector<std::int64_t> unmatched;
     for (std::int64_t j = q.visible_first; j <= p; ++j) {
       const auto it = latest_.find({f.request, j});
-      const bool ok = it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
-                        return row.request == f.request && row.position == j &&
-                               row.write_seq == it->second.write_seq;
-                      });
+      const bool ok =
+          it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
+            return row.request == f.request && row.position == j && row.write_seq == it->second.write_seq;
+          });
       if (!ok) unmatched.push_back(j);
     }
     // A visible row not read correctly was overwritten when its slot (or a
@@ -138,9 +139,8 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     for (const std::int64_t j : unmatched) {
       const auto it = latest_.find({f.request, j});
       const std::int64_t home = it == latest_.end() ? -1 : it->second.slot;
-      const bool stale = claim([&](std::int64_t, const ShadowRow& row) {
-        return row.request == f.request && row.position == j;
-      });
+      const bool stale = claim(
+          [&](std::int64_t, const ShadowRow& row) { return row.request == f.request && row.position == j; });
       if (stale || (home >= 0 && claim([&](std::int64_t slot, const ShadowRow&) { return slot == home; }))) {
         q.overwritten.push_back(j);
       } else {

@@ -35,17 +35,17 @@ struct StepFacts {
   std::int64_t rows = 0;            ///< rows written = queries run
   std::int64_t window_keys = 1;     ///< keys a query sees, itself included
   bool has_written = false;
-  std::span<const std::int64_t> written;       ///< [rows]
+  std::span<const std::int64_t> written;  ///< [rows]
   bool has_reads = false;
   std::span<const std::int64_t> read_offsets;  ///< [rows + 1]
   std::span<const std::int64_t> read_slots;    ///< -1 entries ignored
   engines::ReadView view = engines::ReadView::kAfterWrites;
-  std::int64_t duplicate_slots = 0;            ///< collisions the cache itself counted
+  std::int64_t duplicate_slots = 0;  ///< collisions the cache itself counted
   /// Ring caches: slots of state b are [b * ring_rows, (b + 1) * ring_rows).
   bool ring = false;
   std::int64_t ring_rows = 0;
-  bool record_reads = true;   ///< keep QueryObservation::reads
-  bool record_ring = true;    ///< keep StepObservation::ring_positions (ring, S <= 512)
+  bool record_reads = true;  ///< keep QueryObservation::reads
+  bool record_ring = true;   ///< keep StepObservation::ring_positions (ring, S <= 512)
 };
 
 /// One layer's shadow map.

@@ -47,8 +47,9 @@ std::string check_stored_row(model::Encoding f, const std::vector<R>& exact, con
       }
       const std::int64_t e = f == model::Encoding::kFp8 ? static_cast<std::int64_t>(b)
                                                         : static_cast<std::int64_t>(b) / bytes_per;
-      return "element " + std::to_string(e) + " of " + exact_text(model::to_double(exact[static_cast<std::size_t>(e)])) +
-             " is stored as " + exact_text(stored_values[e]) + ", its " + label + " encoding is " +
+      return "element " + std::to_string(e) + " of " +
+             exact_text(model::to_double(exact[static_cast<std::size_t>(e)])) + " is stored as " +
+             exact_text(stored_values[e]) + ", its " + label + " encoding is " +
              exact_text(reference.values[static_cast<std::size_t>(e)]) + " (bytes differ)";
     }
     return {};
@@ -61,8 +62,9 @@ std::string check_stored_row(model::Encoding f, const std::vector<R>& exact, con
   };
   auto mismatch = [&](std::int64_t e) {
     const auto i = static_cast<std::size_t>(e);
-    return "element " + std::to_string(e) + " of " + exact_text(model::to_double(exact[i])) + " is stored as " +
-           exact_text(stored_values[e]) + ", its " + label + " encoding is " + exact_text(reference.values[i]) +
+    return "element " + std::to_string(e) + " of " + exact_text(model::to_double(exact[i])) +
+           " is stored as " + exact_text(stored_values[e]) + ", its " + label + " encoding is " +
+           exact_text(reference.values[i]) +
            (dev[i] > 0 ? " (RoPE allowance " + exact_text(dev[i]) + ")" : "");
   };
   if (f != model::Encoding::kFp8) {

@@ -26,8 +26,9 @@ namespace kvcheck::properties {
 /// (fp8: 32 elements; else one) that holds a rotated element.
 template <class R>
 void key_deviations(const model::Row<R>& exact_k, const model::EncodedRow& encoded, std::int32_t kv_heads,
-                    std::int32_t head_dim, std::int64_t position, const model::Rope& rope, model::Encoding enc,
-                    double accum_u, std::vector<double>* dev_out, std::vector<double>* err_out) {
+                    std::int32_t head_dim, std::int64_t position, const model::Rope& rope,
+                    model::Encoding enc, double accum_u, std::vector<double>* dev_out,
+                    std::vector<double>* err_out) {
   const std::int64_t width = static_cast<std::int64_t>(exact_k.size());
   std::vector<double>& key_dev = *dev_out;
   key_dev.assign(static_cast<std::size_t>(width), 0.0);
@@ -48,7 +49,8 @@ void key_deviations(const model::Row<R>& exact_k, const model::EncodedRow& encod
     const double tiny =
         enc == model::Encoding::kFp8
             ? std::ldexp(1.0, encoded.scale_exponents[static_cast<std::size_t>(b0 / block)] + 1 - 9)
-            : (enc == model::Encoding::kBf16 ? 0x1.0p-133 : (enc == model::Encoding::kF32 ? 0x1.0p-149 : 0x1.0p-1074));
+            : (enc == model::Encoding::kBf16 ? 0x1.0p-133
+                                             : (enc == model::Encoding::kF32 ? 0x1.0p-149 : 0x1.0p-1074));
     for (std::int64_t e = b0; e < b1; ++e) {
       const auto i = static_cast<std::size_t>(e);
       const double a = std::fabs(model::to_double(exact_k[i])) + key_dev[i];
@@ -100,8 +102,8 @@ model::OutputTolerance query_tolerance(const model::Row<R>& query, const std::ve
       for (double x : *key.err) rope_value = std::max(rope_value, x);
     }
   }
-  return model::attention_output_tolerance(accum_u, static_cast<std::int64_t>(keys.size()), d, score_abs, value_max,
-                                           rope_score, rope_value);
+  return model::attention_output_tolerance(accum_u, static_cast<std::int64_t>(keys.size()), d, score_abs,
+                                           value_max, rope_score, rope_value);
 }
 
 }  // namespace kvcheck::properties

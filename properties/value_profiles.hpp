@@ -25,8 +25,9 @@ namespace kvcheck::properties {
 
 /// Appends one position's k, v (unless shared) and q elements to the row
 /// set, drawn from `rng` under `profile`.
-void draw_profile_row(scenarios::ValueProfile profile, const scenarios::CacheConfig& cache, std::int64_t position,
-                      Prng& rng, std::vector<double>& k, std::vector<double>& v, std::vector<double>& q);
+void draw_profile_row(scenarios::ValueProfile profile, const scenarios::CacheConfig& cache,
+                      std::int64_t position, Prng& rng, std::vector<double>& k, std::vector<double>& v,
+                      std::vector<double>& q);
 
 /// A profile for a generated case: uniform most of the time, each other
 /// profile with probability 1/8 (fp8-outliers only for fp8 caches, where it

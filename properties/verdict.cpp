@@ -59,7 +59,8 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       ++run.queries;
       // With an expectation for the step, its overwritten counts are judged
       // as a list; missing and extra reads still fail the query.
-      const bool reads_fail = it != expected.end() ? (!q.missing.empty() || !q.extra.empty()) : !reads_correct;
+      const bool reads_fail =
+          it != expected.end() ? (!q.missing.empty() || !q.extra.empty()) : !reads_correct;
       q.failed = !q.output_ok || reads_fail;
       if (!q.output_ok) {
         ++run.output_failures;
@@ -74,15 +75,16 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
                                    " lost or misread rows, and the scenario expects none here";
         }
         fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
-             " query " + std::to_string(q.position) + ": overwritten " + list_text(q.overwritten) + ", missing " +
-             list_text(q.missing) + ", " + std::to_string(q.extra.size()) + " extra reads");
+             " query " + std::to_string(q.position) + ": overwritten " + list_text(q.overwritten) +
+             ", missing " + list_text(q.missing) + ", " + std::to_string(q.extra.size()) + " extra reads");
       }
     }
     if (it != expected.end() && counts != it->second->counts) {
       obs.expectation_failed = true;
       obs.expectation_detail =
           "expected overwritten " + list_text(it->second->counts) + ", observed " + list_text(counts);
-      fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + ": " + obs.expectation_detail);
+      fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + ": " +
+           obs.expectation_detail);
     }
     run.collisions += obs.collisions.total();
     collisions_so_far += obs.collisions.total();
@@ -90,8 +92,9 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
     if (obs.collisions.total() > 0 && collisions_so_far > allowed) {
       // The first step past the allowed total fails, and every later step with collisions.
       collision_fail = true;
-      fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + std::to_string(obs.collisions.same_step) +
-           " same-step, " + std::to_string(obs.collisions.outside_block) + " outside-block, " +
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind +
+           "): " + std::to_string(obs.collisions.same_step) + " same-step, " +
+           std::to_string(obs.collisions.outside_block) + " outside-block, " +
            std::to_string(obs.collisions.replaced_needed) + " replaced-needed collisions (expected " +
            std::to_string(allowed) + " in all)");
     }
@@ -101,12 +104,14 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
     run.stored_rows_checked += obs.stored_rows_checked;
     run.encoding_mismatches += obs.encoding_mismatches;
     if (obs.encoding_mismatches > 0) {
-      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) + ": " +
-           std::to_string(obs.encoding_mismatches) + " stored rows differ from the reference encoding; first: " +
-           obs.encoding_detail);
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+           ": " + std::to_string(obs.encoding_mismatches) +
+           " stored rows differ from the reference encoding; first: " + obs.encoding_detail);
     }
-    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() || obs.encoding_mismatches > 0 ||
-                 std::any_of(obs.queries.begin(), obs.queries.end(), [](const QueryObservation& q) { return q.failed; });
+    obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() ||
+                 obs.encoding_mismatches > 0 ||
+                 std::any_of(obs.queries.begin(), obs.queries.end(),
+                             [](const QueryObservation& q) { return q.failed; });
   }
   if (run.collisions < allowed && !run.steps.empty()) {
     // Fewer collisions than the scenario expects: known only at the end, so

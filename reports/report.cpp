@@ -23,11 +23,17 @@ bool Report::passed() const noexcept {
 
 // The verdicts are computed once, by the runner (properties/runner.cpp), and
 // stored with each observation; writers only read them.
-bool query_failed(const properties::QueryObservation& query) noexcept { return query.failed; }
+bool query_failed(const properties::QueryObservation& query) noexcept {
+  return query.failed;
+}
 
-bool step_failed(const properties::StepObservation& step) noexcept { return step.failed; }
+bool step_failed(const properties::StepObservation& step) noexcept {
+  return step.failed;
+}
 
-std::int64_t first_failing_step(const properties::RunObservation& run) noexcept { return run.first_failing_step; }
+std::int64_t first_failing_step(const properties::RunObservation& run) noexcept {
+  return run.first_failing_step;
+}
 
 std::int64_t focus_query(const properties::StepObservation& step) noexcept {
   for (std::size_t i = 0; i < step.queries.size(); ++i) {

@@ -25,27 +25,27 @@ struct ReportContext {
   /// The reference's real significand bits, as every run records them: 53,
   /// 114 (`--precision 113`, mpfr_float_backend<34>) or 168 (`--precision 169`).
   int precision_bits = 114;
-  int precision_requested = 113;       ///< `--precision` as given: 53, 113 or 169
-  std::string command;                 ///< the exact command line
+  int precision_requested = 113;  ///< `--precision` as given: 53, 113 or 169
+  std::string command;            ///< the exact command line
 };
 
 /// One coverage class of a property check and its minimum-coverage gate.
 struct CoverageCount {
-  std::string name;            ///< e.g. "ring wrap", "verify with rejection"
-  std::int64_t count = 0;      ///< cases that hit the class
-  std::int64_t minimum = 1;    ///< gate: fewer hits fail the check
+  std::string name;          ///< e.g. "ring wrap", "verify with rejection"
+  std::int64_t count = 0;    ///< cases that hit the class
+  std::int64_t minimum = 1;  ///< gate: fewer hits fail the check
   /// True when the gate is met.
   bool met() const noexcept { return count >= minimum; }
 };
 
 /// The outcome of a property check (absent for single scenario runs).
 struct CheckSummary {
-  std::int64_t cases = 0;                ///< cases run
-  std::int64_t failures = 0;             ///< cases that failed
-  std::vector<CoverageCount> coverage;   ///< coverage classes with their gates
-  std::string counterexample_file;       ///< shrunk schedule written as JSON, if any
-  std::string replay_command;            ///< exact command that replays the failure
-  std::uint64_t failing_case_seed = 0;   ///< seed of the failing case
+  std::int64_t cases = 0;               ///< cases run
+  std::int64_t failures = 0;            ///< cases that failed
+  std::vector<CoverageCount> coverage;  ///< coverage classes with their gates
+  std::string counterexample_file;      ///< shrunk schedule written as JSON, if any
+  std::string replay_command;           ///< exact command that replays the failure
+  std::uint64_t failing_case_seed = 0;  ///< seed of the failing case
   /// True when no case failed and every coverage gate is met.
   bool passed() const noexcept;
 };

@@ -97,14 +97,18 @@ std::int64_t floor_mod(std::int64_t a, std::int64_t m) {
 // Classifies every slot of the step's state block for query `q` (may be null).
 // Read slots are judged by the tag they held at the read; the others by the
 // ring contents after the step.
-std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservation* q, std::int64_t ring_rows) {
+std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservation* q,
+                                std::int64_t ring_rows) {
   std::vector<Slot> slots(static_cast<std::size_t>(ring_rows));
   for (std::int64_t i = 0; i < ring_rows; ++i) {
     auto& s = slots[static_cast<std::size_t>(i)];
-    s.held = i < static_cast<std::int64_t>(step.ring_positions.size()) ? step.ring_positions[static_cast<std::size_t>(i)]
-                                                                        : -3;
+    s.held = i < static_cast<std::int64_t>(step.ring_positions.size())
+                 ? step.ring_positions[static_cast<std::size_t>(i)]
+                 : -3;
   }
-  const auto visible = [&](std::int64_t p) { return q != nullptr && p >= q->visible_first && p <= q->position; };
+  const auto visible = [&](std::int64_t p) {
+    return q != nullptr && p >= q->visible_first && p <= q->position;
+  };
   for (auto& s : slots) {
     if (s.held == -1 || s.held == -3) {
       s.cls = SlotClass::kEmpty;
@@ -157,16 +161,18 @@ std::string sector_path(double cx, double cy, double r_in, double r_out, double 
   const auto y = [&](double r, double a) { return num(cy - r * std::cos(a)); };
   const int large = (a1 - a0) > std::numbers::pi ? 1 : 0;
   std::string d = "M" + x(r_out, a0) + "," + y(r_out, a0);
-  d += "A" + num(r_out) + "," + num(r_out) + " 0 " + std::to_string(large) + " 1 " + x(r_out, a1) + "," + y(r_out, a1);
+  d += "A" + num(r_out) + "," + num(r_out) + " 0 " + std::to_string(large) + " 1 " + x(r_out, a1) + "," +
+       y(r_out, a1);
   d += "L" + x(r_in, a1) + "," + y(r_in, a1);
-  d += "A" + num(r_in) + "," + num(r_in) + " 0 " + std::to_string(large) + " 0 " + x(r_in, a0) + "," + y(r_in, a0);
+  d += "A" + num(r_in) + "," + num(r_in) + " 0 " + std::to_string(large) + " 0 " + x(r_in, a0) + "," +
+       y(r_in, a0);
   return d + "Z";
 }
 
 std::string ring_svg(const RunObservation& run, const StepObservation& step, std::int64_t query_index) {
-  const std::int64_t ring_rows =
-      step.ring_positions.empty() ? std::max<std::int64_t>(run.ring_rows, 1)
-                                  : static_cast<std::int64_t>(step.ring_positions.size());
+  const std::int64_t ring_rows = step.ring_positions.empty()
+                                     ? std::max<std::int64_t>(run.ring_rows, 1)
+                                     : static_cast<std::int64_t>(step.ring_positions.size());
   const QueryObservation* q =
       query_index >= 0 ? &step.queries[static_cast<std::size_t>(query_index)] : nullptr;
   const auto slots = classify_ring(step, q, ring_rows);
@@ -176,18 +182,23 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   const double width = kTau / static_cast<double>(ring_rows);
   const double gap = ring_rows <= kMaxSlotElements ? std::min(width * 0.08, 0.01) : 0;
 
-  std::string svg = "<svg class=\"ring\" width=\"880\" height=\"600\" "
-                    "viewBox=\"0 0 880 600\" role=\"img\">\n";
-  svg += "<title>ring of " + std::to_string(ring_rows) + " slots, state " + std::to_string(step.state) + "</title>\n";
+  std::string svg =
+      "<svg class=\"ring\" width=\"880\" height=\"600\" "
+      "viewBox=\"0 0 880 600\" role=\"img\">\n";
+  svg += "<title>ring of " + std::to_string(ring_rows) + " slots, state " + std::to_string(step.state) +
+         "</title>\n";
 
   if (ring_rows <= kMaxSlotElements) {
     for (std::int64_t i = 0; i < ring_rows; ++i) {
       const Slot& s = slots[static_cast<std::size_t>(i)];
       const double a0 = width * static_cast<double>(i) + gap / 2;
       const double a1 = width * static_cast<double>(i + 1) - gap / 2;
-      std::string tip = "slot " + std::to_string(step.state * ring_rows + i) + " (ring " + std::to_string(i) + "): ";
-      tip += s.held == -1 ? "empty" : s.held == -2 ? "another request's row" : s.held == -3 ? "unknown"
-                                                                               : "position " + std::to_string(s.held);
+      std::string tip =
+          "slot " + std::to_string(step.state * ring_rows + i) + " (ring " + std::to_string(i) + "): ";
+      tip += s.held == -1   ? "empty"
+             : s.held == -2 ? "another request's row"
+             : s.held == -3 ? "unknown"
+                            : "position " + std::to_string(s.held);
       if (s.expected >= 0) tip += "; query needed position " + std::to_string(s.expected);
       if (s.read) tip += "; read";
       svg += "<path class=\"slot " + std::string(class_name(s.cls)) + "\" d=\"" +
@@ -199,12 +210,14 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
     // Too many slots to draw one by one: one arc per run of equal classes.
     std::int64_t start = 0;
     for (std::int64_t i = 1; i <= ring_rows; ++i) {
-      if (i < ring_rows && slots[static_cast<std::size_t>(i)].cls == slots[static_cast<std::size_t>(start)].cls) {
+      if (i < ring_rows &&
+          slots[static_cast<std::size_t>(i)].cls == slots[static_cast<std::size_t>(start)].cls) {
         continue;
       }
       const SlotClass cls = slots[static_cast<std::size_t>(start)].cls;
       svg += "<path class=\"slots " + std::string(class_name(cls)) + "\" d=\"" +
-             sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(start), width * static_cast<double>(i)) +
+             sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(start),
+                         width * static_cast<double>(i)) +
              "\" fill=\"" + class_colour(cls) + "\"><title>ring slots " + std::to_string(start) + ".." +
              std::to_string(i - 1) + ": " + class_legend(cls) + "</title></path>\n";
       start = i;
@@ -229,11 +242,13 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
     const double r = inside ? mid : kOut + 6;
     const std::string anchor = inside ? "middle" : (flip ? "end" : "start");
     const double size = inside ? font : 8;
-    svg += "<text class=\"label\" x=\"" + num(kCx + r * std::sin(a)) + "\" y=\"" + num(kCy - r * std::cos(a)) +
-           "\" font-size=\"" + num(size) + "\" text-anchor=\"" + anchor +
-           "\" dominant-baseline=\"central\" transform=\"rotate(" + num(deg) + " " + num(kCx + r * std::sin(a)) +
-           " " + num(kCy - r * std::cos(a)) + ")\"" +
-           (s.cls == SlotClass::kOverwritten || s.cls == SlotClass::kExtra ? " fill=\"#fff\" font-weight=\"bold\"" : "") +
+    svg += "<text class=\"label\" x=\"" + num(kCx + r * std::sin(a)) + "\" y=\"" +
+           num(kCy - r * std::cos(a)) + "\" font-size=\"" + num(size) + "\" text-anchor=\"" + anchor +
+           "\" dominant-baseline=\"central\" transform=\"rotate(" + num(deg) + " " +
+           num(kCx + r * std::sin(a)) + " " + num(kCy - r * std::cos(a)) + ")\"" +
+           (s.cls == SlotClass::kOverwritten || s.cls == SlotClass::kExtra
+                ? " fill=\"#fff\" font-weight=\"bold\""
+                : "") +
            ">" + xml_escape(label) + "</text>\n";
   }
 
@@ -245,12 +260,12 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
     // Anchor away from the ring so side labels do not run into it.
     const double side = std::sin(a);
     const char* anchor = side > 0.3 ? "start" : side < -0.3 ? "end" : "middle";
-    svg += "<line x1=\"" + num(kCx + kOut * std::sin(a)) + "\" y1=\"" + num(kCy - kOut * std::cos(a)) + "\" x2=\"" +
-           num(kCx + (kOut + 8) * std::sin(a)) + "\" y2=\"" + num(kCy - (kOut + 8) * std::cos(a)) +
-           "\" stroke=\"#555\"/>\n";
+    svg += "<line x1=\"" + num(kCx + kOut * std::sin(a)) + "\" y1=\"" + num(kCy - kOut * std::cos(a)) +
+           "\" x2=\"" + num(kCx + (kOut + 8) * std::sin(a)) + "\" y2=\"" +
+           num(kCy - (kOut + 8) * std::cos(a)) + "\" stroke=\"#555\"/>\n";
     svg += "<text class=\"tick\" x=\"" + num(kCx + r * std::sin(a)) + "\" y=\"" + num(kCy - r * std::cos(a)) +
-           "\" font-size=\"10\" fill=\"#555\" text-anchor=\"" + anchor + "\" dominant-baseline=\"central\">slot " +
-           std::to_string(i) + "</text>\n";
+           "\" font-size=\"10\" fill=\"#555\" text-anchor=\"" + anchor +
+           "\" dominant-baseline=\"central\">slot " + std::to_string(i) + "</text>\n";
   }
 
   // Centre: what is pictured.
@@ -260,8 +275,9 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   if (q != nullptr) {
     lines.push_back("query at position " + std::to_string(q->position));
     lines.push_back("visible " + std::to_string(q->visible_first) + ".." + std::to_string(q->position));
-    lines.push_back(std::to_string(q->overwritten.size()) + " overwritten, " + std::to_string(q->missing.size()) +
-                    " missing, " + std::to_string(q->extra.size()) + " extra");
+    lines.push_back(std::to_string(q->overwritten.size()) + " overwritten, " +
+                    std::to_string(q->missing.size()) + " missing, " + std::to_string(q->extra.size()) +
+                    " extra");
   } else {
     lines.push_back("no query in this step");
   }
@@ -271,15 +287,15 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   double y = kCy - 9.0 * static_cast<double>(lines.size() - 1);
   for (std::size_t i = 0; i < lines.size(); ++i, y += 18) {
     svg += "<text x=\"" + num(kCx) + "\" y=\"" + num(y) + "\" font-size=\"" + (i == 2 ? "15" : "13") +
-           "\" text-anchor=\"middle\"" + (i == 2 ? " font-weight=\"bold\"" : "") + ">" + xml_escape(lines[i]) +
-           "</text>\n";
+           "\" text-anchor=\"middle\"" + (i == 2 ? " font-weight=\"bold\"" : "") + ">" +
+           xml_escape(lines[i]) + "</text>\n";
   }
 
   // Legend.
   double ly = 40;
   svg += "<text x=\"680\" y=\"" + num(ly) + "\" font-size=\"13\" font-weight=\"bold\">slot holds</text>\n";
-  const SlotClass legend[] = {SlotClass::kVisible, SlotClass::kOverwritten, SlotClass::kExtra, SlotClass::kStale,
-                              SlotClass::kEmpty};
+  const SlotClass legend[] = {SlotClass::kVisible, SlotClass::kOverwritten, SlotClass::kExtra,
+                              SlotClass::kStale, SlotClass::kEmpty};
   for (const SlotClass c : legend) {
     ly += 24;
     svg += "<rect x=\"680\" y=\"" + num(ly - 8) + "\" width=\"16\" height=\"16\" fill=\"" + class_colour(c) +
@@ -288,13 +304,15 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   }
   ly += 24;
   svg += "<rect x=\"680\" y=\"" + num(ly - 8) +
-         "\" width=\"16\" height=\"16\" fill=\"#fff\" stroke=\"#222\" stroke-width=\"1.2\"/><text x=\"704\" y=\"" +
+         "\" width=\"16\" height=\"16\" fill=\"#fff\" stroke=\"#222\" stroke-width=\"1.2\"/><text x=\"704\" "
+         "y=\"" +
          num(ly) + "\" font-size=\"12\" dominant-baseline=\"central\">read by this query</text>\n";
   ly += 30;
   const char* notes[] = {"labels: position held", "\u00d7: another request's row",
                          "read slots: tag at the read", "others: ring after the step"};
   for (const char* n : notes) {
-    svg += "<text x=\"680\" y=\"" + num(ly) + "\" font-size=\"11\" fill=\"#555\">" + xml_escape(n) + "</text>\n";
+    svg +=
+        "<text x=\"680\" y=\"" + num(ly) + "\" font-size=\"11\" fill=\"#555\">" + xml_escape(n) + "</text>\n";
     ly += 16;
   }
   svg += "</svg>\n";
@@ -306,26 +324,28 @@ std::string bar_chart_svg(const StepObservation& step, std::int64_t focus) {
   std::int64_t max_count = 1;
   for (std::size_t i = 0; i < n; ++i) {
     const auto& q = step.queries[i];
-    max_count = std::max<std::int64_t>(max_count, static_cast<std::int64_t>(q.overwritten.size() + q.missing.size()));
+    max_count =
+        std::max<std::int64_t>(max_count, static_cast<std::int64_t>(q.overwritten.size() + q.missing.size()));
   }
   const double bar = n <= 8 ? 48 : n <= 32 ? 20 : 10;
   const double left = 44, top = 30, plot_h = 180;
   const double w = left + bar * static_cast<double>(n) + 20;
   const double h = top + plot_h + 50;
-  std::string svg = "<svg class=\"bars\" width=\"" + num(std::max(w, 460.0)) +
-                    "\" height=\"" + num(h) + "\" viewBox=\"0 0 " + num(std::max(w, 460.0)) + " " + num(h) +
-                    "\" role=\"img\">\n";
-  svg += "<text x=\"" + num(left) + "\" y=\"16\" font-size=\"13\" font-weight=\"bold\">overwritten (red) and missing "
+  std::string svg = "<svg class=\"bars\" width=\"" + num(std::max(w, 460.0)) + "\" height=\"" + num(h) +
+                    "\" viewBox=\"0 0 " + num(std::max(w, 460.0)) + " " + num(h) + "\" role=\"img\">\n";
+  svg += "<text x=\"" + num(left) +
+         "\" y=\"16\" font-size=\"13\" font-weight=\"bold\">overwritten (red) and missing "
          "(orange) rows per query</text>\n";
   // Axis with ticks at 0, max/2, max.
-  svg += "<line x1=\"" + num(left) + "\" y1=\"" + num(top) + "\" x2=\"" + num(left) + "\" y2=\"" + num(top + plot_h) +
-         "\" stroke=\"#555\"/>\n";
+  svg += "<line x1=\"" + num(left) + "\" y1=\"" + num(top) + "\" x2=\"" + num(left) + "\" y2=\"" +
+         num(top + plot_h) + "\" stroke=\"#555\"/>\n";
   svg += "<line x1=\"" + num(left) + "\" y1=\"" + num(top + plot_h) + "\" x2=\"" + num(w - 10) + "\" y2=\"" +
          num(top + plot_h) + "\" stroke=\"#555\"/>\n";
   for (const std::int64_t t : {std::int64_t{0}, max_count / 2, max_count}) {
     const double ty = top + plot_h - plot_h * static_cast<double>(t) / static_cast<double>(max_count);
     svg += "<text x=\"" + num(left - 6) + "\" y=\"" + num(ty) +
-           "\" font-size=\"10\" text-anchor=\"end\" dominant-baseline=\"central\">" + std::to_string(t) + "</text>\n";
+           "\" font-size=\"10\" text-anchor=\"end\" dominant-baseline=\"central\">" + std::to_string(t) +
+           "</text>\n";
   }
   const std::size_t label_every = n <= 16 ? 1 : (n + 15) / 16;
   for (std::size_t i = 0; i < n; ++i) {
@@ -338,18 +358,19 @@ std::string bar_chart_svg(const StepObservation& step, std::int64_t focus) {
     const double mh = plot_h * miss / static_cast<double>(max_count);
     const bool is_focus = static_cast<std::int64_t>(i) == focus;
     const std::string stroke = is_focus ? " stroke=\"#222\" stroke-width=\"1.5\"" : "";
-    svg += "<rect class=\"bar\" x=\"" + num(x) + "\" y=\"" + num(top + plot_h - oh) + "\" width=\"" + num(bw) +
-           "\" height=\"" + num(oh) + "\" fill=\"#e53935\"" + stroke + "><title>query " + std::to_string(q.position) +
-           ": " + std::to_string(q.overwritten.size()) + " overwritten</title></rect>\n";
+    svg += "<rect class=\"bar\" x=\"" + num(x) + "\" y=\"" + num(top + plot_h - oh) + "\" width=\"" +
+           num(bw) + "\" height=\"" + num(oh) + "\" fill=\"#e53935\"" + stroke + "><title>query " +
+           std::to_string(q.position) + ": " + std::to_string(q.overwritten.size()) +
+           " overwritten</title></rect>\n";
     if (miss > 0) {
       svg += "<rect x=\"" + num(x) + "\" y=\"" + num(top + plot_h - oh - mh) + "\" width=\"" + num(bw) +
-             "\" height=\"" + num(mh) + "\" fill=\"#fb8c00\"><title>query " + std::to_string(q.position) + ": " +
-             std::to_string(q.missing.size()) + " missing</title></rect>\n";
+             "\" height=\"" + num(mh) + "\" fill=\"#fb8c00\"><title>query " + std::to_string(q.position) +
+             ": " + std::to_string(q.missing.size()) + " missing</title></rect>\n";
     }
     if (bar >= 20) {
       svg += "<text x=\"" + num(x + bw / 2) + "\" y=\"" + num(top + plot_h - oh - mh - 4) +
-             "\" font-size=\"10\" text-anchor=\"middle\">" + std::to_string(q.overwritten.size() + q.missing.size()) +
-             "</text>\n";
+             "\" font-size=\"10\" text-anchor=\"middle\">" +
+             std::to_string(q.overwritten.size() + q.missing.size()) + "</text>\n";
     }
     if (i % label_every == 0) {
       svg += "<text x=\"" + num(x + bw / 2) + "\" y=\"" + num(top + plot_h + 14) +
@@ -359,8 +380,9 @@ std::string bar_chart_svg(const StepObservation& step, std::int64_t focus) {
   }
   svg += "<text x=\"" + num(left + bar * static_cast<double>(n) / 2) + "\" y=\"" + num(top + plot_h + 34) +
          "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">query position" +
-         (step.queries.size() > n ? " (first " + std::to_string(n) + " of " + std::to_string(step.queries.size()) + ")"
-                                  : std::string()) +
+         (step.queries.size() > n
+              ? " (first " + std::to_string(n) + " of " + std::to_string(step.queries.size()) + ")"
+              : std::string()) +
          "</text>\n";
   svg += "</svg>\n";
   return svg;
@@ -371,15 +393,17 @@ std::string badge(bool passed) {
 }
 
 std::string steps_table(const RunObservation& run, std::int64_t pictured) {
-  std::string out = "<table class=\"steps\">\n<tr><th>step</th><th>kind</th><th>layer</th><th>request</th>"
-                    "<th>state</th><th>first position</th><th>queries</th><th>overwritten per query</th>"
-                    "<th>missing</th><th>extra</th><th>collisions<br>same / outside / replaced</th>"
-                    "<th>max eps</th><th>note</th></tr>\n";
+  std::string out =
+      "<table class=\"steps\">\n<tr><th>step</th><th>kind</th><th>layer</th><th>request</th>"
+      "<th>state</th><th>first position</th><th>queries</th><th>overwritten per query</th>"
+      "<th>missing</th><th>extra</th><th>collisions<br>same / outside / replaced</th>"
+      "<th>max eps</th><th>note</th></tr>\n";
   std::size_t listed = 0, failing_listed = 0, omitted = 0;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     const auto& s = run.steps[i];
     const bool failed = step_failed(s);
-    const bool show = static_cast<std::int64_t>(i) == pictured || (failed ? failing_listed < kStepsListed : listed < kStepsListed);
+    const bool show = static_cast<std::int64_t>(i) == pictured ||
+                      (failed ? failing_listed < kStepsListed : listed < kStepsListed);
     if (!show) {
       ++omitted;
       continue;
@@ -394,23 +418,28 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
     }
     std::string note = s.error.empty() ? std::string() : "refusal: " + s.error;
     if (s.expectation_failed) note += (note.empty() ? "" : "; ") + ("expectation: " + s.expectation_detail);
-    const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\"" : failed ? " class=\"failed\"" : "";
+    const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\""
+                            : failed                                 ? " class=\"failed\""
+                                                                     : "";
     out += "<tr" + cls + "><td>" + std::to_string(s.step) + "</td><td>" + xml_escape(s.kind) +
            (s.order.empty() ? "" : " <small>" + xml_escape(s.order) + "</small>") + "</td><td>" +
-           std::to_string(s.layer) + "</td><td>" + std::to_string(s.request) + "</td><td>" + std::to_string(s.state) +
-           "</td><td>" + std::to_string(s.first_position) + "</td><td>" + std::to_string(s.queries.size()) +
-           "</td><td class=\"mono\">" + xml_escape(overwritten_counts(s)) + "</td><td>" + std::to_string(missing) +
-           "</td><td>" + std::to_string(extra) + "</td><td>" + std::to_string(s.collisions.same_step) + " / " +
-           std::to_string(s.collisions.outside_block) + " / " + std::to_string(s.collisions.replaced_needed) +
-           "</td><td>" + xml_escape(format_double(max_eps)) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
+           std::to_string(s.layer) + "</td><td>" + std::to_string(s.request) + "</td><td>" +
+           std::to_string(s.state) + "</td><td>" + std::to_string(s.first_position) + "</td><td>" +
+           std::to_string(s.queries.size()) + "</td><td class=\"mono\">" + xml_escape(overwritten_counts(s)) +
+           "</td><td>" + std::to_string(missing) + "</td><td>" + std::to_string(extra) + "</td><td>" +
+           std::to_string(s.collisions.same_step) + " / " + std::to_string(s.collisions.outside_block) +
+           " / " + std::to_string(s.collisions.replaced_needed) + "</td><td>" +
+           xml_escape(format_double(max_eps)) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
   }
   if (omitted != 0) {
-    out += "<tr><td colspan=\"13\">\u2026 " + std::to_string(omitted) + " more steps (see the JSON report)</td></tr>\n";
+    out += "<tr><td colspan=\"13\">\u2026 " + std::to_string(omitted) +
+           " more steps (see the JSON report)</td></tr>\n";
   }
   return out + "</table>\n";
 }
 
-constexpr const char* kStyle = R"(body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;padding:0 16px;color:#222}
+constexpr const char* kStyle =
+    R"(body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;padding:0 16px;color:#222}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}tr.failed td{background:#fdecea}tr.pictured td{background:#f9c9c4}
@@ -428,15 +457,18 @@ std::string report_html(const Report& report) {
   out += "<title>kvcheck report: " + std::string(report.passed() ? "PASS" : "FAIL") + "</title>\n";
   out += "<style>\n" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
   out += "<h1>kvcheck report " + badge(report.passed()) + "</h1>\n";
-  out += "<p class=\"context\">kvcheck " + xml_escape(ctx.tool_version) + " \u00b7 backend " + xml_escape(ctx.backend) +
-         " \u00b7 fault " + xml_escape(ctx.fault) + " \u00b7 seed " + std::to_string(ctx.seed) + " \u00b7 reference " +
-         std::to_string(ctx.precision_bits) + " bits</p>\n";
+  out += "<p class=\"context\">kvcheck " + xml_escape(ctx.tool_version) + " \u00b7 backend " +
+         xml_escape(ctx.backend) + " \u00b7 fault " + xml_escape(ctx.fault) + " \u00b7 seed " +
+         std::to_string(ctx.seed) + " \u00b7 reference " + std::to_string(ctx.precision_bits) + " bits</p>\n";
   if (!ctx.command.empty()) out += "<p>command: <code>" + xml_escape(ctx.command) + "</code></p>\n";
 
   // Summary table.
-  out += "<h2>Runs</h2>\n<table class=\"runs\">\n<tr><th>verdict</th><th>scenario</th><th>backend</th><th>fault</th>"
-         "<th>window</th><th>S</th><th>format</th><th>steps</th><th>queries</th><th>lost rows</th><th>extra reads</th>"
-         "<th>collisions</th><th>output failures</th><th>max eps</th><th>first failure</th></tr>\n";
+  out +=
+      "<h2>Runs</h2>\n<table "
+      "class=\"runs\">\n<tr><th>verdict</th><th>scenario</th><th>backend</th><th>fault</th>"
+      "<th>window</th><th>S</th><th>format</th><th>steps</th><th>queries</th><th>lost rows</th><th>extra "
+      "reads</th>"
+      "<th>collisions</th><th>output failures</th><th>max eps</th><th>first failure</th></tr>\n";
   std::vector<std::size_t> pictured;
   for (std::size_t i = 0; i < report.runs.size(); ++i) {
     if (!report.runs[i].passed && pictured.size() < kFailingRunsPictured) pictured.push_back(i);
@@ -448,16 +480,18 @@ std::string report_html(const Report& report) {
     const auto& r = report.runs[i];
     const bool linked = std::find(pictured.begin(), pictured.end(), i) != pictured.end();
     const std::string name = xml_escape(r.scenario_name);
-    const std::string verdict = r.skipped ? std::string("<span class=\"badge\">SKIP</span>") : badge(r.passed);
+    const std::string verdict =
+        r.skipped ? std::string("<span class=\"badge\">SKIP</span>") : badge(r.passed);
     out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + verdict + "</td><td>" +
            (linked ? "<a href=\"#run-" + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
-           xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" + std::to_string(r.window_keys) +
-           " " + xml_escape(r.window_convention) + "</td><td>" + std::to_string(r.ring_rows) + "</td><td>" +
-           xml_escape(r.format) + "</td><td>" + std::to_string(r.steps.size()) + "</td><td>" +
-           std::to_string(r.queries) + "</td><td>" + std::to_string(r.lost_rows) + "</td><td>" +
-           std::to_string(r.extra_reads) + "</td><td>" + std::to_string(r.collisions) + "</td><td>" +
-           std::to_string(r.output_failures) + "</td><td>" + xml_escape(format_double(r.max_eps_units)) +
-           "</td><td>" + xml_escape(r.skipped ? r.skip_reason : r.first_failure) + "</td></tr>\n";
+           xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" +
+           std::to_string(r.window_keys) + " " + xml_escape(r.window_convention) + "</td><td>" +
+           std::to_string(r.ring_rows) + "</td><td>" + xml_escape(r.format) + "</td><td>" +
+           std::to_string(r.steps.size()) + "</td><td>" + std::to_string(r.queries) + "</td><td>" +
+           std::to_string(r.lost_rows) + "</td><td>" + std::to_string(r.extra_reads) + "</td><td>" +
+           std::to_string(r.collisions) + "</td><td>" + std::to_string(r.output_failures) + "</td><td>" +
+           xml_escape(format_double(r.max_eps_units)) + "</td><td>" +
+           xml_escape(r.skipped ? r.skip_reason : r.first_failure) + "</td></tr>\n";
   }
   out += "</table>\n";
 
@@ -466,19 +500,23 @@ std::string report_html(const Report& report) {
     out += "<h2>Property check " + badge(c.passed()) + "</h2>\n<p>" + std::to_string(c.cases) + " cases, " +
            std::to_string(c.failures) + " failed.</p>\n";
     if (!c.coverage.empty()) {
-      out += "<table class=\"coverage\">\n<tr><th>coverage class</th><th>cases</th><th>minimum</th><th></th></tr>\n";
+      out +=
+          "<table class=\"coverage\">\n<tr><th>coverage "
+          "class</th><th>cases</th><th>minimum</th><th></th></tr>\n";
       for (const auto& k : c.coverage) {
-        out += std::string("<tr") + (k.met() ? "" : " class=\"failed\"") + "><td>" + xml_escape(k.name) + "</td><td>" +
-               std::to_string(k.count) + "</td><td>" + std::to_string(k.minimum) + "</td><td>" + badge(k.met()) +
-               "</td></tr>\n";
+        out += std::string("<tr") + (k.met() ? "" : " class=\"failed\"") + "><td>" + xml_escape(k.name) +
+               "</td><td>" + std::to_string(k.count) + "</td><td>" + std::to_string(k.minimum) + "</td><td>" +
+               badge(k.met()) + "</td></tr>\n";
       }
       out += "</table>\n";
     }
     if (!c.counterexample_file.empty()) {
       out += "<p>counterexample: <code>" + xml_escape(c.counterexample_file) + "</code></p>\n";
     }
-    if (c.failures != 0) out += "<p>failing case seed: <code>" + std::to_string(c.failing_case_seed) + "</code></p>\n";
-    if (!c.replay_command.empty()) out += "<p>replay: <code>" + xml_escape(c.replay_command) + "</code></p>\n";
+    if (c.failures != 0)
+      out += "<p>failing case seed: <code>" + std::to_string(c.failing_case_seed) + "</code></p>\n";
+    if (!c.replay_command.empty())
+      out += "<p>replay: <code>" + xml_escape(c.replay_command) + "</code></p>\n";
   }
 
   for (const std::size_t i : pictured) {
@@ -501,8 +539,9 @@ std::string report_html(const Report& report) {
       const auto& s = r.steps[static_cast<std::size_t>(step_index)];
       const std::int64_t focus = focus_query(s);
       out += "<p>Ring of state " + std::to_string(s.state) + " at " +
-             (focus >= 0 ? "the read of query " + std::to_string(s.queries[static_cast<std::size_t>(focus)].position)
-                         : std::string("the end")) +
+             (focus >= 0
+                  ? "the read of query " + std::to_string(s.queries[static_cast<std::size_t>(focus)].position)
+                  : std::string("the end")) +
              " in step " + std::to_string(s.step) + " (" + xml_escape(s.kind) + ").</p>\n";
       out += "<div class=\"figs\">\n" + ring_svg(r, s, focus);
       if (!s.queries.empty()) out += bar_chart_svg(s, focus);

@@ -142,10 +142,11 @@ Json report_to_json(const Report& report) {
   j["report_version"] = kReportVersion;
   j["schema_version"] = kReportSchemaVersion;
   j["name"] = "kvcheck report";
-  j["description"] = std::to_string(report.runs.size()) + " run(s) on backend " + ctx.backend +
-                     ", fault " + ctx.fault + ": " + std::to_string(failed) + " failed" +
-                     (report.check ? ", property check " + std::string(report.check->passed() ? "passed" : "failed")
-                                   : std::string());
+  j["description"] =
+      std::to_string(report.runs.size()) + " run(s) on backend " + ctx.backend + ", fault " + ctx.fault +
+      ": " + std::to_string(failed) + " failed" +
+      (report.check ? ", property check " + std::string(report.check->passed() ? "passed" : "failed")
+                    : std::string());
   j["verdict"] = report.passed() ? "pass" : "fail";
   j["context"] = Json{{"tool_version", ctx.tool_version},
                       {"seed", ctx.seed},

@@ -92,8 +92,9 @@ std::string report_junit(const Report& report) {
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += "<testsuites name=\"kvcheck\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
          std::to_string(failures) + "\" errors=\"0\">\n";
-  out += "  <testsuite name=\"" + xml_escape(suite) + "\" tests=\"" + std::to_string(tests) + "\" failures=\"" +
-         std::to_string(failures) + "\" errors=\"0\" skipped=\"" + std::to_string(skipped) + "\">\n";
+  out += "  <testsuite name=\"" + xml_escape(suite) + "\" tests=\"" + std::to_string(tests) +
+         "\" failures=\"" + std::to_string(failures) + "\" errors=\"0\" skipped=\"" +
+         std::to_string(skipped) + "\">\n";
   out += "    <properties>\n";
   const auto property = [&out](const std::string& name, const std::string& value) {
     out += "      <property name=\"" + xml_escape(name) + "\" value=\"" + xml_escape(value) + "\"/>\n";
@@ -108,7 +109,8 @@ std::string report_junit(const Report& report) {
   out += "    </properties>\n";
 
   for (const auto& run : report.runs) {
-    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(run.scenario_name) + "\"";
+    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(run.scenario_name) +
+           "\"";
     if (run.skipped) {
       out += ">\n      <skipped message=\"" + xml_escape(run.skip_reason) + "\"/>\n    </testcase>\n";
       continue;

@@ -87,8 +87,9 @@ std::string run_explanation(const Report& report, const properties::RunObservati
 
     const auto& c = s.collisions;
     if (c.total() != 0) {
-      out += "  collisions: " + std::to_string(c.same_step) + " same-step, " + std::to_string(c.outside_block) +
-             " outside block, " + std::to_string(c.replaced_needed) + " replaced a row still needed\n";
+      out += "  collisions: " + std::to_string(c.same_step) + " same-step, " +
+             std::to_string(c.outside_block) + " outside block, " + std::to_string(c.replaced_needed) +
+             " replaced a row still needed\n";
     }
     if (worst != nullptr) {
       out += "  max output error in step: " + format_double(max_eps) + " eps (abs " +
@@ -100,18 +101,20 @@ std::string run_explanation(const Report& report, const properties::RunObservati
     if (s.expectation_failed) out += "  expectation failed: " + s.expectation_detail + "\n";
   }
   out += "  max output error in run: " + format_double(run.max_eps_units) + " eps (abs " +
-         format_double(run.max_abs_diff) + ", with quantization " + format_double(run.max_quant_abs_diff) + ")\n";
+         format_double(run.max_abs_diff) + ", with quantization " + format_double(run.max_quant_abs_diff) +
+         ")\n";
   const std::string replay = replay_command(report);
   if (!replay.empty()) out += "  replay: " + replay + "\n";
-  out += "  seed: " + std::to_string(report.check ? report.check->failing_case_seed : report.context.seed) + "\n";
+  out += "  seed: " + std::to_string(report.check ? report.check->failing_case_seed : report.context.seed) +
+         "\n";
   return out;
 }
 
 std::string report_text(const Report& report) {
   const auto& ctx = report.context;
   std::string out = "kvcheck " + ctx.tool_version + "  backend " + ctx.backend + ", fault " + ctx.fault +
-                    ", seed " + std::to_string(ctx.seed) + ", reference " + std::to_string(ctx.precision_bits) +
-                    " bits\n";
+                    ", seed " + std::to_string(ctx.seed) + ", reference " +
+                    std::to_string(ctx.precision_bits) + " bits\n";
   std::size_t failed = 0, skipped = 0;
   for (const auto& run : report.runs) {
     out += run_summary_line(run) + "\n";
@@ -123,11 +126,11 @@ std::string report_text(const Report& report) {
   }
   if (report.check) {
     const auto& c = *report.check;
-    out += "\ncheck: " + std::string(c.passed() ? "PASS" : "FAIL") + ", " + std::to_string(c.cases) + " cases, " +
-           std::to_string(c.failures) + " failed\n";
+    out += "\ncheck: " + std::string(c.passed() ? "PASS" : "FAIL") + ", " + std::to_string(c.cases) +
+           " cases, " + std::to_string(c.failures) + " failed\n";
     for (const auto& k : c.coverage) {
-      out += "  coverage " + k.name + ": " + std::to_string(k.count) + " (minimum " + std::to_string(k.minimum) +
-             ")" + (k.met() ? "" : "  BELOW MINIMUM") + "\n";
+      out += "  coverage " + k.name + ": " + std::to_string(k.count) + " (minimum " +
+             std::to_string(k.minimum) + ")" + (k.met() ? "" : "  BELOW MINIMUM") + "\n";
     }
     if (!c.counterexample_file.empty()) out += "  counterexample: " + c.counterexample_file + "\n";
     if (c.failures != 0) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
@@ -135,8 +138,8 @@ std::string report_text(const Report& report) {
   }
   out += "\n" + std::string(report.passed() ? "PASS" : "FAIL") + ": " +
          std::to_string(report.runs.size() - failed - skipped) + " of " + std::to_string(report.runs.size()) +
-         " runs passed" + (skipped > 0 ? ", " + std::to_string(skipped) + " skipped (the cache cannot run them)" : "") +
-         "\n";
+         " runs passed" +
+         (skipped > 0 ? ", " + std::to_string(skipped) + " skipped (the cache cannot run them)" : "") + "\n";
   return out;
 }
 

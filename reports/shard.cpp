@@ -71,9 +71,10 @@ ShardResult parse_shard(std::string_view text, const std::string& origin) {
   return naming(origin, [&] {
     const nlohmann::json doc = jr::parse_document(text, false);
     jr::as_object(doc, "");
-    jr::check_keys(doc, "",
-                   {"kvcheck_shard", "name", "description", "kind", "tool_version", "shard", "options", "result"},
-                   "a shard document");
+    jr::check_keys(
+        doc, "",
+        {"kvcheck_shard", "name", "description", "kind", "tool_version", "shard", "options", "result"},
+        "a shard document");
     const std::int64_t version = jr::get_i64(jr::require(doc, "", "kvcheck_shard"), "kvcheck_shard");
     if (version != kShardVersion) {
       jr::fail(ErrorId::kJsonValue, "kvcheck_shard",
@@ -94,8 +95,9 @@ ShardResult parse_shard(std::string_view text, const std::string& origin) {
     s.count = jr::get_i64(jr::require(shard, "shard", "count"), "shard.count");
     s.index = jr::get_i64(jr::require(shard, "shard", "index"), "shard.index");
     if (s.count < 1 || s.index < 0 || s.index >= s.count) {
-      jr::fail(ErrorId::kJsonValue, "shard", "index " + std::to_string(s.index) + " of " + std::to_string(s.count) +
-                                                 " shards (needs 0 <= index < count)");
+      jr::fail(ErrorId::kJsonValue, "shard",
+               "index " + std::to_string(s.index) + " of " + std::to_string(s.count) +
+                   " shards (needs 0 <= index < count)");
     }
     s.options = jr::as_object(jr::require(doc, "", "options"), "options");
     s.result = jr::as_object(jr::require(doc, "", "result"), "result");
@@ -119,29 +121,32 @@ std::vector<ShardResult> order_shards(std::vector<ShardResult> shards) {
   if (shards.empty()) throw Error(ErrorId::kShard, "SHARD_DIR", "no shards given");
   const ShardResult& first = shards.front();
   for (const ShardResult& s : shards) {
-    const std::string against = " (" + first.origin + " has " ;
+    const std::string against = " (" + first.origin + " has ";
     if (s.kind != first.kind) {
-      throw Error(ErrorId::kShard, s.origin, "a " + s.kind + " shard, but " + first.origin + " is a " + first.kind +
-                                                 " shard");
+      throw Error(ErrorId::kShard, s.origin,
+                  "a " + s.kind + " shard, but " + first.origin + " is a " + first.kind + " shard");
     }
     if (s.tool_version != first.tool_version) {
-      throw Error(ErrorId::kShard, s.origin, "written by kvcheck " + s.tool_version + against + first.tool_version + ")");
+      throw Error(ErrorId::kShard, s.origin,
+                  "written by kvcheck " + s.tool_version + against + first.tool_version + ")");
     }
     if (s.count != first.count) {
-      throw Error(ErrorId::kShard, s.origin, "one of " + std::to_string(s.count) + " shards" + against +
-                                                 std::to_string(first.count) + ")");
+      throw Error(
+          ErrorId::kShard, s.origin,
+          "one of " + std::to_string(s.count) + " shards" + against + std::to_string(first.count) + ")");
     }
     if (const std::string key = first_difference(s.options, first.options); !key.empty()) {
-      throw Error(ErrorId::kShard, s.origin, "options." + key + " is " + value_text(s.options, key) + against +
-                                                 value_text(first.options, key) + "): not a shard of the same run");
+      throw Error(ErrorId::kShard, s.origin,
+                  "options." + key + " is " + value_text(s.options, key) + against +
+                      value_text(first.options, key) + "): not a shard of the same run");
     }
   }
   std::map<std::int64_t, const ShardResult*> by_index;
   for (const ShardResult& s : shards) {
     const auto [it, fresh] = by_index.emplace(s.index, &s);
     if (!fresh) {
-      throw Error(ErrorId::kShard, s.origin, shard_name(s.index, s.count) + " given twice (also " +
-                                                 it->second->origin + ")");
+      throw Error(ErrorId::kShard, s.origin,
+                  shard_name(s.index, s.count) + " given twice (also " + it->second->origin + ")");
     }
   }
   for (std::int64_t i = 0; i < first.count; ++i) {
@@ -151,7 +156,8 @@ std::vector<ShardResult> order_shards(std::vector<ShardResult> shards) {
                       " shards given, and none of them is this one");
     }
   }
-  std::sort(shards.begin(), shards.end(), [](const ShardResult& a, const ShardResult& b) { return a.index < b.index; });
+  std::sort(shards.begin(), shards.end(),
+            [](const ShardResult& a, const ShardResult& b) { return a.index < b.index; });
   return shards;
 }
 
@@ -174,7 +180,8 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
   return naming(shard.origin, [&] {
     const auto& j = shard.options;
     jr::check_keys(j, "options",
-                   {"impl", "fault", "cases", "seed", "precision_requested", "step_timeout_seconds", "command", "profile"});
+                   {"impl", "fault", "cases", "seed", "precision_requested", "step_timeout_seconds",
+                    "command", "profile"});
     CheckShardOptions o;
     o.impl = jr::get_string(jr::require(j, "options", "impl"), "options.impl");
     o.fault = jr::get_string(jr::require(j, "options", "fault"), "options.fault");
@@ -183,7 +190,8 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
     o.seed = jr::get_u64(jr::require(j, "options", "seed"), "options.seed");
     o.precision_requested =
         jr::get_i32(jr::require(j, "options", "precision_requested"), "options.precision_requested");
-    o.step_timeout_seconds = jr::get_f64(jr::require(j, "options", "step_timeout_seconds"), "options.step_timeout_seconds");
+    o.step_timeout_seconds =
+        jr::get_f64(jr::require(j, "options", "step_timeout_seconds"), "options.step_timeout_seconds");
     o.command = jr::get_string(jr::require(j, "options", "command"), "options.command");
     if (const auto* p = jr::find(j, "profile")) o.profile = jr::get_string(*p, "options.profile");
     return o;
@@ -204,10 +212,12 @@ Json tally_json(const properties::CaseTally& t) {
 properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes) {
   return naming(shard.origin, [&] {
     const auto& j = shard.result;
-    jr::check_keys(j, "result", {"cases", "failures", "skipped", "coverage_counts", "reachable", "first_failing_case"});
+    jr::check_keys(j, "result",
+                   {"cases", "failures", "skipped", "coverage_counts", "reachable", "first_failing_case"});
     properties::CaseTally t;
     t.cases = jr::get_i64(jr::require(j, "result", "cases"), "result.cases");
-    const std::int64_t expected = shard.index < cases ? (cases - shard.index + shard.count - 1) / shard.count : 0;
+    const std::int64_t expected =
+        shard.index < cases ? (cases - shard.index + shard.count - 1) / shard.count : 0;
     if (t.cases != expected) {
       jr::fail(ErrorId::kJsonValue, "result.cases",
                std::to_string(t.cases) + " cases run, but " + shard_name(shard.index, shard.count) + " of " +
@@ -215,8 +225,10 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     }
     t.failures = jr::get_i64(jr::require(j, "result", "failures"), "result.failures");
     t.skipped = jr::get_i64(jr::require(j, "result", "skipped"), "result.skipped");
-    if (t.failures < 0 || t.failures > t.cases) jr::fail(ErrorId::kJsonValue, "result.failures", "must be in 0..cases");
-    if (t.skipped < 0 || t.skipped > t.cases) jr::fail(ErrorId::kJsonValue, "result.skipped", "must be in 0..cases");
+    if (t.failures < 0 || t.failures > t.cases)
+      jr::fail(ErrorId::kJsonValue, "result.failures", "must be in 0..cases");
+    if (t.skipped < 0 || t.skipped > t.cases)
+      jr::fail(ErrorId::kJsonValue, "result.skipped", "must be in 0..cases");
     const auto& counts = jr::as_array(jr::require(j, "result", "coverage_counts"), "result.coverage_counts");
     const auto& reachable = jr::as_array(jr::require(j, "result", "reachable"), "result.reachable");
     if (counts.size() != classes || reachable.size() != classes) {
@@ -230,7 +242,8 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     const auto& first = jr::require(j, "result", "first_failing_case");
     if (!first.is_null()) {
       t.first_failing_case = jr::get_i64(first, "result.first_failing_case");
-      if (t.first_failing_case < 0 || t.first_failing_case >= cases || t.first_failing_case % shard.count != shard.index) {
+      if (t.first_failing_case < 0 || t.first_failing_case >= cases ||
+          t.first_failing_case % shard.count != shard.index) {
         jr::fail(ErrorId::kJsonValue, "result.first_failing_case",
                  "case " + std::to_string(t.first_failing_case) + " is not one of this shard's cases");
       }

@@ -35,14 +35,14 @@ inline constexpr const char* kShardFileName = "shard.json";
 
 /// One parsed shard document.
 struct ShardResult {
-  std::string kind;              ///< "check" or "sweep"
-  std::string tool_version;      ///< kvcheck version that wrote it
-  std::int64_t index = 0;        ///< 0 .. count - 1
-  std::int64_t count = 1;        ///< shards of the whole run
-  nlohmann::json options;        ///< equal in every shard of one run
-  nlohmann::json result;         ///< the kind's findings
-  std::string origin;            ///< where it came from, for errors: "DIR/shard.json", "rank R"
-  std::filesystem::path dir;     ///< its shard directory (files it refers to lie there); empty for MPI
+  std::string kind;           ///< "check" or "sweep"
+  std::string tool_version;   ///< kvcheck version that wrote it
+  std::int64_t index = 0;     ///< 0 .. count - 1
+  std::int64_t count = 1;     ///< shards of the whole run
+  nlohmann::json options;     ///< equal in every shard of one run
+  nlohmann::json result;      ///< the kind's findings
+  std::string origin;         ///< where it came from, for errors: "DIR/shard.json", "rank R"
+  std::filesystem::path dir;  ///< its shard directory (files it refers to lie there); empty for MPI
 };
 
 /// The shard document as JSON text (fixed key order, 2-space indent,
@@ -73,14 +73,14 @@ std::string shard_name(std::int64_t index, std::int64_t count);
 /// The options of a check run that every shard must share (plain values: the
 /// CLI translates them from and to properties::CheckOptions).
 struct CheckShardOptions {
-  std::string impl;                    ///< --impl
-  std::string fault;                   ///< --fault name
-  std::int64_t cases = 0;              ///< cases of the whole run
+  std::string impl;        ///< --impl
+  std::string fault;       ///< --fault name
+  std::int64_t cases = 0;  ///< cases of the whole run
   std::uint64_t seed = 0;
-  int precision_requested = 113;       ///< --precision as given (53, 113, 169); reports record its real bits too
+  int precision_requested = 113;  ///< --precision as given (53, 113, 169); reports record its real bits too
   double step_timeout_seconds = 10.0;
-  std::string command;                 ///< the report's command line (without --shard, --out, --threads)
-  std::string profile = "default";     ///< --profile; written only when not "default"
+  std::string command;              ///< the report's command line (without --shard, --out, --threads)
+  std::string profile = "default";  ///< --profile; written only when not "default"
 };
 
 nlohmann::ordered_json check_options_json(const CheckShardOptions& options);

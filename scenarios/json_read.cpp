@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <sstream>
 #include <limits>
+#include <sstream>
 #include <utility>
 
 namespace kvcheck::scenarios::json_read {
@@ -99,8 +99,7 @@ class DomBuilder {
     std::string path;
     for (std::size_t f = 0; f < i; ++f) {
       const Frame& frame = frames_[f];
-      path = frame.node->is_object() ? join_key(path, frame.key)
-                                     : join_index(path, frame.node->size() - 1);
+      path = frame.node->is_object() ? join_key(path, frame.key) : join_index(path, frame.node->size() - 1);
     }
     return path;
   }
@@ -155,7 +154,6 @@ json parse_document(std::string_view text, bool one_line) {
   return root;
 }
 
-
 // ---- typed reads ------------------------------------------------------------------
 
 std::string describe(const json& j) {
@@ -191,9 +189,9 @@ void check_keys(const json& object, const std::string& path, const std::vector<s
       if (!list.empty()) list += ", ";
       list += key;
     }
-    const std::string what =
-        owner.empty() ? "unknown key '" + item.key() + "'"
-                      : "key '" + item.key() + "' does not belong to " + std::string(owner);
+    const std::string what = owner.empty()
+                                 ? "unknown key '" + item.key() + "'"
+                                 : "key '" + item.key() + "' does not belong to " + std::string(owner);
     fail(ErrorId::kJsonUnknownKey, join_key(path, item.key()), what + " (allowed: " + list + ")");
   }
 }
@@ -203,11 +201,13 @@ const json* find(const json& object, std::string_view key) {
   return it == object.end() ? nullptr : &*it;
 }
 
-const json& require(const json& object, const std::string& path, std::string_view key, std::string_view owner) {
+const json& require(const json& object, const std::string& path, std::string_view key,
+                    std::string_view owner) {
   const json* value = find(object, key);
   if (value == nullptr) {
     fail(ErrorId::kJsonMissingKey, join_key(path, key),
-         "missing required key '" + std::string(key) + "'" + (owner.empty() ? "" : " of " + std::string(owner)));
+         "missing required key '" + std::string(key) + "'" +
+             (owner.empty() ? "" : " of " + std::string(owner)));
   }
   return *value;
 }
@@ -233,8 +233,7 @@ std::int64_t get_i64(const json& j, const std::string& path) {
 
 std::int32_t get_i32(const json& j, const std::string& path) {
   const std::int64_t value = get_i64(j, path);
-  if (value > std::numeric_limits<std::int32_t>::max() ||
-      value < std::numeric_limits<std::int32_t>::min()) {
+  if (value > std::numeric_limits<std::int32_t>::max() || value < std::numeric_limits<std::int32_t>::min()) {
     fail(ErrorId::kSize, path, "integer " + std::to_string(value) + " exceeds the 32-bit range");
   }
   return static_cast<std::int32_t>(value);
@@ -293,7 +292,8 @@ void check_real(double value, const std::string& path) {
 std::string read_input_file(const std::filesystem::path& path, std::string_view what) {
   const std::string name = path.string();
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail(ErrorId::kIo, name, "is a directory, not " + std::string(what));
+  if (std::filesystem::is_directory(path, ec))
+    fail(ErrorId::kIo, name, "is a directory, not " + std::string(what));
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) fail(ErrorId::kIo, name, "cannot read: " + ec.message());
   if (size > kMaxFileBytes) fail(ErrorId::kSize, name, "file is larger than 256 MiB");
@@ -305,8 +305,9 @@ std::string read_input_file(const std::filesystem::path& path, std::string_view 
   return buffer.str();
 }
 
-std::vector<std::filesystem::path> collect_files(const std::vector<std::string>& files_or_dirs,
-                                                 const std::function<bool(const std::filesystem::path&)>& wanted) {
+std::vector<std::filesystem::path> collect_files(
+    const std::vector<std::string>& files_or_dirs,
+    const std::function<bool(const std::filesystem::path&)>& wanted) {
   namespace fs = std::filesystem;
   std::vector<fs::path> out;
   for (const std::string& arg : files_or_dirs) {
@@ -327,9 +328,8 @@ std::vector<std::filesystem::path> collect_files(const std::vector<std::string>&
     }
     if (ec) fail(ErrorId::kIo, arg, "cannot list directory: " + ec.message());
   }
-  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
-    return a.generic_string() < b.generic_string();
-  });
+  std::sort(out.begin(), out.end(),
+            [](const fs::path& a, const fs::path& b) { return a.generic_string() < b.generic_string(); });
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }

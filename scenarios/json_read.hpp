@@ -45,7 +45,8 @@ const json& as_array(const json& j, const std::string& path);
 void check_keys(const json& object, const std::string& path, const std::vector<std::string_view>& allowed,
                 std::string_view owner = "");
 const json* find(const json& object, std::string_view key);
-const json& require(const json& object, const std::string& path, std::string_view key, std::string_view owner = "");
+const json& require(const json& object, const std::string& path, std::string_view key,
+                    std::string_view owner = "");
 
 std::int64_t get_i64(const json& j, const std::string& path);
 std::int32_t get_i32(const json& j, const std::string& path);
@@ -66,12 +67,14 @@ std::string read_input_file(const std::filesystem::path& path, std::string_view 
 /// argument as given, a directory every regular file below it (recursively)
 /// that `wanted` accepts. Throws kIo for a path that does not exist or cannot
 /// be listed.
-std::vector<std::filesystem::path> collect_files(const std::vector<std::string>& files_or_dirs,
-                                                 const std::function<bool(const std::filesystem::path&)>& wanted);
+std::vector<std::filesystem::path> collect_files(
+    const std::vector<std::string>& files_or_dirs,
+    const std::function<bool(const std::filesystem::path&)>& wanted);
 
 /// One of `values`, by `name`.
 template <typename E, std::size_t N>
-E get_enum(const json& j, const std::string& path, const E (&values)[N], std::string_view (*name)(E) noexcept) {
+E get_enum(const json& j, const std::string& path, const E (&values)[N],
+           std::string_view (*name)(E) noexcept) {
   const std::string text = get_string(j, path);
   std::string choices;
   for (E value : values) {
@@ -85,7 +88,7 @@ inline constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16,
 inline constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
 inline constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
 inline constexpr ValueProfile kValueProfiles[] = {ValueProfile::kUniform, ValueProfile::kLargeLogits,
-                                                   ValueProfile::kFp8Outliers};
+                                                  ValueProfile::kFp8Outliers};
 inline constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
 inline constexpr StepKind kStepKinds[] = {StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
                                           StepKind::kAccept,  StepKind::kFinish, StepKind::kReset};

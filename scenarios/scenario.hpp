@@ -34,19 +34,19 @@ struct Rope {
 
 /// One layer's pool configuration (every layer has the same one).
 struct CacheConfig {
-  std::int64_t window = 8;                    ///< window parameter, read with `convention`
+  std::int64_t window = 8;  ///< window parameter, read with `convention`
   Convention convention = Convention::kKeys;
-  std::int64_t ring_rows = 8;                 ///< S, rows per state block
+  std::int64_t ring_rows = 8;  ///< S, rows per state block
   std::int64_t states = 1;
   std::int32_t q_heads = 1;
   std::int32_t kv_heads = 1;
   std::int32_t head_dim = 4;
-  bool shared_row = false;                    ///< MLA-style shared key/value row
+  bool shared_row = false;  ///< MLA-style shared key/value row
   Format format = Format::kF64;
   Rope rope;
   std::int32_t layers = 1;
-  std::optional<double> softmax_scale;        ///< default 1/sqrt(head_dim)
-  std::optional<double> sink_logit;           ///< attention-sink logit, if any
+  std::optional<double> softmax_scale;  ///< default 1/sqrt(head_dim)
+  std::optional<double> sink_logit;     ///< attention-sink logit, if any
   bool operator==(const CacheConfig&) const = default;
 };
 
@@ -62,7 +62,7 @@ struct Request {
 struct Step {
   StepKind kind = StepKind::kDecode;
   std::int64_t request = 0;
-  std::int64_t rows = 0;      ///< prefill chunk length (>= 1)
+  std::int64_t rows = 0;  ///< prefill chunk length (>= 1)
   Order order = Order::kLoadThenStore;
   std::int64_t drafts = 0;    ///< verify k (>= 0): k + 1 rows
   std::int64_t accepted = 0;  ///< accept a (0 <= a <= k of the pending verify)
@@ -103,8 +103,8 @@ struct Data {
 
 /// Expected per-query overwritten-visible-row counts of one step.
 struct OverwriteExpectation {
-  std::int64_t step = 0;              ///< index into Scenario::steps
-  std::vector<std::int64_t> counts;   ///< one per query of that step
+  std::int64_t step = 0;             ///< index into Scenario::steps
+  std::vector<std::int64_t> counts;  ///< one per query of that step
   bool operator==(const OverwriteExpectation&) const = default;
 };
 
@@ -112,8 +112,8 @@ struct OverwriteExpectation {
 /// row, no collision and outputs within the format's tolerance.
 struct Expectations {
   std::vector<OverwriteExpectation> overwritten;
-  std::optional<std::int64_t> collisions;    ///< total slot collisions
-  std::optional<double> output_tolerance;    ///< max abs output difference allowed
+  std::optional<std::int64_t> collisions;  ///< total slot collisions
+  std::optional<double> output_tolerance;  ///< max abs output difference allowed
   bool operator==(const Expectations&) const = default;
 };
 

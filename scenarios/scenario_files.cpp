@@ -21,13 +21,13 @@ void write_scenario_file(const std::filesystem::path& path, const Scenario& scen
   write_file_atomic(path, save_scenario(scenario));  // save_scenario throws before touching the disk
 }
 
-std::vector<std::filesystem::path> collect_scenario_files(
-    const std::vector<std::string>& files_or_dirs) {
+std::vector<std::filesystem::path> collect_scenario_files(const std::vector<std::string>& files_or_dirs) {
   return collect_files(files_or_dirs, [](const std::filesystem::path& p) {
     const std::string file = p.filename().string();
     const std::string_view suffix = ".schema.json";
     return p.extension() == ".json" &&
-           !(file.size() >= suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0);
+           !(file.size() >= suffix.size() &&
+             file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0);
   });
 }
 

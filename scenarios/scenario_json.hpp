@@ -79,7 +79,6 @@ void write_scenario_file(const std::filesystem::path& path, const Scenario& scen
 /// directory contributes every regular `*.json` file below it (recursively),
 /// except `*.schema.json`; a file argument is taken as given. Throws kIo for
 /// a path that does not exist or cannot be listed.
-std::vector<std::filesystem::path> collect_scenario_files(
-    const std::vector<std::string>& files_or_dirs);
+std::vector<std::filesystem::path> collect_scenario_files(const std::vector<std::string>& files_or_dirs);
 
 }  // namespace kvcheck::scenarios

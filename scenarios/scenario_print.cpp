@@ -18,7 +18,9 @@ using ojson = nlohmann::ordered_json;
 
 // ---- Scenario -> canonical text ----------------------------------------------------------
 
-ojson optional_number(const std::optional<double>& v) { return v ? ojson(*v) : ojson(nullptr); }
+ojson optional_number(const std::optional<double>& v) {
+  return v ? ojson(*v) : ojson(nullptr);
+}
 
 ojson to_document(const Scenario& s) {
   ojson root = ojson::object();

@@ -34,8 +34,8 @@ Rope read_rope(const json& j, const std::string& path) {
 CacheConfig read_cache(const json& j, const std::string& path) {
   as_object(j, path);
   check_keys(j, path,
-             {"window", "window_convention", "ring_rows", "states", "q_heads", "kv_heads",
-              "head_dim", "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit"});
+             {"window", "window_convention", "ring_rows", "states", "q_heads", "kv_heads", "head_dim",
+              "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit"});
   CacheConfig c;
   c.window = get_i64(require(j, path, "window"), join_key(path, "window"));
   c.ring_rows = get_i64(require(j, path, "ring_rows"), join_key(path, "ring_rows"));
@@ -122,9 +122,7 @@ Step read_step(const json& j, const std::string& p) {
       step.rows = get_i64(require(j, p, "rows"), join_key(p, "rows"));
       step.order = get_enum(require(j, p, "order"), join_key(p, "order"), kOrders, order_name);
       break;
-    case StepKind::kVerify:
-      step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts"));
-      break;
+    case StepKind::kVerify: step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts")); break;
     case StepKind::kAccept:
       step.accepted = get_i64(require(j, p, "accepted"), join_key(p, "accepted"));
       break;
@@ -137,8 +135,7 @@ Scenario read_scenario(const json& root) {
   const std::string path;
   as_object(root, path);
   check_keys(root, path,
-             {"schema_version", "name", "description", "cache", "data", "requests", "steps",
-              "expect"});
+             {"schema_version", "name", "description", "cache", "data", "requests", "steps", "expect"});
   const json& version = require(root, path, "schema_version");
   if (get_i64(version, "schema_version") != Scenario::kSchemaVersion) {
     fail(ErrorId::kJsonValue, "schema_version",

@@ -115,8 +115,8 @@ void validate_cache(const CacheConfig& c) {
   // layers * states * ring_rows * kv_heads * head_dim * (1 shared or 2) * 8.
   std::int64_t bytes = 8 * (c.shared_row ? 1 : 2);
   bool overflow = false;
-  for (std::int64_t factor : {std::int64_t{c.layers}, c.states, c.ring_rows,
-                              std::int64_t{c.kv_heads}, std::int64_t{c.head_dim}}) {
+  for (std::int64_t factor :
+       {std::int64_t{c.layers}, c.states, c.ring_rows, std::int64_t{c.kv_heads}, std::int64_t{c.head_dim}}) {
     overflow = overflow || __builtin_mul_overflow(bytes, factor, &bytes);
   }
   std::int64_t q_bytes = 8;
@@ -124,8 +124,7 @@ void validate_cache(const CacheConfig& c) {
     overflow = overflow || __builtin_mul_overflow(q_bytes, factor, &q_bytes);
   }
   if (overflow) {
-    fail(ErrorId::kSize, "cache",
-         "layers*states*ring_rows*kv_heads*head_dim*2*8 bytes overflows 64 bits");
+    fail(ErrorId::kSize, "cache", "layers*states*ring_rows*kv_heads*head_dim*2*8 bytes overflows 64 bits");
   }
 }
 
@@ -139,8 +138,10 @@ void check_default_fields(const Step& step, const std::string& p) {
   const Step defaults;
   const std::string owner = "a " + std::string(step_kind_name(step.kind)) + " step";
   if (step.kind != StepKind::kPrefill) {
-    if (step.rows != defaults.rows) fail(ErrorId::kJsonValue, join_key(p, "rows"), "rows is not a field of " + owner);
-    if (step.order != defaults.order) fail(ErrorId::kJsonValue, join_key(p, "order"), "order is not a field of " + owner);
+    if (step.rows != defaults.rows)
+      fail(ErrorId::kJsonValue, join_key(p, "rows"), "rows is not a field of " + owner);
+    if (step.order != defaults.order)
+      fail(ErrorId::kJsonValue, join_key(p, "order"), "order is not a field of " + owner);
   }
   if (step.kind != StepKind::kVerify && step.drafts != defaults.drafts) {
     fail(ErrorId::kJsonValue, join_key(p, "drafts"), "drafts is not a field of " + owner);
@@ -184,8 +185,7 @@ Simulation simulate(const Scenario& s) {
     check_default_fields(step, p);
     const auto it = live.find(step.request);
     if (it == live.end()) {
-      fail(ErrorId::kJsonValue, join_key(p, "request"),
-           "unknown request " + std::to_string(step.request));
+      fail(ErrorId::kJsonValue, join_key(p, "request"), "unknown request " + std::to_string(step.request));
     }
     Live& r = it->second;
     const std::string name = "request " + std::to_string(step.request);
@@ -197,14 +197,14 @@ Simulation simulate(const Scenario& s) {
       // A request starts at its first step and takes its state, which must be free.
       if (const auto h = holder.find(r.state); h != holder.end()) {
         fail(ErrorId::kJsonValue, join_key(p, "request"),
-             name + " starts on state " + std::to_string(r.state) +
-                 ", still held by active request " + std::to_string(h->second));
+             name + " starts on state " + std::to_string(r.state) + ", still held by active request " +
+                 std::to_string(h->second));
       }
       holder[r.state] = step.request;
       r.phase = Live::Phase::kActive;
     }
-    const bool writes = step.kind == StepKind::kPrefill || step.kind == StepKind::kDecode ||
-                        step.kind == StepKind::kVerify;
+    const bool writes =
+        step.kind == StepKind::kPrefill || step.kind == StepKind::kDecode || step.kind == StepKind::kVerify;
     if (step.kind == StepKind::kPrefill) {
       check_count(step.rows, 1, kMaxPrefillRows, join_key(p, "rows"), "prefill rows");
     }
@@ -266,7 +266,8 @@ void validate_data(const Scenario& s, const Simulation& sim) {
   const auto q_width = static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(c.head_dim);
   // (layer, request, position, step): an unstepped row is its own key, so it
   // may stand beside rows for particular steps of the same position.
-  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t, std::optional<std::int64_t>>, std::size_t> seen;
+  std::map<std::tuple<std::int32_t, std::int64_t, std::int64_t, std::optional<std::int64_t>>, std::size_t>
+      seen;
   for (std::size_t i = 0; i < s.data.rows.size(); ++i) {
     const ExplicitRow& row = s.data.rows[i];
     const std::string p = join_index("data.rows", i);
@@ -316,20 +317,21 @@ void validate_data(const Scenario& s, const Simulation& sim) {
                  ", not position " + std::to_string(row.position));
       }
     }
-    const auto [prior, inserted] = seen.emplace(std::tuple(row.layer, row.request, row.position, row.step), i);
+    const auto [prior, inserted] =
+        seen.emplace(std::tuple(row.layer, row.request, row.position, row.step), i);
     if (!inserted) {
       fail(ErrorId::kJsonValue, p,
            std::string(row.step ? "duplicate row for this layer, request, position and step"
                                 : "duplicate row for this layer, request and position") +
                " (first at data.rows[" + std::to_string(prior->second) + "])");
     }
-    const auto check_width = [&](const std::vector<double>& values, std::size_t width,
-                                 std::string_view key, std::string_view rule) {
+    const auto check_width = [&](const std::vector<double>& values, std::size_t width, std::string_view key,
+                                 std::string_view rule) {
       const std::string vp = join_key(p, key);
       if (values.size() != width) {
         fail(ErrorId::kJsonValue, vp,
-             "has " + std::to_string(values.size()) + " values, expected " + std::string(rule) +
-                 " = " + std::to_string(width));
+             "has " + std::to_string(values.size()) + " values, expected " + std::string(rule) + " = " +
+                 std::to_string(width));
       }
       for (std::size_t e = 0; e < values.size(); ++e) check_real(values[e], join_index(vp, e));
     };
@@ -353,7 +355,8 @@ void validate_expect(const Scenario& s, const Simulation& sim) {
     const std::string p = join_index("expect.overwritten", i);
     if (o.step < 0 || o.step >= static_cast<std::int64_t>(s.steps.size())) {
       fail(ErrorId::kJsonValue, join_key(p, "step"),
-           "step " + std::to_string(o.step) + " is outside 0.." + std::to_string(static_cast<std::int64_t>(s.steps.size()) - 1));
+           "step " + std::to_string(o.step) + " is outside 0.." +
+               std::to_string(static_cast<std::int64_t>(s.steps.size()) - 1));
     }
     const Step& step = s.steps[static_cast<std::size_t>(o.step)];
     if (step_rows(step) == 0) {
@@ -368,8 +371,8 @@ void validate_expect(const Scenario& s, const Simulation& sim) {
     const std::string cp = join_key(p, "counts");
     if (static_cast<std::int64_t>(o.counts.size()) != step_rows(step)) {
       fail(ErrorId::kJsonValue, cp,
-           "has " + std::to_string(o.counts.size()) + " counts, but steps[" +
-               std::to_string(o.step) + "] runs " + std::to_string(step_rows(step)) + " queries");
+           "has " + std::to_string(o.counts.size()) + " counts, but steps[" + std::to_string(o.step) +
+               "] runs " + std::to_string(step_rows(step)) + " queries");
     }
     const std::int64_t first = sim.first_position[static_cast<std::size_t>(o.step)];
     for (std::size_t q = 0; q < o.counts.size(); ++q) {
@@ -383,7 +386,8 @@ void validate_expect(const Scenario& s, const Simulation& sim) {
     }
   }
   if (e.collisions && *e.collisions < 0) {
-    fail(ErrorId::kJsonValue, "expect.collisions", "collisions " + std::to_string(*e.collisions) + " is negative");
+    fail(ErrorId::kJsonValue, "expect.collisions",
+         "collisions " + std::to_string(*e.collisions) + " is negative");
   }
   if (e.output_tolerance) {
     check_real(*e.output_tolerance, "expect.output_tolerance");

@@ -20,9 +20,9 @@ namespace kvcheck::scenarios {
 
 /// The logical state of one request between steps.
 struct RequestProgress {
-  std::int64_t length = 0;          ///< committed positions; the next write goes here
-  std::int64_t pending_first = -1;  ///< first position of a verify awaiting accept, else -1
-  std::int64_t pending_drafts = -1; ///< k of that verify, else -1
+  std::int64_t length = 0;           ///< committed positions; the next write goes here
+  std::int64_t pending_first = -1;   ///< first position of a verify awaiting accept, else -1
+  std::int64_t pending_drafts = -1;  ///< k of that verify, else -1
   bool pending() const noexcept { return pending_drafts >= 0; }
   /// Positions written so far past the committed length (a pending verify's rows).
   std::int64_t speculative_length() const noexcept {
@@ -45,7 +45,9 @@ enum class StepRefusal : std::uint8_t {
 const char* step_refusal_text(StepRefusal refusal) noexcept;
 
 /// First position a step writes (and its first query's position): the committed length.
-constexpr std::int64_t step_first_position(const RequestProgress& p) noexcept { return p.length; }
+constexpr std::int64_t step_first_position(const RequestProgress& p) noexcept {
+  return p.length;
+}
 
 /// Applies `step` (its kind, rows, drafts, accepted) to `p`:
 ///   prefill(n), decode: length += n
@@ -78,12 +80,8 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
       p.length = p.pending_first + 1 + step.accepted;
       p.pending_first = p.pending_drafts = -1;
       return StepRefusal::kNone;
-    case StepKind::kFinish:
-      p.pending_first = p.pending_drafts = -1;
-      return StepRefusal::kNone;
-    case StepKind::kReset:
-      p = RequestProgress{};
-      return StepRefusal::kNone;
+    case StepKind::kFinish: p.pending_first = p.pending_drafts = -1; return StepRefusal::kNone;
+    case StepKind::kReset: p = RequestProgress{}; return StepRefusal::kNone;
   }
   return StepRefusal::kNone;
 }

@@ -56,12 +56,12 @@ struct TraceCache {
 /// The first line of a run.
 struct TraceHeader {
   std::string name;
-  std::int64_t window = 1;                  ///< window.param
+  std::int64_t window = 1;  ///< window.param
   Convention convention = Convention::kKeys;
-  std::optional<std::int64_t> capacity;     ///< rows per state; absent: 1 + the largest slot seen
-  std::optional<std::int64_t> states;       ///< absent: 1 + the largest state used
+  std::optional<std::int64_t> capacity;  ///< rows per state; absent: 1 + the largest slot seen
+  std::optional<std::int64_t> states;    ///< absent: 1 + the largest state used
   Addressing addressing = Addressing::kOpaque;
-  std::optional<TraceCache> cache;          ///< absent: TraceCache defaults, outputs not judged
+  std::optional<TraceCache> cache;  ///< absent: TraceCache defaults, outputs not judged
   /// What the run expects, as a scenario file's "expect" (a recording of a
   /// replayed scenario carries the scenario's); absent: no lost row, no
   /// collision, outputs within the format's tolerance.
@@ -74,7 +74,7 @@ struct TraceHeader {
 /// slot = blocks[pos / block_size] * block_size + pos % block_size (block -1:
 /// nothing read for that position).
 struct BlockTable {
-  std::vector<std::int64_t> blocks;    ///< block ids indexed by position / block_size, -1 for none
+  std::vector<std::int64_t> blocks;  ///< block ids indexed by position / block_size, -1 for none
   std::int64_t block_size = 1;
   std::vector<std::int64_t> seq_lens;  ///< one per query
   bool operator==(const BlockTable&) const = default;
@@ -85,18 +85,18 @@ enum class ReadForm : std::uint8_t { kNone, kSlots, kBlockTable };
 
 /// One step record (one step on one layer, or a begin).
 struct TraceStep {
-  std::int64_t line = 0;          ///< 1-based line in the source text (0: built in code)
-  std::int64_t step = 0;          ///< index of the step in the run (a begin: of the step it precedes)
+  std::int64_t line = 0;  ///< 1-based line in the source text (0: built in code)
+  std::int64_t step = 0;  ///< index of the step in the run (a begin: of the step it precedes)
   std::int32_t layer = 0;
   TraceKind kind = TraceKind::kDecode;
   std::int64_t request = 0;
   std::int64_t state = 0;
   // Writing steps (prefill, decode, verify):
-  std::int64_t position = 0;      ///< first position written
-  std::int64_t rows = 0;          ///< rows written = queries run (prefill n, decode 1, verify k+1)
+  std::int64_t position = 0;            ///< first position written
+  std::int64_t rows = 0;                ///< rows written = queries run (prefill n, decode 1, verify k+1)
   Order order = Order::kLoadThenStore;  ///< prefill
-  std::int64_t drafts = 0;        ///< verify k
-  std::int64_t accepted = 0;      ///< accept a
+  std::int64_t drafts = 0;              ///< verify k
+  std::int64_t accepted = 0;            ///< accept a
   std::vector<std::int64_t> written;    ///< [rows] slot of each new row
   ReadForm read_form = ReadForm::kNone;
   std::vector<std::vector<std::int64_t>> read;  ///< [rows] slots each query read (-1 ignored)
@@ -112,8 +112,8 @@ struct TraceStep {
 
 /// One run: its header and its records, in file order.
 struct TraceRun {
-  std::string source;             ///< file name (for messages), may be empty
-  std::int64_t header_line = 0;   ///< 1-based line of the header
+  std::string source;            ///< file name (for messages), may be empty
+  std::int64_t header_line = 0;  ///< 1-based line of the header
   TraceHeader header;
   std::vector<TraceStep> steps;
   bool operator==(const TraceRun&) const = default;

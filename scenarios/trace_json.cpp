@@ -34,22 +34,27 @@ std::string at_line(std::int64_t line, const std::string& path) {
   return "line " + std::to_string(line) + (path.empty() ? "" : ": " + path);
 }
 
-
 // ---- typed reads (the shared ones are in scenarios/json_read.hpp) ----------------
 
 /// An integer in [lo, hi]: below lo is a value error, above hi a size error.
-std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, std::int64_t hi, std::string_view what) {
+std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, std::int64_t hi,
+                       std::string_view what) {
   const std::int64_t v = get_i64(j, path);
-  if (v < lo) fail(ErrorId::kJsonValue, path, std::string(what) + " " + std::to_string(v) + " is below " + std::to_string(lo));
-  if (v > hi) fail(ErrorId::kSize, path, std::string(what) + " " + std::to_string(v) + " exceeds " + std::to_string(hi));
+  if (v < lo)
+    fail(ErrorId::kJsonValue, path,
+         std::string(what) + " " + std::to_string(v) + " is below " + std::to_string(lo));
+  if (v > hi)
+    fail(ErrorId::kSize, path,
+         std::string(what) + " " + std::to_string(v) + " exceeds " + std::to_string(hi));
   return v;
 }
 
 constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int64_t kSlotMax = std::numeric_limits<std::int64_t>::max();
 
-constexpr TraceKind kKinds[] = {TraceKind::kPrefill, TraceKind::kDecode, TraceKind::kVerify, TraceKind::kAccept,
-                                TraceKind::kFinish,  TraceKind::kReset,  TraceKind::kBegin};
+constexpr TraceKind kKinds[] = {TraceKind::kPrefill, TraceKind::kDecode, TraceKind::kVerify,
+                                TraceKind::kAccept,  TraceKind::kFinish, TraceKind::kReset,
+                                TraceKind::kBegin};
 constexpr Addressing kAddressings[] = {Addressing::kRing, Addressing::kPaged, Addressing::kOpaque};
 constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadView::kCausal};
 
@@ -58,10 +63,12 @@ constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadVi
 TraceCache read_cache(const json& j, const std::string& path) {
   as_object(j, path);
   check_keys(j, path,
-             {"q_heads", "kv_heads", "head_dim", "shared_row", "format", "rope", "softmax_scale", "sink_logit", "layers"});
+             {"q_heads", "kv_heads", "head_dim", "shared_row", "format", "rope", "softmax_scale",
+              "sink_logit", "layers"});
   TraceCache c;
   const auto count32 = [&](std::string_view key, std::int32_t* out) {
-    if (const json* v = find(j, key)) *out = static_cast<std::int32_t>(get_range(*v, join_key(path, key), 1, kI32Max, key));
+    if (const json* v = find(j, key))
+      *out = static_cast<std::int32_t>(get_range(*v, join_key(path, key), 1, kI32Max, key));
   };
   count32("q_heads", &c.q_heads);
   count32("kv_heads", &c.kv_heads);
@@ -70,14 +77,17 @@ TraceCache read_cache(const json& j, const std::string& path) {
     c.layers = static_cast<std::int32_t>(get_range(*v, join_key(path, "layers"), 1, kI32Max, "layers"));
   }
   if (const json* v = find(j, "shared_row")) c.shared_row = get_bool(*v, join_key(path, "shared_row"));
-  if (const json* v = find(j, "format")) c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
+  if (const json* v = find(j, "format"))
+    c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
   if (const json* v = find(j, "rope")) {
     const std::string rp = join_key(path, "rope");
     as_object(*v, rp);
     check_keys(*v, rp, {"style", "rotary_dims", "base"});
-    if (const json* s = find(*v, "style")) c.rope.style = get_enum(*s, join_key(rp, "style"), kRopeStyles, rope_style_name);
+    if (const json* s = find(*v, "style"))
+      c.rope.style = get_enum(*s, join_key(rp, "style"), kRopeStyles, rope_style_name);
     if (const json* d = find(*v, "rotary_dims")) {
-      c.rope.rotary_dims = static_cast<std::int32_t>(get_range(*d, join_key(rp, "rotary_dims"), 0, kI32Max, "rotary_dims"));
+      c.rope.rotary_dims =
+          static_cast<std::int32_t>(get_range(*d, join_key(rp, "rotary_dims"), 0, kI32Max, "rotary_dims"));
     }
     if (const json* b = find(*v, "base")) {
       c.rope.base = get_f64(*b, join_key(rp, "base"));
@@ -89,7 +99,8 @@ TraceCache read_cache(const json& j, const std::string& path) {
     c.softmax_scale = get_optional_f64(*v, join_key(path, "softmax_scale"));
     if (c.softmax_scale) {
       check_real(*c.softmax_scale, join_key(path, "softmax_scale"));
-      if (!(*c.softmax_scale > 0)) fail(ErrorId::kJsonValue, join_key(path, "softmax_scale"), "softmax_scale must be positive");
+      if (!(*c.softmax_scale > 0))
+        fail(ErrorId::kJsonValue, join_key(path, "softmax_scale"), "softmax_scale must be positive");
     }
   }
   if (const json* v = find(j, "sink_logit")) {
@@ -98,7 +109,8 @@ TraceCache read_cache(const json& j, const std::string& path) {
   }
   if (c.q_heads % c.kv_heads != 0) {
     fail(ErrorId::kJsonValue, join_key(path, "q_heads"),
-         "q_heads " + std::to_string(c.q_heads) + " is not a multiple of kv_heads " + std::to_string(c.kv_heads));
+         "q_heads " + std::to_string(c.q_heads) + " is not a multiple of kv_heads " +
+             std::to_string(c.kv_heads));
   }
   if (c.shared_row && c.kv_heads != 1) {
     fail(ErrorId::kJsonValue, join_key(path, "shared_row"),
@@ -116,11 +128,13 @@ TraceCache read_cache(const json& j, const std::string& path) {
 }
 
 TraceHeader read_header(const json& j) {
-  check_keys(j, "", {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect"});
+  check_keys(j, "",
+             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect"});
   const json& version = require(j, "", "kvcheck_trace");
   if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
     fail(ErrorId::kJsonValue, "kvcheck_trace",
-         "unsupported trace version " + version.dump() + " (this build reads " + std::to_string(kTraceVersion) + ")");
+         "unsupported trace version " + version.dump() + " (this build reads " +
+             std::to_string(kTraceVersion) + ")");
   }
   TraceHeader h;
   h.name = get_string(require(j, "", "name"), "name");
@@ -133,16 +147,19 @@ TraceHeader read_header(const json& j) {
   const json& w = as_object(require(j, "", "window"), "window");
   check_keys(w, "window", {"param", "convention", "keys"});
   h.window = get_range(require(w, "window", "param"), "window.param", 1, kMaxRows - 1, "window");
-  h.convention = get_enum(require(w, "window", "convention"), "window.convention", kConventions, convention_name);
+  h.convention =
+      get_enum(require(w, "window", "convention"), "window.convention", kConventions, convention_name);
   if (const json* k = find(w, "keys")) {
     const std::int64_t keys = get_i64(*k, "window.keys");
     if (keys != trace_window_keys(h)) {
       fail(ErrorId::kJsonValue, "window.keys",
-           "keys " + std::to_string(keys) + " disagrees with param " + std::to_string(h.window) + " under convention '" +
-               std::string(convention_name(h.convention)) + "' (" + std::to_string(trace_window_keys(h)) + " keys)");
+           "keys " + std::to_string(keys) + " disagrees with param " + std::to_string(h.window) +
+               " under convention '" + std::string(convention_name(h.convention)) + "' (" +
+               std::to_string(trace_window_keys(h)) + " keys)");
     }
   }
-  if (const json* v = find(j, "capacity")) h.capacity = get_range(*v, "capacity", 1, kMaxRows - 1, "capacity");
+  if (const json* v = find(j, "capacity"))
+    h.capacity = get_range(*v, "capacity", 1, kMaxRows - 1, "capacity");
   if (const json* v = find(j, "states")) h.states = get_range(*v, "states", 1, kMaxRows - 1, "states");
   h.addressing = get_enum(require(j, "", "addressing"), "addressing", kAddressings, addressing_name);
   if (h.addressing == Addressing::kRing && !h.capacity) {
@@ -163,20 +180,22 @@ std::vector<std::int64_t> int_list(const json& j, const std::string& path, std::
   as_array(j, path);
   std::vector<std::int64_t> out;
   out.reserve(j.size());
-  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(get_range(j[i], join_index(path, i), lo, hi, what));
+  for (std::size_t i = 0; i < j.size(); ++i)
+    out.push_back(get_range(j[i], join_index(path, i), lo, hi, what));
   return out;
 }
 
 void check_count_of(const json& j, const std::string& path, std::int64_t rows, std::string_view per) {
   if (static_cast<std::int64_t>(j.size()) != rows) {
     fail(ErrorId::kJsonValue, path,
-         "has " + std::to_string(j.size()) + " entries, expected " + std::to_string(rows) + " (" + std::string(per) + ")");
+         "has " + std::to_string(j.size()) + " entries, expected " + std::to_string(rows) + " (" +
+             std::string(per) + ")");
   }
 }
 
 /// Rows of numbers: `rows` arrays of `width` numbers each (width < 0: any).
-std::vector<std::vector<double>> real_rows(const json& j, const std::string& path, std::int64_t rows, std::int64_t width,
-                                           std::string_view width_rule) {
+std::vector<std::vector<double>> real_rows(const json& j, const std::string& path, std::int64_t rows,
+                                           std::int64_t width, std::string_view width_rule) {
   as_array(j, path);
   check_count_of(j, path, rows, "one per row of the step");
   std::vector<std::vector<double>> out;
@@ -186,7 +205,8 @@ std::vector<std::vector<double>> real_rows(const json& j, const std::string& pat
     as_array(j[r], rp);
     if (width >= 0 && static_cast<std::int64_t>(j[r].size()) != width) {
       fail(ErrorId::kJsonValue, rp,
-           "has " + std::to_string(j[r].size()) + " values, expected " + std::string(width_rule) + " = " + std::to_string(width));
+           "has " + std::to_string(j[r].size()) + " values, expected " + std::string(width_rule) + " = " +
+               std::to_string(width));
     }
     std::vector<double> row;
     row.reserve(j[r].size());
@@ -212,12 +232,14 @@ void check_block_table(const BlockTable& t, std::int64_t keys) {
     if (last_block >= static_cast<std::int64_t>(t.blocks.size())) {
       fail(ErrorId::kJsonValue, join_index("block_table.seq_lens", i),
            "seq_len " + std::to_string(len) + " reads position " + std::to_string(len - 1) + " in block " +
-               std::to_string(last_block) + ", beyond the " + std::to_string(t.blocks.size()) + " blocks of the table");
+               std::to_string(last_block) + ", beyond the " + std::to_string(t.blocks.size()) +
+               " blocks of the table");
     }
     total += std::min(len, keys);
     if (total > kMaxExpandedReads) {
-      fail(ErrorId::kSize, join_index("block_table.seq_lens", i),
-           "the block table expands to more than " + std::to_string(kMaxExpandedReads) + " reads in one step");
+      fail(
+          ErrorId::kSize, join_index("block_table.seq_lens", i),
+          "the block table expands to more than " + std::to_string(kMaxExpandedReads) + " reads in one step");
     }
   }
 }
@@ -230,7 +252,8 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused"};
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {
-    allowed.insert(allowed.end(), {"position", "rows", "written", "read", "block_table", "read_view", "k", "v", "q", "out"});
+    allowed.insert(allowed.end(),
+                   {"position", "rows", "written", "read", "block_table", "read_view", "k", "v", "q", "out"});
   }
   if (s.kind == TraceKind::kPrefill) allowed.push_back("order");
   if (s.kind == TraceKind::kVerify) allowed.push_back("drafts");
@@ -238,8 +261,10 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   check_keys(j, "", allowed, owner);
 
   s.step = get_range(require(j, "", "step", owner), "step", 0, kMaxRows, "step");
-  s.layer = static_cast<std::int32_t>(get_range(require(j, "", "layer", owner), "layer", 0, kI32Max - 1, "layer"));
-  s.request = get_range(require(j, "", "request", owner), "request", 0, std::numeric_limits<std::int64_t>::max(), "request");
+  s.layer =
+      static_cast<std::int32_t>(get_range(require(j, "", "layer", owner), "layer", 0, kI32Max - 1, "layer"));
+  s.request = get_range(require(j, "", "request", owner), "request", 0,
+                        std::numeric_limits<std::int64_t>::max(), "request");
   s.state = get_range(require(j, "", "state", owner), "state", 0, kMaxRows - 2, "state");
   if (const json* v = find(j, "refused")) {
     s.refused = get_string(*v, "refused");
@@ -261,9 +286,7 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
       s.rows = get_range(require(j, "", "rows", owner), "rows", 1, kMaxPrefillRows, "prefill rows");
       s.order = get_enum(require(j, "", "order", owner), "order", kOrders, order_name);
       break;
-    case TraceKind::kDecode:
-      s.rows = 1;
-      break;
+    case TraceKind::kDecode: s.rows = 1; break;
     default:  // verify
       s.drafts = get_range(require(j, "", "drafts", owner), "drafts", 0, kMaxDrafts, "drafts");
       s.rows = s.drafts + 1;
@@ -288,31 +311,36 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
     const json* r = find(j, "read");
     const json* bt = find(j, "block_table");
     if (r && bt) fail(ErrorId::kJsonValue, "block_table", "give either read or block_table, not both");
-    if (!r && !bt) fail(ErrorId::kJsonMissingKey, "read", "missing required key 'read' (or 'block_table') of " + owner);
+    if (!r && !bt)
+      fail(ErrorId::kJsonMissingKey, "read", "missing required key 'read' (or 'block_table') of " + owner);
     if (r) {
       s.read_form = ReadForm::kSlots;
       as_array(*r, "read");
       check_count_of(*r, "read", n, "one list per query");
-      for (std::size_t i = 0; i < r->size(); ++i) s.read.push_back(int_list((*r)[i], join_index("read", i), -1, kSlotMax, "slot"));
+      for (std::size_t i = 0; i < r->size(); ++i)
+        s.read.push_back(int_list((*r)[i], join_index("read", i), -1, kSlotMax, "slot"));
     } else {
       s.read_form = ReadForm::kBlockTable;
       as_object(*bt, "block_table");
       check_keys(*bt, "block_table", {"blocks", "block_size", "seq_lens"});
-      s.block_table.blocks = int_list(require(*bt, "block_table", "blocks"), "block_table.blocks", -1, kSlotMax, "block id");
-      s.block_table.block_size =
-          get_range(require(*bt, "block_table", "block_size"), "block_table.block_size", 1, kMaxRows - 1, "block_size");
+      s.block_table.blocks =
+          int_list(require(*bt, "block_table", "blocks"), "block_table.blocks", -1, kSlotMax, "block id");
+      s.block_table.block_size = get_range(require(*bt, "block_table", "block_size"),
+                                           "block_table.block_size", 1, kMaxRows - 1, "block_size");
       const json& sl = require(*bt, "block_table", "seq_lens");
       s.block_table.seq_lens = int_list(sl, "block_table.seq_lens", 0, kMaxRows, "seq_len");
       check_count_of(sl, "block_table.seq_lens", n, "one per query");
       check_block_table(s.block_table, trace_window_keys(h));
     }
-    if (const json* v = find(j, "read_view")) s.read_view = get_enum(*v, "read_view", kReadViews, read_view_name);
+    if (const json* v = find(j, "read_view"))
+      s.read_view = get_enum(*v, "read_view", kReadViews, read_view_name);
   }
   const std::int64_t kv_width = h.cache ? std::int64_t{h.cache->kv_heads} * h.cache->head_dim : -1;
   const std::int64_t q_width = h.cache ? std::int64_t{h.cache->q_heads} * h.cache->head_dim : -1;
   if (const json* v = find(j, "k")) s.k = real_rows(*v, "k", n, kv_width, "kv_heads*head_dim");
   if (const json* v = find(j, "v")) {
-    if (h.cache && h.cache->shared_row) fail(ErrorId::kJsonValue, "v", "a shared key/value row has no v (k is the value)");
+    if (h.cache && h.cache->shared_row)
+      fail(ErrorId::kJsonValue, "v", "a shared key/value row has no v (k is the value)");
     s.v = real_rows(*v, "v", n, kv_width, "kv_heads*head_dim");
   }
   if (const json* v = find(j, "q")) s.q = real_rows(*v, "q", n, q_width, "q_heads*head_dim");
@@ -334,7 +362,7 @@ void check_run(const TraceRun& run) {
 
   const TraceStep* first = nullptr;  // first step record (not begin) of the current step index
   const TraceStep* prev = nullptr;
-  std::vector<bool> seen;            // step records per layer of the current step
+  std::vector<bool> seen;  // step records per layer of the current step
   std::optional<std::int64_t> refused_line;
   const TraceStep* pending_begin = nullptr;  // a begin awaiting its step record
 
@@ -342,16 +370,16 @@ void check_run(const TraceRun& run) {
     // Every layer of a step has its record, unless a refusal ended the run there.
     if (pending_begin != nullptr && !refused_line) {
       fail_at(ErrorId::kJsonValue, pending_begin->line, "kind",
-              "a begin record of step " + std::to_string(last.step) + " layer " + std::to_string(pending_begin->layer) +
-                  " without the step record that follows it");
+              "a begin record of step " + std::to_string(last.step) + " layer " +
+                  std::to_string(pending_begin->layer) + " without the step record that follows it");
     }
     std::int32_t expected = layers;
     if (refused_line) expected = last.layer;  // layers before the refused call
     for (std::int32_t l = 0; l < expected; ++l) {
       if (!seen[static_cast<std::size_t>(l)]) {
         fail_at(ErrorId::kJsonValue, last.line, "step",
-                "step " + std::to_string(last.step) + " has no record for layer " + std::to_string(l) + " (the run has " +
-                    std::to_string(layers) + " layers; every step runs on each)");
+                "step " + std::to_string(last.step) + " has no record for layer " + std::to_string(l) +
+                    " (the run has " + std::to_string(layers) + " layers; every step runs on each)");
       }
     }
   };
@@ -359,7 +387,8 @@ void check_run(const TraceRun& run) {
   for (const TraceStep& s : run.steps) {
     if (refused_line) {
       fail_at(ErrorId::kJsonValue, s.line, "",
-              "a record after the refusal on line " + std::to_string(*refused_line) + " (a refusal ends the run)");
+              "a record after the refusal on line " + std::to_string(*refused_line) +
+                  " (a refusal ends the run)");
     }
     const std::int64_t expected_step = prev == nullptr ? 0 : prev->step;
     if (prev == nullptr ? s.step != 0 : (s.step != prev->step && s.step != prev->step + 1)) {
@@ -375,14 +404,17 @@ void check_run(const TraceRun& run) {
     const bool is_begin = s.kind == TraceKind::kBegin;
     // Order inside a step: layers ascending, a layer's begin before its step record.
     if (prev != nullptr && prev->step == s.step) {
-      const auto key = [](const TraceStep& r) { return std::pair(r.layer, r.kind == TraceKind::kBegin ? 0 : 1); };
+      const auto key = [](const TraceStep& r) {
+        return std::pair(r.layer, r.kind == TraceKind::kBegin ? 0 : 1);
+      };
       if (!(key(*prev) < key(s))) {
         fail_at(ErrorId::kJsonValue, s.line, "layer",
                 "records of step " + std::to_string(s.step) +
                     " come one per layer, layers ascending, each layer's begin before its step record");
       }
     }
-    if (pending_begin != nullptr && (is_begin || s.layer != pending_begin->layer || s.step != pending_begin->step)) {
+    if (pending_begin != nullptr &&
+        (is_begin || s.layer != pending_begin->layer || s.step != pending_begin->step)) {
       fail_at(ErrorId::kJsonValue, pending_begin->line, "kind",
               "a begin record of step " + std::to_string(pending_begin->step) + " layer " +
                   std::to_string(pending_begin->layer) + " without the step record that follows it");
@@ -399,8 +431,8 @@ void check_run(const TraceRun& run) {
         }
         if (b->state != s.state) {
           fail_at(ErrorId::kJsonValue, b->line, "state",
-                  "begin on state " + std::to_string(b->state) + ", but step " + std::to_string(s.step) + " (line " +
-                      std::to_string(s.line) + ") runs on state " + std::to_string(s.state));
+                  "begin on state " + std::to_string(b->state) + ", but step " + std::to_string(s.step) +
+                      " (line " + std::to_string(s.line) + ") runs on state " + std::to_string(s.state));
         }
         pending_begin = nullptr;
       }
@@ -432,7 +464,9 @@ void check_run(const TraceRun& run) {
   close_step(*prev);
 }
 
-std::string errno_text(int error) { return std::strerror(error); }
+std::string errno_text(int error) {
+  return std::strerror(error);
+}
 
 // ---- writing ---------------------------------------------------------------------------------
 
@@ -442,7 +476,9 @@ ojson rows_json(const std::vector<std::vector<double>>& rows) {
   return out;
 }
 
-std::string dump_line(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::strict) + "\n"; }
+std::string dump_line(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::strict) + "\n";
+}
 
 }  // namespace
 
@@ -502,7 +538,8 @@ std::vector<TraceRun> parse_trace(std::string_view text, const std::string& sour
           runs.push_back(std::move(run));
         } else if (root.contains("step")) {
           if (runs.empty()) {
-            fail(ErrorId::kJsonValue, "", "a step record before any header (a run starts with {\"kvcheck_trace\":1,...})");
+            fail(ErrorId::kJsonValue, "",
+                 "a step record before any header (a run starts with {\"kvcheck_trace\":1,...})");
           }
           runs.back().steps.push_back(read_step(root, runs.back().header, line));
         } else {
@@ -527,7 +564,8 @@ std::vector<TraceRun> load_trace_file(const std::filesystem::path& path) {
 }
 
 std::vector<std::filesystem::path> collect_trace_files(const std::vector<std::string>& files_or_dirs) {
-  return collect_files(files_or_dirs, [](const std::filesystem::path& p) { return p.extension() == ".jsonl"; });
+  return collect_files(files_or_dirs,
+                       [](const std::filesystem::path& p) { return p.extension() == ".jsonl"; });
 }
 
 std::vector<std::vector<std::int64_t>> trace_read_slots(const TraceStep& s, std::int64_t window_keys) {

@@ -5,11 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define KVCHECK_ASSERT(cond)                                                          \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "%s:%d: KVCHECK_ASSERT(%s) failed\n", __FILE__, __LINE__, \
-                   #cond);                                                            \
-      std::abort();                                                                   \
-    }                                                                                 \
+#define KVCHECK_ASSERT(cond)                                                                 \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      std::fprintf(stderr, "%s:%d: KVCHECK_ASSERT(%s) failed\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)

@@ -11,21 +11,21 @@ namespace kvcheck {
 
 /// Stable error ids; numbers never change once released.
 enum class ErrorId : int {
-  kUsage = 100,          ///< unknown flag, missing value, bad range
-  kJsonSyntax = 200,     ///< malformed or truncated JSON
-  kJsonType = 201,       ///< a field has the wrong JSON type
-  kJsonUnknownKey = 202, ///< a key the schema does not define
-  kJsonMissingKey = 203, ///< a required key is absent
-  kJsonValue = 204,      ///< a value breaks a rule (range, relation)
-  kSize = 300,           ///< sizes whose product overflows, zero rings
-  kNonFinite = 301,      ///< NaN or Inf where a finite number is required
-  kMemory = 302,         ///< a run whose estimated memory exceeds what is available (or --memory-limit)
-  kIo = 400,             ///< a file cannot be read or written
-  kDevice = 500,         ///< CUDA requested but no device is present
-  kAdapter = 600,        ///< an exec adapter broke the protocol (crash, bad line, timeout)
-  kShard = 700,          ///< shards that are not one whole run (missing, duplicated, mismatched), a failed MPI rank
-  kInternal = 900,       ///< a defect in kvcheck itself (exit code 3, never bad input)
-  kOutOfMemory = 901,    ///< an allocation failed (exit code 3)
+  kUsage = 100,           ///< unknown flag, missing value, bad range
+  kJsonSyntax = 200,      ///< malformed or truncated JSON
+  kJsonType = 201,        ///< a field has the wrong JSON type
+  kJsonUnknownKey = 202,  ///< a key the schema does not define
+  kJsonMissingKey = 203,  ///< a required key is absent
+  kJsonValue = 204,       ///< a value breaks a rule (range, relation)
+  kSize = 300,            ///< sizes whose product overflows, zero rings
+  kNonFinite = 301,       ///< NaN or Inf where a finite number is required
+  kMemory = 302,          ///< a run whose estimated memory exceeds what is available (or --memory-limit)
+  kIo = 400,              ///< a file cannot be read or written
+  kDevice = 500,          ///< CUDA requested but no device is present
+  kAdapter = 600,         ///< an exec adapter broke the protocol (crash, bad line, timeout)
+  kShard = 700,  ///< shards that are not one whole run (missing, duplicated, mismatched), a failed MPI rank
+  kInternal = 900,     ///< a defect in kvcheck itself (exit code 3, never bad input)
+  kOutOfMemory = 901,  ///< an allocation failed (exit code 3)
 };
 
 /// Bad input. `where()` names the field, flag or JSON path at fault.

@@ -76,14 +76,11 @@ class Prng {
   /// Uniform double in [-1, 1) rounded to a multiple of 2^-20, so rows are
   /// exact in every element format we compare at high precision.
   double signed_unit() noexcept {
-    return static_cast<double>(static_cast<std::int64_t>(next() >> 43) - (1LL << 20)) *
-           0x1.0p-20;
+    return static_cast<double>(static_cast<std::int64_t>(next() >> 43) - (1LL << 20)) * 0x1.0p-20;
   }
 
  private:
-  static constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept {
-    return (x << k) | (x >> (64 - k));
-  }
+  static constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
   std::uint64_t s_[4]{};
 };
 

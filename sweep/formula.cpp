@@ -38,8 +38,8 @@ class FormulaParser {
   using Op = Formula::Op;
 
   [[noreturn]] void fail(const std::string& rule) const {
-    throw Error(ErrorId::kUsage, flag_, rule + " at column " + std::to_string(pos_ + 1) + " of '" +
-                                            std::string(text_) + "'");
+    throw Error(ErrorId::kUsage, flag_,
+                rule + " at column " + std::to_string(pos_ + 1) + " of '" + std::string(text_) + "'");
   }
 
   void skip_space() {
@@ -57,8 +57,9 @@ class FormulaParser {
 
   void expect(char c) {
     if (!take(c)) {
-      fail(pos_ < text_.size() ? "expected '" + std::string(1, c) + "', found '" + std::string(1, text_[pos_]) + "'"
-                               : "expected '" + std::string(1, c) + "', found the end");
+      fail(pos_ < text_.size()
+               ? "expected '" + std::string(1, c) + "', found '" + std::string(1, text_[pos_]) + "'"
+               : "expected '" + std::string(1, c) + "', found the end");
     }
   }
 
@@ -169,8 +170,7 @@ Formula Formula::parse(std::string_view text, const std::string& flag) {
   return f;
 }
 
-std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts,
-                               std::int64_t chunk_rows) const {
+std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows) const {
   const auto where = [&] {
     return " evaluating '" + text_ + "' at W=" + std::to_string(window_keys) +
            ", k=" + std::to_string(drafts) + ", C=" + std::to_string(chunk_rows);

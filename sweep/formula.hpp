@@ -33,7 +33,19 @@ class Formula {
 
  private:
   /// One node of the expression tree, stored in post-order in nodes_.
-  enum class Op : std::uint8_t { kLiteral, kWindow, kDrafts, kChunk, kNeg, kAdd, kSub, kMul, kDiv, kMax, kMin };
+  enum class Op : std::uint8_t {
+    kLiteral,
+    kWindow,
+    kDrafts,
+    kChunk,
+    kNeg,
+    kAdd,
+    kSub,
+    kMul,
+    kDiv,
+    kMax,
+    kMin
+  };
   struct Node {
     Op op = Op::kLiteral;
     std::int64_t value = 0;  ///< literal value

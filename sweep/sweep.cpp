@@ -115,19 +115,21 @@ std::int64_t gallop_search(std::int64_t guess, Probe&& probe_at, ProbeResult* be
 
 }  // namespace
 
-std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
-                                const ProbeOptions& options, ProbeResult* below, SearchStats* stats) {
-  return gallop_search(guess, [&](std::int64_t s) { return probe_ring(config, s, options); }, below, stats);
+std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess, const ProbeOptions& options,
+                                ProbeResult* below, SearchStats* stats) {
+  return gallop_search(
+      guess, [&](std::int64_t s) { return probe_ring(config, s, options); }, below, stats);
 }
 
-scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
-                                        const engines::Capabilities& caps) {
+scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
+                                        std::int64_t states, const engines::Capabilities& caps) {
   scenarios::Scenario sc;
-  sc.name = "sweep-live-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
-            std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" + std::to_string(ring_rows);
-  sc.description = "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) + " (W=" +
-                   std::to_string(config.window_keys) + ", k=" + std::to_string(config.drafts) + ", C=" +
-                   std::to_string(config.chunk_rows) + ", " + order_file_name(config.order) + ")";
+  sc.name = "sweep-live-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) +
+            "-c" + std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" +
+            std::to_string(ring_rows);
+  sc.description = "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) +
+                   " (W=" + std::to_string(config.window_keys) + ", k=" + std::to_string(config.drafts) +
+                   ", C=" + std::to_string(config.chunk_rows) + ", " + order_file_name(config.order) + ")";
   sc.cache.window = config.window_keys;
   sc.cache.convention = scenarios::Convention::kKeys;
   sc.cache.ring_rows = ring_rows;
@@ -136,8 +138,9 @@ scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t 
   sc.cache.head_dim = 2;
   sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
   sc.data.seed = 1;
-  const scenarios::Order order =
-      config.order == SweepOrder::kStoreThenLoad ? scenarios::Order::kStoreThenLoad : scenarios::Order::kLoadThenStore;
+  const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
+                                     ? scenarios::Order::kStoreThenLoad
+                                     : scenarios::Order::kLoadThenStore;
   std::vector<scenarios::Step> program;
   auto add = [&](scenarios::Step st) {
     if (caps.supports_step(st)) program.push_back(st);
@@ -210,7 +213,8 @@ ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const 
     r.hazard = obs.first_failure;
     if (obs.first_failing_step >= 0) {
       const auto& step = obs.steps[static_cast<std::size_t>(obs.first_failing_step)];
-      for (const auto& q : step.queries) r.overwritten.push_back(static_cast<std::int64_t>(q.overwritten.size()));
+      for (const auto& q : step.queries)
+        r.overwritten.push_back(static_cast<std::int64_t>(q.overwritten.size()));
       r.collisions.same_step = step.collisions.same_step;
       r.collisions.outside_block = step.collisions.outside_block;
       r.collisions.replaced_needed = step.collisions.replaced_needed;
@@ -311,16 +315,19 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     // Evaluated up front so a bad formula fails before any work, the same way every time.
     if (options.formula) {
       row.has_formula = true;
-      row.formula_ring = options.formula->evaluate(row.config.window_keys, row.config.drafts, row.config.chunk_rows);
+      row.formula_ring =
+          options.formula->evaluate(row.config.window_keys, row.config.drafts, row.config.chunk_rows);
     }
   }
-  const bool write_files = options.counterexamples == CounterexampleMode::kAll ||
-                           (options.counterexamples == CounterexampleMode::kAuto && total <= kAutoCounterexampleRows);
+  const bool write_files =
+      options.counterexamples == CounterexampleMode::kAll ||
+      (options.counterexamples == CounterexampleMode::kAuto && total <= kAutoCounterexampleRows);
   if (write_files && total > 0) {
     std::error_code ec;
     std::filesystem::create_directories(options.out_dir, ec);
     if (ec || !std::filesystem::is_directory(options.out_dir)) {
-      throw Error(ErrorId::kIo, options.out_dir.string(), "cannot create the counterexample directory: " + ec.message());
+      throw Error(ErrorId::kIo, options.out_dir.string(),
+                  "cannot create the counterexample directory: " + ec.message());
     }
   }
 
@@ -330,7 +337,8 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   // certified by a safe probe at S and an unsafe one at S - 1).
   const std::size_t per_window = grid.drafts.size() * grid.chunks.size() * grid.orders.size();
   // This shard's columns: u = shard_index + j * shard_count.
-  KVCHECK_ASSERT(options.shard_count >= 1 && options.shard_index >= 0 && options.shard_index < options.shard_count);
+  KVCHECK_ASSERT(options.shard_count >= 1 && options.shard_index >= 0 &&
+                 options.shard_index < options.shard_count);
   const auto shard_index = static_cast<std::size_t>(options.shard_index);
   const auto shard_count = static_cast<std::size_t>(options.shard_count);
   const std::size_t units =
@@ -372,8 +380,8 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             // rows at any size): stop at a generous multiple of the bound.
             const std::int64_t limit = 4 * spec_bound(row.config) + 64;
             row.min_safe_ring = gallop_search(
-                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below, &stats,
-                limit);
+                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below,
+                &stats, limit);
             if (row.min_safe_ring < 0) {
               row.probes = stats.probes;
               row.has_below = true;
@@ -456,8 +464,10 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   return result;
 }
 
-bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index, std::int64_t count) noexcept {
-  const auto per_window = static_cast<std::int64_t>(grid.drafts.size() * grid.chunks.size() * grid.orders.size());
+bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index,
+                        std::int64_t count) noexcept {
+  const auto per_window =
+      static_cast<std::int64_t>(grid.drafts.size() * grid.chunks.size() * grid.orders.size());
   return per_window > 0 && (row % per_window) % count == index;
 }
 

@@ -63,8 +63,8 @@
 
 #include "engines/cache_under_test.hpp"
 #include "impl/kv_cache.hpp"
-#include "sweep/formula.hpp"
 #include "scenarios/scenario.hpp"
+#include "sweep/formula.hpp"
 
 namespace kvcheck::sweep {
 
@@ -100,8 +100,8 @@ SweepGrid default_grid();
 
 /// Options of one probe (one configuration at one ring size).
 struct ProbeOptions {
-  std::int64_t states = 2;   ///< state blocks in the pool; steps of all states interleave
-  bool all_phases = false;   ///< run every case at every ring phase 0..S-1 on one state (tests)
+  std::int64_t states = 2;                 ///< state blocks in the pool; steps of all states interleave
+  bool all_phases = false;                 ///< run every case at every ring phase 0..S-1 on one state (tests)
   impl::Fault fault = impl::Fault::kNone;  ///< a named backend fault (tests: the checks must fire)
 };
 
@@ -116,10 +116,10 @@ struct StepCollisions {
 /// One step of a probe schedule.
 struct ProbeStep {
   scenarios::StepKind kind = scenarios::StepKind::kDecode;
-  std::int64_t rows = 0;      ///< prefill rows
+  std::int64_t rows = 0;                          ///< prefill rows
   SweepOrder order = SweepOrder::kLoadThenStore;  ///< prefill order
-  std::int64_t drafts = 0;    ///< verify k
-  std::int64_t accepted = 0;  ///< accept a
+  std::int64_t drafts = 0;                        ///< verify k
+  std::int64_t accepted = 0;                      ///< accept a
   bool operator==(const ProbeStep&) const = default;
 };
 
@@ -131,11 +131,12 @@ struct ProbeResult {
   // When unsafe: the first failing step and the path that led to it from the
   // probe's history (e.g. verify(5); or verify(3), accept(0), decode).
   std::vector<ProbeStep> path;
-  std::string hazard;                       ///< the path as text
-  std::vector<std::int64_t> overwritten;    ///< per query of the failing step
-  std::vector<std::int64_t> first_lost;     ///< positions lost by the first losing query, relative to its position (e.g. -127)
+  std::string hazard;                     ///< the path as text
+  std::vector<std::int64_t> overwritten;  ///< per query of the failing step
+  std::vector<std::int64_t>
+      first_lost;  ///< positions lost by the first losing query, relative to its position (e.g. -127)
   StepCollisions collisions;
-  std::int64_t extra_reads = 0;             ///< reads no visible position accounts for
+  std::int64_t extra_reads = 0;  ///< reads no visible position accounts for
 };
 
 /// Runs the worst-case schedules of `config` on the CPU backend with a ring
@@ -150,8 +151,8 @@ struct SearchStats {
 /// Smallest safe ring of `config`: galloping from `guess` (clamped to >= 1),
 /// then binary search; relies on monotonicity in S (argument 7 above).
 /// `below` receives the probe at S_min - 1 (unsafe), when S_min > 1.
-std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess,
-                                const ProbeOptions& options, ProbeResult* below, SearchStats* stats);
+std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess, const ProbeOptions& options,
+                                ProbeResult* below, SearchStats* stats);
 
 /// The baseline: probe S = W, W + 1, ... until one is safe.
 std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOptions& options,
@@ -178,8 +179,7 @@ std::vector<ScheduleStepResult> run_schedule(const SweepConfig& config, std::int
 /// prefill chunks filling the window, then the failing path of `below`, with
 /// expectations (overwritten counts per losing step, total collisions) taken
 /// from run_schedule. Returns nullopt if the path does not fail from there.
-std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config,
-                                                       std::int64_t ring_rows,
+std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config, std::int64_t ring_rows,
                                                        const ProbeResult& below);
 
 /// SPEC §5 bound: max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store.
@@ -207,8 +207,8 @@ inline constexpr std::int64_t kReplayWindowLimit = 512;
 /// runs decode, prefill(C), and for every a in 0..k: verify(k), accept(a),
 /// decode, verify(k), accept(a), prefill(C) (arguments 1-5 above); steps the
 /// cache does not declare are left out.
-scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
-                                        const engines::Capabilities& caps);
+scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
+                                        std::int64_t states, const engines::Capabilities& caps);
 
 /// Options of a sweep.
 struct SweepOptions {
@@ -220,10 +220,10 @@ struct SweepOptions {
   double step_timeout_seconds = 10.0;  ///< exec adapters: seconds per answer
   ProbeOptions probe;
   int threads = 2;
-  bool linear_search = false;        ///< use the baseline search (benchmarks)
-  std::optional<Formula> formula;    ///< the user's rule, if any
+  bool linear_search = false;      ///< use the baseline search (benchmarks)
+  std::optional<Formula> formula;  ///< the user's rule, if any
   CounterexampleMode counterexamples = CounterexampleMode::kAuto;
-  std::filesystem::path out_dir;     ///< where counterexample files go
+  std::filesystem::path out_dir;  ///< where counterexample files go
   /// Called from the coordinating thread with rows finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
   /// Run only the shard `shard_index` of `shard_count` (`sweep --shard I/N`):
@@ -251,10 +251,10 @@ struct SweepRow {
   std::vector<std::int64_t> below_overwritten;  ///< per query of the failing step
   std::vector<std::int64_t> below_first_lost;   ///< relative positions lost by the first losing query
   std::int64_t below_collisions = 0;
-  std::string counterexample;                   ///< file written, or empty
-  bool replayed = false;                        ///< replayed through properties::run_scenario
-  bool replay_ok = true;                        ///< the replay reproduced the expectations
-  std::string replay_detail;                    ///< first failure when not ok
+  std::string counterexample;  ///< file written, or empty
+  bool replayed = false;       ///< replayed through properties::run_scenario
+  bool replay_ok = true;       ///< the replay reproduced the expectations
+  std::string replay_detail;   ///< first failure when not ok
   // The user's formula, when given.
   bool has_formula = false;
   std::int64_t formula_ring = 0;
@@ -266,16 +266,17 @@ struct SweepResult {
   SweepGrid grid;
   std::int64_t states = 2;
   std::vector<SweepRow> rows;
-  std::optional<std::string> formula;     ///< the formula text
+  std::optional<std::string> formula;  ///< the formula text
   std::int64_t formula_unsafe_rows = 0;
   std::int64_t spec_disagreements = 0;
   std::int64_t replay_failures = 0;
-  std::int64_t no_safe_rows = 0;          ///< live caches: rows with no safe capacity (min_safe_ring -1)
+  std::int64_t no_safe_rows = 0;  ///< live caches: rows with no safe capacity (min_safe_ring -1)
   std::int64_t probes = 0;
 };
 
 /// True when row `row` of `grid` belongs to shard `index` of `count`.
-bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index, std::int64_t count) noexcept;
+bool sweep_row_in_shard(const SweepGrid& grid, std::int64_t row, std::int64_t index,
+                        std::int64_t count) noexcept;
 
 /// Recomputes the result's totals (probes, disagreements, formula, replay,
 /// no-safe rows) from its rows.

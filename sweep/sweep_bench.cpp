@@ -22,7 +22,11 @@ void bm_probe(benchmark::State& state) {
   ProbeOptions options;
   for (auto _ : state) benchmark::DoNotOptimize(probe_ring(c, s, options).safe);
 }
-BENCHMARK(bm_probe)->Args({128, 5, 1})->Args({4096, 16, 256})->Args({4096, 0, 1})->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_probe)
+    ->Args({128, 5, 1})
+    ->Args({4096, 16, 256})
+    ->Args({4096, 0, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 double seconds_of(const SweepGrid& grid, bool linear, std::int64_t* probes) {
   SweepOptions o;
@@ -55,10 +59,11 @@ int main(int argc, char** argv) {
   std::int64_t sp = 0, lp = 0;
   const double smart = seconds_of(sample, false, &sp);
   const double linear = seconds_of(sample, true, &lp);
-  std::printf("sample (every 8th window, %lld configurations): galloping %.3f s (%lld probes), "
-              "linear from W %.3f s (%lld probes), ratio %.1fx\n",
-              static_cast<long long>(sample.size()), smart, static_cast<long long>(sp), linear,
-              static_cast<long long>(lp), linear / smart);
+  std::printf(
+      "sample (every 8th window, %lld configurations): galloping %.3f s (%lld probes), "
+      "linear from W %.3f s (%lld probes), ratio %.1fx\n",
+      static_cast<long long>(sample.size()), smart, static_cast<long long>(sp), linear,
+      static_cast<long long>(lp), linear / smart);
   std::printf("default grid, linear scan extrapolated: %.1f s; galloping search is %.1fx faster\n",
               full * linear / smart, linear / smart);
   return 0;

@@ -58,8 +58,8 @@ std::string blend(unsigned a, unsigned b, std::int64_t num, std::int64_t den) {
     return x + (y - x) * num / den;
   };
   char buf[8];
-  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", static_cast<unsigned>(ch(16)),
-                static_cast<unsigned>(ch(8)), static_cast<unsigned>(ch(0)));
+  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", static_cast<unsigned>(ch(16)), static_cast<unsigned>(ch(8)),
+                static_cast<unsigned>(ch(0)));
   return buf;
 }
 
@@ -78,8 +78,11 @@ const SweepRow* find_row(const SweepResult& r, std::int64_t w, std::int64_t k, s
   const auto di = std::find(g.drafts.begin(), g.drafts.end(), k) - g.drafts.begin();
   const auto ci = std::find(g.chunks.begin(), g.chunks.end(), c) - g.chunks.begin();
   const auto oi = std::find(g.orders.begin(), g.orders.end(), o) - g.orders.begin();
-  const auto idx = ((static_cast<std::size_t>(wi) * g.drafts.size() + static_cast<std::size_t>(di)) * g.chunks.size() +
-                    static_cast<std::size_t>(ci)) * g.orders.size() + static_cast<std::size_t>(oi);
+  const auto idx =
+      ((static_cast<std::size_t>(wi) * g.drafts.size() + static_cast<std::size_t>(di)) * g.chunks.size() +
+       static_cast<std::size_t>(ci)) *
+          g.orders.size() +
+      static_cast<std::size_t>(oi);
   return idx < r.rows.size() ? &r.rows[idx] : nullptr;
 }
 
@@ -159,7 +162,8 @@ std::string sweep_csv(const SweepResult& result) {
   out += "\n";
   for (const SweepRow& r : result.rows) {
     std::string over;
-    for (std::size_t i = 0; i < r.below_overwritten.size(); ++i) over += (i ? " " : "") + std::to_string(r.below_overwritten[i]);
+    for (std::size_t i = 0; i < r.below_overwritten.size(); ++i)
+      over += (i ? " " : "") + std::to_string(r.below_overwritten[i]);
     out += std::to_string(r.config.window_keys) + "," + std::to_string(r.config.drafts) + "," +
            std::to_string(r.config.chunk_rows) + "," + order_file_name(r.config.order) + "," +
            std::to_string(r.min_safe_ring) + "," + std::to_string(r.spec_bound) + "," +
@@ -169,8 +173,8 @@ std::string sweep_csv(const SweepResult& result) {
            csv_field(over) + "," + (r.has_below ? std::to_string(r.below_collisions) : "") + "," +
            csv_field(r.counterexample) + "," + (r.replay_ok ? "true" : "false");
     if (formula) {
-      out += "," + std::to_string(r.formula_ring) + "," + std::to_string(r.formula_ring - r.min_safe_ring) + "," +
-             (r.formula_safe ? "true" : "false");
+      out += "," + std::to_string(r.formula_ring) + "," + std::to_string(r.formula_ring - r.min_safe_ring) +
+             "," + (r.formula_safe ? "true" : "false");
     }
     out += "\n";
   }
@@ -191,7 +195,8 @@ std::string sweep_svg(const SweepResult& result) {
   const std::int64_t header = 48, legend = 56;
   const std::int64_t width = std::max<std::int64_t>(cols * panel_w + 16, 480);
   const std::int64_t height = header + rows * panel_h + legend;
-  const std::string what = result.formula ? "formula '" + *result.formula + "'" : "the seed's allocation W + k + 1";
+  const std::string what =
+      result.formula ? "formula '" + *result.formula + "'" : "the seed's allocation W + k + 1";
 
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -234,7 +239,8 @@ std::string sweep_svg(const SweepResult& result) {
             << ", allocated " << allocation(*r) << ", slack " << slack << "</title></rect>\n";
         }
       }
-      s << "<text x=\"" << x0 + margin_l << "\" y=\"" << y0 + margin_t + nw * cell_h + 16 << "\">drafts k</text>\n";
+      s << "<text x=\"" << x0 + margin_l << "\" y=\"" << y0 + margin_t + nw * cell_h + 16
+        << "\">drafts k</text>\n";
       s << "</g>\n";
     }
   }
@@ -243,10 +249,10 @@ std::string sweep_svg(const SweepResult& result) {
   const std::int64_t samples[] = {-16, -8, -4, -1, 0, 1, 4, 8, 16};
   for (std::size_t i = 0; i < std::size(samples); ++i) {
     const std::int64_t lx = 8 + static_cast<std::int64_t>(i) * 44;
-    s << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"40\" height=\"14\" fill=\"" << slack_colour(samples[i])
-      << "\"/>\n<text x=\"" << lx + 20 << "\" y=\"" << ly + 28 << "\" text-anchor=\"middle\">"
-      << (samples[i] > 0 ? "+" : "") << samples[i] << (samples[i] == 16 || samples[i] == -16 ? "+" : "")
-      << "</text>\n";
+    s << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"40\" height=\"14\" fill=\""
+      << slack_colour(samples[i]) << "\"/>\n<text x=\"" << lx + 20 << "\" y=\"" << ly + 28
+      << "\" text-anchor=\"middle\">" << (samples[i] > 0 ? "+" : "") << samples[i]
+      << (samples[i] == 16 || samples[i] == -16 ? "+" : "") << "</text>\n";
   }
   s << "</svg>\n";
   return s.str();
@@ -256,8 +262,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   const bool formula = result.formula.has_value();
   std::ostringstream s;
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %3s %5s %-16s %6s %6s %-5s %9s", "W", "k", "C", "order", "min", "spec",
-                "agree", "seed(+)");
+  std::snprintf(line, sizeof line, "%6s %3s %5s %-16s %6s %6s %-5s %9s", "W", "k", "C", "order", "min",
+                "spec", "agree", "seed(+)");
   s << line;
   if (formula) s << "  formula(+)";
   s << "  at min-1: hazard -> overwritten per query\n";
@@ -281,7 +287,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
     if (formula) {
       char f[48];
       std::snprintf(f, sizeof f, "%lld(%+lld)%s", static_cast<long long>(r.formula_ring),
-                    static_cast<long long>(r.formula_ring - r.min_safe_ring), r.formula_safe ? "" : " UNSAFE");
+                    static_cast<long long>(r.formula_ring - r.min_safe_ring),
+                    r.formula_safe ? "" : " UNSAFE");
       std::snprintf(line, sizeof line, "  %-10s", f);
       s << line;
     }
@@ -294,7 +301,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   }
   if (!all) {
     s << "(" << total << " configurations; " << shown
-      << " shown: those that disagree with SPEC 5, the formula or their replay; use --json or --csv for all)\n";
+      << " shown: those that disagree with SPEC 5, the formula or their replay; use --json or --csv for "
+         "all)\n";
   }
   s << "configurations: " << total << ", probes: " << result.probes << ", SPEC 5 bound agreed on "
     << total - result.spec_disagreements << "/" << total << "\n";
@@ -302,8 +310,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
     if (result.formula_unsafe_rows == 0) {
       s << "formula '" << *result.formula << "' is safe on every configuration of the grid\n";
     } else {
-      s << "formula '" << *result.formula << "' is UNSAFE on " << result.formula_unsafe_rows << " of " << total
-        << " configurations";
+      s << "formula '" << *result.formula << "' is UNSAFE on " << result.formula_unsafe_rows << " of "
+        << total << " configurations";
       std::int64_t listed = 0;
       for (const SweepRow& r : result.rows) {
         if (!r.has_formula || r.formula_safe) continue;

@@ -5,9 +5,9 @@
 #include <string_view>
 #include <utility>
 
-#include "support/atomic_write.hpp"
 #include "scenarios/json_read.hpp"
 #include "support/assert.hpp"
+#include "support/atomic_write.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::sweep {
@@ -26,18 +26,21 @@ const char* counterexample_mode_name(CounterexampleMode mode) noexcept {
   return "auto";
 }
 
-std::vector<std::int64_t> int_array(const nlohmann::json& object, const std::string& path, std::string_view key) {
+std::vector<std::int64_t> int_array(const nlohmann::json& object, const std::string& path,
+                                    std::string_view key) {
   const std::string where = jr::join_key(path, key);
   const auto& array = jr::as_array(jr::require(object, path, key), where);
   std::vector<std::int64_t> out;
-  for (std::size_t i = 0; i < array.size(); ++i) out.push_back(jr::get_i64(array[i], jr::join_index(where, i)));
+  for (std::size_t i = 0; i < array.size(); ++i)
+    out.push_back(jr::get_i64(array[i], jr::join_index(where, i)));
   return out;
 }
 
 /// The grid, states and formula of a sweep shard's options.
 SweepResult frame_from(const reports::ShardResult& shard) {
   const auto& o = shard.options;
-  jr::check_keys(o, "options", {"grid", "states", "impl", "step_timeout_seconds", "formula", "counterexamples"});
+  jr::check_keys(o, "options",
+                 {"grid", "states", "impl", "step_timeout_seconds", "formula", "counterexamples"});
   SweepResult result;
   const auto& grid = jr::as_object(jr::require(o, "options", "grid"), "options.grid");
   jr::check_keys(grid, "options.grid", {"windows", "drafts", "chunks", "orders"});
@@ -61,7 +64,8 @@ SweepResult frame_from(const reports::ShardResult& shard) {
   if (!formula.is_null()) result.formula = jr::get_string(formula, "options.formula");
   const std::int64_t total = result.grid.size();
   result.rows.resize(static_cast<std::size_t>(total));
-  for (std::int64_t r = 0; r < total; ++r) result.rows[static_cast<std::size_t>(r)].config = result.grid.at(r);
+  for (std::int64_t r = 0; r < total; ++r)
+    result.rows[static_cast<std::size_t>(r)].config = result.grid.at(r);
   return result;
 }
 
@@ -83,7 +87,8 @@ constexpr std::pair<std::string_view, std::vector<std::int64_t> SweepRow::*> kRo
     {"below_overwritten", &SweepRow::below_overwritten}, {"below_first_lost", &SweepRow::below_first_lost}};
 
 /// Reads one row object into `row` (its configuration is already set).
-void row_from(const nlohmann::json& j, const std::string& path, const std::filesystem::path& dir, SweepRow& row) {
+void row_from(const nlohmann::json& j, const std::string& path, const std::filesystem::path& dir,
+              SweepRow& row) {
   std::vector<std::string_view> keys = {"row", "counterexample"};
   for (const auto& [key, member] : kRowIntegers) {
     keys.push_back(key);
@@ -102,12 +107,14 @@ void row_from(const nlohmann::json& j, const std::string& path, const std::files
     row.*member = int_array(j, path, key);
   }
   jr::check_keys(j, path, keys);
-  const std::string file = jr::get_string(jr::require(j, path, "counterexample"), jr::join_key(path, "counterexample"));
+  const std::string file =
+      jr::get_string(jr::require(j, path, "counterexample"), jr::join_key(path, "counterexample"));
   if (!file.empty()) {
     // A bare file name in the shard's own directory; anything else could
     // make the merge read or overwrite files elsewhere.
     if (file != std::filesystem::path(file).filename().string() || file == "." || file == "..") {
-      jr::fail(ErrorId::kJsonValue, jr::join_key(path, "counterexample"), "must be a file name, got '" + file + "'");
+      jr::fail(ErrorId::kJsonValue, jr::join_key(path, "counterexample"),
+               "must be a file name, got '" + file + "'");
     }
     row.counterexample = (dir / file).string();
   }
@@ -144,8 +151,9 @@ Json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::i
     for (const auto& [key, member] : kRowFlags) j[std::string(key)] = row.*member;
     for (const auto& [key, member] : kRowTexts) j[std::string(key)] = row.*member;
     for (const auto& [key, member] : kRowLists) j[std::string(key)] = row.*member;
-    j["counterexample"] = row.counterexample.empty() ? std::string()
-                                                     : std::filesystem::path(row.counterexample).filename().string();
+    j["counterexample"] = row.counterexample.empty()
+                              ? std::string()
+                              : std::filesystem::path(row.counterexample).filename().string();
     rows.push_back(std::move(j));
   }
   return Json{{"rows", std::move(rows)}};
@@ -164,12 +172,15 @@ SweepResult merge_sweep_shards(const std::vector<reports::ShardResult>& shards) 
       for (std::int64_t r = 0; r < static_cast<std::int64_t>(result.rows.size()); ++r) {
         if (!sweep_row_in_shard(result.grid, r, shard.index, shard.count)) continue;
         const std::string path = jr::join_index("result.rows", at);
-        if (at >= rows.size()) jr::fail(ErrorId::kJsonValue, "result.rows", "row " + std::to_string(r) + " of this shard is missing");
+        if (at >= rows.size())
+          jr::fail(ErrorId::kJsonValue, "result.rows",
+                   "row " + std::to_string(r) + " of this shard is missing");
         const auto& j = jr::as_object(rows[at], path);
         const std::int64_t row = jr::get_i64(jr::require(j, path, "row"), jr::join_key(path, "row"));
         if (row != r) {
           jr::fail(ErrorId::kJsonValue, jr::join_key(path, "row"),
-                   "expected row " + std::to_string(r) + " (this shard's rows in grid order), got " + std::to_string(row));
+                   "expected row " + std::to_string(r) + " (this shard's rows in grid order), got " +
+                       std::to_string(row));
         }
         row_from(j, path, shard.dir, result.rows[static_cast<std::size_t>(r)]);
         ++at;
@@ -195,7 +206,8 @@ void adopt_counterexamples(SweepResult& result, const std::filesystem::path& out
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec || !std::filesystem::is_directory(out_dir)) {
-    throw Error(ErrorId::kIo, out_dir.string(), "cannot create the counterexample directory: " + ec.message());
+    throw Error(ErrorId::kIo, out_dir.string(),
+                "cannot create the counterexample directory: " + ec.message());
   }
   for (auto& [row, content] : files) {
     const std::filesystem::path target = out_dir / std::filesystem::path(row->counterexample).filename();

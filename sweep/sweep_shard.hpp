@@ -23,7 +23,8 @@ namespace kvcheck::sweep {
 nlohmann::ordered_json sweep_shard_options_json(const SweepGrid& grid, const SweepOptions& options);
 
 /// The rows of shard (index, count) of `result`, as the shard document's result.
-nlohmann::ordered_json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::int64_t count);
+nlohmann::ordered_json sweep_shard_rows_json(const SweepResult& result, std::int64_t index,
+                                             std::int64_t count);
 
 /// The sweep of the whole run from its shards (ordered by
 /// reports::order_shards): grid, states and formula from the options, every

@@ -27,7 +27,9 @@ using scenarios::StepKind;
 // most this many rows; it only sizes the backend's step buffers.
 constexpr std::int64_t kHistoryChunkRows = 64;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 std::string step_text(const ProbeStep& s) {
   switch (s.kind) {
@@ -57,8 +59,8 @@ struct LogEntry {
 /// What the engine knows about one state's request.
 struct StateRun {
   std::int64_t request = 0;
-  scenarios::RequestProgress progress;       ///< length and pending drafts (scenarios/step_semantics.hpp)
-  std::vector<std::uint64_t> live_seq;       ///< [positions] write seq of the live row, 0 = none
+  scenarios::RequestProgress progress;  ///< length and pending drafts (scenarios/step_semantics.hpp)
+  std::vector<std::uint64_t> live_seq;  ///< [positions] write seq of the live row, 0 = none
   std::vector<LogEntry> log;
   struct Mark {
     std::size_t log_size;
@@ -66,7 +68,7 @@ struct StateRun {
     std::size_t path_size;
   };
   std::vector<Mark> marks;
-  std::vector<ProbeStep> path;               ///< steps since the history, for reports
+  std::vector<ProbeStep> path;  ///< steps since the history, for reports
 };
 
 /// Drives one backend pool and checks every read against the live writes.
@@ -93,8 +95,8 @@ class TagEngine {
     const impl::Status st = backend_->configure(spec);
     if (!st.ok()) {
       throw Error(ErrorId::kSize, "--window",
-                  "the CPU backend refused W=" + std::to_string(config.window_keys) + ", S=" +
-                      std::to_string(ring_rows) + ": " + st.detail);
+                  "the CPU backend refused W=" + std::to_string(config.window_keys) +
+                      ", S=" + std::to_string(ring_rows) + ": " + st.detail);
     }
     states_.resize(static_cast<std::size_t>(states));
     for (std::int64_t b = 0; b < states; ++b) states_[static_cast<std::size_t>(b)].request = b;
@@ -142,9 +144,9 @@ class TagEngine {
     for (std::size_t at = 0; at < restore_slots_.size();) {
       const std::size_t n = std::min(restore_slots_.size() - at, static_cast<std::size_t>(max_rows_));
       rope_.assign(n, 0);
-      const impl::Status st = backend_->store(
-          std::span<const std::int64_t>(restore_slots_.data() + at, n), rope_, zeros_.data(),
-          zeros_.data(), std::span<const Tag>(restore_tags_.data() + at, n), nullptr);
+      const impl::Status st =
+          backend_->store(std::span<const std::int64_t>(restore_slots_.data() + at, n), rope_, zeros_.data(),
+                          zeros_.data(), std::span<const Tag>(restore_tags_.data() + at, n), nullptr);
       KVCHECK_ASSERT(st.ok());
       at += n;
     }
@@ -195,13 +197,14 @@ class TagEngine {
 
   void ensure_positions(StateRun& s, std::int64_t end) {
     if (static_cast<std::int64_t>(s.live_seq.size()) < end) {
-      s.live_seq.resize(static_cast<std::size_t>(std::max(end, 2 * static_cast<std::int64_t>(s.live_seq.size()))), 0);
+      s.live_seq.resize(
+          static_cast<std::size_t>(std::max(end, 2 * static_cast<std::int64_t>(s.live_seq.size()))), 0);
     }
   }
 
   /// Stores rows first..first+n-1 of state b at meta_'s write slots.
-  void write_rows(std::int64_t b, std::int64_t first, std::int64_t n, bool log,
-                  ScheduleStepResult* out, StepCollisions* count_replaced) {
+  void write_rows(std::int64_t b, std::int64_t first, std::int64_t n, bool log, ScheduleStepResult* out,
+                  StepCollisions* count_replaced) {
     StateRun& s = state(b);
     ensure_positions(s, first + n);
     const auto un = static_cast<std::size_t>(n);
@@ -276,7 +279,8 @@ class TagEngine {
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t p = first + i;
       const std::int64_t lo = std::max<std::int64_t>(0, p - window_ + 1);
-      const std::int64_t c = prefix_[static_cast<std::size_t>(p - u0 + 1)] - prefix_[static_cast<std::size_t>(lo - u0)];
+      const std::int64_t c =
+          prefix_[static_cast<std::size_t>(p - u0 + 1)] - prefix_[static_cast<std::size_t>(lo - u0)];
       out->overwritten[static_cast<std::size_t>(i)] = c;
       if (c > 0 && first_lost_.empty()) {
         for (std::int64_t j = lo; j <= p; ++j) {
@@ -374,13 +378,14 @@ class TagEngine {
       const std::int64_t len = std::min(p + 1, window_);
       const std::int64_t lo = p - len + 1;
       anchor_rope_[ai] = p;
-      for (std::int64_t c = 0; c < len; ++c) index_[ai * static_cast<std::size_t>(window_) + static_cast<std::size_t>(c)] = lo + c - u0;
+      for (std::int64_t c = 0; c < len; ++c)
+        index_[ai * static_cast<std::size_t>(window_) + static_cast<std::size_t>(c)] = lo + c - u0;
     }
     out_.resize(na);
     read_tags_.resize(na * static_cast<std::size_t>(window_));
     read_slots_.resize(na * static_cast<std::size_t>(window_));
-    st = backend_->attend(impl::KvSource::kScratch, anchor_rope_, zeros_.data(), index_, window_,
-                          out_.data(), read_tags_.data(), read_slots_.data());
+    st = backend_->attend(impl::KvSource::kScratch, anchor_rope_, zeros_.data(), index_, window_, out_.data(),
+                          read_tags_.data(), read_slots_.data());
     KVCHECK_ASSERT(st.ok());
     const std::int64_t block = b * ring_rows_;
     for (std::size_t ai = 0; ai < na; ++ai) {
@@ -442,8 +447,8 @@ std::vector<ProgramOp> probe_program(const SweepConfig& c, std::int64_t b, std::
     ops.push_back({K::kStep, s});
     ops.push_back({K::kUndo, {}});
   };
-  if (b == 0) single(decode);               // argument 4: one row
-  if (b == 1 % states) single(chunk);       // argument 4: exactly C rows in the configured order
+  if (b == 0) single(decode);          // argument 4: one row
+  if (b == 1 % states) single(chunk);  // argument 4: exactly C rows in the configured order
   // Arguments 4 and 5: verify(k) (on every state), then every accept count,
   // then the next step: verify(k) again (its first query reads the window a
   // decode would, after more writes, so it dominates decode) and the chunk.
@@ -543,8 +548,7 @@ std::vector<ScheduleStepResult> run_schedule(const SweepConfig& config, std::int
   return out;
 }
 
-std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config,
-                                                       std::int64_t ring_rows,
+std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config, std::int64_t ring_rows,
                                                        const ProbeResult& below) {
   if (below.safe || below.path.empty() || ring_rows < 1) return std::nullopt;
   // Fill lengths to try: the window just full, then the probe's own history
@@ -556,7 +560,8 @@ std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config
     // at most S rows neither lose a row nor collide.
     const std::int64_t chunk = std::min(config.window_keys, ring_rows);
     for (std::int64_t done = 0; done < fill; done += chunk) {
-      steps.push_back(ProbeStep{StepKind::kPrefill, std::min(chunk, fill - done), SweepOrder::kLoadThenStore, 0, 0});
+      steps.push_back(
+          ProbeStep{StepKind::kPrefill, std::min(chunk, fill - done), SweepOrder::kLoadThenStore, 0, 0});
     }
     const std::size_t fill_steps = steps.size();
     steps.insert(steps.end(), below.path.begin(), below.path.end());
@@ -601,7 +606,7 @@ std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config
       if (st.kind == StepKind::kPrefill) {
         st.rows = steps[i].rows;
         st.order = steps[i].order == SweepOrder::kStoreThenLoad ? scenarios::Order::kStoreThenLoad
-                                                               : scenarios::Order::kLoadThenStore;
+                                                                : scenarios::Order::kLoadThenStore;
       }
       if (st.kind == StepKind::kVerify) st.drafts = steps[i].drafts;
       if (st.kind == StepKind::kAccept) st.accepted = steps[i].accepted;

@@ -67,14 +67,28 @@ constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 // kW8S2B and kSlotB are kFast's two configurations with the batched index
 // preload (fast_load_slots), to be measured against kFast in one run.
 enum class Kind {
-  kFast, kGeneral, kCopy, kBlock, kW4S3, kW8S2, kS8S2C, kS8S3, kS8S3H2, kS8S2H2, kS4S3H2,
-  kS8S2M2, kS8S3M2, kS4S3M3, kS8S2K8, kW8S2B, kSlotB
+  kFast,
+  kGeneral,
+  kCopy,
+  kBlock,
+  kW4S3,
+  kW8S2,
+  kS8S2C,
+  kS8S3,
+  kS8S3H2,
+  kS8S2H2,
+  kS4S3H2,
+  kS8S2M2,
+  kS8S3M2,
+  kS4S3M3,
+  kS8S2K8,
+  kW8S2B,
+  kSlotB
 };
-constexpr Kind kAllKinds[] = {Kind::kFast,  Kind::kGeneral, Kind::kCopy,    Kind::kBlock,
-                              Kind::kW4S3,  Kind::kW8S2,    Kind::kS8S2C,   Kind::kS8S3,
-                              Kind::kS8S3H2, Kind::kS8S2H2, Kind::kS4S3H2, Kind::kS8S2M2,
-                              Kind::kS8S3M2, Kind::kS4S3M3, Kind::kS8S2K8, Kind::kW8S2B,
-                              Kind::kSlotB};
+constexpr Kind kAllKinds[] = {Kind::kFast,   Kind::kGeneral, Kind::kCopy,   Kind::kBlock,  Kind::kW4S3,
+                              Kind::kW8S2,   Kind::kS8S2C,   Kind::kS8S3,   Kind::kS8S3H2, Kind::kS8S2H2,
+                              Kind::kS4S3H2, Kind::kS8S2M2,  Kind::kS8S3M2, Kind::kS4S3M3, Kind::kS8S2K8,
+                              Kind::kW8S2B,  Kind::kSlotB};
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -102,24 +116,22 @@ const char* kind_name(Kind kind) {
 /// Whether `kind` is measured on shape `s` (the long shape runs fewer).
 bool measured(int s, Kind kind) {
   if (s == 0) return kind != Kind::kS8S2K8 && kind != Kind::kW8S2B;
-  return kind == Kind::kFast || kind == Kind::kGeneral || kind == Kind::kCopy ||
-         kind == Kind::kBlock || kind == Kind::kW4S3 || kind == Kind::kW8S2 ||
-         kind == Kind::kS8S3 || kind == Kind::kS8S3H2 || kind == Kind::kS8S2K8 ||
-         kind == Kind::kW8S2B;
+  return kind == Kind::kFast || kind == Kind::kGeneral || kind == Kind::kCopy || kind == Kind::kBlock ||
+         kind == Kind::kW4S3 || kind == Kind::kW8S2 || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 ||
+         kind == Kind::kS8S2K8 || kind == Kind::kW8S2B;
 }
 
 /// Whether `kind` is the slot-major kernel (measured on the long shape with
 /// up to kBenchMaxSplits splits: its blocks are one per (query, split)).
 bool slot_major(Kind kind) {
-  return kind == Kind::kS8S2C || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 ||
-         kind == Kind::kS8S2H2 || kind == Kind::kS4S3H2 || kind == Kind::kS8S2M2 ||
-         kind == Kind::kS8S3M2 || kind == Kind::kS4S3M3 || kind == Kind::kS8S2K8;
+  return kind == Kind::kS8S2C || kind == Kind::kS8S3 || kind == Kind::kS8S3H2 || kind == Kind::kS8S2H2 ||
+         kind == Kind::kS4S3H2 || kind == Kind::kS8S2M2 || kind == Kind::kS8S3M2 || kind == Kind::kS4S3M3 ||
+         kind == Kind::kS8S2K8;
 }
 
 /// Splits and launch of one fast-kernel configuration G over `a`.
 template <ElementFormat F, class G>
-cudaError_t launch_variant(kc::AttendArgs<float>& a, int sm_count, std::int32_t max_splits,
-                           bool choose) {
+cudaError_t launch_variant(kc::AttendArgs<float>& a, int sm_count, std::int32_t max_splits, bool choose) {
   if (choose) {
     a.splits = kc::ring_fast_choose_splits<F, G>(a, sm_count, max_splits);
     return a.splits > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
@@ -128,17 +140,17 @@ cudaError_t launch_variant(kc::AttendArgs<float>& a, int sm_count, std::int32_t 
 }
 
 double g_peak_bytes_per_s = 0.0;
-std::map<std::string, double> g_rates;       // "shape|format|kind" -> bytes/s
-std::map<std::string, int> g_splits;         // "shape|format|kind" -> splits of the launch
-std::map<std::string, double> g_differences; // "shape|format" -> max |fast - general| / max |out|
+std::map<std::string, double> g_rates;        // "shape|format|kind" -> bytes/s
+std::map<std::string, int> g_splits;          // "shape|format|kind" -> splits of the launch
+std::map<std::string, double> g_differences;  // "shape|format" -> max |fast - general| / max |out|
 
 /// Fills every slot with finite pseudo-random rows of format F (a hash of the
 /// byte position; fp8 codes avoid NaN, scales near 1).
 template <ElementFormat F>
 __global__ void fill_pool_kernel(std::uint8_t* pool, std::int64_t slots, kc::SlotLayout layout) {
   const std::int64_t total = slots * layout.slot_bytes;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
@@ -247,21 +259,23 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   double* out = nullptr;
   unsigned int* counters = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = check(buf.get(&pool, slots * layout.slot_bytes), "cudaMalloc(pool)", state) &&
-            check(buf.get(&flush, kFlushBytes), "cudaMalloc(flush)", state) &&
-            check(buf.get(&d_index, static_cast<std::int64_t>(index.size())), "cudaMalloc(index)", state) &&
-            check(buf.get(&q, q_elements), "cudaMalloc(q)", state) &&
-            check(buf.get(&part_acc, q_elements * kBenchMaxSplits), "cudaMalloc(part)", state) &&
-            check(buf.get(&part_ml, shape.batch * shape.q_heads * kBenchMaxSplits * 2), "cudaMalloc(ml)", state) &&
-            check(buf.get(&out, q_elements), "cudaMalloc(out)", state) &&
-            check(buf.get(&counters, shape.batch * shape.q_heads), "cudaMalloc(counters)", state) &&
-            (kind != Kind::kCopy || check(buf.get(&copy_dst, bytes), "cudaMalloc(copy)", state)) &&
-            check(cudaMemset(flush, 1, static_cast<std::size_t>(kFlushBytes)), "cudaMemset(flush)", state) &&
-            check(cudaMemset(counters, 0, static_cast<std::size_t>(shape.batch * shape.q_heads) * 4), "cudaMemset(counters)", state) &&
-            check(cudaMemcpy(d_index, index.data(), index.size() * sizeof(std::int64_t),
-                             cudaMemcpyHostToDevice), "cudaMemcpy(index)", state) &&
-            check(cudaEventCreate(&start), "cudaEventCreate", state) &&
-            check(cudaEventCreate(&stop), "cudaEventCreate", state);
+  bool ok =
+      check(buf.get(&pool, slots * layout.slot_bytes), "cudaMalloc(pool)", state) &&
+      check(buf.get(&flush, kFlushBytes), "cudaMalloc(flush)", state) &&
+      check(buf.get(&d_index, static_cast<std::int64_t>(index.size())), "cudaMalloc(index)", state) &&
+      check(buf.get(&q, q_elements), "cudaMalloc(q)", state) &&
+      check(buf.get(&part_acc, q_elements * kBenchMaxSplits), "cudaMalloc(part)", state) &&
+      check(buf.get(&part_ml, shape.batch * shape.q_heads * kBenchMaxSplits * 2), "cudaMalloc(ml)", state) &&
+      check(buf.get(&out, q_elements), "cudaMalloc(out)", state) &&
+      check(buf.get(&counters, shape.batch * shape.q_heads), "cudaMalloc(counters)", state) &&
+      (kind != Kind::kCopy || check(buf.get(&copy_dst, bytes), "cudaMalloc(copy)", state)) &&
+      check(cudaMemset(flush, 1, static_cast<std::size_t>(kFlushBytes)), "cudaMemset(flush)", state) &&
+      check(cudaMemset(counters, 0, static_cast<std::size_t>(shape.batch * shape.q_heads) * 4),
+            "cudaMemset(counters)", state) &&
+      check(cudaMemcpy(d_index, index.data(), index.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice),
+            "cudaMemcpy(index)", state) &&
+      check(cudaEventCreate(&start), "cudaEventCreate", state) &&
+      check(cudaEventCreate(&stop), "cudaEventCreate", state);
   if (ok) {
     fill_pool_kernel<F><<<4096, 256>>>(pool, slots, layout);
     fill_query_kernel<<<1024, 256>>>(q, q_elements);
@@ -287,24 +301,33 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
     const std::int32_t cap = slot_major(kind) ? kBenchMaxSplits : kMaxSplits;
     switch (kind) {
       case Kind::kBlock:
-        return launch_variant<F, kc::FastGeometry<F, 4, F == ElementFormat::kFp8E4m3 ? 4 : 3>>(
-            a, sm_count, cap, choose);
+        return launch_variant<F, kc::FastGeometry<F, 4, F == ElementFormat::kFp8E4m3 ? 4 : 3>>(a, sm_count,
+                                                                                               cap, choose);
       case Kind::kW4S3: return launch_variant<F, kc::FastWarpGeometry<F, 4, 3>>(a, sm_count, cap, choose);
       case Kind::kW8S2: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2>>(a, sm_count, cap, choose);
-      case Kind::kW8S2B: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
+      case Kind::kW8S2B:
+        return launch_variant<F, kc::FastWarpGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
       case Kind::kSlotB:  // FastAuto's slot-major configuration with the batched index preload
-        return launch_variant<F, kc::FastSlotGeometry<F, 8, F == ElementFormat::kFp8E4m3 ? 3 : 2,
-                                                      F != ElementFormat::kFp8E4m3, 1,
-                                                      F == ElementFormat::kFp8E4m3 ? 2 : 1, 1, true>>(
-            a, sm_count, cap, choose);
-      case Kind::kS8S2C: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
-      case Kind::kS8S3: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false>>(a, sm_count, cap, choose);
-      case Kind::kS8S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 1, 2>>(a, sm_count, cap, choose);
-      case Kind::kS8S2H2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 2>>(a, sm_count, cap, choose);
-      case Kind::kS4S3H2: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 1, 2>>(a, sm_count, cap, choose);
-      case Kind::kS8S2M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 2, 1>>(a, sm_count, cap, choose);
-      case Kind::kS8S3M2: return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 2, 1>>(a, sm_count, cap, choose);
-      case Kind::kS4S3M3: return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 3, 1>>(a, sm_count, cap, choose);
+        return launch_variant<
+            F, kc::FastSlotGeometry<F, 8, F == ElementFormat::kFp8E4m3 ? 3 : 2, F != ElementFormat::kFp8E4m3,
+                                    1, F == ElementFormat::kFp8E4m3 ? 2 : 1, 1, true>>(a, sm_count, cap,
+                                                                                       choose);
+      case Kind::kS8S2C:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
+      case Kind::kS8S3:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false>>(a, sm_count, cap, choose);
+      case Kind::kS8S3H2:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS8S2H2:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS4S3H2:
+        return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 1, 2>>(a, sm_count, cap, choose);
+      case Kind::kS8S2M2:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 2, 1>>(a, sm_count, cap, choose);
+      case Kind::kS8S3M2:
+        return launch_variant<F, kc::FastSlotGeometry<F, 8, 3, false, 2, 1>>(a, sm_count, cap, choose);
+      case Kind::kS4S3M3:
+        return launch_variant<F, kc::FastSlotGeometry<F, 4, 3, false, 3, 1>>(a, sm_count, cap, choose);
       case Kind::kS8S2K8:
         return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, false, 1, 1, 8>>(a, sm_count, cap, choose);
       default: return cudaSuccess;
@@ -314,22 +337,24 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
 
   auto launch = [&]() -> cudaError_t {
     if (kind == Kind::kCopy) {
-      return cudaMemcpyAsync(copy_dst, pool, static_cast<std::size_t>(bytes),
-                             cudaMemcpyDeviceToDevice, nullptr);
+      return cudaMemcpyAsync(copy_dst, pool, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
+                             nullptr);
     }
     if (kind == Kind::kFast || kind == Kind::kGeneral) return kc::ring_attend_launch<F>(a, nullptr);
     return variant(false);
   };
-  if (ok) ok = check(launch(), "warm-up launch", state) && check(cudaDeviceSynchronize(), "warm-up sync", state);
+  if (ok)
+    ok = check(launch(), "warm-up launch", state) && check(cudaDeviceSynchronize(), "warm-up sync", state);
   // The fast kernel's output against the general kernel's on the same inputs.
   if (ok && kind != Kind::kGeneral && kind != Kind::kCopy) {
     std::vector<double> fast(static_cast<std::size_t>(q_elements)), general(fast.size());
     kc::AttendArgs<float> g = a;
     g.counters = nullptr;
     g.splits = kc::ring_attend_choose_splits<F>(g, sm_count, kMaxSplits);
-    ok = check(cudaMemcpy(fast.data(), out, fast.size() * 8, cudaMemcpyDeviceToHost), "copy out", state) &&
-         check(kc::ring_attend_launch<F>(g, nullptr), "general launch", state) &&
-         check(cudaMemcpy(general.data(), out, general.size() * 8, cudaMemcpyDeviceToHost), "copy out", state);
+    ok =
+        check(cudaMemcpy(fast.data(), out, fast.size() * 8, cudaMemcpyDeviceToHost), "copy out", state) &&
+        check(kc::ring_attend_launch<F>(g, nullptr), "general launch", state) &&
+        check(cudaMemcpy(general.data(), out, general.size() * 8, cudaMemcpyDeviceToHost), "copy out", state);
     double diff = 0.0, top = 0.0;
     for (std::size_t i = 0; i < fast.size(); ++i) {
       diff = std::max(diff, std::fabs(fast[i] - general[i]));
@@ -378,9 +403,10 @@ void register_all() {
       for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
         const std::string name = "decode_attention_cuda/" + key(kShapes[s], f, k);
         auto* b = f == ElementFormat::kBf16
-                      ? benchmark::RegisterBenchmark(name.c_str(), [s, k](benchmark::State& st) {
-                          BM_decode_attention<ElementFormat::kBf16>(st, s, k);
-                        })
+                      ? benchmark::RegisterBenchmark(name.c_str(),
+                                                     [s, k](benchmark::State& st) {
+                                                       BM_decode_attention<ElementFormat::kBf16>(st, s, k);
+                                                     })
                       : benchmark::RegisterBenchmark(name.c_str(), [s, k](benchmark::State& st) {
                           BM_decode_attention<ElementFormat::kFp8E4m3>(st, s, k);
                         });
@@ -419,8 +445,8 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
-  std::printf("\n%-18s %-5s %-12s %9s %8s %8s %6s  %s\n", "shape", "fmt", "kernel", "GB/s", "/peak",
-              "/copy", "splits", "target");
+  std::printf("\n%-18s %-5s %-12s %9s %8s %8s %6s  %s\n", "shape", "fmt", "kernel", "GB/s", "/peak", "/copy",
+              "splits", "target");
   int missed = 0;
   for (const Shape& shape : kShapes) {
     for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
@@ -440,15 +466,13 @@ int main(int argc, char** argv) {
           verdict = buf;
         }
         std::printf("%-18s %-5s %-12s %9.1f %8.3f %8.3f %6d  %s\n", shape.name,
-                    f == ElementFormat::kBf16 ? "bf16" : "fp8",
-                    kind_name(k),
-                    it->second / 1e9, peak, vs_copy, g_splits[key(shape, f, k)], verdict.c_str());
+                    f == ElementFormat::kBf16 ? "bf16" : "fp8", kind_name(k), it->second / 1e9, peak, vs_copy,
+                    g_splits[key(shape, f, k)], verdict.c_str());
       }
     }
   }
   for (const auto& [name, diff] : g_differences) {
-    std::printf("%s vs general output: max |difference| / max |output| = %.3g\n",
-                name.c_str(), diff);
+    std::printf("%s vs general output: max |difference| / max |output| = %.3g\n", name.c_str(), diff);
   }
   std::printf("targets missed: %d\n", missed);
   return 0;

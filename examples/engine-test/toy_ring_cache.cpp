@@ -80,17 +80,14 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
         st.length = st.pending_first + 1 + c.step.accepted;
         st.pending_first = st.pending_drafts = -1;
         return {};
-      case StepKind::kFinish:
-        st = State{};
-        return {};
+      case StepKind::kFinish: st = State{}; return {};
       case StepKind::kReset:
         st.length = 0;
         st.pending_first = st.pending_drafts = -1;
         return {};
       case StepKind::kPrefill:
       case StepKind::kDecode:
-      case StepKind::kVerify:
-        return write_step(layer, st, c, answer);
+      case StepKind::kVerify: return write_step(layer, st, c, answer);
     }
     return Refusal{"bad-step", "unknown step kind"};
   }
@@ -111,10 +108,13 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
   std::int64_t slot(std::int64_t state, std::int64_t position) const {
     return state * capacity_ + position % modulus_;
   }
-  std::int64_t visible_first(std::int64_t p) const { return std::max<std::int64_t>(0, p - spec_.window_keys + 1); }
+  std::int64_t visible_first(std::int64_t p) const {
+    return std::max<std::int64_t>(0, p - spec_.window_keys + 1);
+  }
 
   double round(double x) const {
-    return spec_.cache.format == kvcheck::scenarios::Format::kF32 ? static_cast<double>(static_cast<float>(x)) : x;
+    return spec_.cache.format == kvcheck::scenarios::Format::kF32 ? static_cast<double>(static_cast<float>(x))
+                                                                  : x;
   }
 
   /// RoPE of every head slice of `row` at `position`, in place.
@@ -142,7 +142,8 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
   }
 
   /// Attention of one rotated query over stored (key, value) rows.
-  void attend(const double* q, const std::vector<std::pair<const double*, const double*>>& rows, double* out) const {
+  void attend(const double* q, const std::vector<std::pair<const double*, const double*>>& rows,
+              double* out) const {
     const std::int64_t hd = spec_.cache.head_dim;
     const std::int64_t group = spec_.cache.q_heads / spec_.cache.kv_heads;
     const auto& sink = spec_.cache.sink_logit;
@@ -170,8 +171,8 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
     // Every refusal before anything changes.
     if (st.pending_drafts >= 0) return Refusal{"verify-pending", "a verify awaits its accept"};
     if (c.position != st.length) {
-      return Refusal{"position-mismatch", "position " + std::to_string(c.position) + ", length " +
-                                               std::to_string(st.length)};
+      return Refusal{"position-mismatch",
+                     "position " + std::to_string(c.position) + ", length " + std::to_string(st.length)};
     }
     const std::int64_t n = c.rows;
     if (n < 1 || n > spec_.max_step_rows) return Refusal{"too-many-rows", std::to_string(n) + " rows"};
@@ -198,19 +199,21 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = round(c.v[i]);
     }
     std::vector<double> queries(c.q, c.q + n * q_width_);
-    for (std::int64_t i = 0; i < n; ++i) rotate(queries.data() + i * q_width_, spec_.cache.q_heads, first + i);
+    for (std::int64_t i = 0; i < n; ++i)
+      rotate(queries.data() + i * q_width_, spec_.cache.q_heads, first + i);
 
     auto store = [&](std::int64_t i) {
       const std::int64_t s = slot(c.state, first + i);
       const auto at = static_cast<std::size_t>(s) * w;
       std::copy_n(keys.begin() + static_cast<std::ptrdiff_t>(i) * kv_width_, kv_width_, layer.k.begin() + at);
-      std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(i) * kv_width_, kv_width_, layer.v.begin() + at);
+      std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(i) * kv_width_, kv_width_,
+                  layer.v.begin() + at);
       layer.filled[static_cast<std::size_t>(s)] = 1;
       if (answer) answer->written.push_back(s);
     };
 
-    const bool load_then_store = c.step.kind == StepKind::kPrefill &&
-                                 c.step.order == kvcheck::scenarios::Order::kLoadThenStore;
+    const bool load_then_store =
+        c.step.kind == StepKind::kPrefill && c.step.order == kvcheck::scenarios::Order::kLoadThenStore;
     std::vector<std::pair<const double*, const double*>> rows;
     if (answer) {
       answer->out.assign(static_cast<std::size_t>(n * q_width_), 0.0);
@@ -293,8 +296,8 @@ ToyRingProvider::ToyRingProvider(Bug bug) : bug_(bug) {
   caps_.probes = {"accept-without-verify", "accept-too-many", "begin-busy-state", "non-finite-row"};
 }
 
-std::unique_ptr<kvcheck::engines::CacheUnderTest> ToyRingProvider::open(const kvcheck::engines::CacheSpec& spec,
-                                                                        Refusal* refused) {
+std::unique_ptr<kvcheck::engines::CacheUnderTest> ToyRingProvider::open(
+    const kvcheck::engines::CacheSpec& spec, Refusal* refused) {
   // What a toy keeps in memory: at most 2^20 rows per layer.
   if (spec.cache.states > (std::int64_t{1} << 20) / spec.cache.ring_rows) {
     *refused = Refusal{"too-large", std::to_string(spec.cache.states) + " states of " +

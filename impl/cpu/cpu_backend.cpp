@@ -18,8 +18,8 @@
 #include "impl/cpu/float_kernel.hpp"
 #include "impl/element_format.hpp"
 #include "impl/kernel_checks.hpp"
-#include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
+#include "impl/row_codec.hpp"
 #include "support/assert.hpp"
 
 namespace kvcheck::impl::cpu {
@@ -59,7 +59,8 @@ Status CpuBackend::configure(const PoolSpec& spec) {
   // over a DRAM-resident batch ~0.60 -> ~0.68 of a streaming read). The
   // padding bytes stay zero: no kernel writes or reads them.
   std::int64_t slot_stride = slot_bytes;
-  if (slot_bytes > 0 && slot_bytes % 4096 == 0 && __builtin_add_overflow(slot_bytes, kSlotPadBytes, &slot_stride)) {
+  if (slot_bytes > 0 && slot_bytes % 4096 == 0 &&
+      __builtin_add_overflow(slot_bytes, kSlotPadBytes, &slot_stride)) {
     return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
   }
   const std::int64_t scratch_rows = keys + spec.max_step_rows;
@@ -137,8 +138,10 @@ Status CpuBackend::check_configured() const {
 }
 
 KernelBounds CpuBackend::bounds() const {
-  return KernelBounds{spec_.states, slots_, scratch_rows_, spec_.max_step_rows, scratch_rows_,
-                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim, spec_.track_tags};
+  return KernelBounds{spec_.states,    slots_,
+                      scratch_rows_,   spec_.max_step_rows,
+                      scratch_rows_,   static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
+                      spec_.track_tags};
 }
 
 void CpuBackend::rotate(double* head, std::int64_t position) const {
@@ -181,7 +184,8 @@ Status CpuBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t wid
 
 Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
                               const double* k, const double* v) {
-  if (rows > spec_.max_step_rows) return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
+  if (rows > spec_.max_step_rows)
+    return Status::fail(CacheError::kTooManyRows, "more rows than max_step_rows");
   if (static_cast<std::int64_t>(rope_positions.size()) != rows) {
     return Status::fail(CacheError::kBadArgument, "rope_positions size != rows");
   }
@@ -197,14 +201,15 @@ Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> r
   for (auto p : rope_positions) {
     if (p < 0) return Status::fail(CacheError::kNegativePosition, "negative rope position");
   }
-  const double limit = spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max()
-                                                           : kFloatRowLimit;
+  const double limit =
+      spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max() : kFloatRowLimit;
   for (std::int64_t r = 0; r < rows; ++r) {
     std::uint8_t* dst = staging_.data() + r * slot_bytes_;
     const double* src = k + r * row_elements_;
     std::copy(src, src + row_elements_, rotated_.begin());
     for (std::int32_t h = 0; h < spec_.kv_heads; ++h) {
-      rotate(rotated_.data() + static_cast<std::int64_t>(h) * spec_.head_dim, rope_positions[static_cast<std::size_t>(r)]);
+      rotate(rotated_.data() + static_cast<std::int64_t>(h) * spec_.head_dim,
+             rope_positions[static_cast<std::size_t>(r)]);
     }
     for (double x : rotated_) {
       if (!(std::fabs(x) <= limit)) {
@@ -225,9 +230,8 @@ Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> r
   return {};
 }
 
-Status CpuBackend::store(std::span<const std::int64_t> slots,
-                         std::span<const std::int64_t> rope_positions, const double* k,
-                         const double* v, std::span<const Tag> tags, StoreReport* report) {
+Status CpuBackend::store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
+                         const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(slots.size());
   if (auto st = check_store(bounds(), slots, tags); !st.ok()) return st;
@@ -272,8 +276,7 @@ Status CpuBackend::load(std::span<const std::int64_t> index, std::int64_t scratc
   return {};
 }
 
-Status CpuBackend::scratch_store(std::int64_t scratch_first,
-                                 std::span<const std::int64_t> origin_slots,
+Status CpuBackend::scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
                                  std::span<const std::int64_t> rope_positions, const double* k,
                                  const double* v, std::span<const Tag> tags) {
   if (auto st = check_configured(); !st.ok()) return st;
@@ -290,9 +293,9 @@ Status CpuBackend::scratch_store(std::int64_t scratch_first,
   return {};
 }
 
-Status CpuBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions,
-                          const double* q, std::span<const std::int64_t> index, std::int64_t width,
-                          double* out, Tag* read_tags, std::int64_t* read_slots) {
+Status CpuBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
+                          std::span<const std::int64_t> index, std::int64_t width, double* out,
+                          Tag* read_tags, std::int64_t* read_slots) {
   if (auto st = check_configured(); !st.ok()) return st;
   if (auto st = check_attend(bounds(), source, rope_positions, q, index, width); !st.ok()) return st;
   const bool scratch = source == KvSource::kScratch;
@@ -303,18 +306,16 @@ Status CpuBackend::attend(KvSource source, std::span<const std::int64_t> rope_po
     attend_rows<true>(base, tags, origins, scratch, rope_positions, q, index, width, out, read_tags,
                       read_slots);
   } else {
-    attend_rows<false>(base, tags, origins, scratch, rope_positions, q, index, width, out, nullptr,
-                       nullptr);
+    attend_rows<false>(base, tags, origins, scratch, rope_positions, q, index, width, out, nullptr, nullptr);
   }
   return {};
 }
 
 template <bool kTrack>
 void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const std::int64_t* origins,
-                             bool from_scratch, std::span<const std::int64_t> rope_positions,
-                             const double* q, std::span<const std::int64_t> index,
-                             std::int64_t width, double* out, Tag* read_tags,
-                             std::int64_t* read_slots) {
+                             bool from_scratch, std::span<const std::int64_t> rope_positions, const double* q,
+                             std::span<const std::int64_t> index, std::int64_t width, double* out,
+                             Tag* read_tags, std::int64_t* read_slots) {
   const std::int64_t hd = spec_.head_dim;
   const std::int64_t qh = spec_.q_heads;
   const std::int64_t group = qh / spec_.kv_heads;
@@ -337,7 +338,8 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
     }
     // Rotate the query heads in double.
     std::copy(q + i * qe, q + (i + 1) * qe, q_rot_.begin());
-    for (std::int64_t h = 0; h < qh; ++h) rotate(q_rot_.data() + h * hd, rope_positions[static_cast<std::size_t>(i)]);
+    for (std::int64_t h = 0; h < qh; ++h)
+      rotate(q_rot_.data() + h * hd, rope_positions[static_cast<std::size_t>(i)]);
     double* o = out + i * qe;
     if (f64) {
       // scores_: [q_heads, width]; -inf marks a skipped column.
@@ -346,7 +348,8 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
         for (std::int64_t h = 0; h < qh; ++h) {
           double s = -std::numeric_limits<double>::infinity();
           if (e >= 0) {
-            const auto* key = std::launder(reinterpret_cast<const double*>(base + e * slot_stride_)) + (h / group) * hd;
+            const auto* key =
+                std::launder(reinterpret_cast<const double*>(base + e * slot_stride_)) + (h / group) * hd;
             const double* qv = q_rot_.data() + h * hd;
             double d = 0;
             for (std::int64_t x = 0; x < hd; ++x) d += qv[x] * key[x];
@@ -371,7 +374,8 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
       for (std::int64_t c = 0; c < width; ++c) {
         const std::int64_t e = idx[c];
         if (e < 0) continue;
-        const auto* val = std::launder(reinterpret_cast<const double*>(base + e * slot_stride_ + value_offset));
+        const auto* val =
+            std::launder(reinterpret_cast<const double*>(base + e * slot_stride_ + value_offset));
         for (std::int64_t h = 0; h < qh; ++h) {
           const double w = scores_[static_cast<std::size_t>(h * width + c)];
           const double* vv = val + (h / group) * hd;
@@ -390,9 +394,23 @@ void CpuBackend::attend_rows(const std::uint8_t* base, const Tag* tags, const st
             static_cast<float>(q_rot_[static_cast<std::size_t>(h * hd + x)] * scale_f64_);
       }
     }
-    const FloatJob job{spec_.format, base, slot_bytes_, slot_stride_, value_offset, row_elements_, hd, hs, qh, group,
-                       width, idx, q_f32_.data(), acc_f32_.data(), softmax_f32_.data(),
-                       spec_.has_sink, static_cast<float>(spec_.sink_logit)};
+    const FloatJob job{spec_.format,
+                       base,
+                       slot_bytes_,
+                       slot_stride_,
+                       value_offset,
+                       row_elements_,
+                       hd,
+                       hs,
+                       qh,
+                       group,
+                       width,
+                       idx,
+                       q_f32_.data(),
+                       acc_f32_.data(),
+                       softmax_f32_.data(),
+                       spec_.has_sink,
+                       static_cast<float>(spec_.sink_logit)};
     if (fast_kernel_) {
       attend_query_avx512(job);
     } else {
@@ -412,7 +430,8 @@ Tag CpuBackend::slot_tag(std::int64_t slot) const {
 
 Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
+  if (slot < 0 || slot >= slots_)
+    return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
   const std::uint8_t* row = pool_.data() + slot * slot_stride_;
   decode_row(spec_.format, row, row_elements_, key);
   decode_row(spec_.format, row + (spec_.shared_row ? 0 : row_bytes_), row_elements_, value);
@@ -421,12 +440,12 @@ Status CpuBackend::read_row(std::int64_t slot, double* key, double* value) const
 
 Status CpuBackend::read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row_bytes: slot outside the pool");
+  if (slot < 0 || slot >= slots_)
+    return Status::fail(CacheError::kSlotOutOfRange, "read_row_bytes: slot outside the pool");
   const std::uint8_t* row = pool_.data() + slot * slot_stride_;
   std::memcpy(key, row, static_cast<std::size_t>(row_bytes_));
   std::memcpy(value, row + (spec_.shared_row ? 0 : row_bytes_), static_cast<std::size_t>(row_bytes_));
   return {};
 }
-
 
 }  // namespace kvcheck::impl::cpu

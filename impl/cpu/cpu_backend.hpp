@@ -40,15 +40,14 @@ class CpuBackend final : public KvBackend {
   Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
                       std::span<std::int64_t> index) override;
   Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
-               const double* k, const double* v, std::span<const Tag> tags,
-               StoreReport* report) override;
+               const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) override;
   Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) override;
   Status scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
-                       std::span<const std::int64_t> rope_positions, const double* k,
-                       const double* v, std::span<const Tag> tags) override;
+                       std::span<const std::int64_t> rope_positions, const double* k, const double* v,
+                       std::span<const Tag> tags) override;
   Status attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
-                std::span<const std::int64_t> index, std::int64_t width, double* out,
-                Tag* read_tags, std::int64_t* read_slots) override;
+                std::span<const std::int64_t> index, std::int64_t width, double* out, Tag* read_tags,
+                std::int64_t* read_slots) override;
   Tag slot_tag(std::int64_t slot) const override;
   Status read_row(std::int64_t slot, double* key, double* value) const override;
   Status read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const override;
@@ -66,14 +65,14 @@ class CpuBackend final : public KvBackend {
   Status check_configured() const;
   /// The sizes the shared kernel argument checks (impl/kernel_checks.hpp) use.
   KernelBounds bounds() const;
-  Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
-                    const double* k, const double* v);
+  Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions, const double* k,
+                    const double* v);
   void rotate(double* head, std::int64_t position) const;
   template <bool kTrack>
-  void attend_rows(const std::uint8_t* base, const Tag* tags, const std::int64_t* origins,
-                   bool from_scratch, std::span<const std::int64_t> rope_positions,
-                   const double* q, std::span<const std::int64_t> index, std::int64_t width,
-                   double* out, Tag* read_tags, std::int64_t* read_slots);
+  void attend_rows(const std::uint8_t* base, const Tag* tags, const std::int64_t* origins, bool from_scratch,
+                   std::span<const std::int64_t> rope_positions, const double* q,
+                   std::span<const std::int64_t> index, std::int64_t width, double* out, Tag* read_tags,
+                   std::int64_t* read_slots);
 
   PoolSpec spec_;
   bool configured_ = false;
@@ -85,27 +84,27 @@ class CpuBackend final : public KvBackend {
   std::int64_t scratch_rows_ = 0;  // window keys + max_step_rows
   float scale_ = 0.0f;
   double scale_f64_ = 0.0;
-  std::vector<double> inv_freq_;   // [rope_dims / 2] base^(-2i/rope_dims)
+  std::vector<double> inv_freq_;  // [rope_dims / 2] base^(-2i/rope_dims)
 
-  std::vector<std::uint8_t> pool_;           // [slots, slot_stride]
-  std::vector<Tag> tags_;                    // [slots] (empty when not tracking)
-  std::vector<std::uint8_t> scratch_;        // [scratch_rows, slot_stride]
-  std::vector<Tag> scratch_tags_;            // [scratch_rows]
-  std::vector<std::int64_t> scratch_origin_; // [scratch_rows] pool slot each row represents
-  std::vector<std::uint8_t> staging_;        // [max_step_rows, slot_bytes] quantized rows
-  std::vector<double> rotated_;              // [kv_heads * head_dim] one key row in flight
-  std::vector<double> decoded_;              // [kv_heads * head_dim] one decoded row
-  std::vector<std::uint64_t> stamp_;         // [slots] duplicate detection per store call
+  std::vector<std::uint8_t> pool_;            // [slots, slot_stride]
+  std::vector<Tag> tags_;                     // [slots] (empty when not tracking)
+  std::vector<std::uint8_t> scratch_;         // [scratch_rows, slot_stride]
+  std::vector<Tag> scratch_tags_;             // [scratch_rows]
+  std::vector<std::int64_t> scratch_origin_;  // [scratch_rows] pool slot each row represents
+  std::vector<std::uint8_t> staging_;         // [max_step_rows, slot_bytes] quantized rows
+  std::vector<double> rotated_;               // [kv_heads * head_dim] one key row in flight
+  std::vector<double> decoded_;               // [kv_heads * head_dim] one decoded row
+  std::vector<std::uint64_t> stamp_;          // [slots] duplicate detection per store call
   std::uint64_t epoch_ = 0;
   // attend workspace
-  std::vector<double> q_rot_;                // [q_heads, head_dim]
-  std::vector<double> scores_;               // [q_heads, width_max] (f64 path)
-  std::vector<double> acc_;                  // [q_heads, head_dim] (f64 path)
+  std::vector<double> q_rot_;   // [q_heads, head_dim]
+  std::vector<double> scores_;  // [q_heads, width_max] (f64 path)
+  std::vector<double> acc_;     // [q_heads, head_dim] (f64 path)
   // Float path; head_stride = head_dim rounded up to 16 lanes, zeros past head_dim.
-  std::vector<float> q_f32_;                 // [q_heads, head_stride] RoPE'd, pre-scaled
-  std::vector<float> acc_f32_;               // [q_heads, head_stride] online-softmax accumulators
-  std::vector<float> softmax_f32_;           // [2, q_heads] running max, running sum
-  bool fast_kernel_ = false;                 // AVX-512 kernel fits this pool and CPU (configure)
+  std::vector<float> q_f32_;        // [q_heads, head_stride] RoPE'd, pre-scaled
+  std::vector<float> acc_f32_;      // [q_heads, head_stride] online-softmax accumulators
+  std::vector<float> softmax_f32_;  // [2, q_heads] running max, running sum
+  bool fast_kernel_ = false;        // AVX-512 kernel fits this pool and CPU (configure)
 };
 
 }  // namespace kvcheck::impl::cpu

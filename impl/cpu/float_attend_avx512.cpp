@@ -55,15 +55,17 @@ namespace {
 /// arithmetic, and 32 rows halve the per-block softmax and rescale work
 /// (measured, DRAM-resident batch: f32 16 rows ~0.82 vs 32 rows ~0.65 of a
 /// streaming read; bf16 32 rows ahead of 16 compute-only by ~15%).
-constexpr int z_block_rows(ElementFormat f) { return f == ElementFormat::kF32 ? 16 : 32; }
-constexpr int kZAheadBlocks = 1; // prefetch distance in blocks
+constexpr int z_block_rows(ElementFormat f) {
+  return f == ElementFormat::kF32 ? 16 : 32;
+}
+constexpr int kZAheadBlocks = 1;           // prefetch distance in blocks
 constexpr std::int64_t kZMaxScales = 128;  // fp8 scale bytes of a slot the block table holds
 
 /// 32 elements of a row starting at element i (a multiple of 32) as two zmm
 /// in kernel order. fexp: the block's fp8 scale exponent (scale byte - 7).
 template <ElementFormat F>
 KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline void z_decode32(const std::uint8_t* row, std::int64_t i,
-                                                                   const float* fexp, __m512& a, __m512& b) {
+                                                                    const float* fexp, __m512& a, __m512& b) {
   if constexpr (F == ElementFormat::kF32) {
     (void)fexp;
     a = _mm512_loadu_ps(row + 4 * i);
@@ -87,7 +89,7 @@ KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline void z_decode32(const std::u
 
 /// Lanes 4s..4s+3 of the result: four partial sums of a[s] (s = 0..3).
 KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline __m512 z_reduce_heads(__m512 a0, __m512 a1, __m512 a2,
-                                                                         __m512 a3) {
+                                                                          __m512 a3) {
   const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
   const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
   return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xDD));
@@ -95,7 +97,7 @@ KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline __m512 z_reduce_heads(__m512
 
 /// From z_reduce_heads of rows 0..3: lane 4s + r is the full sum of head s, row r.
 KVCHECK_AVX512_TARGET [[gnu::always_inline]] inline __m512 z_reduce_rows(__m512 v0, __m512 v1, __m512 v2,
-                                                                        __m512 v3) {
+                                                                         __m512 v3) {
   const __m512 w01 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
   const __m512 w23 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
   return _mm512_add_ps(_mm512_shuffle_ps(w01, w23, 0x44), _mm512_shuffle_ps(w01, w23, 0xEE));
@@ -121,7 +123,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
   const std::int64_t pf_lines = (j.slot_bytes + 63) / 64;
   const std::uint8_t* rows[kRows];
   // fp8 only: [row][K scales then V scales] scale exponents (byte - 7).
-  alignas(64) float fexp[F == ElementFormat::kFp8E4m3 ? kRows : 1][F == ElementFormat::kFp8E4m3 ? 2 * kZMaxScales : 1];
+  alignas(64) float fexp[F == ElementFormat::kFp8E4m3 ? kRows : 1]
+                        [F == ElementFormat::kFp8E4m3 ? 2 * kZMaxScales : 1];
   // Softmax weights and rescale factors of two items in flight (see below).
   // [item parity][row / 4][4 * head + row % 4] weights, [item parity][4 * head] rescale factors.
   alignas(64) float pwb[2][kRows / 4][16];
@@ -147,7 +150,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
           float* dst = fexp[r] + half * kZMaxScales;
           for (std::int64_t k = 0; k < nscale; k += 16) {
             // Masked: a row's last scales may end less than 16 bytes before the pool does.
-            const __mmask16 take = nscale - k >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (nscale - k)) - 1u);
+            const __mmask16 take =
+                nscale - k >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (nscale - k)) - 1u);
             const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(take, sb + k));
             _mm512_store_ps(dst + k, _mm512_cvtepi32_ps(_mm512_sub_epi32(b, seven)));
           }
@@ -178,7 +182,7 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
         const std::int64_t lo = g * pf_lines / kv_heads, hi = (g + 1) * pf_lines / kv_heads;
         const std::int64_t mid = (lo + hi) / 2;
         const float* q0 = j.q + h0 * hs;
-        float (&pw)[kRows / 4][16] = pwb[it & 1];
+        float(&pw)[kRows / 4][16] = pwb[it & 1];
         float* alpha = alphab[it & 1];
         // ---- scores: zs[k] lane 4s + i = head s, row 4k + i
         __m512 zs[kRows / 4];
@@ -188,7 +192,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
             if (s0 == 0) {
               for (int t = r; t < r + 4; ++t) {
                 if (pf_rows[t] == nullptr) continue;
-                for (std::int64_t o = lo; o < mid; ++o) _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
+                for (std::int64_t o = lo; o < mid; ++o)
+                  _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
               }
             }
             // One accumulator per (row, head): 16 independent chains, each
@@ -201,7 +206,10 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
               const std::int64_t el = g * hd + 32 * p;
               __m512 x[4], y[4];
               for (int i = 0; i < 4; ++i) {
-                z_decode32<F>(rows[r + i], el, fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] + (F == ElementFormat::kFp8E4m3 ? el / 32 : 0), x[i], y[i]);
+                z_decode32<F>(rows[r + i], el,
+                              fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] +
+                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
+                              x[i], y[i]);
               }
               for (int s = 0; s < 4; ++s) {
                 const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
@@ -218,7 +226,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
               if (s0 == 0) {
                 for (int t = r + i; t < r + i + 2; ++t) {
                   if (pf_rows[t] == nullptr) continue;
-                  for (std::int64_t o = lo; o < mid; ++o) _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
+                  for (std::int64_t o = lo; o < mid; ++o)
+                    _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
                 }
               }
               __m512 a0[4], a1[4];
@@ -229,8 +238,14 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
               for (int p = 0; p < kPairs; ++p) {
                 const std::int64_t el = g * hd + 32 * p;
                 __m512 x0, y0, x1, y1;
-                z_decode32<F>(k0, el, fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] + (F == ElementFormat::kFp8E4m3 ? el / 32 : 0), x0, y0);
-                z_decode32<F>(k1, el, fexp[F == ElementFormat::kFp8E4m3 ? r + i + 1 : 0] + (F == ElementFormat::kFp8E4m3 ? el / 32 : 0), x1, y1);
+                z_decode32<F>(k0, el,
+                              fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] +
+                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
+                              x0, y0);
+                z_decode32<F>(k1, el,
+                              fexp[F == ElementFormat::kFp8E4m3 ? r + i + 1 : 0] +
+                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
+                              x1, y1);
                 for (int s = 0; s < 4; ++s) {
                   const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
                   const __m512 qb = _mm512_loadu_ps(q0 + s * hs + 32 * p + 16);
@@ -251,7 +266,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
           // A short block: the later block's rows the loop above did not reach.
           for (int t = nb; t < kRows; ++t) {
             if (pf_rows[t] == nullptr) continue;
-            for (std::int64_t o = t < nb4 ? mid : lo; o < hi; ++o) _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
+            for (std::int64_t o = t < nb4 ? mid : lo; o < hi; ++o)
+              _mm_prefetch(reinterpret_cast<const char*>(pf_rows[t] + 64 * o), _MM_HINT_T1);
           }
         }
         // ---- softmax update, in the [head][row] layout of zs: lanes 4s..4s+3
@@ -266,7 +282,8 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
           live[k] = static_cast<__mmask16>(((1u << rows_live) - 1u) * 0x1111u);
         }
         __m512 bm = _mm512_mask_blend_ps(live[0], ninf, zs[0]);
-        for (int k = 1; k < kRows / 4; ++k) bm = _mm512_max_ps(bm, _mm512_mask_blend_ps(live[k], ninf, zs[k]));
+        for (int k = 1; k < kRows / 4; ++k)
+          bm = _mm512_max_ps(bm, _mm512_mask_blend_ps(live[k], ninf, zs[k]));
         bm = _mm512_max_ps(bm, _mm512_permute_ps(bm, 0xB1));
         bm = _mm512_max_ps(bm, _mm512_permute_ps(bm, 0x4E));
         const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -274,8 +291,9 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
         const __m512 mn = _mm512_max_ps(bm, mo);
         // The max grew: what was accumulated under the old max is scaled by
         // e^(old - new) (0 the first time; exactly 1 when it did not grow).
-        const __m512 al = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ),
-                                              static_cast<__m512>(exp_neg_v16(static_cast<V16f>(_mm512_sub_ps(mo, mn)))));
+        const __m512 al =
+            _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ),
+                                static_cast<__m512>(exp_neg_v16(static_cast<V16f>(_mm512_sub_ps(mo, mn)))));
         _mm512_store_ps(alpha, al);
         __m512 sum = _mm512_setzero_ps();
         for (int k = 0; k < kRows / 4; ++k) {
@@ -297,7 +315,7 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
         const std::int64_t lo = g * pf_lines / kv_heads, hi = (g + 1) * pf_lines / kv_heads;
         const std::int64_t mid = (lo + hi) / 2;
         (void)lo;
-        const float (&pw)[kRows / 4][16] = pwb[(it - 1) & 1];
+        const float(&pw)[kRows / 4][16] = pwb[(it - 1) & 1];
         const float* alpha = alphab[(it - 1) & 1];
         // ---- values, 64 dims at a time
         for (int half = 0; half < kPairs / 2; ++half) {
@@ -305,16 +323,19 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
           __m512 acc[4][4];
           for (int s = 0; s < 4; ++s) {
             const __m512 al = _mm512_set1_ps(alpha[4 * s]);
-            for (int k = 0; k < 4; ++k) acc[s][k] = _mm512_mul_ps(_mm512_loadu_ps(j.acc + (h0 + s) * hs + d + 16 * k), al);
+            for (int k = 0; k < 4; ++k)
+              acc[s][k] = _mm512_mul_ps(_mm512_loadu_ps(j.acc + (h0 + s) * hs + d + 16 * k), al);
           }
           const std::int64_t el = g * hd + d;
           for (int r = 0; r < nb; ++r) {
             const std::uint8_t* val = rows[r] + j.value_offset;
             if (s0 == 0 && half == 0 && pf_rows[r] != nullptr) {
-              for (std::int64_t o = mid; o < hi; ++o) _mm_prefetch(reinterpret_cast<const char*>(pf_rows[r] + 64 * o), _MM_HINT_T1);
+              for (std::int64_t o = mid; o < hi; ++o)
+                _mm_prefetch(reinterpret_cast<const char*>(pf_rows[r] + 64 * o), _MM_HINT_T1);
             }
             __m512 v[4];
-            const float* fe = fexp[F == ElementFormat::kFp8E4m3 ? r : 0] + (F == ElementFormat::kFp8E4m3 ? kZMaxScales + el / 32 : 0);
+            const float* fe = fexp[F == ElementFormat::kFp8E4m3 ? r : 0] +
+                              (F == ElementFormat::kFp8E4m3 ? kZMaxScales + el / 32 : 0);
             z_decode32<F>(val, el, fe, v[0], v[1]);
             z_decode32<F>(val, el + 32, fe + (F == ElementFormat::kFp8E4m3 ? 1 : 0), v[2], v[3]);
             for (int s = 0; s < 4; ++s) {
@@ -351,7 +372,8 @@ KVCHECK_AVX512_TARGET void attend_query_z_format(const FloatJob& j) {
 bool fast_kernel_fits(const PoolSpec& spec, std::int64_t row_elements) {
   if (spec.format == ElementFormat::kF64) return false;
   if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256) return false;
-  if (spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0 || (spec.q_heads / spec.kv_heads) % 4 != 0) return false;
+  if (spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0 || (spec.q_heads / spec.kv_heads) % 4 != 0)
+    return false;
   if (spec.format == ElementFormat::kFp8E4m3 && row_elements / 32 > kZMaxScales) return false;
   return fast_kernel_available();
 }
@@ -378,19 +400,14 @@ void attend_query_avx512(const FloatJob& j) {
     }
   };
   switch (j.format) {
-    case ElementFormat::kF32:
-      attend_query_z_format<ElementFormat::kF32>(j);
-      return;
+    case ElementFormat::kF32: attend_query_z_format<ElementFormat::kF32>(j); return;
     case ElementFormat::kBf16:
       permute(q, qn, true);
       attend_query_z_format<ElementFormat::kBf16>(j);
       permute(j.acc, qn, false);
       return;
-    case ElementFormat::kFp8E4m3:
-      attend_query_z_format<ElementFormat::kFp8E4m3>(j);
-      return;
-    case ElementFormat::kF64:
-      break;
+    case ElementFormat::kFp8E4m3: attend_query_z_format<ElementFormat::kFp8E4m3>(j); return;
+    case ElementFormat::kF64: break;
   }
   KVCHECK_ASSERT(false);
 }

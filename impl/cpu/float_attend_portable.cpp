@@ -107,14 +107,13 @@ template <ElementFormat F>
   for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
 }
 
-
 /// Scores of kR rows (keys at rows[0..kR)) against kS query heads of KV head
 /// g: kR * kS independent accumulators, each key chunk decoded once and used
 /// kS times.
 template <ElementFormat F, int kS, int kR>
 [[gnu::always_inline]] inline void score_rows(const FloatJob& j, const std::uint8_t* const* rows,
-                                              std::int64_t g, const float* q0,
-                                              float (&sc)[kS][kBlockRows], int r0) {
+                                              std::int64_t g, const float* q0, float (&sc)[kS][kBlockRows],
+                                              int r0) {
   const std::int64_t hd = j.head_dim, hs = j.head_stride, n = j.row_elements;
   V16f a[kR][kS] = {};
   for (std::int64_t d = 0; d < hd; d += 16) {
@@ -258,20 +257,13 @@ template <ElementFormat F>
 
 /// One query's attention in float. Compiled for AVX-512, AVX2+FMA and the
 /// baseline; the loader picks one at start-up (GCC function multiversioning).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void attend_query_portable(const FloatJob& j) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void attend_query_portable(
+    const FloatJob& j) {
   switch (j.format) {
-    case ElementFormat::kF32:
-      attend_query_format<ElementFormat::kF32>(j);
-      return;
-    case ElementFormat::kBf16:
-      attend_query_format<ElementFormat::kBf16>(j);
-      return;
-    case ElementFormat::kFp8E4m3:
-      attend_query_format<ElementFormat::kFp8E4m3>(j);
-      return;
-    case ElementFormat::kF64:
-      break;
+    case ElementFormat::kF32: attend_query_format<ElementFormat::kF32>(j); return;
+    case ElementFormat::kBf16: attend_query_format<ElementFormat::kBf16>(j); return;
+    case ElementFormat::kFp8E4m3: attend_query_format<ElementFormat::kFp8E4m3>(j); return;
+    case ElementFormat::kF64: break;
   }
   KVCHECK_ASSERT(false);
 }

@@ -33,7 +33,9 @@ typedef std::uint8_t V16b __attribute__((vector_size(16)));
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-[[gnu::always_inline]] inline void store16f(float* p, V16f v) { __builtin_memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void store16f(float* p, V16f v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
 [[gnu::always_inline]] inline V16f splat16(float x) {
   return V16f{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
 }
@@ -87,7 +89,7 @@ typedef std::uint8_t V16b __attribute__((vector_size(16)));
 /// Everything the float attention kernel needs for one query.
 struct FloatJob {
   ElementFormat format;
-  const std::uint8_t* base;   // [rows, slot_stride]
+  const std::uint8_t* base;                                          // [rows, slot_stride]
   std::int64_t slot_bytes, slot_stride, value_offset, row_elements;  // stride: bytes between slots
   std::int64_t head_dim, head_stride, q_heads, group, width;
   const std::int64_t* index;  // [width]

@@ -53,15 +53,16 @@ std::string_view layer_cache_error_name(LayerCacheError error) noexcept {
 }
 
 AttentionLayer::AttentionLayer(std::int32_t model_width, std::int32_t heads, LayerRope rope,
-                               std::vector<double> wq, std::vector<double> wk,
-                               std::vector<double> wv, std::vector<double> wo)
+                               std::vector<double> wq, std::vector<double> wk, std::vector<double> wv,
+                               std::vector<double> wo)
     : model_width_(model_width), heads_(heads), rope_(rope) {
   KVCHECK_ASSERT(model_width > 0 && heads > 0 && model_width % heads == 0);
   KVCHECK_ASSERT(rope.feature_width >= 0 && rope.feature_width % 2 == 0 &&
                  rope.feature_width <= model_width / heads);
   std::vector<double>* w[4] = {&wq, &wk, &wv, &wo};
   for (int i = 0; i < 4; ++i) {
-    KVCHECK_ASSERT(w[i]->size() == static_cast<std::size_t>(model_width) * static_cast<std::size_t>(model_width));
+    KVCHECK_ASSERT(w[i]->size() ==
+                   static_cast<std::size_t>(model_width) * static_cast<std::size_t>(model_width));
     params_[i] = std::make_shared<LayerParameter>(LayerParameter{next_parameter_id(), 0, std::move(*w[i])});
   }
 }
@@ -80,8 +81,8 @@ void AttentionLayer::update_parameter(int i, std::span<const double> values) {
   ++p.revision;
 }
 
-LayerCacheError LayerKvCache::create(const AttentionLayer& layer, std::int64_t batch,
-                                     std::int64_t capacity, std::unique_ptr<LayerKvCache>* out) {
+LayerCacheError LayerKvCache::create(const AttentionLayer& layer, std::int64_t batch, std::int64_t capacity,
+                                     std::unique_ptr<LayerKvCache>* out) {
   if (batch <= 0) return LayerCacheError::kZeroBatch;
   if (capacity <= 0) return LayerCacheError::kZeroCapacity;
   if (capacity > layer.rope().max_positions) return LayerCacheError::kCapacityExceedsPositions;
@@ -163,7 +164,8 @@ LayerCacheError LayerKvCache::prepare(const AttentionLayer& layer, std::span<con
     for (std::int64_t b = 0; b < batch_; ++b) {
       for (std::int64_t r = 0; r < d; ++r) {
         double s = 0;
-        for (std::int64_t c = 0; c < d; ++c) s += w[static_cast<std::size_t>(r * d + c)] * input[static_cast<std::size_t>(b * d + c)];
+        for (std::int64_t c = 0; c < d; ++c)
+          s += w[static_cast<std::size_t>(r * d + c)] * input[static_cast<std::size_t>(b * d + c)];
         proj[m][b * d + r] = s;
       }
     }
@@ -222,7 +224,8 @@ LayerCacheError LayerKvCache::prepare(const AttentionLayer& layer, std::span<con
   for (std::int64_t b = 0; b < batch_; ++b) {
     for (std::int64_t r = 0; r < d; ++r) {
       double s = 0;
-      for (std::int64_t c = 0; c < d; ++c) s += wo[static_cast<std::size_t>(r * d + c)] * mixed_[static_cast<std::size_t>(b * d + c)];
+      for (std::int64_t c = 0; c < d; ++c)
+        s += wo[static_cast<std::size_t>(r * d + c)] * mixed_[static_cast<std::size_t>(b * d + c)];
       if (!std::isfinite(s)) return LayerCacheError::kNonFinite;
       out_[static_cast<std::size_t>(b * d + r)] = s;
     }

@@ -47,16 +47,16 @@ std::string_view layer_cache_error_name(LayerCacheError error) noexcept;
 /// RoPE of a layer: pairs (i, i + feature_width/2) of each head turn by
 /// position * base^(-2i / feature_width).
 struct LayerRope {
-  std::int32_t feature_width = 0;   ///< rotated width per head (even, <= head width)
-  std::int64_t max_positions = 0;   ///< position capacity
+  std::int32_t feature_width = 0;  ///< rotated width per head (even, <= head width)
+  std::int64_t max_positions = 0;  ///< position capacity
   double base = 10000.0;
 };
 
 /// One parameter node: values plus an identity and a value revision.
 struct LayerParameter {
-  std::uint64_t id = 0;         ///< unique per node, assigned at creation
-  std::uint64_t revision = 0;   ///< bumped by every in-place update
-  std::vector<double> values;   ///< [model_width, model_width], y = W x
+  std::uint64_t id = 0;        ///< unique per node, assigned at creation
+  std::uint64_t revision = 0;  ///< bumped by every in-place update
+  std::vector<double> values;  ///< [model_width, model_width], y = W x
 };
 
 /// A linear multi-head attention layer: Wq, Wk, Wv, Wo (model_width square)
@@ -64,9 +64,8 @@ struct LayerParameter {
 class AttentionLayer {
  public:
   /// Builds a layer with four new parameter nodes (new identities).
-  AttentionLayer(std::int32_t model_width, std::int32_t heads, LayerRope rope,
-                 std::vector<double> wq, std::vector<double> wk, std::vector<double> wv,
-                 std::vector<double> wo);
+  AttentionLayer(std::int32_t model_width, std::int32_t heads, LayerRope rope, std::vector<double> wq,
+                 std::vector<double> wk, std::vector<double> wv, std::vector<double> wo);
   /// The same parameter nodes under another RoPE configuration.
   AttentionLayer with_rope(LayerRope rope) const;
 
@@ -91,8 +90,8 @@ class AttentionLayer {
 class LayerKvCache {
  public:
   /// Builds a cache for `layer` or returns a typed error (out untouched).
-  static LayerCacheError create(const AttentionLayer& layer, std::int64_t batch,
-                                std::int64_t capacity, std::unique_ptr<LayerKvCache>* out);
+  static LayerCacheError create(const AttentionLayer& layer, std::int64_t batch, std::int64_t capacity,
+                                std::unique_ptr<LayerKvCache>* out);
 
   /// Appends one row: input [batch, 1, model_width] with `shape` its
   /// dimensions; out [batch, model_width] receives the newest position's
@@ -123,13 +122,13 @@ class LayerKvCache {
   std::int32_t rope_feature_width_ = 0;
   std::int64_t rope_max_positions_ = 0;
   double rope_base_ = 0;
-  std::vector<double> keys_;     // [batch, heads, capacity, head_width]
-  std::vector<double> values_;   // [batch, heads, capacity, head_width]
+  std::vector<double> keys_;    // [batch, heads, capacity, head_width]
+  std::vector<double> values_;  // [batch, heads, capacity, head_width]
   // Prepared (uncommitted) step, preallocated at construction.
-  std::vector<double> q_, k_, v_;   // [batch, model_width] (q, k rotated)
-  std::vector<double> mixed_;       // [batch, model_width] merged heads
-  std::vector<double> out_;         // [batch, model_width]
-  std::vector<double> weights_;     // [capacity] one head's softmax
+  std::vector<double> q_, k_, v_;  // [batch, model_width] (q, k rotated)
+  std::vector<double> mixed_;      // [batch, model_width] merged heads
+  std::vector<double> out_;        // [batch, model_width]
+  std::vector<double> weights_;    // [capacity] one head's softmax
 };
 
 }  // namespace kvcheck::impl::cpu

@@ -23,8 +23,8 @@
 #include "impl/cuda/ring_kernels.cuh"
 #include "impl/element_format.hpp"
 #include "impl/kernel_checks.hpp"
-#include "impl/row_codec.hpp"
 #include "impl/ring_index.hpp"
+#include "impl/row_codec.hpp"
 
 namespace kvcheck::impl {
 
@@ -40,22 +40,21 @@ constexpr std::int64_t kWorkspaceBytes = std::int64_t{256} << 20;
 constexpr std::int32_t kMaxSplits = 64;
 
 std::string cuda_error_line(const char* what, cudaError_t err) {
-  return std::string("CUDA ") + what + " failed: " + cudaGetErrorName(err) + " (" +
-         cudaGetErrorString(err) + ")";
+  return std::string("CUDA ") + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+         ")";
 }
 
 Status device_status(const char* what, cudaError_t err) {
   if (err == cudaSuccess) return {};
-  return Status::fail(
-      err == cudaErrorMemoryAllocation ? CacheError::kAllocation : CacheError::kDeviceFailure,
-      cuda_error_line(what, err));
+  return Status::fail(err == cudaErrorMemoryAllocation ? CacheError::kAllocation : CacheError::kDeviceFailure,
+                      cuda_error_line(what, err));
 }
 
-#define KVCHECK_CUDA_TRY(what, expr)                              \
-  do {                                                            \
-    if (Status st_ = device_status((what), (expr)); !st_.ok()) {  \
-      return st_;                                                 \
-    }                                                             \
+#define KVCHECK_CUDA_TRY(what, expr)                             \
+  do {                                                           \
+    if (Status st_ = device_status((what), (expr)); !st_.ok()) { \
+      return st_;                                                \
+    }                                                            \
   } while (0)
 
 bool mul_overflows(std::int64_t a, std::int64_t b, std::int64_t* out) {
@@ -139,15 +138,14 @@ class CudaBackend final : public KvBackend {
   Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
                       std::span<std::int64_t> index) override;
   Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
-               const double* k, const double* v, std::span<const Tag> tags,
-               StoreReport* report) override;
+               const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) override;
   Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) override;
   Status scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
-                       std::span<const std::int64_t> rope_positions, const double* k,
-                       const double* v, std::span<const Tag> tags) override;
+                       std::span<const std::int64_t> rope_positions, const double* k, const double* v,
+                       std::span<const Tag> tags) override;
   Status attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
-                std::span<const std::int64_t> index, std::int64_t width, double* out,
-                Tag* read_tags, std::int64_t* read_slots) override;
+                std::span<const std::int64_t> index, std::int64_t width, double* out, Tag* read_tags,
+                std::int64_t* read_slots) override;
   Tag slot_tag(std::int64_t slot) const override;
   Status read_row(std::int64_t slot, double* key, double* value) const override;
 
@@ -157,8 +155,8 @@ class CudaBackend final : public KvBackend {
   KernelBounds bounds() const;
   /// Validates, uploads, rotates and range-checks `rows` key/value rows into
   /// d_.k_rot / d_.v_chk (CpuBackend::stage_rows). Writes nothing to the pool.
-  Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,
-                    const double* k, const double* v);
+  Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions, const double* k,
+                    const double* v);
   /// Encodes the staged rows to `base` rows (dest_rows[r] or dest_first + r).
   Status encode_rows(std::int64_t rows, std::uint8_t* base, const std::int64_t* dest_rows,
                      std::int64_t dest_first, std::int64_t dest_count, const int* winner);
@@ -204,16 +202,15 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   const std::int64_t scratch_rows = keys + spec.max_step_rows;
   const std::int64_t item_cap = std::max(spec.max_step_rows, scratch_rows);
-  std::int64_t slots = 0, pool_bytes = 0, scratch_bytes = 0, q_elements = 0, step_q = 0,
-               step_kv = 0, index_cap = 0, per_split = 0;
+  std::int64_t slots = 0, pool_bytes = 0, scratch_bytes = 0, q_elements = 0, step_q = 0, step_kv = 0,
+               index_cap = 0, per_split = 0;
   if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
       mul_overflows(spec.kv_heads, spec.head_dim, &layout.row_elements) ||
       mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
       mul_overflows(spec.max_step_rows, q_elements, &step_q) ||
       mul_overflows(spec.max_step_rows, layout.row_elements, &step_kv) ||
       mul_overflows(spec.max_step_rows, scratch_rows, &index_cap) ||
-      mul_overflows(step_q, spec.head_dim + 2, &per_split) ||
-      layout.row_elements > (std::int64_t{1} << 40)) {
+      mul_overflows(step_q, spec.head_dim + 2, &per_split) || layout.row_elements > (std::int64_t{1} << 40)) {
     return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
   }
   layout.row_bytes = ring_row_bytes(spec.format, layout.row_elements);
@@ -269,25 +266,27 @@ Status CudaBackend::configure(const PoolSpec& spec) {
                    d.part_ml.allocate(spec.max_step_rows * spec.q_heads * splits_cap * 2 * acc_bytes));
   // One counter per (query, KV head, head tile) of the fast kernel: at most
   // one per query head.
-  KVCHECK_CUDA_TRY("cudaMalloc(split counters)",
-                   d.counters.allocate(spec.max_step_rows * spec.q_heads * 4));
+  KVCHECK_CUDA_TRY("cudaMalloc(split counters)", d.counters.allocate(spec.max_step_rows * spec.q_heads * 4));
 
   // Fresh pool: zero bytes, empty tags, no claims, origin -1.
-  KVCHECK_CUDA_TRY("cudaMemset(pool)", cudaMemset(d.pool.as<void>(), 0, static_cast<std::size_t>(pool_bytes)));
+  KVCHECK_CUDA_TRY("cudaMemset(pool)",
+                   cudaMemset(d.pool.as<void>(), 0, static_cast<std::size_t>(pool_bytes)));
   KVCHECK_CUDA_TRY("cudaMemset(scratch)",
                    cudaMemset(d.scratch.as<void>(), 0, static_cast<std::size_t>(scratch_bytes)));
-  KVCHECK_CUDA_TRY("cudaMemset(counts)", cudaMemset(d.counts.as<void>(), 0, static_cast<std::size_t>(slots * 4)));
-  KVCHECK_CUDA_TRY("cudaMemset(winner)", cudaMemset(d.winner.as<void>(), 0xFF, static_cast<std::size_t>(slots * 4)));
+  KVCHECK_CUDA_TRY("cudaMemset(counts)",
+                   cudaMemset(d.counts.as<void>(), 0, static_cast<std::size_t>(slots * 4)));
+  KVCHECK_CUDA_TRY("cudaMemset(winner)",
+                   cudaMemset(d.winner.as<void>(), 0xFF, static_cast<std::size_t>(slots * 4)));
   KVCHECK_CUDA_TRY("cudaMemset(flags)", cudaMemset(d.flags.as<void>(), 0, 16));
-  KVCHECK_CUDA_TRY("cudaMemset(split counters)",
-                   cudaMemset(d.counters.as<void>(), 0,
-                              static_cast<std::size_t>(spec.max_step_rows * spec.q_heads * 4)));
+  KVCHECK_CUDA_TRY(
+      "cudaMemset(split counters)",
+      cudaMemset(d.counters.as<void>(), 0, static_cast<std::size_t>(spec.max_step_rows * spec.q_heads * 4)));
   if (spec.track_tags) {
     ring_fill_kernel<Tag><<<ring_grid(slots), kElementwiseThreads>>>(d.tags.as<Tag>(), slots, Tag{});
     KVCHECK_CUDA_TRY("launch ring_fill_kernel(tags)", cudaGetLastError());
   }
-  ring_fill_kernel<Tag><<<ring_grid(scratch_rows), kElementwiseThreads>>>(d.scratch_tags.as<Tag>(),
-                                                                         scratch_rows, Tag{});
+  ring_fill_kernel<Tag>
+      <<<ring_grid(scratch_rows), kElementwiseThreads>>>(d.scratch_tags.as<Tag>(), scratch_rows, Tag{});
   KVCHECK_CUDA_TRY("launch ring_fill_kernel(scratch tags)", cudaGetLastError());
   ring_fill_kernel<std::int64_t><<<ring_grid(scratch_rows), kElementwiseThreads>>>(
       d.scratch_origin.as<std::int64_t>(), scratch_rows, std::int64_t{-1});
@@ -311,8 +310,8 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   index_cap_ = index_cap;
   splits_cap_ = static_cast<std::int32_t>(splits_cap);
   sm_count_ = sm_count > 0 ? sm_count : 1;
-  scale_ = spec.softmax_scale > 0.0 ? spec.softmax_scale
-                                    : 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
+  scale_ =
+      spec.softmax_scale > 0.0 ? spec.softmax_scale : 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
   configured_ = true;
   return {};
 }
@@ -323,8 +322,10 @@ Status CudaBackend::check_configured() const {
 }
 
 KernelBounds CudaBackend::bounds() const {
-  return KernelBounds{spec_.states, slots_, scratch_rows_, spec_.max_step_rows, scratch_rows_,
-                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim, spec_.track_tags};
+  return KernelBounds{spec_.states,    slots_,
+                      scratch_rows_,   spec_.max_step_rows,
+                      scratch_rows_,   static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
+                      spec_.track_tags};
 }
 
 Status CudaBackend::sync(const char* what) const {
@@ -339,15 +340,14 @@ Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMe
   if (n > item_cap_) {
     return Status::fail(CacheError::kTooManyRows, "metadata: more queries than the device staging holds");
   }
-  KVCHECK_CUDA_TRY("cudaMemcpy(queries)",
-                   cudaMemcpy(d_.queries.as<void>(), queries.data(), queries.size_bytes(),
-                              cudaMemcpyHostToDevice));
-  ring_metadata_kernel<<<ring_grid(n), kElementwiseThreads>>>(
-      d_.queries.as<QueryRef>(), n, spec_.window_keys, spec_.ring_rows, spec_.states, spec_.fault,
-      d_.meta.as<ReadMeta>());
+  KVCHECK_CUDA_TRY("cudaMemcpy(queries)", cudaMemcpy(d_.queries.as<void>(), queries.data(),
+                                                     queries.size_bytes(), cudaMemcpyHostToDevice));
+  ring_metadata_kernel<<<ring_grid(n), kElementwiseThreads>>>(d_.queries.as<QueryRef>(), n, spec_.window_keys,
+                                                              spec_.ring_rows, spec_.states, spec_.fault,
+                                                              d_.meta.as<ReadMeta>());
   KVCHECK_CUDA_TRY("launch ring_metadata_kernel", cudaGetLastError());
-  KVCHECK_CUDA_TRY("cudaMemcpy(meta)", cudaMemcpy(out.data(), d_.meta.as<void>(), out.size_bytes(),
-                                                  cudaMemcpyDeviceToHost));
+  KVCHECK_CUDA_TRY("cudaMemcpy(meta)",
+                   cudaMemcpy(out.data(), d_.meta.as<void>(), out.size_bytes(), cudaMemcpyDeviceToHost));
   return {};
 }
 
@@ -361,13 +361,13 @@ Status CudaBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t wi
   if (n > item_cap_ || total > index_cap_) {
     return Status::fail(CacheError::kTooManyRows, "expand_index: larger than the device staging holds");
   }
-  KVCHECK_CUDA_TRY("cudaMemcpy(meta)", cudaMemcpy(d_.meta.as<void>(), meta.data(), meta.size_bytes(),
-                                                  cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(meta)",
+                   cudaMemcpy(d_.meta.as<void>(), meta.data(), meta.size_bytes(), cudaMemcpyHostToDevice));
   ring_expand_index_kernel<<<ring_grid(total), kElementwiseThreads>>>(
       d_.meta.as<ReadMeta>(), n, width, spec_.ring_rows, spec_.fault, d_.index.as<std::int64_t>());
   KVCHECK_CUDA_TRY("launch ring_expand_index_kernel", cudaGetLastError());
-  KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(index.data(), d_.index.as<void>(),
-                                                   index.size_bytes(), cudaMemcpyDeviceToHost));
+  KVCHECK_CUDA_TRY("cudaMemcpy(index)",
+                   cudaMemcpy(index.data(), d_.index.as<void>(), index.size_bytes(), cudaMemcpyDeviceToHost));
   return {};
 }
 
@@ -392,38 +392,36 @@ Status CudaBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> 
     if (p < 0) return Status::fail(CacheError::kNegativePosition, "negative rope position");
   }
   if (rows == 0) return {};
-  const double limit = spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max()
-                                                           : kFloatRowLimit;
+  const double limit =
+      spec_.format == ElementFormat::kF64 ? std::numeric_limits<double>::max() : kFloatRowLimit;
   const auto bytes = static_cast<std::size_t>(n) * sizeof(double);
   unsigned int* flag = reinterpret_cast<unsigned int*>(d_.flags.as<std::uint8_t>() + 8);
   KVCHECK_CUDA_TRY("cudaMemset(range flag)", cudaMemset(flag, 0, sizeof(unsigned int)));
-  KVCHECK_CUDA_TRY("cudaMemcpy(positions)",
-                   cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
-                              rope_positions.size_bytes(), cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(positions)", cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
+                                                       rope_positions.size_bytes(), cudaMemcpyHostToDevice));
   KVCHECK_CUDA_TRY("cudaMemcpy(k)", cudaMemcpy(d_.k_in.as<void>(), k, bytes, cudaMemcpyHostToDevice));
   ring_rotate_rows_kernel<double><<<ring_grid(n), kElementwiseThreads>>>(
-      d_.k_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim, d_.positions.as<std::int64_t>(),
-      rope_, true, 1.0, limit, flag, d_.k_rot.as<double>());
+      d_.k_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim, d_.positions.as<std::int64_t>(), rope_,
+      true, 1.0, limit, flag, d_.k_rot.as<double>());
   KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(k)", cudaGetLastError());
   if (!spec_.shared_row) {
     KVCHECK_CUDA_TRY("cudaMemcpy(v)", cudaMemcpy(d_.v_in.as<void>(), v, bytes, cudaMemcpyHostToDevice));
     ring_rotate_rows_kernel<double><<<ring_grid(n), kElementwiseThreads>>>(
-        d_.v_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim,
-        d_.positions.as<std::int64_t>(), rope_, false, 1.0, limit, flag, d_.v_chk.as<double>());
+        d_.v_in.as<double>(), rows, spec_.kv_heads, spec_.head_dim, d_.positions.as<std::int64_t>(), rope_,
+        false, 1.0, limit, flag, d_.v_chk.as<double>());
     KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(v)", cudaGetLastError());
   }
   unsigned int out_of_range = 0;
-  KVCHECK_CUDA_TRY("cudaMemcpy(range flag)", cudaMemcpy(&out_of_range, flag, sizeof out_of_range,
-                                                        cudaMemcpyDeviceToHost));
+  KVCHECK_CUDA_TRY("cudaMemcpy(range flag)",
+                   cudaMemcpy(&out_of_range, flag, sizeof out_of_range, cudaMemcpyDeviceToHost));
   if (out_of_range != 0) {
     return Status::fail(CacheError::kNonFinite, "key or value row leaves the element format's range");
   }
   return {};
 }
 
-Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base,
-                                const std::int64_t* dest_rows, std::int64_t dest_first,
-                                std::int64_t dest_count, const int* winner) {
+Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base, const std::int64_t* dest_rows,
+                                std::int64_t dest_first, std::int64_t dest_count, const int* winner) {
   const std::int64_t units = spec_.format == ElementFormat::kFp8E4m3
                                  ? (layout_.row_elements + kFp8BlockElements - 1) / kFp8BlockElements
                                  : layout_.row_elements;
@@ -451,9 +449,8 @@ Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base,
   return device_status("launch ring_encode_rows_kernel", cudaGetLastError());
 }
 
-Status CudaBackend::store(std::span<const std::int64_t> slots,
-                          std::span<const std::int64_t> rope_positions, const double* k,
-                          const double* v, std::span<const Tag> tags, StoreReport* report) {
+Status CudaBackend::store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
+                          const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto rows = static_cast<std::int64_t>(slots.size());
   if (auto st = check_store(bounds(), slots, tags); !st.ok()) return st;
@@ -467,26 +464,25 @@ Status CudaBackend::store(std::span<const std::int64_t> slots,
   // same-launch write-write collision is reported, never a race.
   auto* duplicates = d_.flags.as<unsigned long long>();
   KVCHECK_CUDA_TRY("cudaMemset(duplicates)", cudaMemset(duplicates, 0, sizeof(unsigned long long)));
-  KVCHECK_CUDA_TRY("cudaMemcpy(slots)", cudaMemcpy(d_.slots.as<void>(), slots.data(),
-                                                   slots.size_bytes(), cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(slots)",
+                   cudaMemcpy(d_.slots.as<void>(), slots.data(), slots.size_bytes(), cudaMemcpyHostToDevice));
   const bool track = spec_.track_tags;
   if (track) {
-    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(),
-                                                    tags.size_bytes(), cudaMemcpyHostToDevice));
+    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(), tags.size_bytes(),
+                                                    cudaMemcpyHostToDevice));
   }
   const auto* d_slots = d_.slots.as<std::int64_t>();
   ring_claim_slots_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
       d_slots, rows, slots_, d_.counts.as<unsigned int>(), d_.winner.as<int>(), duplicates);
   KVCHECK_CUDA_TRY("launch ring_claim_slots_kernel", cudaGetLastError());
-  if (auto st = encode_rows(rows, d_.pool.as<std::uint8_t>(), d_slots, 0, slots_,
-                            d_.winner.as<int>());
+  if (auto st = encode_rows(rows, d_.pool.as<std::uint8_t>(), d_slots, 0, slots_, d_.winner.as<int>());
       !st.ok()) {
     return st;
   }
   if (track) {
     ring_write_row_meta_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
-        rows, d_slots, 0, slots_, d_.winner.as<int>(), d_.tags_in.as<Tag>(), d_.tags.as<Tag>(),
-        nullptr, nullptr);
+        rows, d_slots, 0, slots_, d_.winner.as<int>(), d_.tags_in.as<Tag>(), d_.tags.as<Tag>(), nullptr,
+        nullptr);
     KVCHECK_CUDA_TRY("launch ring_write_row_meta_kernel", cudaGetLastError());
   }
   ring_release_slots_kernel<<<ring_grid(rows), kElementwiseThreads>>>(
@@ -504,9 +500,10 @@ Status CudaBackend::load(std::span<const std::int64_t> index, std::int64_t scrat
   const auto n = static_cast<std::int64_t>(index.size());
   if (auto st = check_load(bounds(), index, scratch_first); !st.ok()) return st;
   if (n == 0) return {};
-  if (n > index_cap_) return Status::fail(CacheError::kTooManyRows, "load: larger than the device staging holds");
-  KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(),
-                                                   index.size_bytes(), cudaMemcpyHostToDevice));
+  if (n > index_cap_)
+    return Status::fail(CacheError::kTooManyRows, "load: larger than the device staging holds");
+  KVCHECK_CUDA_TRY("cudaMemcpy(index)",
+                   cudaMemcpy(d_.index.as<void>(), index.data(), index.size_bytes(), cudaMemcpyHostToDevice));
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
   ring_gather_kernel<<<grid, kElementwiseThreads>>>(
       d_.index.as<std::int64_t>(), n, scratch_first, d_.pool.as<std::uint8_t>(), slots_,
@@ -516,8 +513,7 @@ Status CudaBackend::load(std::span<const std::int64_t> index, std::int64_t scrat
   return sync("load (device sync)");
 }
 
-Status CudaBackend::scratch_store(std::int64_t scratch_first,
-                                  std::span<const std::int64_t> origin_slots,
+Status CudaBackend::scratch_store(std::int64_t scratch_first, std::span<const std::int64_t> origin_slots,
                                   std::span<const std::int64_t> rope_positions, const double* k,
                                   const double* v, std::span<const Tag> tags) {
   if (auto st = check_configured(); !st.ok()) return st;
@@ -529,11 +525,11 @@ Status CudaBackend::scratch_store(std::int64_t scratch_first,
                                                      origin_slots.size_bytes(), cudaMemcpyHostToDevice));
   const bool track = spec_.track_tags;
   if (track) {
-    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(),
-                                                    tags.size_bytes(), cudaMemcpyHostToDevice));
+    KVCHECK_CUDA_TRY("cudaMemcpy(tags)", cudaMemcpy(d_.tags_in.as<void>(), tags.data(), tags.size_bytes(),
+                                                    cudaMemcpyHostToDevice));
   }
-  if (auto st = encode_rows(rows, d_.scratch.as<std::uint8_t>(), nullptr, scratch_first,
-                            scratch_rows_, nullptr);
+  if (auto st =
+          encode_rows(rows, d_.scratch.as<std::uint8_t>(), nullptr, scratch_first, scratch_rows_, nullptr);
       !st.ok()) {
     return st;
   }
@@ -545,10 +541,9 @@ Status CudaBackend::scratch_store(std::int64_t scratch_first,
   return sync("scratch_store (device sync)");
 }
 
-Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions,
-                           const double* q, std::span<const std::int64_t> index,
-                           std::int64_t width, double* out, Tag* read_tags,
-                           std::int64_t* read_slots) {
+Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_positions, const double* q,
+                           std::span<const std::int64_t> index, std::int64_t width, double* out,
+                           Tag* read_tags, std::int64_t* read_slots) {
   if (auto st = check_configured(); !st.ok()) return st;
   const auto n = static_cast<std::int64_t>(rope_positions.size());
   if (auto st = check_attend(bounds(), source, rope_positions, q, index, width); !st.ok()) return st;
@@ -557,15 +552,14 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
   const std::int64_t qn = n * spec_.q_heads * spec_.head_dim;
   if (n == 0) return {};
   const auto total = static_cast<std::int64_t>(index.size());
-  KVCHECK_CUDA_TRY("cudaMemcpy(positions)",
-                   cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
-                              rope_positions.size_bytes(), cudaMemcpyHostToDevice));
-  KVCHECK_CUDA_TRY("cudaMemcpy(q)", cudaMemcpy(d_.q_in.as<void>(), q,
-                                               static_cast<std::size_t>(qn) * sizeof(double),
-                                               cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(positions)", cudaMemcpy(d_.positions.as<void>(), rope_positions.data(),
+                                                       rope_positions.size_bytes(), cudaMemcpyHostToDevice));
+  KVCHECK_CUDA_TRY("cudaMemcpy(q)",
+                   cudaMemcpy(d_.q_in.as<void>(), q, static_cast<std::size_t>(qn) * sizeof(double),
+                              cudaMemcpyHostToDevice));
   if (total > 0) {
-    KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(),
-                                                     index.size_bytes(), cudaMemcpyHostToDevice));
+    KVCHECK_CUDA_TRY("cudaMemcpy(index)", cudaMemcpy(d_.index.as<void>(), index.data(), index.size_bytes(),
+                                                     cudaMemcpyHostToDevice));
   }
   const std::uint8_t* rows = scratch ? d_.scratch.as<std::uint8_t>() : d_.pool.as<std::uint8_t>();
   const double inf = std::numeric_limits<double>::infinity();
@@ -576,8 +570,8 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
     using Acc = RingAccT<F>;
     const bool f64 = F == ElementFormat::kF64;
     ring_rotate_rows_kernel<Acc><<<ring_grid(qn), kElementwiseThreads>>>(
-        d_.q_in.as<double>(), n, spec_.q_heads, spec_.head_dim, d_.positions.as<std::int64_t>(),
-        rope_, true, f64 ? 1.0 : scale_, inf, nullptr, d_.q_rot.as<Acc>());
+        d_.q_in.as<double>(), n, spec_.q_heads, spec_.head_dim, d_.positions.as<std::int64_t>(), rope_, true,
+        f64 ? 1.0 : scale_, inf, nullptr, d_.q_rot.as<Acc>());
     KVCHECK_CUDA_TRY("launch ring_rotate_rows_kernel(q)", cudaGetLastError());
     AttendArgs<Acc> a;
     a.q = d_.q_rot.as<Acc>();
@@ -600,15 +594,9 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
   };
   Status st;
   switch (spec_.format) {
-    case ElementFormat::kF64:
-      st = run(std::integral_constant<ElementFormat, ElementFormat::kF64>{});
-      break;
-    case ElementFormat::kF32:
-      st = run(std::integral_constant<ElementFormat, ElementFormat::kF32>{});
-      break;
-    case ElementFormat::kBf16:
-      st = run(std::integral_constant<ElementFormat, ElementFormat::kBf16>{});
-      break;
+    case ElementFormat::kF64: st = run(std::integral_constant<ElementFormat, ElementFormat::kF64>{}); break;
+    case ElementFormat::kF32: st = run(std::integral_constant<ElementFormat, ElementFormat::kF32>{}); break;
+    case ElementFormat::kBf16: st = run(std::integral_constant<ElementFormat, ElementFormat::kBf16>{}); break;
     case ElementFormat::kFp8E4m3:
       st = run(std::integral_constant<ElementFormat, ElementFormat::kFp8E4m3>{});
       break;
@@ -617,23 +605,22 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
   const bool track = spec_.track_tags && read_tags != nullptr && read_slots != nullptr;
   if (track && total > 0) {
     ring_read_tags_kernel<<<ring_grid(total), kElementwiseThreads>>>(
-        d_.index.as<std::int64_t>(), total, limit,
-        scratch ? d_.scratch_tags.as<Tag>() : d_.tags.as<Tag>(),
+        d_.index.as<std::int64_t>(), total, limit, scratch ? d_.scratch_tags.as<Tag>() : d_.tags.as<Tag>(),
         scratch ? d_.scratch_origin.as<std::int64_t>() : nullptr, d_.read_tags.as<Tag>(),
         d_.read_slots.as<std::int64_t>());
     KVCHECK_CUDA_TRY("launch ring_read_tags_kernel", cudaGetLastError());
   }
-  KVCHECK_CUDA_TRY("cudaMemcpy(out)", cudaMemcpy(out, d_.out.as<void>(),
-                                                 static_cast<std::size_t>(qn) * sizeof(double),
-                                                 cudaMemcpyDeviceToHost));
+  KVCHECK_CUDA_TRY("cudaMemcpy(out)",
+                   cudaMemcpy(out, d_.out.as<void>(), static_cast<std::size_t>(qn) * sizeof(double),
+                              cudaMemcpyDeviceToHost));
   if (track && total > 0) {
     KVCHECK_CUDA_TRY("cudaMemcpy(read tags)",
                      cudaMemcpy(read_tags, d_.read_tags.as<void>(),
                                 static_cast<std::size_t>(total) * sizeof(Tag), cudaMemcpyDeviceToHost));
-    KVCHECK_CUDA_TRY("cudaMemcpy(read slots)",
-                     cudaMemcpy(read_slots, d_.read_slots.as<void>(),
-                                static_cast<std::size_t>(total) * sizeof(std::int64_t),
-                                cudaMemcpyDeviceToHost));
+    KVCHECK_CUDA_TRY(
+        "cudaMemcpy(read slots)",
+        cudaMemcpy(read_slots, d_.read_slots.as<void>(),
+                   static_cast<std::size_t>(total) * sizeof(std::int64_t), cudaMemcpyDeviceToHost));
   }
   return {};
 }
@@ -651,7 +638,8 @@ Tag CudaBackend::slot_tag(std::int64_t slot) const {
 
 Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) const {
   if (auto st = check_configured(); !st.ok()) return st;
-  if (slot < 0 || slot >= slots_) return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
+  if (slot < 0 || slot >= slots_)
+    return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
   KVCHECK_CUDA_TRY("cudaMemcpy(read_row)",
                    cudaMemcpy(host_slot_.data(), d_.pool.as<std::uint8_t>() + slot * layout_.slot_bytes,
                               host_slot_.size(), cudaMemcpyDeviceToHost));
@@ -672,8 +660,8 @@ bool cuda_device_available(std::string* why) {
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the (non-sticky) error for later calls
     if (why) {
-      *why = std::string("no CUDA device: cudaGetDeviceCount failed with ") + cudaGetErrorName(err) +
-             " (" + cudaGetErrorString(err) + ")";
+      *why = std::string("no CUDA device: cudaGetDeviceCount failed with ") + cudaGetErrorName(err) + " (" +
+             cudaGetErrorString(err) + ")";
     }
     return false;
   }

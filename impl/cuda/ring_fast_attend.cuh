@@ -73,10 +73,10 @@
 //   kernel (0.67; fp8 0.33 against 0.34).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -140,16 +140,16 @@ template <int Bytes>
 __device__ inline void fast_copy_async(std::uint32_t dst, const void* src, bool fill) {
   const int src_size = fill ? Bytes : 0;
   if constexpr (Bytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_size)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                  : "memory");
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_size)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                  : "memory");
   }
 }
-__device__ inline void fast_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ inline void fast_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ inline void fast_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -193,8 +193,7 @@ __device__ inline void fast_mma(float (&d)[4], const std::uint32_t (&a)[4], std:
 /// x - hi (exact in f32) rounded the same way, packed for two values:
 /// hi_pair = (hi(a), hi(b)), lo_pair = (lo(a), lo(b)), a in the low half.
 template <bool Half>
-__device__ inline void fast_split_pack(float a, float b, std::uint32_t& hi_pair,
-                                       std::uint32_t& lo_pair) {
+__device__ inline void fast_split_pack(float a, float b, std::uint32_t& hi_pair, std::uint32_t& lo_pair) {
   if constexpr (Half) {
     const __half2 hi = __floats2half2_rn(a, b);
     const float2 hf = __half22float2(hi);
@@ -233,8 +232,7 @@ __device__ inline std::uint32_t fast_half_pow2_pair(int k) {
 /// Widens 16 fp8 codes (one uint4) to 16 f16, each times the f16 pair
 /// `factor` (a power of two): exact e4m3 -> f16 conversion in hardware, one
 /// f16x2 multiply per two values.
-__device__ inline void fast_widen_fp8(const uint4 codes, std::uint32_t factor, uint4& out0,
-                                      uint4& out1) {
+__device__ inline void fast_widen_fp8(const uint4 codes, std::uint32_t factor, uint4& out0, uint4& out1) {
   const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
   const __half2 f = *reinterpret_cast<const __half2*>(&factor);
   std::uint32_t o[8];
@@ -298,8 +296,7 @@ struct FastExtra {
 
 /// Folds state (m2, l2) into (m, l): sets the weights of the two sides so
 /// the caller folds its accumulators the same way.
-__device__ inline void fast_merge_weights(float& m, float& l, float m2, float l2, float& wa,
-                                          float& wb) {
+__device__ inline void fast_merge_weights(float& m, float& l, float m2, float l2, float& wa, float& wb) {
   const float neg_inf = format_bits_float(0xFF800000u);
   if (m2 == neg_inf) {
     wa = 1.0f;
@@ -336,20 +333,19 @@ __device__ inline void fast_splits_combine(const Args& a, unsigned char* smem, i
                                            unsigned int* counter, int tid, int* last_block);
 
 template <int kWarps, int kThreads, class Args>
-__device__ inline void fast_block_finish(const Args& a, unsigned char* smem, int heads_here,
-                                         std::int64_t qi, std::int32_t h0, std::int32_t split,
-                                         int tid, int* last_block) {
+__device__ inline void fast_block_finish(const Args& a, unsigned char* smem, int heads_here, std::int64_t qi,
+                                         std::int32_t h0, std::int32_t split, int tid, int* last_block) {
   const float neg_inf = format_bits_float(0xFF800000u);
-  const float* sh_o = reinterpret_cast<const float*>(smem);         // [warps][8][128]
-  const float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;    // [warps][8][2]
+  const float* sh_o = reinterpret_cast<const float*>(smem);        // [warps][8][128]
+  const float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;  // [warps][8][2]
   for (int e = tid; e < heads_here * kFastHeadDim; e += kThreads) {
     const int h = e / kFastHeadDim;
     const int d = e % kFastHeadDim;
     float mm = neg_inf, ll = 0.0f, acc = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
       float wa, wb;
-      fast_merge_weights(mm, ll, sh_ml[(w * kFastHeads + h) * 2], sh_ml[(w * kFastHeads + h) * 2 + 1],
-                         wa, wb);
+      fast_merge_weights(mm, ll, sh_ml[(w * kFastHeads + h) * 2], sh_ml[(w * kFastHeads + h) * 2 + 1], wa,
+                         wb);
       acc = acc * wa + sh_o[(w * kFastHeads + h) * kFastHeadDim + d] * wb;
     }
     const std::int64_t part = (qi * a.q_heads + h0 + h) * a.splits + split;
@@ -389,8 +385,8 @@ __device__ inline void fast_splits_combine(const Args& a, unsigned char* smem, i
   __threadfence();
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  float* sh_w = reinterpret_cast<float*>(smem);       // [8][splits]: exp(m_s - top), 0 if empty
-  float* sh_total = sh_w + kFastHeads * splits;       // [8]: sum of l_s weights + sink
+  float* sh_w = reinterpret_cast<float*>(smem);  // [8][splits]: exp(m_s - top), 0 if empty
+  float* sh_total = sh_w + kFastHeads * splits;  // [8]: sum of l_s weights + sink
   for (int h = warp; h < heads_here; h += kWarps) {
     const std::int64_t qh = qi * a.q_heads + h0 + h;
     const float* ml = a.part_ml + qh * splits * 2;
@@ -440,8 +436,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   constexpr int kThreads = G::kThreads;
   constexpr int kTileRows = G::kTileRows;
   constexpr int kWarps = G::kWarps;
-  constexpr int kKSteps = kFastHeadDim / 16;   // 8 k-steps of QK^T
-  constexpr int kNTiles = kFastHeadDim / 8;    // 16 n-tiles of PV
+  constexpr int kKSteps = kFastHeadDim / 16;  // 8 k-steps of QK^T
+  constexpr int kNTiles = kFastHeadDim / 8;   // 16 n-tiles of PV
   const float neg_inf = format_bits_float(0xFF800000u);
 
   extern __shared__ __align__(128) unsigned char fast_smem[];
@@ -454,8 +450,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int g = lane >> 2;    // mma groupID: query head g of the tile
-  const int tig = lane & 3;   // mma thread-in-group
+  const int g = lane >> 2;   // mma groupID: query head g of the tile
+  const int tig = lane & 3;  // mma thread-in-group
 
   const std::int32_t kv_heads = a.layout.kv_heads;
   const std::int32_t group = a.q_heads / kv_heads;
@@ -467,8 +463,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   const std::int32_t split = static_cast<std::int32_t>(blockIdx.y);
   if (qi >= a.n || split >= a.splits) return;  // whole block: no barrier skipped
   const std::int32_t h0 = kvh * group + tile * kFastHeads;
-  const int heads_here = group - tile * kFastHeads < kFastHeads ? group - tile * kFastHeads
-                                                                : kFastHeads;
+  const int heads_here = group - tile * kFastHeads < kFastHeads ? group - tile * kFastHeads : kFastHeads;
 
   const std::int64_t chunk = (a.width + a.splits - 1) / a.splits;
   const std::int64_t c_begin = split * chunk;
@@ -491,8 +486,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   const std::uint8_t* value_base = key_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
   // fp8: this head's 4 scale bytes (one per 32 elements, after the row's codes).
   const std::uint8_t* key_scale_base = a.rows + a.layout.row_elements + kvh * (kFastHeadDim / 32);
-  const std::uint8_t* value_scale_base =
-      key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
+  const std::uint8_t* value_scale_base = key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
 
   // Issues the copies of tile u into its stage. Chunks are spread so that a
   // warp's 32 lanes cover whole rows: every 32-byte sector a request touches
@@ -559,8 +553,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale,
-                              qa[ks][2 * half], qa[ks][2 * half + 1]);
+        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale, qa[ks][2 * half],
+                              qa[ks][2 * half + 1]);
       }
     }
   }
@@ -621,8 +615,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
         const int which = q / (kTileRows * kRowChunks);  // 0 keys, 1 values
         const int r = (q / kRowChunks) % kTileRows;
         const int c = q % kRowChunks;
-        const uint4 codes = *reinterpret_cast<const uint4*>(
-            st + which * kTileRows * G::kRawRowBytes + r * G::kRawRowBytes + c * 16);
+        const uint4 codes = *reinterpret_cast<const uint4*>(st + which * kTileRows * G::kRawRowBytes +
+                                                            r * G::kRawRowBytes + c * 16);
         const std::uint32_t word = scale_words[which * kTileRows + r];
         const int e = static_cast<int>((word >> (8 * (c / 2))) & 0xFFu);
         uint4 w0, w1;
@@ -728,8 +722,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kWarps <= 4 ? 2 : 1)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   const float o_unit = kFp8 ? (v_exp < 0 ? 0.0f : fast_pow2(v_exp - 127)) : 1.0f;
-  float* sh_o = reinterpret_cast<float*>(stages);                        // [warps][8][128]
-  float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;              // [warps][8][2]
+  float* sh_o = reinterpret_cast<float*>(stages);            // [warps][8][128]
+  float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;  // [warps][8][2]
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
     const int d = 8 * j + 2 * tig;
@@ -841,8 +835,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   constexpr int kThreads = G::kThreads;
   constexpr int kWarps = G::kWarps;
   constexpr int kRowBytes = G::kRawRowBytes;
-  constexpr int kKSteps = kFastHeadDim / 16;   // 8 k-steps of QK^T
-  constexpr int kNTiles = kFastHeadDim / 8;    // 16 n-tiles of PV
+  constexpr int kKSteps = kFastHeadDim / 16;  // 8 k-steps of QK^T
+  constexpr int kNTiles = kFastHeadDim / 8;   // 16 n-tiles of PV
   const float neg_inf = format_bits_float(0xFF800000u);
 
   extern __shared__ __align__(128) unsigned char fast_smem[];
@@ -853,8 +847,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int g = lane >> 2;    // mma groupID: query head g of the tile
-  const int tig = lane & 3;   // mma thread-in-group
+  const int g = lane >> 2;   // mma groupID: query head g of the tile
+  const int tig = lane & 3;  // mma thread-in-group
 
   const std::int32_t kv_heads = a.layout.kv_heads;
   const std::int32_t group = a.q_heads / kv_heads;
@@ -866,8 +860,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const std::int32_t split = static_cast<std::int32_t>(blockIdx.y);
   if (qi >= a.n || split >= a.splits) return;  // whole block: no barrier skipped
   const std::int32_t h0 = kvh * group + tile * kFastHeads;
-  const int heads_here = group - tile * kFastHeads < kFastHeads ? group - tile * kFastHeads
-                                                                : kFastHeads;
+  const int heads_here = group - tile * kFastHeads < kFastHeads ? group - tile * kFastHeads : kFastHeads;
 
   const std::int64_t chunk = (a.width + a.splits - 1) / a.splits;
   const std::int64_t c_begin = split * chunk;
@@ -891,8 +884,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const std::uint8_t* key_base = a.rows + head_offset * (kFp8 ? 1 : 2);
   const std::uint8_t* value_base = key_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
   const std::uint8_t* key_scale_base = a.rows + a.layout.row_elements + kvh * (kFastHeadDim / 32);
-  const std::uint8_t* value_scale_base =
-      key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
+  const std::uint8_t* value_scale_base = key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
 
   // This warp's tiles: u = warp, warp + kWarps, ...; its stage ring.
   const int my_tiles = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
@@ -965,8 +957,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale,
-                              qa[ks][2 * half], qa[ks][2 * half + 1]);
+        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale, qa[ks][2 * half],
+                              qa[ks][2 * half + 1]);
       }
     }
   }
@@ -1001,8 +993,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     const std::uint32_t v_tile = k_tile + 16 * kRowBytes;
     const int* ts = slots + (warp + k * kWarps) * 16;
     // This thread's keys: 2t, 2t + 1 (n-tile 0) and 2t + 8, 2t + 9 (n-tile 1).
-    const bool live[4] = {ts[2 * tig] >= 0, ts[2 * tig + 1] >= 0, ts[8 + 2 * tig] >= 0,
-                          ts[9 + 2 * tig] >= 0};
+    const bool live[4] = {ts[2 * tig] >= 0, ts[2 * tig + 1] >= 0, ts[8 + 2 * tig] >= 0, ts[9 + 2 * tig] >= 0};
     if (__any_sync(0xffffffffu, live[0] || live[1] || live[2] || live[3])) {
       float sc[4];
       std::uint32_t vword[4] = {0u, 0u, 0u, 0u};
@@ -1100,17 +1091,18 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
         for (int b = 0; b < kFastHeadDim / 32; ++b) {
           // Probabilities times 2^(value scale - v_exp) of this 32-dim block.
           std::uint32_t pa[4];
-          fast_split_pack<true>(pv[0] * fast_scale_abs(vword[0], b),
-                                pv[1] * fast_scale_abs(vword[1], b), pa[0], pa[1]);
-          fast_split_pack<true>(pv[2] * fast_scale_abs(vword[2], b),
-                                pv[3] * fast_scale_abs(vword[3], b), pa[2], pa[3]);
+          fast_split_pack<true>(pv[0] * fast_scale_abs(vword[0], b), pv[1] * fast_scale_abs(vword[1], b),
+                                pa[0], pa[1]);
+          fast_split_pack<true>(pv[2] * fast_scale_abs(vword[2], b), pv[3] * fast_scale_abs(vword[3], b),
+                                pa[2], pa[3]);
           // keys rr (+8 for matrices 1, 3), chunks 2b (matrices 0, 1) and 2b + 1.
           std::uint32_t r[4];
           fast_ldmatrix_x4_trans(v_tile + swz(rr + 8 * (mi & 1), 2 * b + (mi >> 1)), r);
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
             // r: keys 2t, 2t + 1 of dims 2g, 2g + 1 -> (dim 2g: both keys), (dim 2g + 1: both keys).
-            std::uint32_t d0_lo, d1_lo, d0_hi, d1_hi;  // dim 2g (d0) and 2g + 1 (d1) of keys 0-7 (lo), 8-15 (hi)
+            std::uint32_t d0_lo, d1_lo, d0_hi,
+                d1_hi;  // dim 2g (d0) and 2g + 1 (d1) of keys 0-7 (lo), 8-15 (hi)
             d0_lo = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc], 0u, 0x4420));  // bytes 0, 2: dim 2g
             d1_lo = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc], 0u, 0x4431));  // bytes 1, 3: dim 2g + 1
             d0_hi = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc + 1], 0u, 0x4420));
@@ -1142,8 +1134,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   const float o_unit = kFp8 ? (v_exp < 0 ? 0.0f : fast_pow2(v_exp - 127)) : 1.0f;
-  float* sh_o = reinterpret_cast<float*>(stages);                        // [warps][8][128]
-  float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;              // [warps][8][2]
+  float* sh_o = reinterpret_cast<float*>(stages);            // [warps][8][128]
+  float* sh_ml = sh_o + kWarps * kFastHeads * kFastHeadDim;  // [warps][8][2]
   float* row = sh_o + (warp * kFastHeads + g) * kFastHeadDim;
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
@@ -1250,7 +1242,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const std::int32_t kvh = warp_live ? pair / extra.head_tiles : 0;
   const std::int32_t tile = warp_live ? pair % extra.head_tiles : 0;
   const std::int32_t h0 = kvh * group + tile * kFastHeads;
-  const int heads_here = !warp_live ? 0
+  const int heads_here = !warp_live                               ? 0
                          : group - tile * kFastHeads < kFastHeads ? group - tile * kFastHeads
                                                                   : kFastHeads;
 
@@ -1276,8 +1268,7 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
   const std::uint8_t* key_base = a.rows + head_offset * (kFp8 ? 1 : 2);
   const std::uint8_t* value_base = key_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
   const std::uint8_t* key_scale_base = a.rows + a.layout.row_elements + kvh * (kFastHeadDim / 32);
-  const std::uint8_t* value_scale_base =
-      key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
+  const std::uint8_t* value_scale_base = key_scale_base + (a.layout.shared_row ? 0 : a.layout.row_bytes);
   unsigned char* ring = stages + warp * kStages * G::kWarpStageBytes;
 
   auto swz = [](int r, int c) -> std::uint32_t {
@@ -1341,8 +1332,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale,
-                              qa[ks][2 * half], qa[ks][2 * half + 1]);
+        fast_split_pack<kFp8>(qv[ks][2 * half] * q_scale, qv[ks][2 * half + 1] * q_scale, qa[ks][2 * half],
+                              qa[ks][2 * half + 1]);
       }
     }
   }
@@ -1523,11 +1514,12 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
               // r: keys 2t, 2t + 1 of dims 2g, 2g + 1 -> (dim 2g: both keys), (dim 2g + 1: both keys).
-              std::uint32_t d0_lo, d1_lo, d0_hi, d1_hi;  // dim 2g (d0) and 2g + 1 (d1) of keys 0-7 (lo), 8-15 (hi)
+              std::uint32_t d0_lo, d1_lo, d0_hi,
+                  d1_hi;  // dim 2g (d0) and 2g + 1 (d1) of keys 0-7 (lo), 8-15 (hi)
               d0_lo = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc], 0u, 0x4420));  // bytes 0, 2: dim 2g
-            d1_lo = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc], 0u, 0x4431));  // bytes 1, 3: dim 2g + 1
+              d1_lo = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc], 0u, 0x4431));  // bytes 1, 3: dim 2g + 1
               d0_hi = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc + 1], 0u, 0x4420));
-            d1_hi = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc + 1], 0u, 0x4431));
+              d1_hi = fast_e4m3x2_to_f16x2(__byte_perm(r[2 * cc + 1], 0u, 0x4431));
               const int j = 2 * (2 * b + cc);
               fast_mma<true>(o[j], pa, d0_lo, d0_hi);
               fast_mma<true>(o[j + 1], pa, d1_lo, d1_hi);
@@ -1597,7 +1589,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
       const float* src[kC];
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
-        src[c] = cluster.map_shared_rank(reinterpret_cast<float*>(stages + p * kStages * G::kWarpStageBytes), c);
+        src[c] =
+            cluster.map_shared_rank(reinterpret_cast<float*>(stages + p * kStages * G::kWarpStageBytes), c);
       }
       for (int e = tid; e < p_heads * kFastHeadDim; e += kThreads) {
         const int h = e / kFastHeadDim;
@@ -1693,7 +1686,8 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 #pragma unroll 4
     for (std::int32_t s = 0; s < splits; ++s) {
       const float ws = sh_w[h * splits + s];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(acc + static_cast<std::int64_t>(s) * kFastHeadDim));
+      const float4 v =
+          __ldcg(reinterpret_cast<const float4*>(acc + static_cast<std::int64_t>(s) * kFastHeadDim));
       sum[0] += ws == 0.0f ? 0.0f : v.x * ws;
       sum[1] += ws == 0.0f ? 0.0f : v.y * ws;
       sum[2] += ws == 0.0f ? 0.0f : v.z * ws;
@@ -1730,10 +1724,9 @@ inline bool ring_fast_attend_fits(const Args& a) {
   if constexpr (F != ElementFormat::kBf16 && F != ElementFormat::kFp8E4m3) {
     return false;
   } else {
-    return a.counters != nullptr && a.layout.head_dim == kFastHeadDim &&
-           a.layout.row_bytes % 16 == 0 && a.layout.slot_bytes % 16 == 0 &&
-           a.layout.row_elements % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.rows) % 16 == 0 &&
-           a.q_heads % a.layout.kv_heads == 0;
+    return a.counters != nullptr && a.layout.head_dim == kFastHeadDim && a.layout.row_bytes % 16 == 0 &&
+           a.layout.slot_bytes % 16 == 0 && a.layout.row_elements % 16 == 0 &&
+           reinterpret_cast<std::uintptr_t>(a.rows) % 16 == 0 && a.q_heads % a.layout.kv_heads == 0;
   }
 }
 
@@ -1748,9 +1741,8 @@ inline std::int32_t ring_fast_head_tiles(std::int32_t q_heads, std::int32_t kv_h
 /// kFastMaxSplitColumns columns, whole tiles of `tile_rows`, at most
 /// max_splits. The cost of a choice is waves x (tiles per split + 2), the 2
 /// standing for a block's pipeline fill and merge.
-inline std::int32_t ring_fast_splits(std::int64_t base_blocks, std::int64_t width,
-                                     std::int64_t resident, std::int32_t max_splits,
-                                     std::int64_t tile_rows) {
+inline std::int32_t ring_fast_splits(std::int64_t base_blocks, std::int64_t width, std::int64_t resident,
+                                     std::int32_t max_splits, std::int64_t tile_rows) {
   if (width <= 0 || base_blocks <= 0) return 1;
   if (resident < 1) resident = 1;
   const std::int64_t min_splits = (width + kFastMaxSplitColumns - 1) / kFastMaxSplitColumns;
@@ -1795,8 +1787,8 @@ inline int ring_fast_blocks_per_sm() {
     static const int blocks = [] {
       const auto kernel = ring_fast_kernel_of<F, G, Args>();
       int n = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               G::kSharedBytes) != cudaSuccess ||
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSharedBytes) !=
+              cudaSuccess ||
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess ||
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::kThreads, G::kSharedBytes) !=
               cudaSuccess) {
@@ -1880,9 +1872,8 @@ inline bool ring_fast_use_slot(const Args& a) {
 template <ElementFormat F, class G, class Args>
 inline std::int32_t ring_fast_choose_splits(const Args& a, int sm_count, std::int32_t max_splits) {
   if constexpr (requires { G::kAuto; }) {
-    return ring_fast_use_slot<G>(a)
-               ? ring_fast_choose_splits<F, typename G::Slot>(a, sm_count, max_splits)
-               : ring_fast_choose_splits<F, typename G::Warp>(a, sm_count, max_splits);
+    return ring_fast_use_slot<G>(a) ? ring_fast_choose_splits<F, typename G::Slot>(a, sm_count, max_splits)
+                                    : ring_fast_choose_splits<F, typename G::Warp>(a, sm_count, max_splits);
   } else if constexpr (fast_cluster_of<G>() > 1) {
     // One wave of clusters: the most splits (a multiple of the cluster) whose
     // blocks the device holds at once, at least enough that no split passes
@@ -1906,8 +1897,8 @@ inline std::int32_t ring_fast_choose_splits(const Args& a, int sm_count, std::in
     if (per_sm <= 0) return 0;
     if (max_splits > G::kMostSplits) max_splits = G::kMostSplits;
     return ring_fast_splits(ring_fast_grid_x<G>(a), a.width,
-                            static_cast<std::int64_t>(per_sm) * (sm_count > 0 ? sm_count : 1),
-                            max_splits, G::kTileRows);
+                            static_cast<std::int64_t>(per_sm) * (sm_count > 0 ? sm_count : 1), max_splits,
+                            G::kTileRows);
   }
 }
 

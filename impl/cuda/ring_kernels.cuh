@@ -115,23 +115,21 @@ __global__ void ring_fill_kernel(T* p, std::int64_t n, T value) {
 // ---- metadata and index --------------------------------------------------------
 
 /// meta[i] = ring_metadata(queries[i]) for i < n.
-__global__ void ring_metadata_kernel(const QueryRef* queries, std::int64_t n,
-                                     std::int64_t window_keys, std::int64_t ring_rows,
-                                     std::int64_t states, Fault fault, ReadMeta* meta) {
+__global__ void ring_metadata_kernel(const QueryRef* queries, std::int64_t n, std::int64_t window_keys,
+                                     std::int64_t ring_rows, std::int64_t states, Fault fault,
+                                     ReadMeta* meta) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    meta[i] = ring_metadata(queries[i].state, queries[i].position, window_keys, ring_rows, states,
-                            fault);
+    meta[i] = ring_metadata(queries[i].state, queries[i].position, window_keys, ring_rows, states, fault);
   }
 }
 
 /// index[i, c] = ring_index_column(meta[i], c): [n, width], -1 past length.
 __global__ void ring_expand_index_kernel(const ReadMeta* meta, std::int64_t n, std::int64_t width,
-                                         std::int64_t ring_rows, Fault fault,
-                                         std::int64_t* index) {
+                                         std::int64_t ring_rows, Fault fault, std::int64_t* index) {
   const std::int64_t total = n * width;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     index[i] = ring_index_column(meta[i / width], i % width, ring_rows, fault);
   }
 }
@@ -142,8 +140,8 @@ __global__ void ring_expand_index_kernel(const ReadMeta* meta, std::int64_t n, s
 /// rope_rotate, element by element). Products and sums are rounded one by
 /// one (__dmul_rn/__dsub_rn/__dadd_rn) so nvcc does not fuse them into FMAs
 /// the CPU build does not use; only cos/sin/pow may differ by an ulp.
-__device__ inline double ring_rope_element(const double* head, std::int32_t d,
-                                           std::int64_t position, const RopeParams& rope) {
+__device__ inline double ring_rope_element(const double* head, std::int32_t d, std::int64_t position,
+                                           const RopeParams& rope) {
   if (rope.style == RopeStyle::kNone || rope.rope_dims <= 0 || d >= rope.rope_dims) return head[d];
   const std::int32_t half = rope.rope_dims / 2;
   std::int32_t i, a, b;
@@ -159,16 +157,13 @@ __device__ inline double ring_rope_element(const double* head, std::int32_t d,
     b = 2 * i + 1;
     first = (d & 1) == 0;
   }
-  const double theta =
-      pow(rope.base, static_cast<double>(-2 * i) / static_cast<double>(rope.rope_dims));
-  const double angle =
-      __dmul_rn(static_cast<double>(position), theta);
+  const double theta = pow(rope.base, static_cast<double>(-2 * i) / static_cast<double>(rope.rope_dims));
+  const double angle = __dmul_rn(static_cast<double>(position), theta);
   double s, c;
   sincos(angle, &s, &c);
   const double x = head[a];
   const double y = head[b];
-  return first ? __dsub_rn(__dmul_rn(x, c), __dmul_rn(y, s))
-               : __dadd_rn(__dmul_rn(x, s), __dmul_rn(y, c));
+  return first ? __dsub_rn(__dmul_rn(x, c), __dmul_rn(y, s)) : __dadd_rn(__dmul_rn(x, s), __dmul_rn(y, c));
 }
 
 /// out[r, h, d] = rotated in[r, h, d] at positions[r] times `multiplier`:
@@ -178,12 +173,12 @@ __device__ inline double ring_rope_element(const double* head, std::int32_t d,
 /// *out_of_range, so the launcher can refuse before anything is written.
 template <class Out>
 __global__ void ring_rotate_rows_kernel(const double* in, std::int64_t rows, std::int32_t heads,
-                                        std::int32_t head_dim, const std::int64_t* positions,
-                                        RopeParams rope, bool rotate, double multiplier,
-                                        double limit, unsigned int* out_of_range, Out* out) {
+                                        std::int32_t head_dim, const std::int64_t* positions, RopeParams rope,
+                                        bool rotate, double multiplier, double limit,
+                                        unsigned int* out_of_range, Out* out) {
   const std::int64_t total = rows * heads * head_dim;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / (static_cast<std::int64_t>(heads) * head_dim);
     const std::int32_t d = static_cast<std::int32_t>(i % head_dim);
     const double* head = in + (i - d);
@@ -199,9 +194,8 @@ __global__ void ring_rotate_rows_kernel(const double* in, std::int64_t rows, std
 /// gets a second write once (duplicates), and elects the last row (highest
 /// index, as a sequential store would leave it) as the slot's only writer.
 /// counts/winner are [pool_slots], all 0 / -1 between launches.
-__global__ void ring_claim_slots_kernel(const std::int64_t* slots, std::int64_t n,
-                                        std::int64_t pool_slots, unsigned int* counts,
-                                        int* winner, unsigned long long* duplicates) {
+__global__ void ring_claim_slots_kernel(const std::int64_t* slots, std::int64_t n, std::int64_t pool_slots,
+                                        unsigned int* counts, int* winner, unsigned long long* duplicates) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t slot = slots[i];
@@ -212,9 +206,8 @@ __global__ void ring_claim_slots_kernel(const std::int64_t* slots, std::int64_t 
 }
 
 /// Puts counts/winner of the slots a store touched back to 0 / -1.
-__global__ void ring_release_slots_kernel(const std::int64_t* slots, std::int64_t n,
-                                          std::int64_t pool_slots, unsigned int* counts,
-                                          int* winner) {
+__global__ void ring_release_slots_kernel(const std::int64_t* slots, std::int64_t n, std::int64_t pool_slots,
+                                          unsigned int* counts, int* winner) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t slot = slots[i];
@@ -240,17 +233,16 @@ __device__ inline std::int64_t ring_dest_row(std::int64_t r, const std::int64_t*
 /// One thread per element (f64/f32/bf16) or per 32-element block (fp8, which
 /// calls fp8_encode_row on the block so the scale rule is the CPU's).
 template <ElementFormat F>
-__global__ void ring_encode_rows_kernel(const double* k, const double* v, std::int64_t n,
-                                        SlotLayout layout, const std::int64_t* dest_rows,
-                                        std::int64_t dest_first, std::int64_t dest_count,
-                                        const int* winner, std::uint8_t* base) {
+__global__ void ring_encode_rows_kernel(const double* k, const double* v, std::int64_t n, SlotLayout layout,
+                                        const std::int64_t* dest_rows, std::int64_t dest_first,
+                                        std::int64_t dest_count, const int* winner, std::uint8_t* base) {
   const std::int64_t e = layout.row_elements;
   const std::int64_t units =
       F == ElementFormat::kFp8E4m3 ? (e + kFp8BlockElements - 1) / kFp8BlockElements : e;
   const int parts = layout.shared_row ? 1 : 2;
   const std::int64_t total = n * parts * units;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t u = i % units;
     const int part = static_cast<int>((i / units) % parts);
     const std::int64_t r = i / (units * parts);
@@ -279,8 +271,7 @@ __global__ void ring_encode_rows_kernel(const double* k, const double* v, std::i
 __global__ void ring_write_row_meta_kernel(std::int64_t n, const std::int64_t* dest_rows,
                                            std::int64_t dest_first, std::int64_t dest_count,
                                            const int* winner, const Tag* tags_in, Tag* tags_out,
-                                           const std::int64_t* origins_in,
-                                           std::int64_t* origins_out) {
+                                           const std::int64_t* origins_in, std::int64_t* origins_out) {
   for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < n;
        r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = ring_dest_row(r, dest_rows, dest_first, dest_count, winner);
@@ -296,12 +287,10 @@ __global__ void ring_write_row_meta_kernel(std::int64_t n, const std::int64_t* d
 /// so no re-quantization), with their tags and origin slots; a -1 entry
 /// copies no data and leaves origin -1 and an empty tag (as the CPU does). One block per entry (grid-stride), threads over 4-byte words
 /// (slot_bytes is a multiple of 4 unless fp8 with odd sizes: then bytes).
-__global__ void ring_gather_kernel(const std::int64_t* index, std::int64_t count,
-                                   std::int64_t scratch_first, const std::uint8_t* pool,
-                                   std::int64_t pool_slots, const Tag* pool_tags,
-                                   std::uint8_t* scratch, std::int64_t scratch_slots,
-                                   Tag* scratch_tags, std::int64_t* scratch_origin,
-                                   std::int64_t slot_bytes) {
+__global__ void ring_gather_kernel(const std::int64_t* index, std::int64_t count, std::int64_t scratch_first,
+                                   const std::uint8_t* pool, std::int64_t pool_slots, const Tag* pool_tags,
+                                   std::uint8_t* scratch, std::int64_t scratch_slots, Tag* scratch_tags,
+                                   std::int64_t* scratch_origin, std::int64_t slot_bytes) {
   for (std::int64_t i = blockIdx.x; i < count; i += gridDim.x) {
     const std::int64_t slot = index[i];
     const std::int64_t row = scratch_first + i;
@@ -335,9 +324,9 @@ __global__ void ring_gather_kernel(const std::int64_t* index, std::int64_t count
 /// Everything one attention launch reads and writes (device pointers).
 template <class Acc>
 struct AttendArgs {
-  const Acc* q = nullptr;             ///< [n, q_heads, head_dim], rotated
-  const std::int64_t* index = nullptr;///< [n, width]; -1 = skip
-  const std::uint8_t* rows = nullptr; ///< [row_count, slot_bytes] pool or scratch
+  const Acc* q = nullptr;               ///< [n, q_heads, head_dim], rotated
+  const std::int64_t* index = nullptr;  ///< [n, width]; -1 = skip
+  const std::uint8_t* rows = nullptr;   ///< [row_count, slot_bytes] pool or scratch
   std::int64_t row_count = 0;
   std::int64_t n = 0;
   std::int64_t width = 0;
@@ -346,18 +335,22 @@ struct AttendArgs {
   Acc scale = 1;
   bool has_sink = false;
   Acc sink = 0;
-  std::int32_t splits = 1;            ///< column ranges per query, one block each
-  Acc* part_acc = nullptr;            ///< [n, q_heads, splits, head_dim] unnormalized outputs
-  Acc* part_ml = nullptr;             ///< [n, q_heads, splits, 2] running max and sum
-  double* out = nullptr;              ///< [n, q_heads, head_dim]
+  std::int32_t splits = 1;  ///< column ranges per query, one block each
+  Acc* part_acc = nullptr;  ///< [n, q_heads, splits, head_dim] unnormalized outputs
+  Acc* part_ml = nullptr;   ///< [n, q_heads, splits, 2] running max and sum
+  double* out = nullptr;    ///< [n, q_heads, head_dim]
   /// Zeroed words, one per (query, KV head, fast head tile), that the fast
   /// kernel (ring_fast_attend.cuh) counts finished splits in; null = the
   /// general kernel only.
   unsigned int* counters = nullptr;
 };
 
-__device__ inline float ring_exp(float x) { return expf(x); }
-__device__ inline double ring_exp(double x) { return exp(x); }
+__device__ inline float ring_exp(float x) {
+  return expf(x);
+}
+__device__ inline double ring_exp(double x) {
+  return exp(x);
+}
 
 /// -inf of the accumulation type (std::numeric_limits is host-only in nvcc).
 template <class Acc>
@@ -380,8 +373,7 @@ struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) RingVec {
 /// Decodes stored element j of a row whose codes start at `row` (fp8: the
 /// scales follow the row_elements codes).
 template <ElementFormat F, class Acc>
-__device__ inline Acc ring_decode(const std::uint8_t* row, std::int64_t j,
-                                  std::int64_t row_elements) {
+__device__ inline Acc ring_decode(const std::uint8_t* row, std::int64_t j, std::int64_t row_elements) {
   if constexpr (F == ElementFormat::kFp8E4m3) {
     return static_cast<Acc>(fp8_e4m3_decode(row[j]) *
                             ue8m0_to_float(row[row_elements + j / kFp8BlockElements]));
@@ -431,8 +423,7 @@ __device__ inline void ring_load_chunk(const std::uint8_t* row, std::int64_t row
 /// and l = 0; it must contribute nothing, and exp(-inf - -inf) would be NaN,
 /// so both sides test for it instead of trusting the exponential.
 template <class Acc, int E>
-__device__ inline void ring_merge_state(Acc& m, Acc& l, Acc (&acc)[E], Acc m2, Acc l2,
-                                        const Acc (&acc2)[E]) {
+__device__ inline void ring_merge_state(Acc& m, Acc& l, Acc (&acc)[E], Acc m2, Acc l2, const Acc (&acc2)[E]) {
   const Acc neg_inf = ring_neg_inf<Acc>();
   if (m2 == neg_inf) return;
   if (m == neg_inf) {
@@ -491,9 +482,8 @@ __global__ void __launch_bounds__(kAttendThreads, E <= 8 ? 4 : 2)
   for (int j = 0; j < kHt; ++j) {
 #pragma unroll
     for (int t = 0; t < E; ++t) {
-      q[j][t] = (j < heads_here && d0 + t < head_dim)
-                    ? a.q[(qi * a.q_heads + h0 + j) * head_dim + d0 + t]
-                    : Acc(0);
+      q[j][t] =
+          (j < heads_here && d0 + t < head_dim) ? a.q[(qi * a.q_heads + h0 + j) * head_dim + d0 + t] : Acc(0);
     }
   }
   Acc m[kHt], l[kHt], acc[kHt][E];
@@ -513,7 +503,7 @@ __global__ void __launch_bounds__(kAttendThreads, E <= 8 ? 4 : 2)
 
   // Scores one row into every head's state; all 32 lanes call it together
   // (the shuffles need the full warp), invalid rows are masked afterwards.
-  auto consume = [&](bool valid, const Acc (&k)[E], const Acc (&v)[E]) {
+  auto consume = [&](bool valid, const Acc(&k)[E], const Acc(&v)[E]) {
 #pragma unroll
     for (int j = 0; j < kHt; ++j) {
       if (j >= heads_here) break;  // uniform over the block
@@ -534,15 +524,15 @@ __global__ void __launch_bounds__(kAttendThreads, E <= 8 ? 4 : 2)
       }
     }
   };
-  auto fetch = [&](std::int64_t slot, Acc (&k)[E], Acc (&v)[E]) {
+  auto fetch = [&](std::int64_t slot, Acc(&k)[E], Acc(&v)[E]) {
     const std::uint8_t* row = a.rows + slot * a.layout.slot_bytes;
     ring_load_chunk<F, Acc, E>(row, a.layout.row_elements, head_dim, kvh, d0, vector_ok, k);
     if (a.layout.shared_row) {
 #pragma unroll
       for (int t = 0; t < E; ++t) v[t] = k[t];
     } else {
-      ring_load_chunk<F, Acc, E>(value_base + slot * a.layout.slot_bytes, a.layout.row_elements,
-                                 head_dim, kvh, d0, vector_ok, v);
+      ring_load_chunk<F, Acc, E>(value_base + slot * a.layout.slot_bytes, a.layout.row_elements, head_dim,
+                                 kvh, d0, vector_ok, v);
     }
   };
 
@@ -659,12 +649,11 @@ __global__ void ring_attend_combine_kernel(AttendArgs<Acc> a) {
 
 /// read_slots/read_tags [n, width] of one attention: the pool slot each
 /// column's row represents and the tag it held (-1 / empty when skipped).
-__global__ void ring_read_tags_kernel(const std::int64_t* index, std::int64_t total,
-                                      std::int64_t row_count, const Tag* row_tags,
-                                      const std::int64_t* row_origins, Tag* read_tags,
+__global__ void ring_read_tags_kernel(const std::int64_t* index, std::int64_t total, std::int64_t row_count,
+                                      const Tag* row_tags, const std::int64_t* row_origins, Tag* read_tags,
                                       std::int64_t* read_slots) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = index[i];
     if (row < 0 || row >= row_count) {
       read_slots[i] = -1;
@@ -703,9 +692,8 @@ inline std::int32_t ring_attend_head_tiles(std::int32_t q_heads, std::int32_t kv
 /// Splits for a launch: enough blocks for about two full waves on
 /// `sm_count` multiprocessors, at least 64 columns per split, at most
 /// `max_splits`.
-inline std::int32_t ring_attend_splits(std::int64_t n, std::int32_t kv_heads,
-                                       std::int32_t head_tiles, std::int64_t width, int sm_count,
-                                       std::int32_t max_splits) {
+inline std::int32_t ring_attend_splits(std::int64_t n, std::int32_t kv_heads, std::int32_t head_tiles,
+                                       std::int64_t width, int sm_count, std::int32_t max_splits) {
   const std::int64_t base = n * kv_heads * head_tiles;
   const std::int64_t target = static_cast<std::int64_t>(sm_count > 0 ? sm_count : 1) * 16;
   std::int64_t splits = (target + base - 1) / (base > 0 ? base : 1);
@@ -727,8 +715,8 @@ cudaError_t ring_attend_launch_shape(const AttendArgs<RingAccT<F>>& a, cudaStrea
   if (blocks <= 0) return cudaSuccess;
   if (blocks > 0x7fffffff || a.splits > 65535) return cudaErrorInvalidConfiguration;
   ring_attend_split_kernel<F, E, L>
-      <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), kAttendThreads, 0,
-         stream>>>(a, head_tiles, vector_ok);
+      <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)), kAttendThreads, 0, stream>>>(
+          a, head_tiles, vector_ok);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const std::int64_t heads = a.n * a.q_heads;
@@ -745,14 +733,12 @@ std::int32_t ring_attend_choose_splits(const AttendArgs<RingAccT<F>>& a, int sm_
                                        std::int32_t max_splits) {
   if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8E4m3) {
     if (ring_fast_attend_fits<F>(a)) {
-      const std::int32_t splits =
-          ring_fast_choose_splits<F, FastDefault<F>>(a, sm_count, max_splits);
+      const std::int32_t splits = ring_fast_choose_splits<F, FastDefault<F>>(a, sm_count, max_splits);
       if (splits > 0) return splits;
     }
   }
-  return ring_attend_splits(a.n, a.layout.kv_heads,
-                            ring_attend_head_tiles(a.q_heads, a.layout.kv_heads), a.width,
-                            sm_count, max_splits);
+  return ring_attend_splits(a.n, a.layout.kv_heads, ring_attend_head_tiles(a.q_heads, a.layout.kv_heads),
+                            a.width, sm_count, max_splits);
 }
 
 /// Launches the attention of a pool of format F: the fast kernel when it

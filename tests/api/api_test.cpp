@@ -50,8 +50,9 @@ TEST_CASE("api::check runs the cases on providers from the factory, one per work
 }
 
 TEST_CASE("api::check on a borrowed provider finds, shrinks and writes the counterexample") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("kvcheck-api-test-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("kvcheck-api-test-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   std::filesystem::remove_all(dir);
   const auto file = dir / "sub" / "ce.json";
   const auto buggy = cpu(impl::Fault::kRingSizedWindow);
@@ -81,7 +82,8 @@ TEST_CASE("api::check on a borrowed provider finds, shrinks and writes the count
 
 TEST_CASE("api::replay runs every bundled scenario, named after its file") {
   const auto provider = cpu();
-  const auto runs = api::replay(*provider, {std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast"});
+  const auto runs =
+      api::replay(*provider, {std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast"});
   INFO(api::summary(runs));
   CHECK(runs.size() == scenarios::collect_scenario_files({KVCHECK_SOURCE_DIR "/scenarios/fast"}).size());
   CHECK(api::all_passed(runs));
@@ -94,5 +96,6 @@ TEST_CASE("run_check: a provider factory that returns nothing is an error") {
   options.cases = 4;
   options.provider_factory = [] { return std::unique_ptr<engines::CacheProvider>(); };
   CHECK_THROWS_AS(properties::run_check(options), Error);
-  CHECK_THROWS_AS(api::check(api::ProviderFactory([] { return std::unique_ptr<engines::CacheProvider>(); })), Error);
+  CHECK_THROWS_AS(api::check(api::ProviderFactory([] { return std::unique_ptr<engines::CacheProvider>(); })),
+                  Error);
 }

@@ -31,8 +31,8 @@ std::string slurp(const fs::path& p) {
 }
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("kvcheck-cli-test-" + name + "-" +
-                                                    std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvcheck-cli-test-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -41,8 +41,8 @@ fs::path temp_dir(const std::string& name) {
 Outcome run(const std::string& args) {
   static int counter = 0;
   const fs::path dir = temp_dir("run" + std::to_string(counter++));
-  const std::string cmd = std::string(KVCHECK_BINARY) + " " + args + " >" + (dir / "out").string() +
-                          " 2>" + (dir / "err").string();
+  const std::string cmd = std::string(KVCHECK_BINARY) + " " + args + " >" + (dir / "out").string() + " 2>" +
+                          (dir / "err").string();
   const int status = std::system(cmd.c_str());
   Outcome o;
   o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -75,11 +75,11 @@ TEST_CASE("CLI: trace prints the SPEC table and its JSON form") {
 }
 
 TEST_CASE("CLI: bad trace arguments give exit 2 and one line naming the flag") {
-  for (const char* args : {"trace --window 0 --ring 5 --state 0 --positions 1",
-                           "trace --window 3 --ring 5 --state 0 --positions 1,-2",
-                           "trace --window 3 --ring 5 --positions 1",
-                           "trace --window x --ring 5 --state 0 --positions 1",
-                           "trace --window 3 --ring 5 --state 0 --positions 1 --bogus 2"}) {
+  for (const char* args :
+       {"trace --window 0 --ring 5 --state 0 --positions 1",
+        "trace --window 3 --ring 5 --state 0 --positions 1,-2", "trace --window 3 --ring 5 --positions 1",
+        "trace --window x --ring 5 --state 0 --positions 1",
+        "trace --window 3 --ring 5 --state 0 --positions 1 --bogus 2"}) {
     INFO(args);
     const Outcome o = run(args);
     CHECK(o.code == 2);
@@ -189,8 +189,8 @@ namespace {
 const std::string kExecCases = std::to_string(KVCHECK_EXEC_CASES);
 
 std::string adapter(const std::string& script, const std::string& args = "") {
-  return "'exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/" + script + (args.empty() ? "" : " " + args) +
-         "'";
+  return "'exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/" + script +
+         (args.empty() ? "" : " " + args) + "'";
 }
 
 }  // namespace
@@ -199,7 +199,8 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   const fs::path dir = temp_dir("exec-pass");
   for (const char* script : {"ring_cache.py", "paged_cache.py"}) {
     INFO(script);
-    const Outcome o = run("check --impl " + adapter(script) + " --cases " + kExecCases + " --seed 1 --out " + (dir / script).string());
+    const Outcome o = run("check --impl " + adapter(script) + " --cases " + kExecCases + " --seed 1 --out " +
+                          (dir / script).string());
     INFO(o.out << o.err);
     CHECK(o.code == 0);
     CHECK(o.out.find(kExecCases + " cases, 0 failing") != std::string::npos);
@@ -209,7 +210,8 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI exec: every adapter bug switch is caught within 2000 cases and shrunk to <= 3 requests, 8 steps") {
+TEST_CASE(
+    "CLI exec: every adapter bug switch is caught within 2000 cases and shrunk to <= 3 requests, 8 steps") {
   const fs::path dir = temp_dir("exec-bugs");
   const std::pair<const char*, const char*> bugs[] = {
       {"ring_cache.py", "ring-sized-window"}, {"ring_cache.py", "rope-at-slot"},
@@ -219,8 +221,8 @@ TEST_CASE("CLI exec: every adapter bug switch is caught within 2000 cases and sh
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
-    const Outcome o =
-        run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " + kExecCases + " --seed 1 --out " + out.string());
+    const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " +
+                          kExecCases + " --seed 1 --out " + out.string());
     INFO(o.out << o.err);
     CHECK(o.code == 1);
     const fs::path file = out / "counterexample-exec-seed1.json";
@@ -229,15 +231,18 @@ TEST_CASE("CLI exec: every adapter bug switch is caught within 2000 cases and sh
     CHECK(sc.requests.size() <= 3);
     CHECK(sc.steps.size() <= 8);
     // The printed replay command is exact: it fails the same way.
-    CHECK(o.out.find("replay: kvcheck replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)) !=
-          std::string::npos);
-    CHECK(run("replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)).code == 1);
+    CHECK(o.out.find("replay: kvcheck replay " + file.string() + " --impl " +
+                     adapter(script, std::string("--bug ") + bug)) != std::string::npos);
+    CHECK(run("replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)).code ==
+          1);
     CHECK(run("replay " + file.string() + " --impl " + adapter(script)).code == 0);
   }
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, the JSON path, its stderr, no child left") {
+TEST_CASE(
+    "CLI exec: a misbehaving adapter ends the run with exit 2, the step, the JSON path, its stderr, no child "
+    "left") {
   const std::string marker = "kvcheck-marker-" + std::to_string(::getpid());
   const std::string script = std::string(KVCHECK_SOURCE_DIR) + "/tests/cli/misbehaving_adapter.py";
   const std::pair<const char*, const char*> modes[] = {
@@ -252,15 +257,18 @@ TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, t
     INFO(mode);
     const std::string check_args = "check --cases 3 --out " + (fs::temp_directory_path() / marker).string();
     for (const std::string& command : {check_args, std::string("replay")}) {
-      const std::string file = std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/prefill-w3-s5-store-then-load-4-6.json";
+      const std::string file =
+          std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/prefill-w3-s5-store-then-load-4-6.json";
       const std::string args = command + (command == "replay" ? " " + file : "") +
-                               " --step-timeout 1 --impl 'exec:python3 " + script + " " + mode + " " + marker + "'";
+                               " --step-timeout 1 --impl 'exec:python3 " + script + " " + mode + " " +
+                               marker + "'";
       const Outcome o = run(args);
       INFO(o.err);
       CHECK(o.code == 2);
       CHECK(o.err.rfind("kvcheck error 600 at ", 0) == 0);
       CHECK(o.err.find(expected) != std::string::npos);
-      if (std::string(mode) == "crash") CHECK(o.err.find("boom: simulated crash in the adapter") != std::string::npos);
+      if (std::string(mode) == "crash")
+        CHECK(o.err.find("boom: simulated crash in the adapter") != std::string::npos);
       if (std::string(mode) == "hang") CHECK(o.err.find("adapter: thinking forever") != std::string::npos);
     }
   }
@@ -271,14 +279,16 @@ TEST_CASE("CLI exec: a misbehaving adapter ends the run with exit 2, the step, t
 
 TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {
   const fs::path dir = temp_dir("exec-determinism");
-  const std::string args = " --impl " + adapter("paged_cache.py", "--bug free-early") + " --cases 300 --seed 5 --threads 2 --out ";
+  const std::string args =
+      " --impl " + adapter("paged_cache.py", "--bug free-early") + " --cases 300 --seed 5 --threads 2 --out ";
   CHECK(run("check" + args + (dir / "a").string()).code == 1);
   CHECK(run("check" + args + (dir / "b").string()).code == 1);
   std::string a = slurp(dir / "a" / "report.json"), b = slurp(dir / "b" / "report.json");
   for (auto* s : {&a, &b}) {
     for (const char* d : {"/a", "/b"}) {
       const std::string needle = dir.string() + d;
-      for (auto pos = s->find(needle); pos != std::string::npos; pos = s->find(needle)) s->replace(pos, needle.size(), "<out>");
+      for (auto pos = s->find(needle); pos != std::string::npos; pos = s->find(needle))
+        s->replace(pos, needle.size(), "<out>");
     }
   }
   CHECK(!a.empty());
@@ -287,8 +297,9 @@ TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {
 }
 
 TEST_CASE("CLI exec: sweep passes each capacity to the adapter; the ring adapter's minimum is SPEC 5's") {
-  const Outcome o = run("sweep --impl " + adapter("ring_cache.py") +
-                        " --window 8,13 --drafts 0,2 --chunk 1,6 --order both --counterexamples none --json -");
+  const Outcome o =
+      run("sweep --impl " + adapter("ring_cache.py") +
+          " --window 8,13 --drafts 0,2 --chunk 1,6 --order both --counterexamples none --json -");
   INFO(o.err);
   REQUIRE(o.code == 0);
   const auto j = nlohmann::json::parse(o.out);
@@ -305,22 +316,26 @@ TEST_CASE("CLI exec: sweep passes each capacity to the adapter; the ring adapter
   CHECK(bad.err.find("lose rows at every capacity tried") != std::string::npos);
 }
 
-TEST_CASE("CLI: check and replay reach the layer-bound cache; unsupported scenarios are skipped with the reason") {
+TEST_CASE(
+    "CLI: check and replay reach the layer-bound cache; unsupported scenarios are skipped with the reason") {
   const fs::path dir = temp_dir("layer");
   const Outcome o = run("check --impl layer --cases 500 --out " + dir.string());
   INFO(o.out << o.err);
   CHECK(o.code == 0);
   CHECK(o.out.find("ring_wrap=0(n/a)") != std::string::npos);
-  const Outcome r = run("replay --impl layer " + std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/verify-s128.json");
+  const Outcome r =
+      run("replay --impl layer " + std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/verify-s128.json");
   CHECK(r.code == 0);
-  CHECK(r.out.find("SKIP  verify-s128  (layer-kv-cache does not support steps of 100 rows (most 1))") != std::string::npos);
+  CHECK(r.out.find("SKIP  verify-s128  (layer-kv-cache does not support steps of 100 rows (most 1))") !=
+        std::string::npos);
   CHECK(run("check --impl layer --fault window-too-wide --cases 5").code == 2);
   fs::remove_all(dir);
 }
 
 TEST_CASE("CLI: stray positional arguments and an unusable --out are refused before any work") {
-  for (const char* args : {"check 500", "spec extra", "faults x", "trace --window 3 --ring 5 --state 0 --positions 1 extra",
-                           "sweep 7", "demo now"}) {
+  for (const char* args :
+       {"check 500", "spec extra", "faults x", "trace --window 3 --ring 5 --state 0 --positions 1 extra",
+        "sweep 7", "demo now"}) {
     INFO(args);
     const Outcome o = run(args);
     CHECK(o.code == 2);
@@ -337,7 +352,8 @@ TEST_CASE("CLI: stray positional arguments and an unusable --out are refused bef
 }
 
 TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the version") {
-  for (const char* command : {"demo", "spec", "check", "replay", "audit", "trace", "sweep", "faults", "merge"}) {
+  for (const char* command :
+       {"demo", "spec", "check", "replay", "audit", "trace", "sweep", "faults", "merge"}) {
     INFO(command);
     const Outcome o = run(std::string(command) + " --help");
     CHECK(o.code == 0);
@@ -350,7 +366,9 @@ TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the versio
   CHECK(run("nope --help").code == 2);
 }
 
-TEST_CASE("CLI: runs whose estimated memory exceeds the limit are refused in under a second with the driving field") {
+TEST_CASE(
+    "CLI: runs whose estimated memory exceeds the limit are refused in under a second with the driving "
+    "field") {
   const fs::path dir = temp_dir("memory");
   const std::string good = slurp(fs::path(KVCHECK_SOURCE_DIR) / "scenarios/fast/verify-s133.json");
   auto with = [&good](const std::string& from, const std::string& to) {
@@ -374,7 +392,8 @@ TEST_CASE("CLI: runs whose estimated memory exceeds the limit are refused in und
     const fs::path file = dir / (c.name + ".json");
     std::ofstream(file) << c.text;
     const auto start = std::chrono::steady_clock::now();
-    const Outcome o = run("replay " + file.string() + " --memory-limit " + c.limit + " --report " + report.string());
+    const Outcome o =
+        run("replay " + file.string() + " --memory-limit " + c.limit + " --report " + report.string());
     CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 1.0);
     CHECK(o.code == 2);
     CHECK(lines(o.err) == 1);
@@ -384,7 +403,8 @@ TEST_CASE("CLI: runs whose estimated memory exceeds the limit are refused in und
     CHECK(slurp(report) == "before");  // files are left as they were
   }
   // check: the estimate is per worker thread, never per case.
-  const Outcome many = run("check --cases 100000000 --threads 256 --memory-limit 64M --out " + (dir / "out").string());
+  const Outcome many =
+      run("check --cases 100000000 --threads 256 --memory-limit 64M --out " + (dir / "out").string());
   CHECK(many.code == 2);
   CHECK(many.err.rfind("kvcheck error 302 at --threads: ", 0) == 0);
   CHECK_FALSE(fs::exists(dir / "out"));

@@ -165,8 +165,8 @@ class Harness {
     const auto& info = pool_->state(state);
     const auto& e = states_[idx(state)];
     if (info.length != e.length) {
-      fail(std::string(what) + ": state " + std::to_string(state) + " length " +
-           std::to_string(info.length) + ", expected " + std::to_string(e.length));
+      fail(std::string(what) + ": state " + std::to_string(state) + " length " + std::to_string(info.length) +
+           ", expected " + std::to_string(e.length));
     }
   }
 
@@ -201,8 +201,7 @@ class Harness {
     return std::vector<Real>(r.begin(), r.end());
   }
 
-  void step(std::int64_t state, std::int64_t n, std::int64_t drafts, PrefillOrder order,
-            const char* what) {
+  void step(std::int64_t state, std::int64_t n, std::int64_t drafts, PrefillOrder order, const char* what) {
     if (!ready()) return;
     auto& e = states_[idx(state)];
     const std::int64_t first = e.length;
@@ -262,8 +261,8 @@ class Harness {
               w.written.position != ow.position || w.written.write_seq != ow.write_seq ||
               w.replaced.request != orp.request || w.replaced.position != orp.position ||
               w.replaced.write_seq != orp.write_seq) {
-            fail(where + ": write " + std::to_string(i) + " slot " + std::to_string(w.slot) +
-                 " (expected " + std::to_string(slots[idx(i)]) + ") tag/replaced differ from the oracle");
+            fail(where + ": write " + std::to_string(i) + " slot " + std::to_string(w.slot) + " (expected " +
+                 std::to_string(slots[idx(i)]) + ") tag/replaced differ from the oracle");
           }
         }
       }
@@ -282,8 +281,8 @@ class Harness {
           const std::int64_t got = c < width ? result.read_slots[idx(i * width + c)] : -1;
           const std::int64_t want = c < spec_.window_keys ? expected_index[idx(c)] : -1;
           if (got != want) {
-            fail(where + ": query " + std::to_string(p) + " column " + std::to_string(c) +
-                 " read slot " + std::to_string(got) + ", expected " + std::to_string(want));
+            fail(where + ": query " + std::to_string(p) + " column " + std::to_string(c) + " read slot " +
+                 std::to_string(got) + ", expected " + std::to_string(want));
             break;
           }
           if (c < meta.length && c < width) {
@@ -332,8 +331,8 @@ class Harness {
     std::vector<double> qd(q, q + q_elements());
     const auto q_rot = rotate_row(qd, p);
     const model::Heads heads{spec_.q_heads, spec_.kv_heads, spec_.head_dim, spec_.shared_row};
-    const Real scale = spec_.softmax_scale > 0 ? Real(spec_.softmax_scale)
-                                                : Real(1) / sqrt(Real(spec_.head_dim));
+    const Real scale =
+        spec_.softmax_scale > 0 ? Real(spec_.softmax_scale) : Real(1) / sqrt(Real(spec_.head_dim));
     std::optional<Real> sink;
     if (spec_.has_sink) sink = Real(spec_.sink_logit);
     const auto ref = model::attend_heads(q_rot, ptrs, heads, scale, sink);
@@ -370,8 +369,7 @@ class Harness {
 };
 
 /// A small spec: W = 5, S = W + k for verify(2) and load-first chunks.
-inline PoolSpec small_spec(ElementFormat f, std::int32_t q_heads, std::int32_t kv_heads,
-                           bool shared) {
+inline PoolSpec small_spec(ElementFormat f, std::int32_t q_heads, std::int32_t kv_heads, bool shared) {
   PoolSpec s;
   s.states = 3;
   s.window_keys = 5;
@@ -408,7 +406,7 @@ inline void run_all_steps(Harness& h) {
   h.accept(2, 2);
   h.prefill(1, 3, PrefillOrder::kLoadThenStore);
   h.finish(2);
-  h.begin(2, 12);                                 // reuse: stale rows of request 10
+  h.begin(2, 12);  // reuse: stale rows of request 10
   h.decode(2);
   h.decode(2);
   h.prefill(2, 2, PrefillOrder::kStoreThenLoad);
@@ -459,280 +457,276 @@ inline PoolSnapshot snapshot(RingPool& pool) {
 }  // namespace kvcheck::conformance
 
 // The suite. NAME is a backend name string literal ("cpu", "cuda").
-#define KVCHECK_CONFORMANCE_SUITE(NAME)                                                          \
-  TEST_CASE(NAME " conformance: every step kind matches the model in every format and layout",   \
-            "[conformance]") {                                                                   \
-    using namespace kvcheck::conformance;                                                        \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    struct Layout {                                                                              \
-      const char* name;                                                                          \
-      std::int32_t q, kv;                                                                        \
-      bool shared;                                                                               \
-    };                                                                                           \
-    const Layout layouts[] = {{"mha", 2, 2, false}, {"gqa", 4, 2, false},                        \
-                              {"mqa", 3, 1, false}, {"shared-row", 2, 1, true}};                 \
-    const ElementFormat formats[] = {ElementFormat::kF64, ElementFormat::kF32,                   \
-                                     ElementFormat::kBf16, ElementFormat::kFp8E4m3};             \
-    std::uint64_t seed = 1;                                                                      \
-    for (const auto& l : layouts) {                                                              \
-      for (const auto f : formats) {                                                             \
-        for (const bool track : {true, false}) {                                                 \
-          PoolSpec spec = small_spec(f, l.q, l.kv, l.shared);                                    \
-          spec.track_tags = track;                                                               \
-          if (l.shared) spec.rope_style = kvcheck::impl::RopeStyle::kInterleaved;                \
-          if (f == ElementFormat::kBf16) {                                                       \
-            spec.has_sink = true;                                                                \
-            spec.sink_logit = 0.5;                                                               \
-          }                                                                                      \
-          Harness h(NAME, spec, ++seed);                                                         \
-          run_all_steps(h);                                                                      \
-          INFO("layout " << l.name << " format " << kvcheck::impl::format_name(f) << " tags "   \
-                         << track << "\n"                                                        \
-                         << h.report());                                                         \
-          CHECK(h.failures().empty());                                                           \
-          /* float kernels differ from the Real reference: proves outputs were compared */       \
-          if (f != ElementFormat::kF64) CHECK(h.max_kernel_error() > 0);                         \
-        }                                                                                        \
-      }                                                                                          \
-    }                                                                                            \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: outputs do not depend on tag tracking", "[conformance]") {       \
-    using namespace kvcheck::conformance;                                                        \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    for (const auto f : {ElementFormat::kF32, ElementFormat::kFp8E4m3}) {                        \
-      std::vector<double> outs[2];                                                               \
-      for (int track = 0; track < 2; ++track) {                                                  \
-        PoolSpec spec = small_spec(f, 4, 2, false);                                              \
-        spec.track_tags = track == 1;                                                            \
-        std::unique_ptr<RingPool> pool;                                                          \
-        REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok()); \
-        REQUIRE(pool->begin(0, 1).ok());                                                         \
-        kvcheck::Prng prng(99);                                                                  \
-        for (int step = 0; step < 12; ++step) {                                                  \
-          std::vector<double> k(12), v(12), q(24);                                               \
-          for (auto& x : k) x = prng.signed_unit();                                              \
-          for (auto& x : v) x = prng.signed_unit();                                              \
-          for (auto& x : q) x = prng.signed_unit();                                              \
-          StepResult r;                                                                          \
-          REQUIRE(pool->decode(0, StepRows{k.data(), v.data(), q.data()}, &r).ok());             \
-          outs[track].insert(outs[track].end(), r.out.begin(), r.out.end());                     \
-          if (track == 0) CHECK(r.read_tags.empty());                                            \
-        }                                                                                        \
-      }                                                                                          \
-      CHECK(outs[0] == outs[1]);                                                                 \
-    }                                                                                            \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: each named fault is caught by the conformance checks",           \
-            "[conformance][faults]") {                                                           \
-    using namespace kvcheck::conformance;                                                        \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    for (int i = 0; i < kvcheck::impl::kFaultCount; ++i) {                                       \
-      const auto fault = static_cast<Fault>(i);                                                  \
-      PoolSpec spec = small_spec(ElementFormat::kF64, 2, 1, false);                              \
-      spec.fault = fault;                                                                        \
-      Harness h(NAME, spec, 7);                                                                  \
-      REQUIRE(h.ready());                                                                        \
-      run_all_steps(h);                                                                          \
-      INFO("fault " << kvcheck::impl::fault_name(fault) << "\n" << h.report());                  \
-      if (fault == Fault::kNone) {                                                               \
-        CHECK(h.failures().empty());                                                             \
-      } else {                                                                                   \
-        CHECK(!h.failures().empty());                                                            \
-      }                                                                                          \
-    }                                                                                            \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: refused steps leave the pool byte-identical", "[conformance]") { \
-    using namespace kvcheck::conformance;                                                        \
-    using kvcheck::impl::CacheError;                                                             \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    for (const auto f : {ElementFormat::kF32, ElementFormat::kFp8E4m3, ElementFormat::kBf16}) {  \
-      PoolSpec spec = small_spec(f, 2, 2, false);                                                \
-      std::unique_ptr<RingPool> pool;                                                            \
-      REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());   \
-      REQUIRE(pool->begin(1, 5).ok());                                                           \
-      const std::size_t kv = 2 * 6, qn = 2 * 6;                                                  \
-      std::vector<double> k(kv * 7, 0.25), v(kv * 7, -0.5), q(qn * 7, 0.125);                    \
-      StepResult r;                                                                              \
-      REQUIRE(pool->prefill(1, 6, StepRows{k.data(), v.data(), q.data()},                        \
-                            PrefillOrder::kStoreThenLoad, &r)                                    \
-                  .ok());                                                                        \
-      const PoolSnapshot before = snapshot(*pool);                                               \
-      auto expect_refused = [&](kvcheck::impl::Status st, CacheError code, const char* what) {   \
-        INFO(what << ": " << st.detail);                                                         \
-        CHECK(st.code == code);                                                                  \
-        CHECK(snapshot(*pool) == before);                                                        \
-      };                                                                                         \
-      StepRows good{k.data(), v.data(), q.data()};                                               \
-      expect_refused(pool->decode(3, good, &r), CacheError::kStateOutOfRange, "state 3");        \
-      expect_refused(pool->decode(-1, good, &r), CacheError::kStateOutOfRange, "state -1");      \
-      expect_refused(pool->decode(0, good, &r), CacheError::kStateFree, "free state");           \
-      expect_refused(pool->begin(1, 6), CacheError::kStateBusy, "busy state");                   \
-      expect_refused(pool->prefill(1, 8, good, PrefillOrder::kLoadThenStore, &r),                \
-                     CacheError::kTooManyRows, "8 rows > max_step_rows");                        \
-      expect_refused(pool->verify(1, 7, good, &r), CacheError::kTooManyRows, "verify(7)");       \
-      expect_refused(pool->accept(1, 0), CacheError::kBadAccept, "accept without verify");       \
-      expect_refused(pool->decode(1, StepRows{k.data(), v.data(), nullptr}, &r),                 \
-                     CacheError::kBadArgument, "no query rows");                                 \
-      for (auto* buf : {&k, &v, &q}) {                                                           \
-        const double keep = (*buf)[kv + 3];                                                      \
-        for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {                                 \
-          (*buf)[kv + 3] = bad;                                                                  \
-          expect_refused(pool->prefill(1, 3, good, PrefillOrder::kLoadThenStore, &r),            \
-                         CacheError::kNonFinite, "non-finite row element");                      \
-          expect_refused(pool->verify(1, 2, good, &r), CacheError::kNonFinite,                   \
-                         "non-finite row element in verify");                                    \
-        }                                                                                        \
-        (*buf)[kv + 3] = keep;                                                                   \
-      }                                                                                          \
-      k[5] = 1e300; /* finite, but no float-based format holds it */                             \
-      expect_refused(pool->decode(1, good, &r), CacheError::kNonFinite, "row out of range");     \
-      k[5] = 0.25;                                                                               \
-      REQUIRE(pool->verify(1, 2, good, &r).ok());                                                \
-      const PoolSnapshot pending = snapshot(*pool);                                              \
-      CHECK(pool->decode(1, good, &r).code == CacheError::kBadAccept);                           \
-      CHECK(pool->accept(1, 3).code == CacheError::kBadAccept);                                  \
-      CHECK(pool->accept(1, -1).code == CacheError::kBadAccept);                                 \
-      CHECK(snapshot(*pool) == pending);                                                         \
-      CHECK(pool->accept(1, 1).ok());                                                            \
-      CHECK(pool->state(1).length == 8);                                                         \
-    }                                                                                            \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: create refuses zero, mismatched and overflowing sizes",          \
-            "[conformance]") {                                                                   \
-    using namespace kvcheck::conformance;                                                        \
-    using kvcheck::impl::CacheError;                                                             \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    auto code = [](PoolSpec s) {                                                                 \
-      std::unique_ptr<RingPool> pool;                                                            \
-      const auto st = RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), s, &pool);    \
-      CHECK((pool == nullptr) == !st.ok());                                                      \
-      /* One validator: the backend alone refuses with the same code. */                         \
-      CHECK(kvcheck::impl::make_backend(NAME, nullptr)->configure(s).code == st.code);           \
-      CHECK(kvcheck::impl::validate_pool_spec(s).code == st.code);                               \
-      return st.code;                                                                            \
-    };                                                                                           \
-    const PoolSpec base = small_spec(ElementFormat::kF32, 4, 2, false);                          \
-    CHECK(code(base) == CacheError::kOk);                                                        \
-    PoolSpec s = base;                                                                           \
-    s.ring_rows = 0;                                                                             \
-    CHECK(code(s) == CacheError::kZeroRing);                                                     \
-    s = base;                                                                                    \
-    s.states = 0;                                                                                \
-    CHECK(code(s) == CacheError::kZeroRing);                                                     \
-    s = base;                                                                                    \
-    s.head_dim = 0;                                                                              \
-    CHECK(code(s) == CacheError::kZeroShape);                                                    \
-    s = base;                                                                                    \
-    s.window_keys = 0;                                                                           \
-    CHECK(code(s) == CacheError::kZeroShape);                                                    \
-    s = base;                                                                                    \
-    s.q_heads = 3;                                                                               \
-    CHECK(code(s) == CacheError::kBadSpec);                                                      \
-    s = base;                                                                                    \
-    s.shared_row = true;                                                                         \
-    CHECK(code(s) == CacheError::kBadSpec);                                                      \
-    s = base;                                                                                    \
-    s.rope_style = kvcheck::impl::RopeStyle::kNeox;                                              \
-    s.rope_dims = 3;                                                                             \
-    CHECK(code(s) == CacheError::kBadSpec);                                                      \
-    s.rope_dims = 2;                                                                             \
-    s.rope_base = -1.0;                                                                          \
-    CHECK(code(s) == CacheError::kBadSpec);                                                      \
-    s = base;                                                                                    \
-    s.softmax_scale = -0.5;                                                                      \
-    CHECK(code(s) == CacheError::kBadSpec);                                                      \
-    s.softmax_scale = std::nan("");                                                              \
-    CHECK(code(s) == CacheError::kNonFinite);                                                    \
-    s = base;                                                                                    \
-    s.states = std::int64_t{1} << 40;                                                            \
-    s.ring_rows = std::int64_t{1} << 30;                                                         \
-    CHECK(code(s) == CacheError::kSizeOverflow);                                                 \
-    s = base;                                                                                    \
-    s.states = std::int64_t{1} << 31;                                                            \
-    s.ring_rows = std::int64_t{1} << 31;                                                         \
-    s.head_dim = 1 << 20;                                                                        \
-    CHECK(code(s) == CacheError::kSizeOverflow);                                                 \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: SPEC verify S = 128 loses [5,4,3,2,1,0], S = 133 and 134 none",  \
-            "[conformance][spec]") {                                                             \
-    using namespace kvcheck::conformance;                                                        \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    for (const std::int64_t ring : {128, 133, 134}) {                                            \
-      PoolSpec spec;                                                                             \
-      spec.states = 1;                                                                           \
-      spec.window_keys = 128;                                                                    \
-      spec.ring_rows = ring;                                                                     \
-      spec.head_dim = 2;                                                                         \
-      spec.max_step_rows = 300;                                                                  \
-      std::unique_ptr<RingPool> pool;                                                            \
-      REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());   \
-      REQUIRE(pool->begin(0, 0).ok());                                                           \
-      std::vector<double> rows(600, 0.5);                                                        \
-      StepRows in{rows.data(), rows.data(), rows.data()};                                        \
-      StepResult r;                                                                              \
-      REQUIRE(pool->prefill(0, 200, in, PrefillOrder::kLoadThenStore, &r).ok());                 \
-      REQUIRE(pool->verify(0, 5, in, &r).ok());                                                  \
-      std::vector<std::int64_t> lost;                                                            \
-      for (std::int64_t i = 0; i < r.queries; ++i) {                                             \
-        const std::int64_t p = r.first_position + i;                                             \
-        std::int64_t n = 0;                                                                      \
-        for (std::int64_t c = 0; c < r.width; ++c) {                                             \
-          const auto& t = r.read_tags[static_cast<std::size_t>(i * r.width + c)];                \
-          if (t.position != p - r.width + 1 + c) ++n;                                            \
-        }                                                                                        \
-        lost.push_back(n);                                                                       \
-      }                                                                                          \
-      const std::vector<std::int64_t> want =                                                     \
-          ring == 128 ? std::vector<std::int64_t>{5, 4, 3, 2, 1, 0}                              \
-                      : std::vector<std::int64_t>{0, 0, 0, 0, 0, 0};                             \
-      INFO("S = " << ring);                                                                      \
-      CHECK(lost == want);                                                                       \
-    }                                                                                            \
-  }                                                                                              \
-                                                                                                 \
-  TEST_CASE(NAME " conformance: SPEC prefill W = 3, S = 5 store-then-load hazards",              \
-            "[conformance][spec]") {                                                             \
-    using namespace kvcheck::conformance;                                                        \
-    if (!backend_or_skip(NAME)) return;                                                          \
-    for (const auto order : {PrefillOrder::kStoreThenLoad, PrefillOrder::kLoadThenStore}) {      \
-      for (const std::int64_t chunk : {3, 4, 5}) {                                               \
-        PoolSpec spec;                                                                           \
-        spec.states = 1;                                                                         \
-        spec.window_keys = 3;                                                                    \
-        spec.ring_rows = 5;                                                                      \
-        spec.head_dim = 2;                                                                       \
-        spec.max_step_rows = 8;                                                                  \
-        std::unique_ptr<RingPool> pool;                                                          \
-        REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok()); \
-        REQUIRE(pool->begin(0, 0).ok());                                                         \
-        std::vector<double> rows(16, 0.5);                                                       \
-        StepRows in{rows.data(), rows.data(), rows.data()};                                      \
-        StepResult r;                                                                            \
-        REQUIRE(pool->prefill(0, 4, in, order, &r).ok()); /* cached prefix 0..3 */               \
-        REQUIRE(pool->prefill(0, chunk, in, order, &r).ok());                                    \
-        std::vector<std::int64_t> lost_positions;                                                \
-        for (std::int64_t i = 0; i < r.queries; ++i) {                                           \
-          const std::int64_t p = r.first_position + i;                                           \
-          for (std::int64_t c = 0; c < r.width; ++c) {                                           \
-            const auto& t = r.read_tags[static_cast<std::size_t>(i * r.width + c)];              \
-            const std::int64_t j = p - r.width + 1 + c;                                          \
-            if (t.position != j && std::find(lost_positions.begin(), lost_positions.end(), j) == \
-                                       lost_positions.end()) {                                   \
-              lost_positions.push_back(j);                                                       \
-            }                                                                                    \
-          }                                                                                      \
-        }                                                                                        \
-        std::sort(lost_positions.begin(), lost_positions.end());                                 \
-        std::vector<std::int64_t> want;                                                          \
-        if (order == PrefillOrder::kStoreThenLoad && chunk == 4) want = {2};                     \
-        if (order == PrefillOrder::kStoreThenLoad && chunk == 5) want = {2, 3};                  \
-        INFO("chunk " << chunk << " store_then_load " << (order == PrefillOrder::kStoreThenLoad)); \
-        CHECK(lost_positions == want);                                                           \
-      }                                                                                          \
-    }                                                                                            \
+#define KVCHECK_CONFORMANCE_SUITE(NAME)                                                                      \
+  TEST_CASE(NAME " conformance: every step kind matches the model in every format and layout",               \
+            "[conformance]") {                                                                               \
+    using namespace kvcheck::conformance;                                                                    \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    struct Layout {                                                                                          \
+      const char* name;                                                                                      \
+      std::int32_t q, kv;                                                                                    \
+      bool shared;                                                                                           \
+    };                                                                                                       \
+    const Layout layouts[] = {                                                                               \
+        {"mha", 2, 2, false}, {"gqa", 4, 2, false}, {"mqa", 3, 1, false}, {"shared-row", 2, 1, true}};       \
+    const ElementFormat formats[] = {ElementFormat::kF64, ElementFormat::kF32, ElementFormat::kBf16,         \
+                                     ElementFormat::kFp8E4m3};                                               \
+    std::uint64_t seed = 1;                                                                                  \
+    for (const auto& l : layouts) {                                                                          \
+      for (const auto f : formats) {                                                                         \
+        for (const bool track : {true, false}) {                                                             \
+          PoolSpec spec = small_spec(f, l.q, l.kv, l.shared);                                                \
+          spec.track_tags = track;                                                                           \
+          if (l.shared) spec.rope_style = kvcheck::impl::RopeStyle::kInterleaved;                            \
+          if (f == ElementFormat::kBf16) {                                                                   \
+            spec.has_sink = true;                                                                            \
+            spec.sink_logit = 0.5;                                                                           \
+          }                                                                                                  \
+          Harness h(NAME, spec, ++seed);                                                                     \
+          run_all_steps(h);                                                                                  \
+          INFO("layout " << l.name << " format " << kvcheck::impl::format_name(f) << " tags " << track       \
+                         << "\n"                                                                             \
+                         << h.report());                                                                     \
+          CHECK(h.failures().empty());                                                                       \
+          /* float kernels differ from the Real reference: proves outputs were compared */                   \
+          if (f != ElementFormat::kF64) CHECK(h.max_kernel_error() > 0);                                     \
+        }                                                                                                    \
+      }                                                                                                      \
+    }                                                                                                        \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: outputs do not depend on tag tracking", "[conformance]") {                   \
+    using namespace kvcheck::conformance;                                                                    \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    for (const auto f : {ElementFormat::kF32, ElementFormat::kFp8E4m3}) {                                    \
+      std::vector<double> outs[2];                                                                           \
+      for (int track = 0; track < 2; ++track) {                                                              \
+        PoolSpec spec = small_spec(f, 4, 2, false);                                                          \
+        spec.track_tags = track == 1;                                                                        \
+        std::unique_ptr<RingPool> pool;                                                                      \
+        REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());             \
+        REQUIRE(pool->begin(0, 1).ok());                                                                     \
+        kvcheck::Prng prng(99);                                                                              \
+        for (int step = 0; step < 12; ++step) {                                                              \
+          std::vector<double> k(12), v(12), q(24);                                                           \
+          for (auto& x : k) x = prng.signed_unit();                                                          \
+          for (auto& x : v) x = prng.signed_unit();                                                          \
+          for (auto& x : q) x = prng.signed_unit();                                                          \
+          StepResult r;                                                                                      \
+          REQUIRE(pool->decode(0, StepRows{k.data(), v.data(), q.data()}, &r).ok());                         \
+          outs[track].insert(outs[track].end(), r.out.begin(), r.out.end());                                 \
+          if (track == 0) CHECK(r.read_tags.empty());                                                        \
+        }                                                                                                    \
+      }                                                                                                      \
+      CHECK(outs[0] == outs[1]);                                                                             \
+    }                                                                                                        \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: each named fault is caught by the conformance checks",                       \
+            "[conformance][faults]") {                                                                       \
+    using namespace kvcheck::conformance;                                                                    \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    for (int i = 0; i < kvcheck::impl::kFaultCount; ++i) {                                                   \
+      const auto fault = static_cast<Fault>(i);                                                              \
+      PoolSpec spec = small_spec(ElementFormat::kF64, 2, 1, false);                                          \
+      spec.fault = fault;                                                                                    \
+      Harness h(NAME, spec, 7);                                                                              \
+      REQUIRE(h.ready());                                                                                    \
+      run_all_steps(h);                                                                                      \
+      INFO("fault " << kvcheck::impl::fault_name(fault) << "\n" << h.report());                              \
+      if (fault == Fault::kNone) {                                                                           \
+        CHECK(h.failures().empty());                                                                         \
+      } else {                                                                                               \
+        CHECK(!h.failures().empty());                                                                        \
+      }                                                                                                      \
+    }                                                                                                        \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: refused steps leave the pool byte-identical", "[conformance]") {             \
+    using namespace kvcheck::conformance;                                                                    \
+    using kvcheck::impl::CacheError;                                                                         \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    for (const auto f : {ElementFormat::kF32, ElementFormat::kFp8E4m3, ElementFormat::kBf16}) {              \
+      PoolSpec spec = small_spec(f, 2, 2, false);                                                            \
+      std::unique_ptr<RingPool> pool;                                                                        \
+      REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());               \
+      REQUIRE(pool->begin(1, 5).ok());                                                                       \
+      const std::size_t kv = 2 * 6, qn = 2 * 6;                                                              \
+      std::vector<double> k(kv * 7, 0.25), v(kv * 7, -0.5), q(qn * 7, 0.125);                                \
+      StepResult r;                                                                                          \
+      REQUIRE(pool->prefill(1, 6, StepRows{k.data(), v.data(), q.data()}, PrefillOrder::kStoreThenLoad, &r)  \
+                  .ok());                                                                                    \
+      const PoolSnapshot before = snapshot(*pool);                                                           \
+      auto expect_refused = [&](kvcheck::impl::Status st, CacheError code, const char* what) {               \
+        INFO(what << ": " << st.detail);                                                                     \
+        CHECK(st.code == code);                                                                              \
+        CHECK(snapshot(*pool) == before);                                                                    \
+      };                                                                                                     \
+      StepRows good{k.data(), v.data(), q.data()};                                                           \
+      expect_refused(pool->decode(3, good, &r), CacheError::kStateOutOfRange, "state 3");                    \
+      expect_refused(pool->decode(-1, good, &r), CacheError::kStateOutOfRange, "state -1");                  \
+      expect_refused(pool->decode(0, good, &r), CacheError::kStateFree, "free state");                       \
+      expect_refused(pool->begin(1, 6), CacheError::kStateBusy, "busy state");                               \
+      expect_refused(pool->prefill(1, 8, good, PrefillOrder::kLoadThenStore, &r), CacheError::kTooManyRows,  \
+                     "8 rows > max_step_rows");                                                              \
+      expect_refused(pool->verify(1, 7, good, &r), CacheError::kTooManyRows, "verify(7)");                   \
+      expect_refused(pool->accept(1, 0), CacheError::kBadAccept, "accept without verify");                   \
+      expect_refused(pool->decode(1, StepRows{k.data(), v.data(), nullptr}, &r), CacheError::kBadArgument,   \
+                     "no query rows");                                                                       \
+      for (auto* buf : {&k, &v, &q}) {                                                                       \
+        const double keep = (*buf)[kv + 3];                                                                  \
+        for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {                                             \
+          (*buf)[kv + 3] = bad;                                                                              \
+          expect_refused(pool->prefill(1, 3, good, PrefillOrder::kLoadThenStore, &r),                        \
+                         CacheError::kNonFinite, "non-finite row element");                                  \
+          expect_refused(pool->verify(1, 2, good, &r), CacheError::kNonFinite,                               \
+                         "non-finite row element in verify");                                                \
+        }                                                                                                    \
+        (*buf)[kv + 3] = keep;                                                                               \
+      }                                                                                                      \
+      k[5] = 1e300; /* finite, but no float-based format holds it */                                         \
+      expect_refused(pool->decode(1, good, &r), CacheError::kNonFinite, "row out of range");                 \
+      k[5] = 0.25;                                                                                           \
+      REQUIRE(pool->verify(1, 2, good, &r).ok());                                                            \
+      const PoolSnapshot pending = snapshot(*pool);                                                          \
+      CHECK(pool->decode(1, good, &r).code == CacheError::kBadAccept);                                       \
+      CHECK(pool->accept(1, 3).code == CacheError::kBadAccept);                                              \
+      CHECK(pool->accept(1, -1).code == CacheError::kBadAccept);                                             \
+      CHECK(snapshot(*pool) == pending);                                                                     \
+      CHECK(pool->accept(1, 1).ok());                                                                        \
+      CHECK(pool->state(1).length == 8);                                                                     \
+    }                                                                                                        \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: create refuses zero, mismatched and overflowing sizes", "[conformance]") {   \
+    using namespace kvcheck::conformance;                                                                    \
+    using kvcheck::impl::CacheError;                                                                         \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    auto code = [](PoolSpec s) {                                                                             \
+      std::unique_ptr<RingPool> pool;                                                                        \
+      const auto st = RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), s, &pool);                \
+      CHECK((pool == nullptr) == !st.ok());                                                                  \
+      /* One validator: the backend alone refuses with the same code. */                                     \
+      CHECK(kvcheck::impl::make_backend(NAME, nullptr)->configure(s).code == st.code);                       \
+      CHECK(kvcheck::impl::validate_pool_spec(s).code == st.code);                                           \
+      return st.code;                                                                                        \
+    };                                                                                                       \
+    const PoolSpec base = small_spec(ElementFormat::kF32, 4, 2, false);                                      \
+    CHECK(code(base) == CacheError::kOk);                                                                    \
+    PoolSpec s = base;                                                                                       \
+    s.ring_rows = 0;                                                                                         \
+    CHECK(code(s) == CacheError::kZeroRing);                                                                 \
+    s = base;                                                                                                \
+    s.states = 0;                                                                                            \
+    CHECK(code(s) == CacheError::kZeroRing);                                                                 \
+    s = base;                                                                                                \
+    s.head_dim = 0;                                                                                          \
+    CHECK(code(s) == CacheError::kZeroShape);                                                                \
+    s = base;                                                                                                \
+    s.window_keys = 0;                                                                                       \
+    CHECK(code(s) == CacheError::kZeroShape);                                                                \
+    s = base;                                                                                                \
+    s.q_heads = 3;                                                                                           \
+    CHECK(code(s) == CacheError::kBadSpec);                                                                  \
+    s = base;                                                                                                \
+    s.shared_row = true;                                                                                     \
+    CHECK(code(s) == CacheError::kBadSpec);                                                                  \
+    s = base;                                                                                                \
+    s.rope_style = kvcheck::impl::RopeStyle::kNeox;                                                          \
+    s.rope_dims = 3;                                                                                         \
+    CHECK(code(s) == CacheError::kBadSpec);                                                                  \
+    s.rope_dims = 2;                                                                                         \
+    s.rope_base = -1.0;                                                                                      \
+    CHECK(code(s) == CacheError::kBadSpec);                                                                  \
+    s = base;                                                                                                \
+    s.softmax_scale = -0.5;                                                                                  \
+    CHECK(code(s) == CacheError::kBadSpec);                                                                  \
+    s.softmax_scale = std::nan("");                                                                          \
+    CHECK(code(s) == CacheError::kNonFinite);                                                                \
+    s = base;                                                                                                \
+    s.states = std::int64_t{1} << 40;                                                                        \
+    s.ring_rows = std::int64_t{1} << 30;                                                                     \
+    CHECK(code(s) == CacheError::kSizeOverflow);                                                             \
+    s = base;                                                                                                \
+    s.states = std::int64_t{1} << 31;                                                                        \
+    s.ring_rows = std::int64_t{1} << 31;                                                                     \
+    s.head_dim = 1 << 20;                                                                                    \
+    CHECK(code(s) == CacheError::kSizeOverflow);                                                             \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: SPEC verify S = 128 loses [5,4,3,2,1,0], S = 133 and 134 none",              \
+            "[conformance][spec]") {                                                                         \
+    using namespace kvcheck::conformance;                                                                    \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    for (const std::int64_t ring : {128, 133, 134}) {                                                        \
+      PoolSpec spec;                                                                                         \
+      spec.states = 1;                                                                                       \
+      spec.window_keys = 128;                                                                                \
+      spec.ring_rows = ring;                                                                                 \
+      spec.head_dim = 2;                                                                                     \
+      spec.max_step_rows = 300;                                                                              \
+      std::unique_ptr<RingPool> pool;                                                                        \
+      REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());               \
+      REQUIRE(pool->begin(0, 0).ok());                                                                       \
+      std::vector<double> rows(600, 0.5);                                                                    \
+      StepRows in{rows.data(), rows.data(), rows.data()};                                                    \
+      StepResult r;                                                                                          \
+      REQUIRE(pool->prefill(0, 200, in, PrefillOrder::kLoadThenStore, &r).ok());                             \
+      REQUIRE(pool->verify(0, 5, in, &r).ok());                                                              \
+      std::vector<std::int64_t> lost;                                                                        \
+      for (std::int64_t i = 0; i < r.queries; ++i) {                                                         \
+        const std::int64_t p = r.first_position + i;                                                         \
+        std::int64_t n = 0;                                                                                  \
+        for (std::int64_t c = 0; c < r.width; ++c) {                                                         \
+          const auto& t = r.read_tags[static_cast<std::size_t>(i * r.width + c)];                            \
+          if (t.position != p - r.width + 1 + c) ++n;                                                        \
+        }                                                                                                    \
+        lost.push_back(n);                                                                                   \
+      }                                                                                                      \
+      const std::vector<std::int64_t> want = ring == 128 ? std::vector<std::int64_t>{5, 4, 3, 2, 1, 0}       \
+                                                         : std::vector<std::int64_t>{0, 0, 0, 0, 0, 0};      \
+      INFO("S = " << ring);                                                                                  \
+      CHECK(lost == want);                                                                                   \
+    }                                                                                                        \
+  }                                                                                                          \
+                                                                                                             \
+  TEST_CASE(NAME " conformance: SPEC prefill W = 3, S = 5 store-then-load hazards", "[conformance][spec]") { \
+    using namespace kvcheck::conformance;                                                                    \
+    if (!backend_or_skip(NAME)) return;                                                                      \
+    for (const auto order : {PrefillOrder::kStoreThenLoad, PrefillOrder::kLoadThenStore}) {                  \
+      for (const std::int64_t chunk : {3, 4, 5}) {                                                           \
+        PoolSpec spec;                                                                                       \
+        spec.states = 1;                                                                                     \
+        spec.window_keys = 3;                                                                                \
+        spec.ring_rows = 5;                                                                                  \
+        spec.head_dim = 2;                                                                                   \
+        spec.max_step_rows = 8;                                                                              \
+        std::unique_ptr<RingPool> pool;                                                                      \
+        REQUIRE(RingPool::create(kvcheck::impl::make_backend(NAME, nullptr), spec, &pool).ok());             \
+        REQUIRE(pool->begin(0, 0).ok());                                                                     \
+        std::vector<double> rows(16, 0.5);                                                                   \
+        StepRows in{rows.data(), rows.data(), rows.data()};                                                  \
+        StepResult r;                                                                                        \
+        REQUIRE(pool->prefill(0, 4, in, order, &r).ok()); /* cached prefix 0..3 */                           \
+        REQUIRE(pool->prefill(0, chunk, in, order, &r).ok());                                                \
+        std::vector<std::int64_t> lost_positions;                                                            \
+        for (std::int64_t i = 0; i < r.queries; ++i) {                                                       \
+          const std::int64_t p = r.first_position + i;                                                       \
+          for (std::int64_t c = 0; c < r.width; ++c) {                                                       \
+            const auto& t = r.read_tags[static_cast<std::size_t>(i * r.width + c)];                          \
+            const std::int64_t j = p - r.width + 1 + c;                                                      \
+            if (t.position != j &&                                                                           \
+                std::find(lost_positions.begin(), lost_positions.end(), j) == lost_positions.end()) {        \
+              lost_positions.push_back(j);                                                                   \
+            }                                                                                                \
+          }                                                                                                  \
+        }                                                                                                    \
+        std::sort(lost_positions.begin(), lost_positions.end());                                             \
+        std::vector<std::int64_t> want;                                                                      \
+        if (order == PrefillOrder::kStoreThenLoad && chunk == 4) want = {2};                                 \
+        if (order == PrefillOrder::kStoreThenLoad && chunk == 5) want = {2, 3};                              \
+        INFO("chunk " << chunk << " store_then_load " << (order == PrefillOrder::kStoreThenLoad));           \
+        CHECK(lost_positions == want);                                                                       \
+      }                                                                                                      \
+    }                                                                                                        \
   }

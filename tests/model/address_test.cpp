@@ -1,6 +1,6 @@
 // The address oracle against hand-derived cases and its own invariants.
-#include <catch2/catch.hpp>
 #include <rapidcheck.h>
+#include <catch2/catch.hpp>
 
 #include "model/address.hpp"
 

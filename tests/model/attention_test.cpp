@@ -60,13 +60,13 @@ TEST_CASE("Heads: GQA query heads read their group's KV head; shared rows are ke
   // 4 query heads, 2 kv heads: heads 0,1 -> kv 0; heads 2,3 -> kv 1.
   Row<Real> q(8, Real(0));
   const Row<Real> out = attend_heads(q, {&r0, &r1}, Heads{4, 2, 2, false}, Real(1));
-  CHECK(to_double(out[0]) == Approx(5.0));   // head 0 mixes kv0 values equally
+  CHECK(to_double(out[0]) == Approx(5.0));  // head 0 mixes kv0 values equally
   // Head 2 mixes kv head 1's values (0,20) and (40,0) equally: (20, 10).
   CHECK(to_double(out[4]) == Approx(20.0));
   CHECK(to_double(out[5]) == Approx(10.0));
   Projected<Real> s0;
   s0.k = {Real(2), Real(3)};
-  const Row<Real> shared = attend_heads(Row<Real>{Real(0), Real(0), Real(0), Real(0)}, {&s0},
-                                        Heads{2, 1, 2, true}, Real(1));
+  const Row<Real> shared =
+      attend_heads(Row<Real>{Real(0), Real(0), Real(0), Real(0)}, {&s0}, Heads{2, 1, 2, true}, Real(1));
   CHECK(shared == Row<Real>{Real(2), Real(3), Real(2), Real(3)});
 }

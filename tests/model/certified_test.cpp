@@ -36,7 +36,9 @@ void check_pin(const cf::Ball& b, const R& value, std::int64_t* pinned) {
   }
 }
 
-double draw(Prng& rng, double lo, double hi) { return lo + (hi - lo) * rng.unit(); }
+double draw(Prng& rng, double lo, double hi) {
+  return lo + (hi - lo) * rng.unit();
+}
 
 TEST_CASE("Certified: double-double exp is within kExpRel of MPFR's exp, with room to spare") {
   Prng rng(7);
@@ -64,7 +66,8 @@ void rope_contains(std::uint64_t seed) {
     rope.style = t % 2 ? RopeStyle::kNeox : RopeStyle::kInterleaved;
     rope.rotary_dims = 2 * static_cast<std::int32_t>(1 + rng.next() % 8);
     rope.base = t % 5 == 0 ? 1e-20 : (t % 5 == 1 ? 1e6 : 10000.0);
-    const std::int64_t position = static_cast<std::int64_t>(rng.next() >> (24 + rng.next() % 40));  // up to 2^40
+    const std::int64_t position =
+        static_cast<std::int64_t>(rng.next() >> (24 + rng.next() % 40));  // up to 2^40
     const std::int32_t head_dim = rope.rotary_dims + static_cast<std::int32_t>(rng.next() % 3);
     std::vector<double> x(static_cast<std::size_t>(2 * head_dim));
     for (double& v : x) v = draw(rng, -4, 4);
@@ -146,7 +149,8 @@ std::int64_t attend_case(Prng& rng, int kind, std::int64_t* total) {
       v[j * d + e] = kind == 3 ? (j % 2 ? -1.0 : 1.0) + draw(rng, -1, 1) * 1e-9 : draw(rng, -3, 3);
     }
   }
-  const std::optional<double> sink = rng.next() % 3 == 0 ? std::optional<double>(draw(rng, -5, 5)) : std::nullopt;
+  const std::optional<double> sink =
+      rng.next() % 3 == 0 ? std::optional<double>(draw(rng, -5, 5)) : std::nullopt;
   using std::sqrt;
   const R scale = R(1) / sqrt(R(static_cast<double>(d)));
 
@@ -164,8 +168,10 @@ std::int64_t attend_case(Prng& rng, int kind, std::int64_t* total) {
   Row<R> qr(q.begin(), q.end());
   std::vector<Row<R>> kr(keys), vr(keys);
   for (std::size_t j = 0; j < keys; ++j) {
-    kr[j] = Row<R>(k.begin() + static_cast<std::ptrdiff_t>(j * d), k.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
-    vr[j] = Row<R>(v.begin() + static_cast<std::ptrdiff_t>(j * d), v.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+    kr[j] = Row<R>(k.begin() + static_cast<std::ptrdiff_t>(j * d),
+                   k.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+    vr[j] = Row<R>(v.begin() + static_cast<std::ptrdiff_t>(j * d),
+                   v.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
   }
   const std::optional<R> sink_r = sink ? std::optional<R>(R(*sink)) : std::nullopt;
   const Row<R> ref = attend(qr, kr, vr, scale, sink_r);

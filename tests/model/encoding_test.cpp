@@ -30,23 +30,23 @@ TEST_CASE("Encoding: bf16 rounds to nearest with ties to even from the exact val
   CHECK(bf16_bits(1.0 + 0x1.0p-7 + 0x1.0p-8 + 0x1.0p-12) == 0x3F82);  // truncation would give 0x3F81
   CHECK(bf16_bits(-2.0) == 0xC000);
   CHECK(bf16_bits(-0.0) == 0x8000);
-  CHECK(bf16_bits(3.4e38) == 0x7F80);  // beyond max + half a step: +inf
+  CHECK(bf16_bits(3.4e38) == 0x7F80);      // beyond max + half a step: +inf
   CHECK(bf16_bits(0x1.0p-133) == 0x0001);  // smallest subnormal
   // Beyond double precision: a 113-bit value just above a tie rounds up.
   const Real above = Real(1) + pow(Real(2), -8) + pow(Real(2), -80);
   CHECK(encode_row(Encoding::kBf16, std::vector<Real>{above}).values[0] == 1.0 + 0x1.0p-7);
-  CHECK(encode_row(Encoding::kF64, std::vector<Real>{Real(1) + pow(Real(2), -53) + pow(Real(2), -100)}).values[0] ==
-        1.0 + 0x1.0p-52);
+  CHECK(encode_row(Encoding::kF64, std::vector<Real>{Real(1) + pow(Real(2), -53) + pow(Real(2), -100)})
+            .values[0] == 1.0 + 0x1.0p-52);
   CHECK(encode_row(Encoding::kF32, std::vector<double>{1.0 + 0x1.0p-24}).values[0] == 1.0);
 }
 
 TEST_CASE("Encoding: fp8 e4m3 with one ue8m0 scale per 32 elements") {
   std::vector<double> x(40, 0.0);
-  x[0] = 1.0;                      // amax 1: k = -8 (1 <= 448 / 256), scaled 256 = code 0x78
-  x[1] = 0x1.0p-16;                // scaled 2^-8 = two subnormal units: code 0x02
-  x[2] = 1.5 * 0x1.0p-17;          // scaled 1.5 units: tie, to even 2: code 0x02
-  x[3] = -0x1.0p-20;               // scaled 2^-12: rounds to -0, code 0x80
-  x[4] = 0.3;                      // scaled 76.8: step 8 at 64..128, 80 = 1.25 * 64: code 0x6A
+  x[0] = 1.0;              // amax 1: k = -8 (1 <= 448 / 256), scaled 256 = code 0x78
+  x[1] = 0x1.0p-16;        // scaled 2^-8 = two subnormal units: code 0x02
+  x[2] = 1.5 * 0x1.0p-17;  // scaled 1.5 units: tie, to even 2: code 0x02
+  x[3] = -0x1.0p-20;       // scaled 2^-12: rounds to -0, code 0x80
+  x[4] = 0.3;              // scaled 76.8: step 8 at 64..128, 80 = 1.25 * 64: code 0x6A
   const EncodedRow r = encode_row(Encoding::kFp8, x);
   REQUIRE(r.bytes.size() == 40 + 2);
   CHECK(r.bytes[0] == 0x78);
@@ -79,7 +79,7 @@ TEST_CASE("Encoding: fp8 e4m3 with one ue8m0 scale per 32 elements") {
 
 TEST_CASE("Encoding: decode_row inverts every format's bytes exactly") {
   std::vector<double> x;
-  for (int i = 0; i < 70; ++i) x.push_back(std::ldexp(std::sin(i * 1.7) , (i % 9) - 4));
+  for (int i = 0; i < 70; ++i) x.push_back(std::ldexp(std::sin(i * 1.7), (i % 9) - 4));
   for (Encoding f : {Encoding::kF64, Encoding::kF32, Encoding::kBf16, Encoding::kFp8}) {
     const EncodedRow r = encode_row(f, x);
     CHECK(static_cast<std::int64_t>(r.bytes.size()) == encoded_row_bytes(f, 70));

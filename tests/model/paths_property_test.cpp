@@ -1,8 +1,8 @@
 // Property: the incremental (cached) path equals the full-prefix path within
 // 1e-25 relative at the default precision, over random sizes, windows,
 // conventions, head layouts and RoPE settings.
-#include <catch2/catch.hpp>
 #include <rapidcheck.h>
+#include <catch2/catch.hpp>
 
 #include "model/paths.hpp"
 #include "support/prng.hpp"

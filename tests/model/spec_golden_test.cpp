@@ -118,12 +118,8 @@ TEST_CASE("Prefill: W=3, S=5, chunks 4..6, 4..7, 4..8 in both orders") {
     std::vector<std::vector<std::int64_t>> lost;
   };
   const Case cases[] = {
-      {3, true, {{}, {}, {}}},
-      {4, true, {{2}, {}, {}, {}}},
-      {5, true, {{2, 3}, {3}, {}, {}, {}}},
-      {3, false, {{}, {}, {}}},
-      {4, false, {{}, {}, {}, {}}},
-      {5, false, {{}, {}, {}, {}, {}}},
+      {3, true, {{}, {}, {}}},  {4, true, {{2}, {}, {}, {}}}, {5, true, {{2, 3}, {3}, {}, {}, {}}},
+      {3, false, {{}, {}, {}}}, {4, false, {{}, {}, {}, {}}}, {5, false, {{}, {}, {}, {}, {}}},
   };
   for (const Case& c : cases) {
     INFO("chunk 4.." << 3 + c.rows << (c.store_first ? " store_then_load" : " load_then_store"));
@@ -140,10 +136,9 @@ TEST_CASE("Prefill: W=3, S=5, chunks 4..6, 4..7, 4..8 in both orders") {
 
 TEST_CASE("LayerFixture: three appends reproduce the seed's outputs, rows, weights and counts") {
   const LayerEvidence ev = run_layer_fixture(seed_layer_fixture());
-  const std::vector<std::vector<double>> expected = {
-      {1, 0, 1, 0},
-      {0.213809009, 0.786190991, 0.770151153, -0.420735492},
-      {0.629044078, 0.945303958, 0.374718490, -0.583589471}};
+  const std::vector<std::vector<double>> expected = {{1, 0, 1, 0},
+                                                     {0.213809009, 0.786190991, 0.770151153, -0.420735492},
+                                                     {0.629044078, 0.945303958, 0.374718490, -0.583589471}};
   REQUIRE(ev.steps.size() == 3);
   for (std::size_t t = 0; t < 3; ++t) {
     INFO("step " << t);

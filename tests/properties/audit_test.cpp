@@ -87,7 +87,7 @@ struct Recorded {
   RunObservation live;
   std::string trace;
   RunObservation audited;
-  std::string note;  ///< why outputs were not judged
+  std::string note;           ///< why outputs were not judged
   scenarios::Scenario built;  ///< the scenario the audit built from the recording
 };
 
@@ -147,38 +147,58 @@ void check_same(const Recorded& r, bool outputs_judged) {
 TEST_CASE("Trace: parse errors name the line and the JSON path") {
   const std::string decode = R"({"step":0,"layer":0,"kind":"decode","request":0,"state":0,"position":0)";
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0,1],"read":[[0]]})"})) == "line 2: written");
-  CHECK(parse_where(lines({kHeader, "", decode + R"(,"written":[0],"read":[[0,1,"x"]]})"})) == "line 3: read[0][2]");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"extra":1})"})) == "line 2: extra");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"written":[0],"read":[[0]]})"})) == "line 2: written");
+  CHECK(parse_where(lines({kHeader, "", decode + R"(,"written":[0],"read":[[0,1,"x"]]})"})) ==
+        "line 3: read[0][2]");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"extra":1})"})) ==
+        "line 2: extra");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"written":[0],"read":[[0]]})"})) ==
+        "line 2: written");
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0]})"})) == "line 2: read");
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"read_view":"later"})"})) ==
         "line 2: read_view");
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[-2],"read":[[0]]})"})) == "line 2: written[0]");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"accepted":1})"})) == "line 2: accepted");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"k":[[1e999]]})"})) == "line 2: k[0][0]");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})", "{\"step\":"})).rfind("line 3", 0) == 0);
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"accepted":1})"})) ==
+        "line 2: accepted");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"k":[[1e999]]})"})) ==
+        "line 2: k[0][0]");
+  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})", "{\"step\":"}))
+            .rfind("line 3", 0) == 0);
   CHECK(parse_where(lines({decode + R"(,"written":[0],"read":[[0]]})"})) == "line 1");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"block_table":{"blocks":[0],"block_size":2,"seq_lens":[3]}})"})) ==
+  CHECK(parse_where(lines(
+            {kHeader,
+             decode + R"(,"written":[0],"block_table":{"blocks":[0],"block_size":2,"seq_lens":[3]}})"})) ==
         "line 2: block_table.seq_lens[0]");
-  CHECK(parse_where(lines({R"({"kvcheck_trace":2,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged"})"})) ==
-        "line 1: kvcheck_trace");
-  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"right"},"addressing":"paged"})"})) ==
-        "line 1: window.convention");
-  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"ring"})"})) ==
-        "line 1: capacity");
-  CHECK(parse_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged","cache":{"head_dim":2}})",
-                           decode + R"(,"written":[0],"read":[[0]],"q":[[1,2,3]]})"})) == "line 2: q[0]");
+  CHECK(
+      parse_where(lines(
+          {R"({"kvcheck_trace":2,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged"})"})) ==
+      "line 1: kvcheck_trace");
+  CHECK(
+      parse_where(lines(
+          {R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"right"},"addressing":"paged"})"})) ==
+      "line 1: window.convention");
+  CHECK(
+      parse_where(lines(
+          {R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"ring"})"})) ==
+      "line 1: capacity");
+  CHECK(
+      parse_where(lines(
+          {R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged","cache":{"head_dim":2}})",
+           decode + R"(,"written":[0],"read":[[0]],"q":[[1,2,3]]})"})) == "line 2: q[0]");
   // Record order: step indices, layers, refusals.
   const std::string finish = R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})";
-  CHECK(parse_where(lines({kHeader, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})"})) == "line 2: step");
+  CHECK(parse_where(lines({kHeader, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})"})) ==
+        "line 2: step");
   CHECK(parse_where(lines({kHeader, decode + R"(,"refused":"full: no room"})", finish})) == "line 3");
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]],"refused":"full: no room"})"})) ==
         "line 2: written");
+  CHECK(
+      parse_where(lines(
+          {kHeader, decode + R"(,"written":[0],"read":[[0]]})",
+           R"({"step":0,"layer":1,"kind":"decode","request":0,"state":0,"position":1,"written":[1],"read":[[1]]})"})) ==
+      "line 3: position");
   CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})",
-                           R"({"step":0,"layer":1,"kind":"decode","request":0,"state":0,"position":1,"written":[1],"read":[[1]]})"})) ==
-        "line 3: position");
-  CHECK(parse_where(lines({kHeader, decode + R"(,"written":[0],"read":[[0]]})",
-                           R"({"step":1,"layer":1,"kind":"finish","request":0,"state":0})"})) == "line 2: step");
+                           R"({"step":1,"layer":1,"kind":"finish","request":0,"state":0})"})) ==
+        "line 2: step");
   // The file name follows the rule.
   try {
     scenarios::parse_trace(lines({kHeader, decode + "}"}), "engine.jsonl");
@@ -200,9 +220,9 @@ TEST_CASE("Trace: block tables expand to the slots of each query's window") {
   s.block_table.seq_lens = {3, 6, 11};
   const auto reads = scenarios::trace_read_slots(s, 6);
   REQUIRE(reads.size() == 3);
-  CHECK(reads[0] == std::vector<std::int64_t>{28, 29, 30});          // positions 0..2 in block 7
-  CHECK(reads[1] == std::vector<std::int64_t>{28, 29, 30, 31});      // 0..5; 4, 5 in a missing block
-  CHECK(reads[2] == std::vector<std::int64_t>{8, 9, 10});            // 5..10: 5..7 missing, 8..10 in block 2
+  CHECK(reads[0] == std::vector<std::int64_t>{28, 29, 30});      // positions 0..2 in block 7
+  CHECK(reads[1] == std::vector<std::int64_t>{28, 29, 30, 31});  // 0..5; 4, 5 in a missing block
+  CHECK(reads[2] == std::vector<std::int64_t>{8, 9, 10});        // 5..10: 5..7 missing, 8..10 in block 2
   s.block_table.seq_lens = {3, 6, 13};
   CHECK_THROWS_AS(scenarios::trace_read_slots(s, 6), Error);
 }
@@ -257,13 +277,13 @@ TEST_CASE("Audit: the bundled paged engine trace passes") {
   const RunObservation& run = audited[0];
   INFO(run.first_failure);
   CHECK(run.passed);
-  CHECK(run.observed == "slots");        // no rows or outputs in the trace
+  CHECK(run.observed == "slots");  // no rows or outputs in the trace
   CHECK(run.queries == 8 + 4 + 4 + 1 + 1 + 1 + 1);
   CHECK(run.lost_rows == 0);
   CHECK(run.extra_reads == 0);
   CHECK(run.collisions == 0);
   CHECK(run.window_keys == 6);
-  CHECK(run.ring_rows == 18);            // 1 + the largest slot (17)
+  CHECK(run.ring_rows == 18);  // 1 + the largest slot (17)
 }
 
 TEST_CASE("Audit: the early-free paged engine reads a slot the other request overwrote") {
@@ -276,8 +296,8 @@ TEST_CASE("Audit: the early-free paged engine reads a slot the other request ove
   // step 2; request 0's decode at position 8 (step 4) still reads position 3
   // there, now holding request 1's rejected draft at position 7.
   using L = std::vector<std::vector<std::int64_t>>;
-  const std::vector<L> expected = {
-      L(8), L(4), L(4), L{{3}}, L(1), L(1), L(1)};  // per writing step (accept and finish run no query)
+  const std::vector<L> expected = {L(8), L(4), L(4), L{{3}},
+                                   L(1), L(1), L(1)};  // per writing step (accept and finish run no query)
   std::vector<L> got;
   for (const auto& s : run.steps) {
     if (s.queries.empty()) continue;
@@ -334,7 +354,8 @@ TEST_CASE("Audit: recordings of GQA, RoPE, shared rows and several layers keep t
   scenarios::Scenario layered = bundled("verify-s134");
   layered.cache.layers = 3;
   layered.name = "verify-s134-3-layers";
-  for (const auto& sc : {gqa, bundled("fp8-shared-row-neox"), bundled("ring-trace-w128-s134-state2"), layered}) {
+  for (const auto& sc :
+       {gqa, bundled("fp8-shared-row-neox"), bundled("ring-trace-w128-s134-state2"), layered}) {
     INFO(sc.name);
     const Recorded r = record_and_audit(sc, impl::Fault::kNone);
     CHECK(r.live.passed);
@@ -343,7 +364,8 @@ TEST_CASE("Audit: recordings of GQA, RoPE, shared rows and several layers keep t
 }
 
 TEST_CASE("Audit: recordings of every bundled fault regression fail the same way") {
-  const auto files = scenarios::collect_scenario_files({std::string(KVCHECK_SOURCE_DIR) + "/scenarios/regressions"});
+  const auto files =
+      scenarios::collect_scenario_files({std::string(KVCHECK_SOURCE_DIR) + "/scenarios/regressions"});
   int audited = 0;
   for (const auto& f : files) {
     const std::string stem = f.stem().string();
@@ -366,7 +388,8 @@ std::size_t stepped_rows(const scenarios::Scenario& sc) {
 }
 
 TEST_CASE("Audit: rewritten positions get rows per step, and outputs are judged with the live numbers") {
-  for (const char* name : {"verify-reject-then-decode", "gqa-bf16-interleaved-rope", "state-reuse-after-finish"}) {
+  for (const char* name :
+       {"verify-reject-then-decode", "gqa-bf16-interleaved-rope", "state-reuse-after-finish"}) {
     INFO(name);
     const Recorded r = record_and_audit(bundled(name), impl::Fault::kNone);
     CHECK(r.live.passed);
@@ -385,9 +408,9 @@ TEST_CASE("Audit: rewritten positions get rows per step, and outputs are judged 
   std::vector<Key> keys;
   for (const auto& row : r.built.data.rows) keys.emplace_back(row.position, row.step);
   std::sort(keys.begin(), keys.end());
-  const std::vector<Key> expected = {{0, {}}, {1, {}}, {2, {}},  {3, {}},  {4, {}},  {5, {}},  {6, {}},
-                                     {7, 1},  {7, 3},  {8, 1},   {8, 4},   {9, {}},  {10, 5}, {10, 7},
-                                     {11, 5}, {11, 8}, {12, {}}};
+  const std::vector<Key> expected = {{0, {}}, {1, {}}, {2, {}}, {3, {}}, {4, {}}, {5, {}},
+                                     {6, {}}, {7, 1},  {7, 3},  {8, 1},  {8, 4},  {9, {}},
+                                     {10, 5}, {10, 7}, {11, 5}, {11, 8}, {12, {}}};
   CHECK(keys == expected);
 }
 
@@ -428,15 +451,15 @@ TEST_CASE("Audit: make_rows takes a row for the step, else an unstepped row, els
     return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(4 * i),
                                all.begin() + static_cast<std::ptrdiff_t>(4 * i + 4));
   };
-  CHECK(slice(verify.k, 0) == slice(drawn.k, 0));              // 5: no row, the seed's
-  CHECK(slice(verify.k, 1) == sc.data.rows[3].k);              // 6: the row for step 1
+  CHECK(slice(verify.k, 0) == slice(drawn.k, 0));  // 5: no row, the seed's
+  CHECK(slice(verify.k, 1) == sc.data.rows[3].k);  // 6: the row for step 1
   CHECK(slice(verify.q, 1) == sc.data.rows[3].q);
-  CHECK(slice(verify.k, 2) == sc.data.rows[1].k);              // 7: step 1 has none, the unstepped row
+  CHECK(slice(verify.k, 2) == sc.data.rows[1].k);  // 7: step 1 has none, the unstepped row
   CHECK(slice(verify.v, 2) == sc.data.rows[1].v);
-  CHECK(slice(verify.k, 3) == slice(drawn.k, 3));              // 8: only a row for step 4
+  CHECK(slice(verify.k, 3) == slice(drawn.k, 3));  // 8: only a row for step 4
   CHECK(slice(verify.v, 3) == slice(drawn.v, 3));
   const RowSet decode7 = make_rows(sc, 0, 0, 7, 1, 3);
-  CHECK(decode7.k == sc.data.rows[0].k);                       // 7 at step 3: its own row
+  CHECK(decode7.k == sc.data.rows[0].k);  // 7 at step 3: its own row
   CHECK(decode7.v == sc.data.rows[0].v);
   CHECK(decode7.q == sc.data.rows[0].q);
   const RowSet decode8 = make_rows(sc, 0, 0, 8, 1, 4);
@@ -449,7 +472,8 @@ TEST_CASE("Audit: refusal probes are not recorded") {
   CHECK(a.live.passed);
   CHECK(a.live.probes > 0);
   check_same(a, true);
-  const Recorded b = record_and_audit(bundled("state-reuse-after-finish"), impl::Fault::kNone, /*probes=*/true);
+  const Recorded b =
+      record_and_audit(bundled("state-reuse-after-finish"), impl::Fault::kNone, /*probes=*/true);
   CHECK(b.live.passed);
   CHECK(b.live.probes > 0);
   check_same(b, true);
@@ -467,9 +491,12 @@ TEST_CASE("Audit: a recorded refusal fails the run at that step") {
   REQUIRE(audited[0].steps.size() == 2);
   CHECK(audited[0].steps[1].error == "full: no free block");
   // A refused begin ends the run before its step.
-  const auto begun = audit_trace(scenarios::parse_trace(
-                                     lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":4,"state":0,"refused":"state-busy"})"}), ""),
-                                 AuditOptions{});
+  const auto begun = audit_trace(
+      scenarios::parse_trace(
+          lines({kHeader,
+                 R"({"step":0,"layer":0,"kind":"begin","request":4,"state":0,"refused":"state-busy"})"}),
+          ""),
+      AuditOptions{});
   CHECK_FALSE(begun[0].passed);
   CHECK(begun[0].first_failure.find("begin refused: state-busy") != std::string::npos);
 }
@@ -478,29 +505,42 @@ TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line"
   const std::string prefill =
       R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";
   // accept without a verify
-  CHECK(audit_where(lines({kHeader, prefill, R"({"step":1,"layer":0,"kind":"accept","request":0,"state":0,"accepted":0})"})) ==
+  CHECK(audit_where(lines({kHeader, prefill,
+                           R"({"step":1,"layer":0,"kind":"accept","request":0,"state":0,"accepted":0})"})) ==
         "line 3: kind");
   // accept of more drafts than the verify wrote
-  CHECK(audit_where(lines({kHeader, prefill,
-                           R"({"step":1,"layer":0,"kind":"verify","request":0,"state":0,"position":2,"drafts":1,"written":[2,3],"read":[[0,1,2],[1,2,3]]})",
-                           R"({"step":2,"layer":0,"kind":"accept","request":0,"state":0,"accepted":2})"})) == "line 4: accepted");
+  CHECK(
+      audit_where(lines(
+          {kHeader, prefill,
+           R"({"step":1,"layer":0,"kind":"verify","request":0,"state":0,"position":2,"drafts":1,"written":[2,3],"read":[[0,1,2],[1,2,3]]})",
+           R"({"step":2,"layer":0,"kind":"accept","request":0,"state":0,"accepted":2})"})) ==
+      "line 4: accepted");
   // a write at the wrong position
-  CHECK(audit_where(lines({kHeader, prefill,
-                           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]]})"})) ==
-        "line 3: position");
+  CHECK(
+      audit_where(lines(
+          {kHeader, prefill,
+           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]]})"})) ==
+      "line 3: position");
   // a second request on a state still held
-  CHECK(audit_where(lines({kHeader, prefill,
-                           R"({"step":1,"layer":0,"kind":"decode","request":1,"state":0,"position":0,"written":[5],"read":[[5]]})"})) ==
-        "line 3: request");
+  CHECK(
+      audit_where(lines(
+          {kHeader, prefill,
+           R"({"step":1,"layer":0,"kind":"decode","request":1,"state":0,"position":0,"written":[5],"read":[[5]]})"})) ==
+      "line 3: request");
   // a request that moves to another state
-  CHECK(audit_where(lines({kHeader, prefill,
-                           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":1,"position":2,"written":[2],"read":[[0,1,2]]})"})) ==
-        "line 3: state");
+  CHECK(
+      audit_where(lines(
+          {kHeader, prefill,
+           R"({"step":1,"layer":0,"kind":"decode","request":0,"state":1,"position":2,"written":[2],"read":[[0,1,2]]})"})) ==
+      "line 3: state");
   // a step after the request finished
   CHECK(audit_where(lines({kHeader, prefill, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})",
-                           R"({"step":2,"layer":0,"kind":"finish","request":0,"state":0})"})) == "line 4: request");
+                           R"({"step":2,"layer":0,"kind":"finish","request":0,"state":0})"})) ==
+        "line 4: request");
   // states beyond the header's
-  CHECK(audit_where(lines({R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"states":1,"addressing":"paged"})",
-                           R"({"step":0,"layer":0,"kind":"finish","request":0,"state":1})"})) == "line 2: state");
+  CHECK(
+      audit_where(lines(
+          {R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"states":1,"addressing":"paged"})",
+           R"({"step":0,"layer":0,"kind":"finish","request":0,"state":1})"})) == "line 2: state");
   CHECK(audit_where(lines({kHeader, prefill})) == "no error");
 }

@@ -32,7 +32,8 @@ std::int64_t case_count(Profile profile) {
   }
   const char* env = std::getenv("KVCHECK_CERTIFIED_CASES");
 #if defined(__SANITIZE_ADDRESS__)
-  constexpr std::int64_t kDefault = 60;  // the sanitizer build checks the code paths, the Release run the count
+  constexpr std::int64_t kDefault =
+      60;  // the sanitizer build checks the code paths, the Release run the count
 #else
   constexpr std::int64_t kDefault = 600;
 #endif
@@ -83,7 +84,9 @@ void compare_on_random_cases(int precision_bits, std::uint64_t seed0, Profile pr
   CHECK(mpfr_queries * 100 <= queries);
 }
 
-TEST_CASE("Certified reference: reports equal the all-MPFR run's at 113 bits") { compare_on_random_cases(113, 1000); }
+TEST_CASE("Certified reference: reports equal the all-MPFR run's at 113 bits") {
+  compare_on_random_cases(113, 1000);
+}
 
 TEST_CASE("Certified reference: reports equal the all-MPFR run's at 169 bits") {
   compare_on_random_cases(169, 900000);

@@ -79,7 +79,8 @@ TEST_CASE("Check: a run with no failure merges without making a cache provider")
   const properties::CaseTally tally = properties::run_cases(options);
   REQUIRE(tally.first_failing_case == -1);
   const int made_by_cases = made;
-  const properties::CheckResult result = properties::finish_check(options, properties::merge_tallies({tally}));
+  const properties::CheckResult result =
+      properties::finish_check(options, properties::merge_tallies({tally}));
   CHECK(made == made_by_cases);
   CHECK_FALSE(result.found_failure);
   CHECK(result.cases == 20);

@@ -25,7 +25,8 @@ enum class Twist { kPermuteSlots, kNoSlots, kAcceptBadAccept, kChangeOnRefusal }
 
 class TwistedCache final : public engines::CacheUnderTest {
  public:
-  TwistedCache(std::unique_ptr<engines::CacheUnderTest> inner, Twist twist) : inner_(std::move(inner)), twist_(twist) {}
+  TwistedCache(std::unique_ptr<engines::CacheUnderTest> inner, Twist twist)
+      : inner_(std::move(inner)), twist_(twist) {}
   engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
     if (twist_ == Twist::kAcceptBadAccept && c.op == engines::StepCall::Op::kStep &&
         c.step.kind == scenarios::StepKind::kAccept) {
@@ -63,14 +64,16 @@ class TwistedCache final : public engines::CacheUnderTest {
 
 class TwistedProvider final : public engines::CacheProvider {
  public:
-  TwistedProvider(Twist twist, impl::Fault fault) : inner_(engines::make_provider("cpu", fault)), twist_(twist) {
+  TwistedProvider(Twist twist, impl::Fault fault)
+      : inner_(engines::make_provider("cpu", fault)), twist_(twist) {
     caps_ = inner_->capabilities();
     if (twist == Twist::kPermuteSlots || twist == Twist::kNoSlots) caps_.ring_addressing = false;
     if (twist == Twist::kNoSlots) caps_.reports_written_slots = caps_.reports_read_slots = false;
   }
   const engines::Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return "twisted"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
     auto inner = inner_->open(spec, refused);
     if (!inner) return nullptr;
     return std::make_unique<TwistedCache>(std::move(inner), twist_);
@@ -86,7 +89,8 @@ std::vector<std::int64_t> lost_per_step(const RunObservation& run) {
   std::vector<std::int64_t> out;
   for (const auto& s : run.steps) {
     std::int64_t n = 0;
-    for (const auto& q : s.queries) n += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size() + q.extra.size());
+    for (const auto& q : s.queries)
+      n += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size() + q.extra.size());
     out.push_back(n);
   }
   return out;
@@ -98,8 +102,9 @@ TEST_CASE("Shadow map: slots are opaque integers, permuting them changes no obse
   // Generated cases with and without faults: the same lost rows per step and
   // the same verdict whether the slots are ring indices or scattered ids.
   std::int64_t failing = 0;
-  for (const impl::Fault fault : {impl::Fault::kNone, impl::Fault::kWindowTooNarrow, impl::Fault::kRingSizedWindow,
-                                  impl::Fault::kAcceptNoRollback, impl::Fault::kStoreThenLoadPrefill}) {
+  for (const impl::Fault fault :
+       {impl::Fault::kNone, impl::Fault::kWindowTooNarrow, impl::Fault::kRingSizedWindow,
+        impl::Fault::kAcceptNoRollback, impl::Fault::kStoreThenLoadPrefill}) {
     TwistedProvider permuted(Twist::kPermuteSlots, fault);
     const auto plain = engines::make_provider("cpu", fault);
     for (std::uint64_t seed = 1; seed <= 60; ++seed) {
@@ -183,8 +188,8 @@ TEST_CASE("Verdict: stored once; the run fails exactly when a step failed") {
 }
 
 TEST_CASE("Verdict: verify-s128 expects its losses, so it passes and no step is marked failed") {
-  const auto sc = scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
-                                                "verify-s128.json");
+  const auto sc = scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" /
+                                                "fast" / "verify-s128.json");
   const RunObservation run = run_scenario(sc, RunOptions{});
   REQUIRE(run.passed);
   REQUIRE(run.first_failing_step == -1);
@@ -260,12 +265,14 @@ TEST_CASE("Step semantics: one pure place for length and pending drafts") {
   REQUIRE(p.speculative_length() == 9);  // unchanged by refusals
   REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 1)) == scenarios::StepRefusal::kNone);
   REQUIRE(p.length == 7);
-  REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 0)) == scenarios::StepRefusal::kAcceptWithoutVerify);
+  REQUIRE(scenarios::advance(p, step(StepKind::kAccept, 0, 0, 0)) ==
+          scenarios::StepRefusal::kAcceptWithoutVerify);
   REQUIRE(scenarios::advance(p, step(StepKind::kReset)) == scenarios::StepRefusal::kNone);
   REQUIRE(p == scenarios::RequestProgress{});
 }
 
-TEST_CASE("Layer-bound cache: a stale revision is refused unchanged, then the cache is rebuilt and replayed") {
+TEST_CASE(
+    "Layer-bound cache: a stale revision is refused unchanged, then the cache is rebuilt and replayed") {
   const auto provider = engines::make_provider("layer", impl::Fault::kNone);
   scenarios::Scenario sc;
   sc.name = "layer-revision";

@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include <catch2/catch.hpp>
 #include <rapidcheck.h>
+#include <catch2/catch.hpp>
 
 #include "impl/cpu/cpu_backend.hpp"
 
@@ -77,7 +77,8 @@ ProductionBudget spent(const scenarios::Scenario& sc) {
     scenarios::RequestProgress& p = progress[s.request];
     const std::int64_t first = scenarios::step_first_position(p);
     for (std::int64_t i = 0; i < scenarios::step_rows(s); ++i) {
-      b.reference_macs += std::min(first + i + 1, keys) * sc.cache.q_heads * sc.cache.head_dim * sc.cache.layers;
+      b.reference_macs +=
+          std::min(first + i + 1, keys) * sc.cache.q_heads * sc.cache.head_dim * sc.cache.layers;
       b.row_elements += std::int64_t{sc.cache.kv_heads} * sc.cache.head_dim * sc.cache.layers;
     }
     scenarios::advance(p, s);
@@ -89,13 +90,14 @@ ProductionBudget spent(const scenarios::Scenario& sc) {
 
 TEST_CASE("Generator: production cases draw production shapes within the work budget") {
   const ProductionBudget budget = production_budget();
-  std::int64_t long_windows = 0, wide_heads = 0, fp8 = 0, bf16 = 0, big_groups = 0, long_chunks = 0, many_drafts = 0,
-               shared_pool = 0, long_context = 0;
+  std::int64_t long_windows = 0, wide_heads = 0, fp8 = 0, bf16 = 0, big_groups = 0, long_chunks = 0,
+               many_drafts = 0, shared_pool = 0, long_context = 0;
   std::array<std::int64_t, 3> conventions{};
   std::set<std::int32_t> head_dims;
   for (std::int64_t i = 0; i < 2000; ++i) {
     const auto sc = generate_scenario(case_seed(5, i), {}, Profile::kProduction);
-    CHECK(scenarios::save_scenario(sc) == scenarios::save_scenario(generate_scenario(case_seed(5, i), {}, Profile::kProduction)));
+    CHECK(scenarios::save_scenario(sc) ==
+          scenarios::save_scenario(generate_scenario(case_seed(5, i), {}, Profile::kProduction)));
     const auto& c = sc.cache;
     REQUIRE(c.window <= 8192);
     REQUIRE(c.q_heads <= 64);
@@ -116,7 +118,8 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
     const std::int64_t row_bytes = c.format == scenarios::Format::kFp8    ? row_elements + row_elements / 32
                                    : c.format == scenarios::Format::kBf16 ? 2 * row_elements
                                                                           : 4 * row_elements;
-    REQUIRE(std::int64_t{c.layers} * c.states * c.ring_rows * (c.shared_row ? 1 : 2) * row_bytes <= budget.pool_bytes);
+    REQUIRE(std::int64_t{c.layers} * c.states * c.ring_rows * (c.shared_row ? 1 : 2) * row_bytes <=
+            budget.pool_bytes);
     head_dims.insert(c.head_dim);
     conventions[static_cast<std::size_t>(c.convention)] += c.window > 4096;
     long_windows += c.window > 4096;

@@ -18,9 +18,9 @@
 #include "impl/row_codec.hpp"
 #include "model/attention.hpp"
 #include "model/encoding.hpp"
+#include "properties/rows.hpp"
 #include "properties/runner.hpp"
 #include "properties/stored_rows.hpp"
-#include "properties/rows.hpp"
 #include "properties/tolerance.hpp"
 #include "properties/value_profiles.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -34,7 +34,9 @@ namespace {
 /// What the test-only cache gets wrong (kCorrect: nothing).
 enum class Flaw { kCorrect, kBf16Truncate, kFp8ScaleTwice, kF32AngleTable, kNoMaxSubtraction };
 
-impl::ElementFormat impl_of(scenarios::Format f) { return engines::impl_format(f); }
+impl::ElementFormat impl_of(scenarios::Format f) {
+  return engines::impl_format(f);
+}
 
 /// Encodes one row the way a cache with `flaw` does.
 void flawed_encode(Flaw flaw, impl::ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
@@ -52,7 +54,8 @@ void flawed_encode(Flaw flaw, impl::ElementFormat f, const double* in, std::int6
       for (std::int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(in[i]));
       const auto s = static_cast<std::uint8_t>(impl::ue8m0_choose(amax) + 1);  // twice the right scale
       row[n + b0 / 32] = s;
-      for (std::int64_t i = b0; i < b1; ++i) row[i] = impl::fp8_e4m3_encode(in[i] * impl::format_pow2(127 - s));
+      for (std::int64_t i = b0; i < b1; ++i)
+        row[i] = impl::fp8_e4m3_encode(in[i] * impl::format_pow2(127 - s));
     }
     return;
   }
@@ -139,7 +142,8 @@ class NaiveCache final : public engines::CacheUnderTest {
         double peak = flaw_ == Flaw::kNoMaxSubtraction ? 0.0 : -HUGE_VAL;
         for (const auto& k : keys) {
           double dot = 0;
-          for (std::int32_t e = 0; e < d; ++e) dot += q[static_cast<std::size_t>(e)] * k[off + static_cast<std::size_t>(e)];
+          for (std::int32_t e = 0; e < d; ++e)
+            dot += q[static_cast<std::size_t>(e)] * k[off + static_cast<std::size_t>(e)];
           s.push_back(dot * spec_.softmax_scale);
           if (flaw_ != Flaw::kNoMaxSubtraction) peak = std::max(peak, s.back());
         }
@@ -147,7 +151,8 @@ class NaiveCache final : public engines::CacheUnderTest {
         for (double& x : s) total += (x = std::exp(x - peak));
         for (std::int32_t e = 0; e < d; ++e) {
           double o = 0;
-          for (std::size_t j = 0; j < s.size(); ++j) o += s[j] / total * values[j][off + static_cast<std::size_t>(e)];
+          for (std::size_t j = 0; j < s.size(); ++j)
+            o += s[j] / total * values[j][off + static_cast<std::size_t>(e)];
           answer->out.push_back(o);
         }
       }
@@ -221,7 +226,9 @@ RunObservation run_on(const scenarios::Scenario& sc, engines::CacheProvider* pro
 
 }  // namespace
 
-TEST_CASE("Numerics: W=4 with a 100000-row prefill and a decode on f64 rows with NeoX base 10000 passes on the CPU cache") {
+TEST_CASE(
+    "Numerics: W=4 with a 100000-row prefill and a decode on f64 rows with NeoX base 10000 passes on the CPU "
+    "cache") {
   const auto run = run_on(long_prefill(4, 100000, scenarios::Format::kF64, 4, 10000.0, 1), nullptr);
   INFO(run.first_failure);
   CHECK(run.passed);
@@ -233,14 +240,15 @@ TEST_CASE("Numerics: W=4 with a 100000-row prefill and a decode on f64 rows with
   CHECK(run.max_abs_diff <= 1e-12);
   double tolerance = 0;
   for (const auto& q : run.steps.front().queries) tolerance = std::max(tolerance, q.tolerance);
-  WARN("p up to 1e5, f64: max |diff| " << run.max_abs_diff << ", largest tolerance " << tolerance << " of which RoPE "
-                                       << run.max_rope_tolerance);
+  WARN("p up to 1e5, f64: max |diff| " << run.max_abs_diff << ", largest tolerance " << tolerance
+                                       << " of which RoPE " << run.max_rope_tolerance);
 }
 
 TEST_CASE("Numerics: the 100000-row example also passes with RoPE base 1e-20 and with bf16 rows") {
   // Base 1e-20 turns every angle past pair 0 into ~1e20 rad: the angle error
   // bound saturates and the RoPE part of the tolerance covers the whole range.
-  for (const auto& [format, base] : {std::pair{scenarios::Format::kF64, 1e-20}, std::pair{scenarios::Format::kBf16, 10000.0}}) {
+  for (const auto& [format, base] :
+       {std::pair{scenarios::Format::kF64, 1e-20}, std::pair{scenarios::Format::kBf16, 10000.0}}) {
     const auto run = run_on(long_prefill(4, 100000, format, 4, base, 2), nullptr);
     INFO(run.first_failure);
     CHECK(run.passed);
@@ -266,8 +274,10 @@ TEST_CASE("Numerics: bf16 by truncation and an fp8 scale twice too large are cau
   for (int seed = 0; seed < runs; ++seed) {
     NaiveProvider trunc(Flaw::kBf16Truncate, true), twice(Flaw::kFp8ScaleTwice, true),
         twice_values(Flaw::kFp8ScaleTwice, false), good(Flaw::kCorrect, true);
-    const auto bf = long_prefill(8, 40, scenarios::Format::kBf16, 8, 10000.0, static_cast<std::uint64_t>(seed));
-    const auto f8 = long_prefill(8, 40, scenarios::Format::kFp8, 64, 10000.0, static_cast<std::uint64_t>(seed));
+    const auto bf =
+        long_prefill(8, 40, scenarios::Format::kBf16, 8, 10000.0, static_cast<std::uint64_t>(seed));
+    const auto f8 =
+        long_prefill(8, 40, scenarios::Format::kFp8, 64, 10000.0, static_cast<std::uint64_t>(seed));
     truncation_caught += run_on(bf, &trunc).passed ? 0 : 1;
     scale_caught += run_on(f8, &twice).passed ? 0 : 1;
     scale_caught_values_only += run_on(f8, &twice_values).passed ? 0 : 1;
@@ -289,8 +299,8 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
   // positions, attend) against the 113-bit reference, and its stored rows
   // against the reference encoding, over positions, bases and formats.
   Prng rng(20261130);
-  const scenarios::Format formats[] = {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
-                                       scenarios::Format::kFp8};
+  const scenarios::Format formats[] = {scenarios::Format::kF64, scenarios::Format::kF32,
+                                       scenarios::Format::kBf16, scenarios::Format::kFp8};
   int cases = 0, float_angles_caught = 0, float_angle_cases = 0;
   double rope_tol_at_max = 0;
   for (int c = 0; c < 240; ++c) {
@@ -299,7 +309,9 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     const std::int64_t keys = 1 + static_cast<std::int64_t>(rng.next() % 6);
     const double log2p = c < 8 ? 40.0 : static_cast<double>(rng.next() % 4001) / 100.0;  // 2^0 .. 2^40
     const auto p = std::max<std::int64_t>(keys - 1, static_cast<std::int64_t>(std::exp2(log2p)));
-    const double base = c % 16 == 5 ? 1e-300 : (c % 16 == 6 ? 1e300 : std::pow(10.0, static_cast<double>(rng.next() % 41) - 20.0));
+    const double base =
+        c % 16 == 5 ? 1e-300
+                    : (c % 16 == 6 ? 1e300 : std::pow(10.0, static_cast<double>(rng.next() % 41) - 20.0));
     impl::PoolSpec ps;
     ps.states = 1;
     ps.ring_rows = ps.window_keys = keys;
@@ -312,7 +324,8 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     impl::cpu::CpuBackend cpu;
     REQUIRE(cpu.configure(ps).ok());
     std::vector<double> k, v, q;
-    for (std::int64_t i = 0; i < keys * d; ++i) k.push_back(rng.signed_unit()), v.push_back(rng.signed_unit());
+    for (std::int64_t i = 0; i < keys * d; ++i)
+      k.push_back(rng.signed_unit()), v.push_back(rng.signed_unit());
     for (std::int32_t i = 0; i < d; ++i) q.push_back(rng.signed_unit());
     std::vector<std::int64_t> slots, pos;
     std::vector<impl::Tag> tags;
@@ -325,7 +338,8 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     REQUIRE(cpu.store(slots, pos, k.data(), v.data(), tags, &report).ok());
     std::vector<double> out(static_cast<std::size_t>(d));
     const std::vector<std::int64_t> qpos{p};
-    REQUIRE(cpu.attend(impl::KvSource::kPool, qpos, q.data(), slots, keys, out.data(), nullptr, nullptr).ok());
+    REQUIRE(
+        cpu.attend(impl::KvSource::kPool, qpos, q.data(), slots, keys, out.data(), nullptr, nullptr).ok());
 
     // The reference: exact rotation, reference encoding, 113-bit attention.
     const model::Rope rope{model::RopeStyle::kNeox, d, base};
@@ -339,8 +353,10 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     double vmax = 0;
     const std::int64_t bytes = impl::format_row_bytes(ps.format, d);
     for (std::size_t j = 0; j < rows.size(); ++j) {
-      model::Row<model::Real> exact_k(k.begin() + static_cast<std::ptrdiff_t>(j) * d, k.begin() + static_cast<std::ptrdiff_t>(j + 1) * d);
-      model::Row<model::Real> exact_v(v.begin() + static_cast<std::ptrdiff_t>(j) * d, v.begin() + static_cast<std::ptrdiff_t>(j + 1) * d);
+      model::Row<model::Real> exact_k(k.begin() + static_cast<std::ptrdiff_t>(j) * d,
+                                      k.begin() + static_cast<std::ptrdiff_t>(j + 1) * d);
+      model::Row<model::Real> exact_v(v.begin() + static_cast<std::ptrdiff_t>(j) * d,
+                                      v.begin() + static_cast<std::ptrdiff_t>(j + 1) * d);
       model::rope_rotate(exact_k, pos[j], rope);
       kenc[j] = model::encode_row(enc, exact_k);
       venc[j] = model::encode_row(enc, exact_v);
@@ -357,13 +373,16 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
       REQUIRE(cpu.read_row(static_cast<std::int64_t>(j), kd.data(), vd.data()).ok());
       INFO("p " << p << " base " << base << " format " << static_cast<int>(format) << " d " << d);
       CHECK(check_stored_row(enc, exact_k, kdev[j], kenc[j], kd.data(), kb.data()) == "");
-      CHECK(check_stored_row(enc, exact_v, std::vector<double>(static_cast<std::size_t>(d), 0.0), venc[j], vd.data(), vb.data()) == "");
+      CHECK(check_stored_row(enc, exact_v, std::vector<double>(static_cast<std::size_t>(d), 0.0), venc[j],
+                             vd.data(), vb.data()) == "");
       // The other direction: a float32 angle table, f64 rows, past 2^10.
       if (format == scenarios::Format::kF64 && p >= 1024 && d >= 8 && base >= 10 && base <= 1e6) {
         std::vector<double> bad(k.begin(), k.begin() + d);
-        rotate(Flaw::kF32AngleTable, scenarios::Rope{scenarios::RopeStyle::kNeox, d, base}, pos[j], bad.data());
+        rotate(Flaw::kF32AngleTable, scenarios::Rope{scenarios::RopeStyle::kNeox, d, base}, pos[j],
+               bad.data());
         ++float_angle_cases;
-        float_angles_caught += check_stored_row(enc, exact_k, kdev[j], kenc[j], bad.data(), nullptr).empty() ? 0 : 1;
+        float_angles_caught +=
+            check_stored_row(enc, exact_k, kdev[j], kenc[j], bad.data(), nullptr).empty() ? 0 : 1;
       }
     }
     model::Row<model::Real> exact_q(q.begin(), q.end());
@@ -374,12 +393,14 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
         query_tolerance(exact_q, bounds, heads, 1.0 / std::sqrt(static_cast<double>(d)), p, rope, u, vmax);
     double diff = 0;
     for (std::int32_t e = 0; e < d; ++e) {
-      diff = std::max(diff, std::fabs(out[static_cast<std::size_t>(e)] - model::to_double(ref[static_cast<std::size_t>(e)])));
+      diff = std::max(diff, std::fabs(out[static_cast<std::size_t>(e)] -
+                                      model::to_double(ref[static_cast<std::size_t>(e)])));
     }
-    INFO("p " << p << " base " << base << " format " << static_cast<int>(format) << " d " << d << " diff " << diff
-              << " tol " << tol.total() << " rope " << tol.rope);
+    INFO("p " << p << " base " << base << " format " << static_cast<int>(format) << " d " << d << " diff "
+              << diff << " tol " << tol.total() << " rope " << tol.rope);
     CHECK(diff <= tol.total());
-    if (p == std::int64_t{1} << 40 && format == scenarios::Format::kF64) rope_tol_at_max = std::max(rope_tol_at_max, tol.rope);
+    if (p == std::int64_t{1} << 40 && format == scenarios::Format::kF64)
+      rope_tol_at_max = std::max(rope_tol_at_max, tol.rope);
     ++cases;
   }
   CHECK(cases == 240);
@@ -401,9 +422,11 @@ TEST_CASE("Numerics: the model's encoder and the CPU cache's agree byte for byte
     std::vector<double> x;
     for (std::int64_t i = 0; i < n; ++i) {
       const double grid = std::ldexp(std::round(rng.signed_unit() * 4096.0), exponent - 12);
-      x.push_back(c % 2 == 0 ? grid : std::ldexp(rng.signed_unit(), exponent + static_cast<int>(rng.next() % 9) - 4));
+      x.push_back(
+          c % 2 == 0 ? grid : std::ldexp(rng.signed_unit(), exponent + static_cast<int>(rng.next() % 9) - 4));
     }
-    for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+    for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
+                   scenarios::Format::kFp8}) {
       const model::Encoding enc = static_cast<model::Encoding>(static_cast<int>(f));
       std::vector<std::uint8_t> theirs(static_cast<std::size_t>(impl::format_row_bytes(impl_of(f), n)));
       impl::encode_row(impl_of(f), x.data(), n, theirs.data());
@@ -431,7 +454,8 @@ TEST_CASE("Numerics: value profiles reach what breaks softmax and fp8 and replay
   auto plain = sc;
   plain.data.profile = scenarios::ValueProfile::kUniform;
   CHECK(run_on(plain, &no_shift).passed);  // small logits: the missing shift goes unseen
-  for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+  for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
+                 scenarios::Format::kFp8}) {
     sc.cache.format = f;
     const auto cpu = run_on(sc, nullptr);
     INFO(cpu.first_failure);

@@ -12,8 +12,8 @@ using namespace kvcheck::properties;
 namespace {
 
 scenarios::Scenario bundled(const std::string& name) {
-  return scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" /
-                                       "fast" / (name + ".json"));
+  return scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
+                                       (name + ".json"));
 }
 
 std::vector<std::int64_t> counts(const StepObservation& step) {
@@ -50,8 +50,7 @@ scenarios::Scenario two_steps(std::int64_t window, std::int64_t ring, std::int64
 }  // namespace
 
 TEST_CASE("Runner: every bundled scenario replays and passes on the CPU backend") {
-  const auto files = scenarios::collect_scenario_files(
-      {std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast"});
+  const auto files = scenarios::collect_scenario_files({std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast"});
   REQUIRE(files.size() >= 12);
   for (const auto& f : files) {
     INFO(f.string());
@@ -104,8 +103,8 @@ TEST_CASE("Runner: a scenario without expectations fails when a ring loses a vis
 TEST_CASE("Runner: outputs of every format are judged against the dequantized reference") {
   scenarios::Step decode;
   decode.kind = scenarios::StepKind::kDecode;
-  for (const auto format : {scenarios::Format::kF64, scenarios::Format::kF32,
-                            scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+  for (const auto format : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
+                            scenarios::Format::kFp8}) {
     auto sc = two_steps(5, 7, 9, decode);
     sc.cache.format = format;
     sc.cache.q_heads = 4;
@@ -143,12 +142,13 @@ TEST_CASE("Runner: ring contents after each step are recorded for the pictures")
   CHECK(ring[205 % 128] == 205);
 }
 
-TEST_CASE("Runner: the fast attention path (head_dim 128, GQA group 4) matches the reference in every format") {
+TEST_CASE(
+    "Runner: the fast attention path (head_dim 128, GQA group 4) matches the reference in every format") {
   scenarios::Step verify;
   verify.kind = scenarios::StepKind::kVerify;
   verify.drafts = 3;
-  for (const auto format : {scenarios::Format::kF64, scenarios::Format::kF32,
-                            scenarios::Format::kBf16, scenarios::Format::kFp8}) {
+  for (const auto format : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
+                            scenarios::Format::kFp8}) {
     for (const bool sink : {false, true}) {
       auto sc = two_steps(40, 43, 90, verify);
       scenarios::Step accept;

@@ -1,9 +1,9 @@
 // write_output_set: one set or nothing, never two runs mixed, no stale file
 // left looking current, no temporary file left behind.
-#include <catch2/catch.hpp>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <csignal>
 #include <filesystem>
@@ -65,7 +65,8 @@ std::vector<OutputFile> set_of(const fs::path& dir, const std::string& tag, std:
 TEST_CASE("OutputSet: every file of the set is written whole and nothing else is left", "[reports]") {
   TempDir d;
   write_output_set(set_of(d.path, "a", 10));
-  REQUIRE(listing(d.path) == std::vector<std::string>{"junit.xml", "report.html", "report.json", "report.txt"});
+  REQUIRE(listing(d.path) ==
+          std::vector<std::string>{"junit.xml", "report.html", "report.json", "report.txt"});
   REQUIRE(slurp(d.path / "report.json") == "a:report.json:xxxxxxxxxx");
   write_output_set(set_of(d.path, "b", 3));
   REQUIRE(slurp(d.path / "junit.xml") == "b:junit.xml:xxx");

@@ -68,8 +68,10 @@ RunObservation verify_run(std::int64_t ring_rows, std::int64_t p, std::int64_t s
   step.first_position = p;
   const std::int64_t last = p + 5;
   step.ring_positions.assign(static_cast<std::size_t>(ring_rows), -1);
-  for (std::int64_t pos = 0; pos <= last; ++pos) step.ring_positions[static_cast<std::size_t>(pos % ring_rows)] = pos;
-  for (std::int64_t pos = p; pos <= last; ++pos) step.written_slots.push_back(state * ring_rows + pos % ring_rows);
+  for (std::int64_t pos = 0; pos <= last; ++pos)
+    step.ring_positions[static_cast<std::size_t>(pos % ring_rows)] = pos;
+  for (std::int64_t pos = p; pos <= last; ++pos)
+    step.written_slots.push_back(state * ring_rows + pos % ring_rows);
 
   for (std::int64_t k = 0; k < 6; ++k) {
     QueryObservation q;
@@ -103,7 +105,8 @@ RunObservation verify_run(std::int64_t ring_rows, std::int64_t p, std::int64_t s
   prefill.state = state;
   prefill.first_position = 0;
   prefill.ring_positions.assign(static_cast<std::size_t>(ring_rows), -1);
-  for (std::int64_t pos = 0; pos < p; ++pos) prefill.ring_positions[static_cast<std::size_t>(pos % ring_rows)] = pos;
+  for (std::int64_t pos = 0; pos < p; ++pos)
+    prefill.ring_positions[static_cast<std::size_t>(pos % ring_rows)] = pos;
 
   run.steps.push_back(std::move(prefill));
   run.steps.push_back(std::move(step));
@@ -124,7 +127,9 @@ Report verify_report() {
 
 std::size_t count(const std::string& text, const std::string& needle) {
   std::size_t n = 0;
-  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
+  for (std::size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + needle.size()))
+    ++n;
   return n;
 }
 
@@ -140,7 +145,8 @@ std::string xml_problem(const std::string& xml) {
       const std::size_t semi = xml.find(';', i);
       if (semi == std::string::npos) return "bare &";
       const std::string entity = xml.substr(i, semi - i + 1);
-      if (entity != "&amp;" && entity != "&lt;" && entity != "&gt;" && entity != "&quot;" && entity != "&apos;") {
+      if (entity != "&amp;" && entity != "&lt;" && entity != "&gt;" && entity != "&quot;" &&
+          entity != "&apos;") {
         return "unknown entity " + entity;
       }
       i = semi + 1;
@@ -268,7 +274,8 @@ TEST_CASE("JSON report: self-describing, carries every observed field, byte-iden
   REQUIRE(q.at("output").at("abs_diff").get<double>() == report.runs[0].steps[1].queries[0].abs_diff);
   REQUIRE(q.at("output").at("rel_diff").get<double>() == report.runs[0].steps[1].queries[0].rel_diff);
   REQUIRE(q.at("output").at("eps_units").get<double>() == report.runs[0].steps[1].queries[0].eps_units);
-  REQUIRE(q.at("output").at("quant_abs_diff").get<double>() == report.runs[0].steps[1].queries[0].quant_abs_diff);
+  REQUIRE(q.at("output").at("quant_abs_diff").get<double>() ==
+          report.runs[0].steps[1].queries[0].quant_abs_diff);
   REQUIRE(q.at("output").at("tolerance") == 0.0625);
 
   REQUIRE(text.find("time") == std::string::npos);
@@ -281,7 +288,8 @@ TEST_CASE("JSON report: non-finite output differences become null; collisions by
   step.queries[2].abs_diff = std::numeric_limits<double>::quiet_NaN();
   step.collisions = {2, 1, 3};
   step.queries[1].extra.push_back(ReadTag{500, 9, 3, 11});
-  report.check = kvcheck::reports::CheckSummary{10, 1, {{"ring wrap", 4, 2}}, "cx.json", "kvcheck replay cx.json", 99};
+  report.check =
+      kvcheck::reports::CheckSummary{10, 1, {{"ring wrap", 4, 2}}, "cx.json", "kvcheck replay cx.json", 99};
   const auto j = nlohmann::json::parse(kvcheck::reports::report_json_text(report));
   const auto& s = j.at("runs").at(0).at("steps").at(1);
   REQUIRE(s.at("queries").at(2).at("output").at("abs_diff").is_null());
@@ -342,7 +350,8 @@ TEST_CASE("JUnit report: well-formed, escaped, one testcase per run, failure cou
   REQUIRE(xml.find("<testsuite name=\"kvcheck.cpu.none\" tests=\"3\" failures=\"2\"") != std::string::npos);
   REQUIRE(count(xml, "<testcase ") == 3);
   REQUIRE(count(xml, "<failure ") == 2);
-  REQUIRE(xml.find("name=\"verify &lt;S=128&gt; &amp; &quot;friends&quot; &apos;x&apos;\"") != std::string::npos);
+  REQUIRE(xml.find("name=\"verify &lt;S=128&gt; &amp; &quot;friends&quot; &apos;x&apos;\"") !=
+          std::string::npos);
   REQUIRE(xml.find("message=\"lost rows &lt;5&gt; &amp; more\"") != std::string::npos);
   REQUIRE(xml.find('\x01') == std::string::npos);
   REQUIRE(xml.find("[5,4,3,2,1,0]") != std::string::npos);

@@ -32,8 +32,8 @@ properties::CaseTally tally_of(std::int64_t index, std::int64_t count, std::int6
 
 reports::ShardResult shard(std::int64_t index, std::int64_t count, const reports::CheckShardOptions& o,
                            const properties::CaseTally& t) {
-  return reports::parse_shard(reports::shard_text("check", "0.1.0", index, count, reports::check_options_json(o),
-                                                  reports::tally_json(t)),
+  return reports::parse_shard(reports::shard_text("check", "0.1.0", index, count,
+                                                  reports::check_options_json(o), reports::tally_json(t)),
                               "dir" + std::to_string(index) + "/shard.json");
 }
 
@@ -66,16 +66,26 @@ TEST_CASE("Shard: a check shard's options and tally round-trip through its docum
 TEST_CASE("Shard: missing, duplicated and mismatched shards are refused naming the shard") {
   const auto o = some_options();
   std::string what;
-  CHECK(error_id([&] { reports::order_shards({shard(0, 3, o, tally_of(0, 3, 10)), shard(2, 3, o, tally_of(2, 3, 10))}); },
-                 &what) == 700);
+  CHECK(error_id(
+            [&] {
+              reports::order_shards({shard(0, 3, o, tally_of(0, 3, 10)), shard(2, 3, o, tally_of(2, 3, 10))});
+            },
+            &what) == 700);
   CHECK(what.find("at shard 1/3: missing") != std::string::npos);
-  CHECK(error_id([&] { reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))}); },
-                 &what) == 700);
+  CHECK(error_id(
+            [&] {
+              reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
+            },
+            &what) == 700);
   CHECK(what.find("given twice") != std::string::npos);
   auto other = o;
   other.seed = 8;
-  CHECK(error_id([&] { reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(1, 2, other, tally_of(1, 2, 10))}); },
-                 &what) == 700);
+  CHECK(error_id(
+            [&] {
+              reports::order_shards(
+                  {shard(0, 2, o, tally_of(0, 2, 10)), shard(1, 2, other, tally_of(1, 2, 10))});
+            },
+            &what) == 700);
   CHECK(what.find("dir1/shard.json: options.seed is 8") != std::string::npos);
   const auto ordered =
       reports::order_shards({shard(1, 2, o, tally_of(1, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});

@@ -6,14 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <rapidcheck.h>
+#include <rapidcheck/catch.h>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <rapidcheck.h>
-#include <rapidcheck/catch.h>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -94,7 +94,9 @@ const char* const kBase = R"({
   "expect": {"overwritten": [{"step": 2, "counts": [0, 0, 0]}], "collisions": 0, "output_tolerance": 1e-6}
 })";
 
-json base() { return json::parse(kBase); }
+json base() {
+  return json::parse(kBase);
+}
 
 }  // namespace
 
@@ -186,7 +188,9 @@ struct BadCase {
   const char* where;
 };
 
-json& at(json& j, const char* pointer) { return j[json::json_pointer(pointer)]; }
+json& at(json& j, const char* pointer) {
+  return j[json::json_pointer(pointer)];
+}
 
 std::function<void(json&)> set(const char* pointer, json value) {
   return [pointer, value](json& j) { at(j, pointer) = value; };
@@ -413,12 +417,16 @@ TEST_CASE("Scenarios: malformed text fails with syntax or non-finite errors") {
       {"trailing garbage", b + "x", ErrorId::kJsonSyntax, ""},
       {"NaN literal", replace("\"k\": [1, 2]", "\"k\": [NaN, 2]"), ErrorId::kJsonSyntax, ""},
       {"Infinity literal", replace("\"k\": [1, 2]", "\"k\": [1, Infinity]"), ErrorId::kJsonSyntax, ""},
-      {"1e999 in a row", replace("\"k\": [1, 2]", "\"k\": [1e999, 2]"), ErrorId::kNonFinite, "data.rows[0].k[0]"},
+      {"1e999 in a row", replace("\"k\": [1, 2]", "\"k\": [1e999, 2]"), ErrorId::kNonFinite,
+       "data.rows[0].k[0]"},
       {"-1e999 tolerance", replace("1e-6", "-1e999"), ErrorId::kNonFinite, "expect.output_tolerance"},
-      {"integer beyond uint64", replace("\"seed\": 1", "\"seed\": 184467440737095516160"), ErrorId::kSize, "data.seed"},
-      {"duplicate key", replace("\"window\": 4", "\"window\": 4, \"window\": 5"), ErrorId::kJsonSyntax, "cache.window"},
+      {"integer beyond uint64", replace("\"seed\": 1", "\"seed\": 184467440737095516160"), ErrorId::kSize,
+       "data.seed"},
+      {"duplicate key", replace("\"window\": 4", "\"window\": 4, \"window\": 5"), ErrorId::kJsonSyntax,
+       "cache.window"},
       {"comment", replace("\"cache\"", "/* c */ \"cache\""), ErrorId::kJsonSyntax, ""},
-      {"deep nesting", replace("\"test base\"", std::string(40, '[') + std::string(40, ']')), ErrorId::kJsonSyntax, ""},
+      {"deep nesting", replace("\"test base\"", std::string(40, '[') + std::string(40, ']')),
+       ErrorId::kJsonSyntax, ""},
       {"invalid UTF-8", replace("test base", "\xff\xfe"), ErrorId::kJsonSyntax, ""},
   };
   for (const TextCase& c : cases) {
@@ -454,7 +462,8 @@ TEST_CASE("Scenarios: truncated JSON fails with a syntax error at every cut poin
 
 TEST_CASE("Scenarios: defaults fill omitted cache fields and canonical save writes them all") {
   const Scenario s = parse_scenario(R"({"schema_version": 1, "name": "min", "description": "",
-      "cache": {"window": 3, "ring_rows": 5}, "requests": [], "steps": []})", "");
+      "cache": {"window": 3, "ring_rows": 5}, "requests": [], "steps": []})",
+                                    "");
   CHECK(s.cache.states == 1);
   CHECK(s.cache.head_dim == 4);
   CHECK(s.cache.convention == Convention::kKeys);
@@ -462,9 +471,9 @@ TEST_CASE("Scenarios: defaults fill omitted cache fields and canonical save writ
   CHECK_FALSE(s.cache.softmax_scale);
   CHECK_FALSE(s.expect);
   const std::string text = save_scenario(s);
-  for (const char* key : {"\"window_convention\": \"keys\"", "\"softmax_scale\": null",
-                          "\"sink_logit\": null", "\"data\": {\"seed\": 0, \"rows\": []}",
-                          "\"expect\": null", "\"base\": 10000.0"}) {
+  for (const char* key :
+       {"\"window_convention\": \"keys\"", "\"softmax_scale\": null", "\"sink_logit\": null",
+        "\"data\": {\"seed\": 0, \"rows\": []}", "\"expect\": null", "\"base\": 10000.0"}) {
     CHECK(text.find(key) != std::string::npos);
   }
   CHECK(parse_scenario(text, "") == s);
@@ -498,7 +507,8 @@ TEST_CASE("Scenarios: explicit rows for one step round-trip and stand beside uns
   CHECK(s.data.rows[3].step == 5);
   CHECK(s.data.rows[4].step == 0);
   const std::string saved = save_scenario(s);
-  CHECK(saved.find(R"({"layer": 0, "request": 0, "position": 3, "step": 1, "k": [1.0, 2.0], )") != std::string::npos);
+  CHECK(saved.find(R"({"layer": 0, "request": 0, "position": 3, "step": 1, "k": [1.0, 2.0], )") !=
+        std::string::npos);
   CHECK(saved.find(R"({"layer": 0, "request": 0, "position": 3, "k": [0.5, 0.25], )") != std::string::npos);
   CHECK(parse_scenario(saved, "") == s);
   CHECK(save_scenario(parse_scenario(saved, "")) == saved);
@@ -508,8 +518,10 @@ TEST_CASE("Scenarios: explicit rows for one step round-trip and stand beside uns
   REQUIRE(b.data.rows.size() == 1);
   CHECK_FALSE(b.data.rows[0].step);
   const std::string base_text = save_scenario(b);
-  CHECK(base_text.find(R"({"layer": 0, "request": 0, "position": 1, "k": [1.0, 2.0], "v": [3.0, 4.0], "q": [1.0, 2.0, 3.0, 4.0]})") !=
-        std::string::npos);
+  CHECK(
+      base_text.find(
+          R"({"layer": 0, "request": 0, "position": 1, "k": [1.0, 2.0], "v": [3.0, 4.0], "q": [1.0, 2.0, 3.0, 4.0]})") !=
+      std::string::npos);
   CHECK(base_text.find("\"step\": 0") == std::string::npos);
 
   // A step set in code is validated and saved like a parsed one.
@@ -616,15 +628,15 @@ rc::Gen<double> gen_real() {
   return rc::gen::oneOf(
       rc::gen::suchThat(rc::gen::arbitrary<double>(),
                         [](double x) { return std::isfinite(x) && std::fabs(x) <= kMaxMagnitude; }),
-      rc::gen::element(0.0, -0.0, 1.0, -1.5, 0.1, 1e-6, 5e-324, 2.2250738585072014e-308, 1e18,
-                       -1e18, 123456789.0, 0.30000000000000004),
+      rc::gen::element(0.0, -0.0, 1.0, -1.5, 0.1, 1e-6, 5e-324, 2.2250738585072014e-308, 1e18, -1e18,
+                       123456789.0, 0.30000000000000004),
       rc::gen::map(rc::gen::inRange(-1000, 1000), [](int i) { return i / 8.0; }));
 }
 
 std::string gen_text(bool allow_control) {
   // Printable ASCII including quotes and backslashes, some multi-byte UTF-8.
-  static const std::vector<std::string> pieces = {"a", "Z", "0", "-", " ", "\"", "\\", "/", "§",
-                                                  "é", "→", "𝛼", "{", "]"};
+  static const std::vector<std::string> pieces = {"a", "Z", "0", "-", " ", "\"", "\\",
+                                                  "/", "§", "é", "→", "𝛼", "{",  "]"};
   const auto n = *rc::gen::inRange(allow_control ? 0 : 1, 12);
   std::string out;
   for (int i = 0; i < n; ++i) {
@@ -652,20 +664,22 @@ Scenario gen_scenario() {
   c.head_dim = *rc::gen::inRange(1, 9);
   c.shared_row = c.kv_heads == 1 && *rc::gen::arbitrary<bool>();
   c.format = *rc::gen::element(Format::kF64, Format::kF32, Format::kBf16, Format::kFp8);
-  c.rope.style = c.head_dim >= 2 ? *rc::gen::element(RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved)
-                                 : RopeStyle::kNone;
+  c.rope.style = c.head_dim >= 2
+                     ? *rc::gen::element(RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved)
+                     : RopeStyle::kNone;
   c.rope.rotary_dims = c.rope.style == RopeStyle::kNone ? 0 : 2 * *rc::gen::inRange(1, c.head_dim / 2 + 1);
   c.rope.base = *rc::gen::suchThat(gen_real(), [](double x) { return x > 0; });
   c.layers = *rc::gen::inRange(1, 4);
-  if (*rc::gen::arbitrary<bool>()) c.softmax_scale = *rc::gen::suchThat(gen_real(), [](double x) { return x > 0; });
+  if (*rc::gen::arbitrary<bool>())
+    c.softmax_scale = *rc::gen::suchThat(gen_real(), [](double x) { return x > 0; });
   if (*rc::gen::arbitrary<bool>()) c.sink_logit = *gen_real();
   s.data.seed = *rc::gen::arbitrary<std::uint64_t>();
 
   // Requests on random states; the schedule only starts one whose state is free.
   const int n_requests = *rc::gen::inRange(0, 5);
   for (int i = 0; i < n_requests; ++i) {
-    s.requests.push_back({*rc::gen::inRange<std::int64_t>(0, 1000) * 8 + i,
-                          *rc::gen::inRange<std::int64_t>(0, c.states)});
+    s.requests.push_back(
+        {*rc::gen::inRange<std::int64_t>(0, 1000) * 8 + i, *rc::gen::inRange<std::int64_t>(0, c.states)});
   }
   struct Live {
     int phase = 0;  // 0 idle, 1 active, 2 finished
@@ -713,8 +727,14 @@ Scenario gen_scenario() {
         l.length += 1 + step.accepted;
         l.verify_drafts.reset();
         break;
-      case StepKind::kFinish: l.phase = 2; l.verify_drafts.reset(); break;
-      case StepKind::kReset: l.length = 0; l.verify_drafts.reset(); break;
+      case StepKind::kFinish:
+        l.phase = 2;
+        l.verify_drafts.reset();
+        break;
+      case StepKind::kReset:
+        l.length = 0;
+        l.verify_drafts.reset();
+        break;
     }
     l.written_end = std::max(l.written_end, first_position.back() + step_rows(step));
     s.steps.push_back(step);
@@ -731,7 +751,8 @@ Scenario gen_scenario() {
       const auto kv = static_cast<std::size_t>(c.kv_heads * c.head_dim);
       row.k = *rc::gen::container<std::vector<double>>(kv, gen_real());
       if (!c.shared_row) row.v = *rc::gen::container<std::vector<double>>(kv, gen_real());
-      row.q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(c.q_heads * c.head_dim), gen_real());
+      row.q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(c.q_heads * c.head_dim),
+                                                       gen_real());
       s.data.rows.push_back(std::move(row));
     }
   }
@@ -748,7 +769,8 @@ Scenario gen_scenario() {
       const auto kv = static_cast<std::size_t>(c.kv_heads * c.head_dim);
       row.k = *rc::gen::container<std::vector<double>>(kv, gen_real());
       if (!c.shared_row) row.v = *rc::gen::container<std::vector<double>>(kv, gen_real());
-      row.q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(c.q_heads * c.head_dim), gen_real());
+      row.q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(c.q_heads * c.head_dim),
+                                                       gen_real());
       s.data.rows.push_back(std::move(row));
     }
   }

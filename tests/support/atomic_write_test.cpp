@@ -14,7 +14,8 @@
 
 TEST_CASE("write_file_atomic: replaces the file, and on failure keeps the old one and leaves no temp") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("kvcheck_atomic_write_test_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvcheck_atomic_write_test_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const auto read = [](const fs::path& p) {

@@ -3,10 +3,10 @@
 // engine), the worst-case argument of sweep/sweep.hpp against
 // randomized schedules through the full runner, phase invariance,
 // monotonicity, counterexample replay, formula and range errors, determinism.
-#include <catch2/catch.hpp>
 #include <rapidcheck.h>
 #include <rapidcheck/catch.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -15,12 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "properties/runner.hpp"
-#include "sweep/formula.hpp"
-#include "sweep/sweep.hpp"
-#include "sweep/sweep_output.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 #include "support/prng.hpp"
+#include "sweep/formula.hpp"
+#include "sweep/sweep.hpp"
+#include "sweep/sweep_output.hpp"
 
 using namespace kvcheck;
 using namespace kvcheck::sweep;
@@ -98,11 +98,12 @@ TEST_CASE("Sweep: W=128 k=0 C=64 needs 128 load-then-store and 191 store-then-lo
   o.out_dir = temp_dir("acceptance-chunk");
   const auto lts = sweep_rows(one(128, 0, 64, SweepOrder::kLoadThenStore), o)["rows"][0];
   const auto stl = sweep_rows(one(128, 0, 64, SweepOrder::kStoreThenLoad), o)["rows"][0];
-  std::printf("acceptance: W=128 k=0 C=64: load-then-store %lld (at 127: %s), store-then-load %lld (at 190: %s)\n",
-              static_cast<long long>(lts["min_safe_ring"].get<std::int64_t>()),
-              lts["below"]["hazard"].get<std::string>().c_str(),
-              static_cast<long long>(stl["min_safe_ring"].get<std::int64_t>()),
-              stl["below"]["hazard"].get<std::string>().c_str());
+  std::printf(
+      "acceptance: W=128 k=0 C=64: load-then-store %lld (at 127: %s), store-then-load %lld (at 190: %s)\n",
+      static_cast<long long>(lts["min_safe_ring"].get<std::int64_t>()),
+      lts["below"]["hazard"].get<std::string>().c_str(),
+      static_cast<long long>(stl["min_safe_ring"].get<std::int64_t>()),
+      stl["below"]["hazard"].get<std::string>().c_str());
   CHECK(lts["min_safe_ring"] == 128);
   CHECK(stl["min_safe_ring"] == 191);
   CHECK(stl["below"]["hazard"] == "prefill(64, store_then_load)");
@@ -321,7 +322,8 @@ scenarios::Scenario random_schedule(const SweepConfig& cfg, std::int64_t ring, s
 
 }  // namespace
 
-TEST_CASE("Sweep: randomized schedules at the reported minimum never lose a row (the probes are worst cases)") {
+TEST_CASE(
+    "Sweep: randomized schedules at the reported minimum never lose a row (the probes are worst cases)") {
   rc::prop("random interleavings of decode, verify+accept, prefill <= C, finish, reset at S_min pass", [] {
     const std::int64_t w = *rc::gen::inRange<std::int64_t>(1, 11);
     const std::int64_t k = *rc::gen::inRange<std::int64_t>(0, 5);
@@ -358,7 +360,8 @@ TEST_CASE("Sweep: the tag engine's per-query counts equal the reference runner's
     const auto seed = *rc::gen::arbitrary<std::uint64_t>();
     const SweepConfig cfg{w, k, c, stl ? SweepOrder::kStoreThenLoad : SweepOrder::kLoadThenStore};
     const std::int64_t s_min = simulated_min(cfg);
-    const std::int64_t ring = *rc::gen::inRange<std::int64_t>(std::max<std::int64_t>(1, s_min - 4), s_min + 2);
+    const std::int64_t ring =
+        *rc::gen::inRange<std::int64_t>(std::max<std::int64_t>(1, s_min - 4), s_min + 2);
     // One request, no finish or reset: the shape run_schedule drives.
     scenarios::Scenario sc = random_schedule(cfg, ring, seed);
     sc.cache.states = 1;
@@ -378,8 +381,9 @@ TEST_CASE("Sweep: the tag engine's per-query counts equal the reference runner's
       st.request = 0;
       steps.push_back(st);
       probe_steps.push_back(ProbeStep{st.kind, st.rows,
-                                      st.order == scenarios::Order::kStoreThenLoad ? SweepOrder::kStoreThenLoad
-                                                                                   : SweepOrder::kLoadThenStore,
+                                      st.order == scenarios::Order::kStoreThenLoad
+                                          ? SweepOrder::kStoreThenLoad
+                                          : SweepOrder::kLoadThenStore,
                                       st.drafts, st.accepted});
     }
     sc.steps = steps;
@@ -469,7 +473,8 @@ TEST_CASE("Formula: bad expressions throw kUsage naming --formula and the column
   CHECK_THAT(error_of("max(W)"), Catch::Contains("expected ','"));
   CHECK_THAT(error_of("W % 2"), Catch::Contains("unexpected '%'"));
   CHECK_THAT(error_of("99999999999999999999"), Catch::Contains("too large"));
-  CHECK_THAT(error_of(std::string(200, '(') + "W" + std::string(200, ')')), Catch::Contains("nested too deeply"));
+  CHECK_THAT(error_of(std::string(200, '(') + "W" + std::string(200, ')')),
+             Catch::Contains("nested too deeply"));
   const Formula div = Formula::parse("W / (k - 1)");
   CHECK_THROWS_WITH(div.evaluate(4, 1, 1), Catch::Contains("division by zero") && Catch::Contains("k=1"));
   const Formula big = Formula::parse("W * 4611686018427387904");

@@ -26,8 +26,11 @@ TEST_CASE("CpuBackend: SPEC ring trace W = 128, S = 134 through metadata and ind
   struct Row {
     std::int64_t state, p, first, last, write;
   };
-  const Row rows[] = {{2, 127, 268, 395, 395}, {2, 128, 269, 396, 396}, {2, 133, 274, 401, 401},
-                      {2, 134, 275, 268, 268}, {3, 134, 409, 402, 402}};
+  const Row rows[] = {{2, 127, 268, 395, 395},
+                      {2, 128, 269, 396, 396},
+                      {2, 133, 274, 401, 401},
+                      {2, 134, 275, 268, 268},
+                      {3, 134, 409, 402, 402}};
   for (const auto& r : rows) {
     QueryRef q{r.state, r.p};
     ReadMeta m;
@@ -156,7 +159,9 @@ class FailingAttend final : public KvBackend {
     return cpu_.attend(src, p, q, i, w, out, rt, rs);
   }
   Tag slot_tag(std::int64_t slot) const override { return cpu_.slot_tag(slot); }
-  Status read_row(std::int64_t slot, double* k, double* v) const override { return cpu_.read_row(slot, k, v); }
+  Status read_row(std::int64_t slot, double* k, double* v) const override {
+    return cpu_.read_row(slot, k, v);
+  }
 
  private:
   cpu::CpuBackend cpu_;

@@ -50,8 +50,10 @@ TEST_CASE("element format: e4m3 decodes every code as the definition says") {
       CHECK(std::isnan(fp8_e4m3_decode(static_cast<std::uint8_t>(c))));
       continue;
     }
-    CHECK(fp8_e4m3_decode(static_cast<std::uint8_t>(c)) == static_cast<float>(vals[static_cast<std::size_t>(c)]));
-    CHECK(fp8_e4m3_decode(static_cast<std::uint8_t>(c | 0x80)) == -static_cast<float>(vals[static_cast<std::size_t>(c)]));
+    CHECK(fp8_e4m3_decode(static_cast<std::uint8_t>(c)) ==
+          static_cast<float>(vals[static_cast<std::size_t>(c)]));
+    CHECK(fp8_e4m3_decode(static_cast<std::uint8_t>(c | 0x80)) ==
+          -static_cast<float>(vals[static_cast<std::size_t>(c)]));
   }
   CHECK(fp8_e4m3_decode(kFp8MaxCode) == 448.0f);
 }
@@ -81,8 +83,8 @@ TEST_CASE("element format: e4m3 encode rounds to nearest even and saturates") {
 TEST_CASE("element format: bf16 from double is the nearest bf16, ties to even") {
   kvcheck::Prng prng(5);
   for (int i = 0; i < 20000; ++i) {
-    const double x = std::ldexp(prng.unit() + 0.5, static_cast<int>(prng.range(-140, 127))) *
-                     (prng.chance(1, 2) ? -1 : 1);
+    const double x =
+        std::ldexp(prng.unit() + 0.5, static_cast<int>(prng.range(-140, 127))) * (prng.chance(1, 2) ? -1 : 1);
     const std::uint16_t h = bf16_from_double(x);
     const double got = bf16_to_float(h);
     const double up = bf16_to_float(static_cast<std::uint16_t>(h + 1));
@@ -112,7 +114,8 @@ TEST_CASE("element format: fp8 rows pick the smallest power-of-two scale that fi
     fp8_decode_row(row.data(), n, y.data());
     for (std::int64_t b0 = 0; b0 < n; b0 += 32) {
       double amax = 0;
-      for (std::int64_t i = b0; i < std::min(n, b0 + 32); ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i)]));
+      for (std::int64_t i = b0; i < std::min(n, b0 + 32); ++i)
+        amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i)]));
       const int k = static_cast<int>(row[static_cast<std::size_t>(n + b0 / 32)]) - 127;
       if (amax > 0) {
         CHECK(amax / std::ldexp(1.0, k) <= 448.0);
@@ -150,7 +153,8 @@ TEST_CASE("element format: round trip is idempotent and within the format's epsi
     for (double v : x) amax = std::max(amax, std::fabs(v));
     for (std::size_t i = 0; i < x.size(); ++i) {
       // fp8 errors scale with the block's scale, not the element.
-      const double bound = f == ElementFormat::kFp8E4m3 ? std::ldexp(amax, -4) : std::fabs(x[i]) * format_epsilon(f);
+      const double bound =
+          f == ElementFormat::kFp8E4m3 ? std::ldexp(amax, -4) : std::fabs(x[i]) * format_epsilon(f);
       CHECK(std::fabs(y[i] - x[i]) <= bound);
     }
   }

@@ -122,8 +122,8 @@ TEST_CASE("LayerKvCache: the seed's rejected calls change neither length nor sto
   REQUIRE(cache->append(layer, input_row(m, 0), kShape, out) == LayerCacheError::kOk);
   REQUIRE(cache->append(layer, input_row(m, 1), kShape, out) == LayerCacheError::kOk);
   const auto x = input_row(m, 2);
-  auto refused = [&](const AttentionLayer& l, std::span<const double> in,
-                     std::span<const std::int64_t> shape, LayerCacheError want, const char* what) {
+  auto refused = [&](const AttentionLayer& l, std::span<const double> in, std::span<const std::int64_t> shape,
+                     LayerCacheError want, const char* what) {
     const Snapshot before = snap(*cache);
     std::vector<double> o(4, -7.0);
     const auto got = l.model_width() == 4 ? cache->append(l, in, shape, o)

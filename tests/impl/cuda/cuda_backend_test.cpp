@@ -129,7 +129,7 @@ struct AttendBound {
   std::int32_t head_dim;
   std::int64_t width;
   double scale;
-  double q, k, v;                    // largest magnitudes of query, key, value inputs
+  double q, k, v;                       // largest magnitudes of query, key, value inputs
   std::int64_t q_position, k_position;  // largest positions of queries and stored keys
 };
 
@@ -148,13 +148,12 @@ double attend_tolerance(const AttendBound& b) {
     ds = b.scale * qk * (0x1.0p-16 + 2.0 * (d + 2.0) * u);
   }
   const double weights = b.format == ElementFormat::kF64 ? 0.0 : 0x1.0p-16;
-  return 2.0 * ds * b.v + (2.0 * (static_cast<double>(b.width) + 4.0) * u + weights) * b.v +
-         1e-300;
+  return 2.0 * ds * b.v + (2.0 * (static_cast<double>(b.width) + 4.0) * u + weights) * b.v + 1e-300;
 }
 
 /// Stores the same rows into both backends and checks the reports agree.
-void store_both(Pair& p, const PoolSpec& spec, kvcheck::Prng& prng,
-                const std::vector<std::int64_t>& slots, std::uint64_t* seq) {
+void store_both(Pair& p, const PoolSpec& spec, kvcheck::Prng& prng, const std::vector<std::int64_t>& slots,
+                std::uint64_t* seq) {
   const auto n = static_cast<std::int64_t>(slots.size());
   const std::int64_t e = static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim;
   const auto k = random_rows(prng, n * e, 2.0);
@@ -184,7 +183,8 @@ void require_pools_equal(Pair& p, const PoolSpec& spec) {
     REQUIRE(p.cpu->read_row(slot, ka.data(), va.data()).ok());
     REQUIRE(p.cuda->read_row(slot, kb.data(), vb.data()).ok());
     for (std::size_t i = 0; i < ka.size(); ++i) {
-      const bool rotated = rope && static_cast<std::int32_t>(i % static_cast<std::size_t>(spec.head_dim)) < spec.rope_dims;
+      const bool rotated =
+          rope && static_cast<std::int32_t>(i % static_cast<std::size_t>(spec.head_dim)) < spec.rope_dims;
       INFO("element " << i << " cpu " << ka[i] << " / " << va[i] << " cuda " << kb[i] << " / " << vb[i]);
       REQUIRE(std::fabs(ka[i] - kb[i]) <= row_tolerance(spec.format, ka[i], rotated));
       // The shared-row layout has no value row: read_row returns the key row.
@@ -232,8 +232,7 @@ TEST_CASE("CudaBackend: metadata and index expansion equal the CPU backend's", "
   }
 }
 
-TEST_CASE("CudaBackend: stored rows and tags equal the CPU backend's in every format and layout",
-          "[cuda]") {
+TEST_CASE("CudaBackend: stored rows and tags equal the CPU backend's in every format and layout", "[cuda]") {
   for (const auto& l : kLayouts) {
     for (const auto f : kFormats) {
       for (std::int32_t hd : {1, 7, 32, 64}) {
@@ -250,8 +249,7 @@ TEST_CASE("CudaBackend: stored rows and tags equal the CPU backend's in every fo
   }
 }
 
-TEST_CASE("CudaBackend: a same-launch write-write collision is counted and the last row wins",
-          "[cuda]") {
+TEST_CASE("CudaBackend: a same-launch write-write collision is counted and the last row wins", "[cuda]") {
   const PoolSpec spec = make_spec(ElementFormat::kBf16, kLayouts[1], 16);
   Pair p(spec);
   kvcheck::Prng prng(5);
@@ -274,8 +272,9 @@ TEST_CASE("CudaBackend: a same-launch write-write collision is counted and the l
   REQUIRE(cpu_report.duplicate_slots == 2);
   require_pools_equal(p, spec);
   // A store without collisions right after reports none (counters were reset).
-  REQUIRE(p.cuda->store(std::span(slots.data() + 5, 1), std::span(positions.data(), 1), k.data(),
-                        v.data(), std::span(tags.data(), 1), &report)
+  REQUIRE(p.cuda
+              ->store(std::span(slots.data() + 5, 1), std::span(positions.data(), 1), k.data(), v.data(),
+                      std::span(tags.data(), 1), &report)
               .ok());
   REQUIRE(report.duplicate_slots == 0);
 }
@@ -285,8 +284,7 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
     for (const auto f : kFormats) {
       for (std::int32_t hd : {2, 7, 64, 96, 128, 200}) {
         for (const bool sink : {false, true}) {
-          INFO(l.name << " " << kvcheck::impl::format_name(f) << " head_dim " << hd << " sink "
-                      << sink);
+          INFO(l.name << " " << kvcheck::impl::format_name(f) << " head_dim " << hd << " sink " << sink);
           PoolSpec spec = make_spec(f, l, hd);
           spec.has_sink = sink;
           spec.sink_logit = 0.25;
@@ -297,13 +295,15 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
           for (std::int64_t s = 0; s < spec.states * spec.ring_rows; ++s) all.push_back(s);
           for (std::size_t first = 0; first < all.size(); first += 6) {
             const std::size_t count = std::min<std::size_t>(6, all.size() - first);
-            store_both(p, spec, prng, std::vector<std::int64_t>(all.begin() + first, all.begin() + first + count), &seq);
+            store_both(p, spec, prng,
+                       std::vector<std::int64_t>(all.begin() + first, all.begin() + first + count), &seq);
           }
           // Pool attention: 5 queries, width 9 with -1 padding and a repeat.
           const std::int64_t n = 5, width = 9;
           std::vector<std::int64_t> index(n * width, -1);
           for (std::int64_t i = 0; i < n; ++i) {
-            for (std::int64_t c = 0; c < i + 3; ++c) index[i * width + c] = prng.range(0, spec.states * spec.ring_rows - 1);
+            for (std::int64_t c = 0; c < i + 3; ++c)
+              index[i * width + c] = prng.range(0, spec.states * spec.ring_rows - 1);
           }
           index[0] = index[1];
           const auto q = random_rows(prng, n * spec.q_heads * hd, 1.5);
@@ -327,14 +327,23 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
             std::vector<double> oa(static_cast<std::size_t>(n * spec.q_heads * hd)), ob(oa.size());
             std::vector<Tag> ta(index.size()), tb(index.size());
             std::vector<std::int64_t> ra(index.size()), rb(index.size());
-            REQUIRE(p.cpu->attend(source, positions, q.data(), index, width, oa.data(), ta.data(), ra.data()).ok());
-            const auto st = p.cuda->attend(source, positions, q.data(), index, width, ob.data(), tb.data(), rb.data());
+            REQUIRE(p.cpu->attend(source, positions, q.data(), index, width, oa.data(), ta.data(), ra.data())
+                        .ok());
+            const auto st =
+                p.cuda->attend(source, positions, q.data(), index, width, ob.data(), tb.data(), rb.data());
             INFO(st.detail);
             REQUIRE(st.ok());
             REQUIRE(ta == tb);
             REQUIRE(ra == rb);
-            AttendBound bound{f, hd, width, 1.0 / std::sqrt(static_cast<double>(hd)), 1.5,
-                              kRowMagnitude, kRowMagnitude, 1000, kMaxStorePosition};
+            AttendBound bound{f,
+                              hd,
+                              width,
+                              1.0 / std::sqrt(static_cast<double>(hd)),
+                              1.5,
+                              kRowMagnitude,
+                              kRowMagnitude,
+                              1000,
+                              kMaxStorePosition};
             const double tolerance = attend_tolerance(bound);
             for (std::size_t i = 0; i < oa.size(); ++i) {
               INFO("output " << i << " cpu " << oa[i] << " cuda " << ob[i] << " bound " << tolerance);
@@ -439,7 +448,8 @@ std::vector<std::int64_t> production_index(const PoolSpec& spec, kvcheck::Prng& 
   for (std::int64_t c = 0; c < w; ++c) index[static_cast<std::size_t>(c)] = (37 + c) % spec.ring_rows;
   std::vector<std::int64_t> shuffled;
   for (std::int64_t c = 0; c < w; ++c) shuffled.push_back(spec.ring_rows + c);
-  for (std::int64_t i = w - 1; i > 0; --i) std::swap(shuffled[static_cast<std::size_t>(i)], shuffled[static_cast<std::size_t>(prng.range(0, i))]);
+  for (std::int64_t i = w - 1; i > 0; --i)
+    std::swap(shuffled[static_cast<std::size_t>(i)], shuffled[static_cast<std::size_t>(prng.range(0, i))]);
   for (std::int64_t c = 0; c < w; ++c) {
     index[static_cast<std::size_t>(w + c)] = c % 7 == 3 ? -1 : shuffled[static_cast<std::size_t>(c)];
   }
@@ -461,8 +471,7 @@ std::vector<std::int64_t> production_positions(std::int64_t n) {
 
 }  // namespace
 
-TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count every column once",
-          "[cuda]") {
+TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count every column once", "[cuda]") {
   // Uniform weights (q = 0) over values that are small dyadic numbers: every
   // sum is exact in f32 on both sides, so the output is the exact mean of
   // the values read, and a column dropped or read twice moves it by at
@@ -472,8 +481,9 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
       INFO(kvcheck::impl::format_name(f) << " q_heads " << qh << " kv_heads " << kvh);
       const PoolSpec spec = production_spec(f, qh, kvh, true);
       Pair p(spec);
-      fill_both(p, spec, [](std::int64_t s, std::int64_t i) { return ((s * 31 + i) % 9 - 4) / 4.0; },
-                [](std::int64_t s, std::int64_t i) { return ((s * 13 + i / 128) % 7 + 1) / 8.0; });
+      fill_both(
+          p, spec, [](std::int64_t s, std::int64_t i) { return ((s * 31 + i) % 9 - 4) / 4.0; },
+          [](std::int64_t s, std::int64_t i) { return ((s * 13 + i / 128) % 7 + 1) / 8.0; });
       for (const std::int64_t n : {std::int64_t{3}, std::int64_t{24}}) {
         INFO("queries " << n);
         kvcheck::Prng prng(77);
@@ -482,8 +492,10 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
         const std::vector<double> q(static_cast<std::size_t>(n * qh * 128), 0.0);
         const std::vector<std::int64_t> positions = production_positions(n);
         std::vector<double> oa(q.size()), ob(q.size());
-        REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
-        REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+        REQUIRE(
+            p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
+        REQUIRE(
+            p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
         for (std::int64_t i = 0; i < n; ++i) {
           for (std::int32_t h = 0; h < qh; ++h) {
             const std::int32_t kv = h / (qh / kvh);
@@ -498,8 +510,8 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
             const double exact = sum / static_cast<double>(count);
             for (std::int32_t d = 0; d < 128; ++d) {
               const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
-              INFO("query " << i << " head " << h << " dim " << d << " exact " << exact << " cpu "
-                            << oa[at] << " cuda " << ob[at]);
+              INFO("query " << i << " head " << h << " dim " << d << " exact " << exact << " cpu " << oa[at]
+                            << " cuda " << ob[at]);
               REQUIRE(std::fabs(oa[at] - exact) <= 0x1.0p-20 * exact);
               REQUIRE(std::fabs(ob[at] - exact) <= 0x1.0p-20 * exact);
             }
@@ -510,9 +522,10 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
   }
 }
 
-TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend within the error "
-          "bound of the CPU backend",
-          "[cuda]") {
+TEST_CASE(
+    "CudaBackend: production shapes (head_dim 128 and W = 4096) attend within the error "
+    "bound of the CPU backend",
+    "[cuda]") {
   for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
     for (const auto& [qh, kvh] : {std::pair{32, 8}, std::pair{24, 2}, std::pair{32, 4}}) {
       for (const bool sink : {false, true}) {
@@ -525,8 +538,12 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend wit
         const std::int64_t e = static_cast<std::int64_t>(kvh) * 128;
         std::vector<double> keys(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
         for (auto& x : keys) x = prng.signed_unit() * 2.0;
-        fill_both(p, spec, [&](std::int64_t s, std::int64_t i) { return keys[static_cast<std::size_t>(s * e + i)]; },
-                  [](std::int64_t s, std::int64_t i) { return std::sin(0.37 * static_cast<double>(s) + 0.11 * static_cast<double>(i)); });
+        fill_both(
+            p, spec,
+            [&](std::int64_t s, std::int64_t i) { return keys[static_cast<std::size_t>(s * e + i)]; },
+            [](std::int64_t s, std::int64_t i) {
+              return std::sin(0.37 * static_cast<double>(s) + 0.11 * static_cast<double>(i));
+            });
         for (const std::int64_t n : {std::int64_t{3}, std::int64_t{24}}) {
           INFO("queries " << n);
           const auto index = production_index(spec, prng, n);
@@ -534,15 +551,18 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend wit
           const auto q = random_rows(prng, n * qh * 128, 1.5);
           const std::vector<std::int64_t> positions = production_positions(n);
           std::vector<double> oa(q.size()), ob(q.size());
-          REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr).ok());
-          REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr).ok());
+          REQUIRE(p.cpu->attend(KvSource::kPool, positions, q.data(), index, w, oa.data(), nullptr, nullptr)
+                      .ok());
+          REQUIRE(p.cuda->attend(KvSource::kPool, positions, q.data(), index, w, ob.data(), nullptr, nullptr)
+                      .ok());
           // The bound of the top of the file with sum |q_rot| |k_rot| measured:
           // rotated query elements bounded by their pair's norm, keys as stored.
           std::vector<double> kr(static_cast<std::size_t>(e)), vr(kr.size());
           std::vector<double> kmag(static_cast<std::size_t>(spec.states * spec.ring_rows * e));
           for (std::int64_t s = 0; s < spec.states * spec.ring_rows; ++s) {
             REQUIRE(p.cpu->read_row(s, kr.data(), vr.data()).ok());
-            for (std::int64_t i = 0; i < e; ++i) kmag[static_cast<std::size_t>(s * e + i)] = std::fabs(kr[static_cast<std::size_t>(i)]);
+            for (std::int64_t i = 0; i < e; ++i)
+              kmag[static_cast<std::size_t>(s * e + i)] = std::fabs(kr[static_cast<std::size_t>(i)]);
           }
           for (std::int64_t i = 0; i < n; ++i) {
             for (std::int32_t h = 0; h < qh; ++h) {
@@ -555,15 +575,16 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) attend wit
                 const std::int64_t slot = index[static_cast<std::size_t>(i * w + c)];
                 if (slot < 0) continue;
                 double sum = 0.0;
-                for (int d = 0; d < 128; ++d) sum += qb[d] * kmag[static_cast<std::size_t>(slot * e + kv * 128 + d)];
+                for (int d = 0; d < 128; ++d)
+                  sum += qb[d] * kmag[static_cast<std::size_t>(slot * e + kv * 128 + d)];
                 s_max = std::max(s_max, sum);
               }
               const double ds = spec.softmax_scale * s_max * (0x1.0p-16 + 2.0 * 130.0 * kU32);
               const double tolerance = 2.0 * ds + (2.0 * (static_cast<double>(w) + 4.0) * kU32 + 0x1.0p-16);
               for (std::int32_t d = 0; d < 128; ++d) {
                 const auto at = static_cast<std::size_t>((i * qh + h) * 128 + d);
-                INFO("query " << i << " head " << h << " dim " << d << " cpu " << oa[at] << " cuda "
-                              << ob[at] << " bound " << tolerance);
+                INFO("query " << i << " head " << h << " dim " << d << " cpu " << oa[at] << " cuda " << ob[at]
+                              << " bound " << tolerance);
                 REQUIRE(std::fabs(oa[at] - ob[at]) <= tolerance);
               }
             }

@@ -10,13 +10,12 @@ namespace kvcheck::impl::cuda_test {
 namespace {
 
 // [n] meta, [n, width] index, [n] rope position: one thread per case.
-__global__ void probe_kernel(const ProbeCase* cases, std::int64_t n, std::int64_t width,
-                             ReadMeta* meta, std::int64_t* index, std::int64_t* rope) {
+__global__ void probe_kernel(const ProbeCase* cases, std::int64_t n, std::int64_t width, ReadMeta* meta,
+                             std::int64_t* index, std::int64_t* rope) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const ProbeCase c = cases[i];
-  const ReadMeta m =
-      ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states, c.fault);
+  const ReadMeta m = ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states, c.fault);
   meta[i] = m;
   for (std::int64_t col = 0; col < width; ++col) {
     index[i * width + col] = ring_index_column(m, col, c.ring_rows, c.fault);
@@ -45,8 +44,8 @@ std::vector<ProbeResult> nvcc_host_probe(const std::vector<ProbeCase>& cases, st
   return out;
 }
 
-bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width,
-                       std::vector<ProbeResult>* out, std::string* why) {
+bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width, std::vector<ProbeResult>* out,
+                       std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -69,7 +68,8 @@ bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width,
   const char* what = "cudaMalloc";
   err = cudaMalloc(&d_cases, cases.size() * sizeof(ProbeCase));
   if (err == cudaSuccess) err = cudaMalloc(&d_meta, meta.size() * sizeof(ReadMeta));
-  if (err == cudaSuccess) err = cudaMalloc(&d_index, (index.empty() ? 1 : index.size()) * sizeof(std::int64_t));
+  if (err == cudaSuccess)
+    err = cudaMalloc(&d_index, (index.empty() ? 1 : index.size()) * sizeof(std::int64_t));
   if (err == cudaSuccess) err = cudaMalloc(&d_rope, rope.size() * sizeof(std::int64_t));
   if (err == cudaSuccess) {
     what = "cudaMemcpy(cases)";
@@ -77,8 +77,7 @@ bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width,
   }
   if (err == cudaSuccess) {
     what = "launch probe_kernel";
-    probe_kernel<<<static_cast<unsigned>((n + 127) / 128), 128>>>(d_cases, n, width, d_meta, d_index,
-                                                                  d_rope);
+    probe_kernel<<<static_cast<unsigned>((n + 127) / 128), 128>>>(d_cases, n, width, d_meta, d_index, d_rope);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {

@@ -36,7 +36,7 @@ std::vector<ProbeResult> nvcc_host_probe(const std::vector<ProbeCase>& cases, st
 
 /// Evaluated by a kernel on device 0. Returns false and sets `why` when no
 /// device is present or a CUDA call fails.
-bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width,
-                       std::vector<ProbeResult>* out, std::string* why);
+bool nvcc_device_probe(const std::vector<ProbeCase>& cases, std::int64_t width, std::vector<ProbeResult>* out,
+                       std::string* why);
 
 }  // namespace kvcheck::impl::cuda_test

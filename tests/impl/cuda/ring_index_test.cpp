@@ -27,9 +27,8 @@ constexpr std::int64_t kWidth = 12;
 
 /// Faults that leave the address math alone (the model must agree with them).
 bool address_fault_free(Fault f) {
-  return f != Fault::kWindowTooWide && f != Fault::kWindowTooNarrow &&
-         f != Fault::kIndexNoPadding && f != Fault::kSlotNoStateOffset &&
-         f != Fault::kModuloWholePool;
+  return f != Fault::kWindowTooWide && f != Fault::kWindowTooNarrow && f != Fault::kIndexNoPadding &&
+         f != Fault::kSlotNoStateOffset && f != Fault::kModuloWholePool;
 }
 
 /// Sizes chosen to break things: 1, 2, 3, 7, primes, exact wraps.
@@ -58,8 +57,7 @@ std::vector<ProbeCase> probe_grid() {
 
 ProbeResult gxx_probe(const ProbeCase& c, std::int64_t width) {
   ProbeResult r;
-  r.meta = kvcheck::impl::ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states,
-                                        c.fault);
+  r.meta = kvcheck::impl::ring_metadata(c.state, c.position, c.window_keys, c.ring_rows, c.states, c.fault);
   for (std::int64_t col = 0; col < width; ++col) {
     r.index.push_back(kvcheck::impl::ring_index_column(r.meta, col, c.ring_rows, c.fault));
   }
@@ -110,8 +108,11 @@ TEST_CASE("ring_index: nvcc-compiled host math reproduces the SPEC ring trace", 
     std::int64_t state, position, first, last, write;
   };
   // SPEC §6: W = 128, S = 134; state 2 owns slots 268..401.
-  const Row rows[] = {{2, 127, 268, 395, 395}, {2, 128, 269, 396, 396}, {2, 133, 274, 401, 401},
-                      {2, 134, 275, 268, 268}, {3, 134, 409, 402, 402}};
+  const Row rows[] = {{2, 127, 268, 395, 395},
+                      {2, 128, 269, 396, 396},
+                      {2, 133, 274, 401, 401},
+                      {2, 134, 275, 268, 268},
+                      {3, 134, 409, 402, 402}};
   for (const Row& r : rows) {
     const ProbeCase c{r.state, r.position, 128, 134, 4, Fault::kNone};
     const ProbeResult p = kvcheck::impl::cuda_test::nvcc_host_probe({c}, 128).front();
@@ -127,8 +128,7 @@ TEST_CASE("ring_index: nvcc-compiled host math reproduces the SPEC ring trace", 
 TEST_CASE("ring_index: device kernel math equals the host math", "[cuda][index][device]") {
   std::string why;
   if (!kvcheck::impl::cuda_device_available(&why)) {
-    std::printf("SKIPPED (no CUDA device): %s\n",
-                Catch::getResultCapture().getCurrentTestName().c_str());
+    std::printf("SKIPPED (no CUDA device): %s\n", Catch::getResultCapture().getCurrentTestName().c_str());
     std::fflush(stdout);
     std::exit(4);
   }
@@ -136,11 +136,11 @@ TEST_CASE("ring_index: device kernel math equals the host math", "[cuda][index][
   std::vector<ProbeResult> device;
   REQUIRE(kvcheck::impl::cuda_test::nvcc_device_probe(cases, kWidth, &device, &why));
   REQUIRE(device.size() == cases.size());
-  for (std::size_t i = 0; i < cases.size(); ++i) require_same(device[i], gxx_probe(cases[i], kWidth), cases[i]);
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    require_same(device[i], gxx_probe(cases[i], kWidth), cases[i]);
 }
 
-TEST_CASE("CudaBackend: the factory and the availability probe agree, in one line",
-          "[cuda][factory]") {
+TEST_CASE("CudaBackend: the factory and the availability probe agree, in one line", "[cuda][factory]") {
   std::string available_why;
   const bool available = kvcheck::impl::cuda_device_available(&available_why);
   std::string why;
