@@ -68,6 +68,17 @@
 #include "model/attention.hpp"
 #include "model/real.hpp"
 
+// The arithmetic below is compiled two ways where the CPU may have an FMA:
+// plainly, and with -mfma for attend (the hot loop: model/certified_attend.cpp
+// built twice, picked at run time in certified.cpp). Its inline functions
+// live in a namespace named after the instruction set, so the two builds'
+// copies never stand in for each other at link time.
+#if defined(__FMA__)
+#define KVCHECK_CERTIFIED_ISA fma_isa
+#else
+#define KVCHECK_CERTIFIED_ISA base_isa
+#endif
+
 namespace kvcheck::model::certified {
 
 /// An unevaluated sum hi + lo with |lo| <= ulp(hi) / 2.
@@ -87,6 +98,8 @@ inline constexpr double kExpRel = 0x1.0p-84;    ///< double-double exp relative 
 inline constexpr double kTiny = 0x1.0p-1040;    ///< absolute error per operation (underflow)
 inline constexpr double kUp = 1.0 + 0x1.0p-48;  ///< covers the rounding of a radius' own computation
 inline constexpr double kU = 0x1.0p-53;
+
+inline namespace KVCHECK_CERTIFIED_ISA {
 
 inline Dd two_sum(double a, double b) {
   const double s = a + b;
@@ -195,6 +208,8 @@ inline Ball div(const Ball& a, const Ball& b, double um) {
   return {c, result_radius(c, prop, kOpRel, um)};
 }
 
+}  // namespace KVCHECK_CERTIFIED_ISA
+
 /// Constants from MPFR as double-doubles (relative error <= 2^-105 each):
 /// ln2 / 64, 2^(j/64) for j < 64, 1/n! for n <= 11.
 struct ExpConstants {
@@ -204,6 +219,8 @@ struct ExpConstants {
   Dd inv_factorial[12];
 };
 const ExpConstants& exp_constants();
+
+inline namespace KVCHECK_CERTIFIED_ISA {
 
 /// 2^e for -1022 <= e <= 1023 (exact).
 inline double pow2(int e) {
@@ -241,6 +258,8 @@ inline Ball exp(const Ball& a, double um) {
   const double prop = mag(c) * a.r * (1.0 + 0x1.0p-29);
   return {c, result_radius(c, prop, kExpRel, um)};
 }
+
+}  // namespace KVCHECK_CERTIFIED_ISA
 
 /// A ball around MPFR's value `x` (any model real): hi the nearest double,
 /// lo the nearest double to x - hi (exact in x's precision), radius u |lo|.
@@ -363,7 +382,21 @@ struct HeadRows {
 
 /// model::attend mirrored (header): `query` head_dim balls; writes head_dim
 /// balls to `out`. `scale` MPFR's scale; `sink` an exact logit.
+/// Runs the FMA build where the CPU has one (the same balls' guarantees;
+/// the centres may differ in the last bits, so a query's fallback to MPFR
+/// may too, never a pinned figure).
 void attend(const Ball* query, const HeadRows& rows, std::int32_t head_dim, const Ball& scale,
             const std::optional<double>& sink, double um, Ball* out);
+
+namespace detail {
+/// attend as compiled plainly, and with -mfma (certified_attend_fma.cpp).
+void attend_portable(const Ball* query, const HeadRows& rows, std::int32_t head_dim, const Ball& scale,
+                     const std::optional<double>& sink, double um, Ball* out);
+void attend_fma(const Ball* query, const HeadRows& rows, std::int32_t head_dim, const Ball& scale,
+                const std::optional<double>& sink, double um, Ball* out);
+/// True when attend runs attend_fma: built with it (x86-64) and the CPU has
+/// an FMA. Where it was not built, attend_fma is attend_portable.
+bool fma_attend_runs();
+}  // namespace detail
 
 }  // namespace kvcheck::model::certified
