@@ -51,8 +51,9 @@ Ball block_dot(std::size_t n, GetX x_at, GetY y_at, double um) {
 
 }  // namespace
 
-void detail::KVCHECK_CERTIFIED_ATTEND(const Ball* query, const HeadRows& rows, std::int32_t head_dim, const Ball& scale,
-                                      const std::optional<double>& sink, double um, Ball* out) {
+void detail::KVCHECK_CERTIFIED_ATTEND(const Ball* query, const HeadRows& rows, std::int32_t head_dim,
+                                      const Ball& scale, const std::optional<double>& sink, double um,
+                                      Ball* out) {
   const std::size_t keys = rows.keys.size();
   const auto d = static_cast<std::size_t>(head_dim);
   KVCHECK_ASSERT(keys > 0 && rows.values.size() == keys);

@@ -115,11 +115,7 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
   constexpr bool kScore4 = F == ElementFormat::kFp8E4m3;
   float* m = j.stats;
   float* l = j.stats + qh;
-  for (std::int64_t h = 0; h < qh; ++h) {
-    m[h] = j.has_sink ? j.sink : kNegInf;
-    l[h] = j.has_sink ? 1.0f : 0.0f;
-  }
-  for (std::int64_t x = 0; x < qh * hs; ++x) j.acc[x] = 0.0f;
+  online_softmax_start(j);
   const std::int64_t pf_lines = (j.slot_bytes + 63) / 64;
   const std::uint8_t* rows[kRows];
   // fp8 only: [row][K scales then V scales] scale exponents (byte - 7).
@@ -350,10 +346,7 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
       }
     }
   }
-  for (std::int64_t h = 0; h < qh; ++h) {
-    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
-    for (std::int64_t x = 0; x < hs; ++x) j.acc[h * hs + x] *= inv;
-  }
+  online_softmax_finish(j);
 }
 
 template <ElementFormat F>

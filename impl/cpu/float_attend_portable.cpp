@@ -174,13 +174,7 @@ template <ElementFormat F, int kS>
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float* m = j.stats;
   float* l = j.stats + qh;
-  // The sink is one more logit with no value row: it starts the running max
-  // and contributes e^0 = 1 to the running sum.
-  for (std::int64_t h = 0; h < qh; ++h) {
-    m[h] = j.has_sink ? j.sink : kNegInf;
-    l[h] = j.has_sink ? 1.0f : 0.0f;
-  }
-  for (std::int64_t x = 0; x < qh * hs; ++x) j.acc[x] = 0.0f;
+  online_softmax_start(j);
   const std::uint8_t* rows[kBlockRows];
   std::int64_t c = 0;
   while (c < width) {
@@ -232,10 +226,7 @@ template <ElementFormat F, int kS>
       }
     }
   }
-  for (std::int64_t h = 0; h < qh; ++h) {
-    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
-    for (std::int64_t x = 0; x < hs; ++x) j.acc[h * hs + x] *= inv;
-  }
+  online_softmax_finish(j);
 }
 
 template <ElementFormat F>

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "impl/element_format.hpp"
 #include "impl/kv_cache.hpp"
@@ -99,6 +100,29 @@ struct FloatJob {
   bool has_sink;
   float sink;
 };
+
+/// The online softmax's start, shared by both kernels: the running max and
+/// sum per query head ([2, q_heads] in j.stats) and zero accumulators. The
+/// sink is one more logit with no value row: it starts the running max and
+/// contributes e^0 = 1 to the running sum.
+inline void online_softmax_start(const FloatJob& j) {
+  float* m = j.stats;
+  float* l = j.stats + j.q_heads;
+  for (std::int64_t h = 0; h < j.q_heads; ++h) {
+    m[h] = j.has_sink ? j.sink : -std::numeric_limits<float>::infinity();
+    l[h] = j.has_sink ? 1.0f : 0.0f;
+  }
+  for (std::int64_t x = 0; x < j.q_heads * j.head_stride; ++x) j.acc[x] = 0.0f;
+}
+
+/// The online softmax's end: each head's accumulators divided by its sum.
+inline void online_softmax_finish(const FloatJob& j) {
+  const float* l = j.stats + j.q_heads;
+  for (std::int64_t h = 0; h < j.q_heads; ++h) {
+    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    for (std::int64_t x = 0; x < j.head_stride; ++x) j.acc[h * j.head_stride + x] *= inv;
+  }
+}
 
 /// One query's attention in float through the portable kernel (any CPU).
 void attend_query_portable(const FloatJob& j);
