@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "scenarios/json_read.hpp"
+#include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::scenarios {
@@ -54,6 +55,18 @@ ojson expectations_document(const Expectations& e) {
   expect["collisions"] = e.collisions ? ojson(*e.collisions) : ojson(nullptr);
   expect["output_tolerance"] = e.output_tolerance ? ojson(*e.output_tolerance) : ojson(nullptr);
   return expect;
+}
+
+ojson rope_document(const Rope& rope) {
+  ojson j = ojson::object();
+  j["style"] = rope_style_name(rope.style);
+  j["rotary_dims"] = rope.rotary_dims;
+  j["base"] = rope.base;
+  return j;
+}
+
+ojson optional_number(const std::optional<double>& v) {
+  return v ? ojson(*v) : ojson(nullptr);
 }
 
 }  // namespace kvcheck::scenarios

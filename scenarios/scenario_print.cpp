@@ -18,10 +18,6 @@ using ojson = nlohmann::ordered_json;
 
 // ---- Scenario -> canonical text ----------------------------------------------------------
 
-ojson optional_number(const std::optional<double>& v) {
-  return v ? ojson(*v) : ojson(nullptr);
-}
-
 ojson to_document(const Scenario& s) {
   ojson root = ojson::object();
   root["schema_version"] = Scenario::kSchemaVersion;
@@ -38,11 +34,7 @@ ojson to_document(const Scenario& s) {
   cache["head_dim"] = c.head_dim;
   cache["shared_row"] = c.shared_row;
   cache["format"] = format_name(c.format);
-  ojson rope = ojson::object();
-  rope["style"] = rope_style_name(c.rope.style);
-  rope["rotary_dims"] = c.rope.rotary_dims;
-  rope["base"] = c.rope.base;
-  cache["rope"] = std::move(rope);
+  cache["rope"] = rope_document(c.rope);
   cache["layers"] = c.layers;
   cache["softmax_scale"] = optional_number(c.softmax_scale);
   cache["sink_logit"] = optional_number(c.sink_logit);

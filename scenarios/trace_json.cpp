@@ -609,14 +609,10 @@ std::string trace_header_line(const TraceHeader& h) {
     cache["head_dim"] = c.head_dim;
     cache["shared_row"] = c.shared_row;
     cache["format"] = format_name(c.format);
-    ojson rope = ojson::object();
-    rope["style"] = rope_style_name(c.rope.style);
-    rope["rotary_dims"] = c.rope.rotary_dims;
-    rope["base"] = c.rope.base;
-    cache["rope"] = std::move(rope);
+    cache["rope"] = rope_document(c.rope);
     if (c.layers) cache["layers"] = *c.layers;
-    cache["softmax_scale"] = c.softmax_scale ? ojson(*c.softmax_scale) : ojson(nullptr);
-    cache["sink_logit"] = c.sink_logit ? ojson(*c.sink_logit) : ojson(nullptr);
+    cache["softmax_scale"] = optional_number(c.softmax_scale);
+    cache["sink_logit"] = optional_number(c.sink_logit);
     j["cache"] = std::move(cache);
   }
   if (h.expect) j["expect"] = expectations_document(*h.expect);
