@@ -422,6 +422,7 @@ class WindowCache:
         self.spec = spec
         self.bugs = bugs
         self.read_keys = spec.keys
+        self.outputs = True  # False for --no-outputs: no attention computed, none answered
         self.layers = [self.new_layer() for _ in range(spec.layers)]
 
     # -- hooks -------------------------------------------------------------
@@ -574,7 +575,7 @@ class WindowCache:
                         entries.append(e)
                     slots.append(s)
                 reads.append(slots)
-                out.append(attend(queries[i], entries, spec))
+                out.append(attend(queries[i], entries, spec) if self.outputs else None)
             view = "causal"
         else:
             # Store every row of the step, then every query reads the pool.
@@ -596,7 +597,7 @@ class WindowCache:
                         entries.append(e)
                     slots.append(s)
                 reads.append(slots)
-                out.append(attend(queries[i], entries, spec))
+                out.append(attend(queries[i], entries, spec) if self.outputs else None)
             view = "after_writes"
 
         if kind == "verify":
@@ -630,6 +631,10 @@ class Adapter:
 
     def __init__(self):
         self.active_bugs = frozenset()
+        self.report_slots = True  # --no-slots: answer outputs only, like a black-box engine
+        self.report_outputs = True  # --no-outputs: slots only, like a block manager without a kernel
+        self.head_dim_multiple = 1  # --require-head-dim-multiple N: open refuses other head_dims
+        self.declare_limits = True  # --undeclared-limits: refuse them without saying so in hello
 
     def add_arguments(self, parser):
         pass
@@ -646,7 +651,7 @@ class Adapter:
         return self.name + "+" + "+".join(sorted(self.active_bugs))
 
     def capabilities(self):
-        return {
+        caps = {
             "steps": list(STEP_KINDS),
             "formats": list(FORMATS),
             "rope": list(ROPE_STYLES),
@@ -657,11 +662,16 @@ class Adapter:
             "max_layers": 0,
             "max_step_rows": 0,
             "max_head_dim": 0,
-            "reports": {"written_slots": True, "read_slots": True},
+            "reports": {"written_slots": self.report_slots, "read_slots": self.report_slots},
+            "outputs": self.report_outputs,
             "addressing": self.addressing,
             # Calls kvcheck may send that this cache must refuse, unchanged.
             "probes": ["accept-without-verify", "accept-too-many", "begin-busy-state"],
         }
+        if self.head_dim_multiple > 1 and self.declare_limits:
+            del caps["max_head_dim"]
+            caps["head_dim"] = {"multiple_of": self.head_dim_multiple}
+        return caps
 
     # -- command line ---------------------------------------------------------
     def parse_args(self, argv):
@@ -671,9 +681,29 @@ class Adapter:
         parser.add_argument("--bug", action="append", default=[], choices=sorted(self.bugs),
                             metavar="NAME", help="switch on a named bug (repeatable; see --list-bugs)")
         parser.add_argument("--list-bugs", action="store_true", help="list the named bugs and exit")
+        parser.add_argument("--no-slots", action="store_true",
+                            help="report no written or read slots (answers carry outputs only, as a "
+                                 "black-box engine's do: kvcheck then decodes reads from position-coded rows)")
+        parser.add_argument("--no-outputs", action="store_true",
+                            help="answer written and read slots and no outputs (hello \"outputs\": false, a "
+                                 "block manager without a kernel: kvcheck computes the outputs over the rows read)")
+        parser.add_argument("--require-head-dim-multiple", type=int, default=1, metavar="N",
+                            help="refuse (at open) a head_dim that is not a multiple of N, as kernels with "
+                                 "vector-width limits do, and declare it in hello (head_dim.multiple_of)")
+        parser.add_argument("--undeclared-limits", action="store_true",
+                            help="keep --require-head-dim-multiple out of hello (an adapter that does not "
+                                 "declare its shape limits: kvcheck's draws then meet refusals)")
         self.add_arguments(parser)
         args = parser.parse_args(argv)
         self.active_bugs = frozenset(args.bug)
+        self.report_slots = not args.no_slots
+        self.report_outputs = not args.no_outputs
+        if not self.report_outputs and not self.report_slots:
+            raise SystemExit(f"{self.name}: --no-outputs needs the slots (drop --no-slots)")
+        if args.require_head_dim_multiple < 1:
+            raise SystemExit(f"{self.name}: --require-head-dim-multiple must be >= 1")
+        self.head_dim_multiple = args.require_head_dim_multiple
+        self.declare_limits = not args.undeclared_limits
         self.configure(args)
         return args
 
@@ -749,7 +779,11 @@ class Session:
         self.cache = None
         try:
             spec = Spec(get_object(msg, "spec", "open"))
+            multiple = self.adapter.head_dim_multiple
+            if spec.head_dim % multiple != 0:
+                raise OpenRefused(f"head_dim {spec.head_dim} is not a multiple of {multiple}")
             self.cache = self.adapter.make_cache(spec)
+            self.cache.outputs = self.adapter.report_outputs
         except OpenRefused as e:
             return {"ok": False, "refused": str(e)}
         return {"ok": True}
@@ -830,7 +864,12 @@ class Session:
         k = get_rows(msg, "k", op, n, spec.kv_width)
         v = None if shared else get_rows(msg, "v", op, n, spec.kv_width)
         q = get_rows(msg, "q", op, n, spec.q_width)
-        return cache.write_step(op, layer, state, request, position, n, order, drafts, k, v, q)
+        answer = cache.write_step(op, layer, state, request, position, n, order, drafts, k, v, q)
+        if not self.adapter.report_slots:
+            del answer["written"], answer["read"]
+        if not self.adapter.report_outputs:
+            del answer["out"]
+        return answer
 
 
 def run(adapter_class):

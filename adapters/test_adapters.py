@@ -76,7 +76,7 @@ def answer_kind(answer):
     """The one answer definition a well-formed answer matches."""
     if "capabilities" in answer:
         return "hello_answer"
-    if "out" in answer:
+    if "out" in answer or "written" in answer:  # a bookkeeping-only engine answers no out
         return "step_answer"
     if "refused" in answer:
         return "refused_answer"
@@ -611,6 +611,30 @@ class ProtocolTest(AdapterTest):
         self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
         self.assertEqual(adapter.send({"op": "begin", "layer": 0, "request": 5, "state": 0}), {"ok": True})
         self.assertTrue(adapter.send(good)["ok"])
+
+    def test_bookkeeping_only_and_declared_head_dims(self):
+        # --no-outputs: hello says "outputs": false, steps answer slots and no out.
+        for script in (RING, PAGED):
+            adapter = self.start(script, "--no-outputs", "--require-head-dim-multiple", "4")
+            caps = adapter.hello()["capabilities"]
+            self.assertFalse(caps["outputs"])
+            self.assertEqual(caps["head_dim"], {"multiple_of": 4})
+            self.assertNotIn("max_head_dim", caps)  # head_dim and max_head_dim never both
+            self.assertEqual(adapter.send({"op": "open", "spec": make_spec(head_dim=2)})["ok"], False)
+            self.assertEqual(adapter.send({"op": "open", "spec": make_spec()}), {"ok": True})
+            t = {"layer": 0, "request": 1, "state": 0}
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            answer = adapter.send({"op": "prefill", **t, "position": 0, "rows": 2, "order": "store_then_load",
+                                   "k": [[0.1] * 4] * 2, "v": [[0.2] * 4] * 2, "q": [[0.3] * 4] * 2})
+            self.assertNotIn("out", answer)
+            self.assertEqual(len(answer["written"]), 2)
+            self.assertEqual(len(answer["read"][1]), 2)
+        # Undeclared: the same refusal, and hello says nothing of it.
+        adapter = self.start(RING, "--require-head-dim-multiple", "4", "--undeclared-limits")
+        caps = adapter.hello()["capabilities"]
+        self.assertNotIn("head_dim", caps)
+        self.assertTrue(caps["outputs"])
+        self.assertEqual(adapter.send({"op": "open", "spec": make_spec(head_dim=2)})["ok"], False)
 
     def test_typed_refusals_change_nothing(self):
         for script in (RING, PAGED):

@@ -90,10 +90,15 @@ std::string Args::get_or(const std::string& flag, const std::string& fallback) c
 std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t lo,
                            std::int64_t hi) {
   if (text.empty()) throw Error(ErrorId::kUsage, flag, "expects an integer, got an empty value");
+  // Decimal digits with an optional leading '-', nothing else: strtoll alone
+  // would also take leading blanks and a '+'.
+  const std::size_t first_digit = text[0] == '-' ? 1 : 0;
+  if (first_digit == text.size() || text.find_first_not_of("0123456789", first_digit) != std::string::npos) {
+    throw Error(ErrorId::kUsage, flag, "expects a decimal integer, got '" + text + "'");
+  }
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (*end != '\0') throw Error(ErrorId::kUsage, flag, "expects an integer, got '" + text + "'");
   if (errno == ERANGE || v < lo || v > hi) {
     throw Error(ErrorId::kUsage, flag,
                 "must be in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " + text);
@@ -125,12 +130,22 @@ std::vector<std::int64_t> Args::integers(const std::string& flag, std::int64_t l
 double Args::seconds(const std::string& flag, double fallback, double hi) const {
   const auto text = get(flag);
   if (!text) return fallback;
+  // Decimal only, DIGITS[.DIGITS] or .DIGITS: strtod alone would also read
+  // "0x10" as 16, "1e3", "inf" and leading blanks.
+  const std::string& t = *text;
+  const std::size_t dot = t.find('.');
+  const std::string whole = t.substr(0, dot);
+  const std::string fraction = dot == std::string::npos ? std::string() : t.substr(dot + 1);
+  const bool decimal =
+      !t.empty() && t.size() <= 32 && whole.find_first_not_of("0123456789") == std::string::npos &&
+      fraction.find_first_not_of("0123456789") == std::string::npos &&
+      (!whole.empty() || !fraction.empty()) && (dot == std::string::npos || !fraction.empty());
   char* end = nullptr;
-  const double v = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !(v > 0) || v > hi) {
-    throw Error(
-        ErrorId::kUsage, flag,
-        "expects seconds in (0, " + std::to_string(static_cast<long long>(hi)) + "], got '" + *text + "'");
+  const double v = decimal ? std::strtod(t.c_str(), &end) : 0;
+  if (!decimal || !(v > 0) || v > hi) {
+    throw Error(ErrorId::kUsage, flag,
+                "expects decimal seconds in (0, " + std::to_string(static_cast<long long>(hi)) + "], got '" +
+                    *text + "'");
   }
   return v;
 }

@@ -29,10 +29,12 @@ class Args {
   bool has(const std::string& flag) const { return values_.count(flag) || bools_.count(flag); }
   std::optional<std::string> get(const std::string& flag) const;
   std::string get_or(const std::string& flag, const std::string& fallback) const;
-  /// Integer value in [lo, hi]; throws naming the flag otherwise.
+  /// Decimal integer value in [lo, hi] (no sign but '-', no blanks, no
+  /// 0x); throws naming the flag otherwise.
   std::int64_t integer(const std::string& flag, std::int64_t fallback, std::int64_t lo,
                        std::int64_t hi) const;
-  /// Seconds in (0, hi]; throws naming the flag otherwise.
+  /// Decimal seconds in (0, hi] (DIGITS[.DIGITS], no exponent, no hex, no
+  /// inf); throws naming the flag otherwise.
   double seconds(const std::string& flag, double fallback, double hi) const;
   /// Comma-separated integers in [lo, hi].
   std::vector<std::int64_t> integers(const std::string& flag, std::int64_t lo, std::int64_t hi) const;
@@ -48,7 +50,7 @@ class Args {
   std::vector<std::string> positional_;
 };
 
-/// Parses one integer for `flag`, in [lo, hi].
+/// Parses one decimal integer for `flag`, in [lo, hi].
 std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t lo,
                            std::int64_t hi);
 

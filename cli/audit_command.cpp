@@ -2,16 +2,18 @@
 // recorded traces (scenarios/trace.hpp) with the same runner and reports as
 // a live run.
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "pipelines/audit.hpp"
+#include "reports/output_set.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::cli {
 
 int command_audit(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--report", "--junit", "--html", "--text", "--precision"}, {});
+  Args args(argc, argv, 2, {"--report", "--junit", "--html", "--text", "--precision", "--memory-limit"}, {});
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "TRACE", "audit needs trace files (*.jsonl) or directories");
   pipelines::AuditRequest request;
@@ -24,6 +26,13 @@ int command_audit(int argc, char** argv) {
   if (const auto f = args.get("--report")) request.files.json = *f;
   if (const auto f = args.get("--junit")) request.files.junit = *f;
   if (const auto f = args.get("--html")) request.files.html = *f;
+  {
+    // One file per output, each in a directory that takes it, before any work.
+    const std::vector<reports::NamedOutput> named = pipelines::named_outputs(request.files);
+    reports::require_distinct_outputs(named);
+    for (const auto& o : named) reports::require_writable_output(o);
+  }
+  request.memory_limit_bytes = memory_limit_flag(args, &request.limit_source);
   return pipelines::run_audit(request);
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
 #include "properties/runner.hpp"
+#include "reports/output_set.hpp"
 #include "reports/shard.hpp"
 #include "reports/trace_table.hpp"
 #include "support/error.hpp"
@@ -61,18 +63,6 @@ void fault_flag(const Args& args, impl::Fault* fault) {
   }
 }
 
-/// The memory a run may use: --memory-limit, else what the machine has free.
-std::int64_t memory_limit_flag(const Args& args, std::string* source) {
-  if (const auto text = args.get("--memory-limit")) {
-    *source = "--memory-limit";
-    return properties::parse_memory_limit("--memory-limit", *text);
-  }
-  std::string from;
-  const std::int64_t bytes = properties::available_memory_bytes(&from);
-  *source = from + "; --memory-limit sets another limit";
-  return bytes;
-}
-
 /// --profile: default | production.
 properties::Profile profile_flag(const Args& args) {
   properties::Profile profile = properties::Profile::kDefault;
@@ -107,6 +97,19 @@ std::string impl_flag(const Args& args) {
                 "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
   }
   return name;
+}
+
+/// --min-run-share F: the share of generated cases that must run (not be
+/// refused or skipped) for `check` to pass; a fraction in [0, 1], default 0.8.
+double min_run_share_flag(const Args& args) {
+  const auto text = args.get("--min-run-share");
+  if (!text) return properties::CheckOptions{}.min_run_share;
+  char* end = nullptr;
+  const double share = std::strtod(text->c_str(), &end);
+  if (text->empty() || end != text->c_str() + text->size() || !(share >= 0 && share <= 1)) {
+    throw Error(ErrorId::kUsage, "--min-run-share", "must be a fraction in 0..1, got '" + *text + "'");
+  }
+  return share;
 }
 
 double step_timeout_flag(const Args& args) {
@@ -146,10 +149,21 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
     shards.push_back(reports::parse_shard(all[r], origin));
   }
   return pipelines::merge_check(reports::order_shards(std::move(shards)), out,
-                                std::to_string(world.size()) + " MPI ranks", start, true);
+                                std::to_string(world.size()) + " MPI ranks", start, true, options.run.backend);
 }
 
 }  // namespace
+
+std::int64_t memory_limit_flag(const Args& args, std::string* source) {
+  if (const auto text = args.get("--memory-limit")) {
+    *source = "--memory-limit";
+    return properties::parse_memory_limit("--memory-limit", *text);
+  }
+  std::string from;
+  const std::int64_t bytes = properties::available_memory_bytes(&from);
+  *source = from + "; --memory-limit sets another limit";
+  return bytes;
+}
 
 int command_spec(int argc, char** argv) {
   Args args(argc, argv, 2, {}, {});
@@ -190,7 +204,7 @@ int command_trace(int argc, char** argv) {
 int command_check(int argc, char** argv) {
   Args args(argc, argv, 2,
             {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout",
-             "--record", "--shard", "--profile", "--memory-limit", "--reference"},
+             "--record", "--shard", "--profile", "--memory-limit", "--reference", "--min-run-share"},
             {});
   args.no_positional("check");
   properties::CheckOptions options;
@@ -203,6 +217,7 @@ int command_check(int argc, char** argv) {
   options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
   options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
   options.profile = profile_flag(args);
+  options.min_run_share = min_run_share_flag(args);
   options.progress = progress_bar("check");
   {
     std::string limit_source;
@@ -231,34 +246,18 @@ int command_check(int argc, char** argv) {
     return pipelines::run_check_shard(options, command_line(argc, argv), out);
   }
   std::optional<std::string> record;
-  if (const auto f = args.get("--record")) record = *f;
+  if (const auto f = args.get("--record")) {
+    // Written with the report set: it must not be one of its files.
+    record = *f;
+    std::vector<reports::NamedOutput> named = pipelines::report_set_outputs(out);
+    named.push_back({"--record", *record});
+    reports::require_distinct_outputs(named);
+    reports::require_writable_output(named.back());
+  }
   return pipelines::run_check(options, command_line(argc, argv), out, record);
 }
 
-int command_merge(int argc, char** argv) {
-  const auto start = std::chrono::steady_clock::now();
-  Args args(argc, argv, 2, {"--out", "--json", "--csv", "--svg"}, {});
-  if (args.positional().empty())
-    throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
-  // Every shard is read and checked before anything is written.
-  std::vector<reports::ShardResult> shards;
-  for (const auto& dir : args.positional()) shards.push_back(reports::read_shard_dir(dir));
-  shards = reports::order_shards(std::move(shards));
-  const std::string workers = std::to_string(shards.size()) + " shards";
-  if (shards.front().kind == "check") {
-    for (const char* flag : {"--json", "--csv", "--svg"}) {
-      if (args.has(flag))
-        throw Error(ErrorId::kUsage, flag, "is for sweep shards; a check writes its reports into --out");
-    }
-    const fs::path out = args.get_or("--out", "kvcheck-out");
-    pipelines::prepare_out_dir(out);
-    return pipelines::merge_check(shards, out, workers, start, false);
-  }
-  const sweep::SweepResult result = pipelines::merge_sweep(shards, args.get_or("--out", "kvcheck-out/sweep"));
-  // The order of errors: the shards are read (and their counterexamples moved) before --json is checked.
-  const pipelines::SweepOutputFiles outputs = sweep_output_flags(args);
-  return pipelines::write_sweep_outputs(result, outputs, pipelines::seconds_since(start), workers);
-}
+// command_merge: cli/merge_command.cpp.
 
 int command_replay(int argc, char** argv) {
   Args args(argc, argv, 2,
@@ -278,6 +277,13 @@ int command_replay(int argc, char** argv) {
   if (const auto f = args.get("--report")) request.files.json = *f;
   if (const auto f = args.get("--junit")) request.files.junit = *f;
   if (const auto f = args.get("--html")) request.files.html = *f;
+  {
+    // One file per output, each in a directory that takes it, before any run.
+    std::vector<reports::NamedOutput> named = pipelines::named_outputs(request.files);
+    if (request.record) named.push_back({"--record", *request.record});
+    reports::require_distinct_outputs(named);
+    for (const auto& o : named) reports::require_writable_output(o);
+  }
   // The order of errors: every file is read before --memory-limit is.
   const std::vector<scenarios::Scenario> loaded = pipelines::load_replay_scenarios(args.positional());
   std::string limit_source;

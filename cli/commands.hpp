@@ -3,8 +3,12 @@
 // process exit code.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "cli/args.hpp"
 #include "pipelines/sweep.hpp"
+#include "properties/memory_estimate.hpp"
 
 namespace kvcheck::cli {
 
@@ -21,5 +25,13 @@ int command_merge(int argc, char** argv);
 /// --json, --csv and --svg of `sweep` and a sweep's `merge`; refuses an
 /// empty name and more than one '-' (stdout).
 pipelines::SweepOutputFiles sweep_output_flags(const Args& args);
+
+/// The sizes of `grid` its sweep's memory grows with (states and threads
+/// left at 1).
+properties::SweepSize sweep_size(const sweep::SweepGrid& grid);
+
+/// The memory a run may use: --memory-limit, else what the machine has free;
+/// `*source` says which (for the refusal's message).
+std::int64_t memory_limit_flag(const Args& args, std::string* source);
 
 }  // namespace kvcheck::cli

@@ -25,16 +25,16 @@ usage:
   kvcheck spec                                                 reproduce SPEC §6 with the reference model
   kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
                  [--step-timeout S] [--record TRACE] [--shard I/N] [--profile default|production]
-                 [--memory-limit BYTES] [--reference certified|mpfr]
+                 [--memory-limit BYTES] [--reference certified|mpfr] [--min-run-share F]
   kvcheck replay FILE|DIR... [--impl IMPL] [--fault NAME] [--report FILE] [--junit FILE] [--html FILE] [--precision BITS]
                  [--step-timeout S] [--record TRACE] [--memory-limit BYTES] [--reference certified|mpfr]
-  kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS]
+  kvcheck audit  TRACE|DIR... [--report FILE] [--junit FILE] [--html FILE] [--text FILE] [--precision BITS] [--memory-limit BYTES]
   kvcheck trace  --window W --ring S --state B --positions P1,P2,... [--json]
   kvcheck sweep  --window A[:B[:STEP]] --drafts K1[:K2] --chunk C1[:C2] --order store-then-load|load-then-store|both
                  [--states N] [--json FILE] [--csv FILE] [--svg FILE] [--formula EXPR] [--out DIR]
                  [--counterexamples auto|all|none] [--threads T] [--impl layer|exec:CMD] [--step-timeout S]
-                 [--shard I/N]
-  kvcheck merge  SHARD_DIR... [--out DIR] [--json FILE] [--csv FILE] [--svg FILE]
+                 [--shard I/N] [--memory-limit BYTES]
+  kvcheck merge  SHARD_DIR... [--impl IMPL] [--out DIR] [--json FILE] [--csv FILE] [--svg FILE] [--memory-limit BYTES]
                                                                join the shards of a check or sweep into its report
   kvcheck faults                                               list the named faults
 
@@ -42,7 +42,8 @@ IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS'
 speaking the JSON Lines protocol of adapters/PROTOCOL.md)
 
 --shard I/N runs the cases (check) or columns (sweep) whose index is I mod N and writes DIR/shard.json;
-`kvcheck merge` writes the whole run's report, byte for byte one process's. Under `mpirun -n R` (an MPI
+`kvcheck merge` writes the whole run's report, byte for byte one process's; it runs no command from a shard
+document: a failing case is re-run on merge's own --impl, which must be the shards' engine. Under `mpirun -n R` (an MPI
 build) each rank runs one shard and rank 0 writes the report.
 
 exit codes: 0 all properties hold, 1 a property failed, 2 bad usage or input, 3 an internal error

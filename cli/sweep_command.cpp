@@ -14,8 +14,10 @@
 // unsafe somewhere, a counterexample did not replay, or a live cache (--impl
 // layer or exec:...) loses rows at every capacity tried; 2 bad usage.
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
@@ -23,6 +25,8 @@
 #include "cli/progress.hpp"
 #include "cli/sweep_flags.hpp"
 #include "pipelines/sweep.hpp"
+#include "properties/memory_estimate.hpp"
+#include "reports/output_set.hpp"
 #include "support/error.hpp"
 #include "sweep/formula.hpp"
 #include "sweep/sweep.hpp"
@@ -43,7 +47,7 @@ int command_sweep(int argc, char** argv) {
   const Args args(
       argc, argv, 2,
       {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg", "--formula",
-       "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard"},
+       "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard", "--memory-limit"},
       {});
   args.no_positional("sweep");
   if (launched_by_mpi()) {
@@ -95,8 +99,32 @@ int command_sweep(int argc, char** argv) {
     request.shard = true;
   }
   request.outputs = sweep_output_flags(args);
+  {
+    // The grid is refused up front when its rows would not fit (a few flags
+    // can ask for 10^8 configurations).
+    properties::SweepSize size = sweep_size(grid);
+    size.states = static_cast<double>(options.probe.states);
+    size.threads = options.threads;
+    std::string limit_source;
+    const std::int64_t limit = memory_limit_flag(args, &limit_source);
+    properties::require_memory(properties::estimate_sweep(size), limit, limit_source);
+  }
   options.progress = progress_bar("sweep");
   return pipelines::run_capacity_sweep(request);
+}
+
+properties::SweepSize sweep_size(const sweep::SweepGrid& grid) {
+  properties::SweepSize size;
+  const double windows = static_cast<double>(grid.windows.size());
+  const double drafts = static_cast<double>(grid.drafts.size());
+  const double chunks = static_cast<double>(grid.chunks.size());
+  size.configurations = windows * drafts * chunks * static_cast<double>(grid.orders.size());
+  for (const auto w : grid.windows) size.max_window = std::max(size.max_window, static_cast<double>(w));
+  for (const auto k : grid.drafts) size.max_drafts = std::max(size.max_drafts, static_cast<double>(k));
+  for (const auto c : grid.chunks) size.max_chunk = std::max(size.max_chunk, static_cast<double>(c));
+  size.widest_flag =
+      windows >= drafts && windows >= chunks ? "--window" : (drafts >= chunks ? "--drafts" : "--chunk");
+  return size;
 }
 
 pipelines::SweepOutputFiles sweep_output_flags(const Args& args) {
@@ -107,6 +135,11 @@ pipelines::SweepOutputFiles sweep_output_flags(const Args& args) {
     if (v == "-") ++to_stdout;
   }
   if (to_stdout > 1) throw Error(ErrorId::kUsage, "--json", "at most one of --json, --csv, --svg may be '-'");
+  std::vector<reports::NamedOutput> named;
+  for (const char* flag : {"--json", "--csv", "--svg"}) {
+    if (const auto v = args.get(flag); v && *v != "-") named.push_back({flag, *v});
+  }
+  reports::require_distinct_outputs(named);
   return {args.get("--json"), args.get("--csv"), args.get("--svg")};
 }
 

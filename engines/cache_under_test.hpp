@@ -25,7 +25,46 @@
 
 namespace kvcheck::engines {
 
-/// What a cache under test can run. Defaults: everything.
+/// A set of sizes (head_dim, rotary widths): the integers in [min, max]
+/// (max 0: no upper limit) that are multiples of `multiple_of` and, when
+/// `values` is not empty, among `values`. Default: every size.
+struct SizeSet {
+  std::int64_t min = 1;
+  std::int64_t max = 0;  ///< 0: no upper limit
+  std::int64_t multiple_of = 1;
+  std::vector<std::int64_t> values;  ///< empty: any size the rules above allow
+
+  bool contains(std::int64_t x) const noexcept;
+  /// Whether every size is in the set (nothing declared).
+  bool unrestricted() const noexcept;
+  /// The member of the set closest to `x` along x/2, x/4, ... then 2x, 4x,
+  /// ... (so a power of two stays one), else the largest member <= x, else
+  /// the smallest member > x; nullopt when none is in [1, limit].
+  std::optional<std::int64_t> fit(std::int64_t x, std::int64_t limit) const;
+  /// The largest member <= x, if any.
+  std::optional<std::int64_t> largest_at_most(std::int64_t x) const noexcept;
+  /// The smallest member >= x, if any.
+  std::optional<std::int64_t> smallest_at_least(std::int64_t x) const noexcept;
+  /// "multiples of 8 up to 256", "one of 64, 128", "any".
+  std::string describe() const;
+};
+
+/// The precision a cache accumulates scores and P·V in (README "Tolerances").
+enum class Accumulation : std::uint8_t {
+  kByFormat,  ///< binary64 for f64 rows, binary32 otherwise (the in-tree kernels)
+  kF32,
+  kF64,
+};
+/// "format", "f32", "f64".
+const char* accumulation_name(Accumulation a) noexcept;
+
+/// What the softmax probabilities are rounded to before they multiply V
+/// (FlashAttention's kernels round P to the element type of V).
+enum class ProbabilityRounding : std::uint8_t { kNone, kBf16, kFp16 };
+/// "none", "bf16", "fp16".
+const char* probability_rounding_name(ProbabilityRounding r) noexcept;
+
+/// What a cache under test can run, and how it computes. Defaults: everything.
 struct Capabilities {
   std::string name;  ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
   bool prefill_load_then_store = true;
@@ -46,11 +85,29 @@ struct Capabilities {
   /// The cache attends to every row it holds (no sliding window): the
   /// generator then sets window = ring = a capacity no schedule exceeds.
   bool full_window_only = false;
+  // The shape space. The generator draws inside it; replay skips, with the
+  // reason, a scenario outside it.
+  SizeSet head_dims;            ///< head_dim values the cache runs
+  SizeSet rotary_dims;          ///< rotary widths (rotary_dims > 0 with a RoPE style)
   std::int64_t max_states = 0;  ///< 0: no limit
   std::int64_t max_layers = 0;
   std::int64_t max_step_rows = 0;
-  std::int64_t max_head_dim = 0;
-  std::int64_t max_heads = 0;
+  std::int64_t max_heads = 0;        ///< query heads
+  std::int64_t max_kv_heads = 0;     ///< KV heads
+  std::int64_t max_window_keys = 0;  ///< keys a query sees, itself included
+  std::int64_t max_positions = 0;    ///< positions per request: every written position is < this
+  // How it computes, for the output tolerance (README "Tolerances").
+  Accumulation accumulation = Accumulation::kByFormat;
+  ProbabilityRounding probabilities_rounded_to = ProbabilityRounding::kNone;
+  /// Unit roundoff of the cache's RoPE (theta, angle, cos/sin, rotation); 0:
+  /// that of its accumulation. A cache that rotates in double (2^-53) is held
+  /// to the narrow RoPE allowance that gives, in stored keys and outputs.
+  double rope_unit_roundoff = 0;
+  /// False for a bookkeeping-only engine (a block manager without a kernel):
+  /// it reports written and read slots and no outputs, and kvcheck computes
+  /// each query's output itself over the rows its shadow map holds at the
+  /// slots read (README "Bookkeeping-only engines").
+  bool computes_outputs = true;
   bool reports_written_slots = true;
   bool reports_read_slots = true;
   /// Slots are state * capacity + position mod capacity: kvcheck then also
@@ -66,6 +123,11 @@ struct Capabilities {
   bool supports_step(const scenarios::Step& step) const noexcept;
   /// Whether a whole scenario fits (configuration and every step).
   bool supports(const scenarios::Scenario& scenario, std::string* why) const;
+  /// Unit roundoff of the accumulation for rows of `format` (2^-53 or 2^-24).
+  double accumulation_epsilon(scenarios::Format format) const noexcept;
+  /// Unit roundoff of the probabilities' rounding before P·V (0: not rounded;
+  /// bf16 2^-8, fp16 2^-11).
+  double probability_epsilon() const noexcept;
 };
 
 /// What the cache is asked to be for one run.

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "engines/cache_under_test.hpp"
@@ -16,6 +18,112 @@ bool contains(const std::vector<T>& v, const T& x) {
 }
 
 }  // namespace
+
+bool SizeSet::contains(std::int64_t x) const noexcept {
+  if (x < min || (max > 0 && x > max)) return false;
+  if (multiple_of > 1 && x % multiple_of != 0) return false;
+  return values.empty() || kvcheck::engines::contains(values, x);
+}
+
+bool SizeSet::unrestricted() const noexcept {
+  return min <= 1 && max == 0 && multiple_of <= 1 && values.empty();
+}
+
+std::optional<std::int64_t> SizeSet::largest_at_most(std::int64_t x) const noexcept {
+  if (!values.empty()) {
+    for (auto it = values.rbegin(); it != values.rend(); ++it) {
+      if (*it <= x && contains(*it)) return *it;
+    }
+    return std::nullopt;
+  }
+  if (max > 0) x = std::min(x, max);
+  const std::int64_t m = std::max<std::int64_t>(multiple_of, 1);
+  const std::int64_t y = x / m * m;
+  if (y < min || y < 1) return std::nullopt;
+  return y;
+}
+
+std::optional<std::int64_t> SizeSet::smallest_at_least(std::int64_t x) const noexcept {
+  if (!values.empty()) {
+    for (const std::int64_t v : values) {
+      if (v >= x && contains(v)) return v;
+    }
+    return std::nullopt;
+  }
+  x = std::max({x, min, std::int64_t{1}});
+  const std::int64_t m = std::max<std::int64_t>(multiple_of, 1);
+  if (x > std::numeric_limits<std::int64_t>::max() - m) return std::nullopt;
+  const std::int64_t y = (x + m - 1) / m * m;
+  if (max > 0 && y > max) return std::nullopt;
+  return y;
+}
+
+std::optional<std::int64_t> SizeSet::fit(std::int64_t x, std::int64_t limit) const {
+  if (contains(x) && x <= limit) return x;
+  // Halving, then doubling: a drawn power of two stays a power of two, and a
+  // draw that only breaks a maximum is halved as the generator always did.
+  for (std::int64_t y = x / 2; y >= 1; y /= 2) {
+    if (contains(y) && y <= limit) return y;
+  }
+  for (std::int64_t y = x * 2; y <= limit && y > 0; y *= 2) {
+    if (contains(y)) return y;
+  }
+  if (const auto below = largest_at_most(std::min(x, limit))) return below;
+  if (const auto above = smallest_at_least(x); above && *above <= limit) return above;
+  return std::nullopt;
+}
+
+std::string SizeSet::describe() const {
+  if (unrestricted()) return "any";
+  std::string text;
+  if (!values.empty()) {
+    text = "one of";
+    for (std::size_t i = 0; i < values.size(); ++i) text += (i ? ", " : " ") + std::to_string(values[i]);
+  } else if (multiple_of > 1) {
+    text = "multiples of " + std::to_string(multiple_of);
+  } else {
+    text = "sizes";
+  }
+  if (min > 1) text += " from " + std::to_string(min);
+  if (max > 0) text += " up to " + std::to_string(max);
+  return text;
+}
+
+const char* accumulation_name(Accumulation a) noexcept {
+  switch (a) {
+    case Accumulation::kByFormat: return "format";
+    case Accumulation::kF32: return "f32";
+    case Accumulation::kF64: return "f64";
+  }
+  return "format";
+}
+
+const char* probability_rounding_name(ProbabilityRounding r) noexcept {
+  switch (r) {
+    case ProbabilityRounding::kNone: return "none";
+    case ProbabilityRounding::kBf16: return "bf16";
+    case ProbabilityRounding::kFp16: return "fp16";
+  }
+  return "none";
+}
+
+double Capabilities::accumulation_epsilon(scenarios::Format format) const noexcept {
+  switch (accumulation) {
+    case Accumulation::kF32: return 0x1.0p-24;
+    case Accumulation::kF64: return 0x1.0p-53;
+    case Accumulation::kByFormat: break;
+  }
+  return format == scenarios::Format::kF64 ? 0x1.0p-53 : 0x1.0p-24;
+}
+
+double Capabilities::probability_epsilon() const noexcept {
+  switch (probabilities_rounded_to) {
+    case ProbabilityRounding::kNone: return 0;
+    case ProbabilityRounding::kBf16: return 0x1.0p-8;
+    case ProbabilityRounding::kFp16: return 0x1.0p-11;
+  }
+  return 0;
+}
 
 bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_rows, std::string* why) const {
   auto no = [why](std::string text) {
@@ -37,8 +145,22 @@ bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_r
     return no(std::to_string(c.states) + " states (most " + std::to_string(max_states) + ")");
   if (max_layers > 0 && c.layers > max_layers)
     return no(std::to_string(c.layers) + " layers (most " + std::to_string(max_layers) + ")");
-  if (max_head_dim > 0 && c.head_dim > max_head_dim) return no("head_dim " + std::to_string(c.head_dim));
-  if (max_heads > 0 && c.q_heads > max_heads) return no(std::to_string(c.q_heads) + " query heads");
+  if (!head_dims.contains(c.head_dim)) {
+    return no("head_dim " + std::to_string(c.head_dim) + " (it runs " + head_dims.describe() + ")");
+  }
+  if (c.rope.style != scenarios::RopeStyle::kNone && c.rope.rotary_dims > 0 &&
+      !rotary_dims.contains(c.rope.rotary_dims)) {
+    return no("rotary_dims " + std::to_string(c.rope.rotary_dims) + " (it runs " + rotary_dims.describe() +
+              ")");
+  }
+  if (max_heads > 0 && c.q_heads > max_heads)
+    return no(std::to_string(c.q_heads) + " query heads (most " + std::to_string(max_heads) + ")");
+  if (max_kv_heads > 0 && c.kv_heads > max_kv_heads)
+    return no(std::to_string(c.kv_heads) + " KV heads (most " + std::to_string(max_kv_heads) + ")");
+  if (max_window_keys > 0 && scenarios::declared_window_keys(c) > max_window_keys) {
+    return no("a window of " + std::to_string(scenarios::declared_window_keys(c)) + " keys (most " +
+              std::to_string(max_window_keys) + ")");
+  }
   if (max_step_rows > 0 && step_rows > max_step_rows) {
     return no("steps of " + std::to_string(step_rows) + " rows (most " + std::to_string(max_step_rows) + ")");
   }
@@ -62,6 +184,15 @@ bool Capabilities::supports(const scenarios::Scenario& sc, std::string* why) con
   std::int64_t rows = 1;
   for (const auto& s : sc.steps) rows = std::max(rows, scenarios::step_rows(s));
   if (!supports(sc.cache, rows, why)) return false;
+  if (max_positions > 0) {
+    const std::int64_t end = scenarios::schedule_end(sc.steps);
+    if (end > max_positions) {
+      if (why)
+        *why = "positions up to " + std::to_string(end - 1) + " (most " + std::to_string(max_positions) +
+               " positions per request)";
+      return false;
+    }
+  }
   for (std::size_t i = 0; i < sc.steps.size(); ++i) {
     if (!supports_step(sc.steps[i])) {
       const auto& s = sc.steps[i];

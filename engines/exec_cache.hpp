@@ -8,14 +8,16 @@
 // (a crash, a line that is not JSON, a missing or mistyped field, wrong
 // shapes, NaN, no answer within the step timeout) ends the run with
 // kvcheck::Error(kAdapter) naming the step and the JSON path, followed by the
-// tail of the adapter's stderr; the child's whole process group is killed and
-// reaped when the provider goes away, so none is left behind.
+// tail of the adapter's stderr. The child process and its pipes are
+// engines/exec_transport.hpp: no adapter can hang kvcheck, and nothing it
+// starts outlives kvcheck.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "engines/cache_under_test.hpp"
+#include "engines/exec_transport.hpp"
 
 namespace kvcheck::engines {
 
@@ -30,5 +32,9 @@ inline constexpr int kExecProtocolVersion = 1;
 /// Starts `command` and performs the hello handshake. Throws kvcheck::Error
 /// (kAdapter) when the command cannot start or answers badly.
 std::unique_ptr<CacheProvider> make_exec_provider(const std::string& command, const ExecOptions& options);
+
+/// The same provider over a transport the caller made (the answer-parser
+/// fuzzer feeds answers from memory); `name` stands for the command.
+std::unique_ptr<CacheProvider> make_exec_provider(std::unique_ptr<ExecTransport> transport, const std::string& name);
 
 }  // namespace kvcheck::engines

@@ -162,6 +162,9 @@ class RingPoolProvider final : public CacheProvider {
     caps_.name = "ring-pool/" + backend_;
     caps_.ring_addressing = true;
     caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
+    // The CPU kernel table rotates keys and queries in double (std::cos/sin
+    // of a double angle) whatever the row format.
+    if (backend_ == "cpu") caps_.rope_unit_roundoff = 0x1.0p-53;
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return backend_; }

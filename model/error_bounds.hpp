@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
 
 #include "model/attention.hpp"
 
@@ -61,36 +64,187 @@ void rope_element_deviation(const std::vector<R>& head, std::int64_t position, c
 /// The two parts of an output tolerance (absolute, per output element).
 struct OutputTolerance {
   double accumulation = 0;  ///< rounding of scores, softmax and the weighted sum
-  double rope = 0;          ///< RoPE angle error of the query and the keys
+  double rope = 0;          ///< RoPE angle error of the query and the keys (and what it may flip)
   double total() const noexcept { return accumulation + rope; }
 };
 
-/// Tolerance of one query's output. `keys`: visible rows; `head_dim`;
-/// `score_abs`: max over heads and keys of scale * sum_d |q_d k_d| (bounds
-/// every logit and its rounding); `value_max`: largest |value element|;
-/// `rope_score`: max over heads and keys of the score change the RoPE
-/// deviations can cause; `rope_value`: largest value-element deviation
-/// (shared rows, whose rotated key is also the value).
-///   accumulation = 16 u (keys + head_dim + (head_dim + 2) score_abs) max(1, value_max)
-///     (dot products: gamma_d score_abs; exp(s - max) inherits the argument
-///      error u |s - max| <= 2u score_abs; the normaliser and the weighted
-///      sum add gamma_keys; a relative weight error e moves the output by at
-///      most 2 e value_max)
-///   rope = min(2 value_max, 2 value_max expm1(2 rope_score)) + rope_value
-///     (scores moved by at most D move every weight by a factor within
-///      e^(+-2D) after normalisation; an output is a convex combination of
-///      values, so no perturbation moves it further than 2 value_max)
-inline OutputTolerance attention_output_tolerance(double u, std::int64_t keys, std::int32_t head_dim,
-                                                  double score_abs, double value_max, double rope_score,
-                                                  double rope_value) {
-  OutputTolerance t;
-  t.accumulation = 16.0 * u * (static_cast<double>(keys) + head_dim + (head_dim + 2.0) * score_abs) *
-                   std::max(1.0, value_max);
-  const double mix = 2.0 * value_max;
-  t.rope = rope_score > 0 ? std::min(mix, mix * std::expm1(2.0 * rope_score)) : 0.0;
-  if (std::isnan(t.rope)) t.rope = mix;
-  t.rope += rope_value;
-  return t;
+/// gamma_n = n u / (1 - n u): the relative error bound of n rounded
+/// operations in unit roundoff u (infinite when n u >= 1).
+inline double gamma_bound(double n, double u) {
+  const double nu = n * u;
+  return nu < 1 ? nu / (1 - nu) : std::numeric_limits<double>::infinity();
+}
+
+/// One query head's attention as its output bound sees it: what kvcheck
+/// knows of the computation a correct cache makes, all of it data of this
+/// query (the a-posteriori bound below).
+struct HeadAttention {
+  std::int32_t head_dim = 0;
+  std::int64_t keys = 0;
+  const double* score = nullptr;          ///< [keys] s_j = scale q.k_j (estimated in double)
+  const double* score_err = nullptr;      ///< [keys] bound on |kernel's s_j - exact s_j| before the softmax
+  const double* const* values = nullptr;  ///< [keys] -> [head_dim] reference value rows
+  const double* const* value_err = nullptr;  ///< [keys] -> [head_dim] or null: |kernel's v - reference v|
+  const double* out = nullptr;               ///< [head_dim] reference output
+  std::optional<double> sink;                ///< sink logit (a key with value 0)
+  double sink_err = 0;                       ///< bound on the kernel's sink logit error
+  double u = 0;                              ///< unit roundoff of the kernel's accumulation
+  double prob_u = 0;  ///< unit roundoff the probabilities are rounded to before P.V (0: not rounded)
+};
+
+/// Scratch space for head_output_bound (kept by the caller between queries).
+struct BoundScratch {
+  std::vector<double> w, eps1, eps2, c1, c2, t1a, ba, t1b, bb, t3;
+};
+
+/// A second set of score errors (and value errors) evaluated in the same pass
+/// over the values: the RoPE-free part and the whole bound of one query come
+/// from one reading of its rows.
+struct SecondErrors {
+  const double* score_err = nullptr;         ///< [keys]
+  const double* const* value_err = nullptr;  ///< [keys] -> [head_dim] or null
+  double* bound = nullptr;                   ///< [head_dim] out
+  double worst = 0;                          ///< out: max_e bound[e]
+};
+
+/// Bound, per output element e, on |kernel output - reference output| of one
+/// head (written to bound[0 .. head_dim)). The argument, with w_j the
+/// reference softmax weights (the sink is key 0 with value 0):
+///
+///  1. The kernel's probability p'_j = exp(s'_j - m') differs from the exact
+///     e^(s_j - m) by a factor e^(d_j), |d_j| <= eps_j, where
+///       eps_j = score_err_j + 2u (|s_j - m| + score_err_j + max_k score_err_k) + 16u :
+///     the score error itself; rounding of the exp argument (|x| u, twice for
+///     an exp2 with log2(e) folded in); the exp's own error (the CPU kernel's
+///     polynomial: ~3.4u). A common m' cancels in the normalisation.
+///  2. Weights w'_j = w_j e^(d_j) / Z, Z = sum_k w_k e^(d_k). By Jensen,
+///     e^(-L) <= Z <= e^L with L = ln sum_k w_k e^(eps_k), so
+///     |w'_j - w_j| <= w_j c_j, c_j = e^(eps_j + L) - 1.
+///  3. sum_j (w'_j - w_j) = 0, so o' - o = sum_j (w'_j - w_j)(v_j - o):
+///       T1 = sum_j w_j c_j |v_j - o|     (the sink's v = 0: |o|)
+///     weighted by the softmax weights, so a key with a large |q.k| but a
+///     small weight costs nothing (the former bound took the largest |q.k|
+///     over all keys times every term).
+///  4. The weighted sum and the normaliser in floating point (any order, an
+///     online softmax's rescaling included: at most 2n + 8 roundings per
+///     term): with B = sum_j w_j (1 + c_j) |v_j| >= sum_j w'_j |v_j|,
+///       T2 = 2 gamma_(2n+8) B / (1 - gamma_(2n+8)) + prob_u B + 2u (|o| + T1)
+///     (prob_u: probabilities rounded before P.V; the last term the final
+///     division and conversion).
+///  5. Values the kernel holds differently (a shared row's rotated key):
+///       T3 = sum_j w_j (1 + c_j) value_err_j.
+///  6. Underflow: a float exp flushes below e^-87 and products lose digits
+///     below the smallest normal: (n + 2) 2^-122 (2 max|v| + |o|) for float
+///     accumulation (2^-1018 for double).
+/// bound = (T1 + T2 + T3 + underflow) (1 + 2^-20) (the estimate's own
+/// double rounding, far below). Returns max_e bound[e].
+inline double head_output_bound(const HeadAttention& a, BoundScratch* scratch, double* bound,
+                                SecondErrors* second = nullptr) {
+  const std::int64_t n = a.keys;
+  const std::int32_t d = a.head_dim;
+  const double u = a.u;
+  const auto un = static_cast<std::size_t>(n);
+  const auto ud = static_cast<std::size_t>(d);
+  BoundScratch& s = *scratch;
+  const bool two = second != nullptr;
+  s.w.resize(un);
+  double m = a.sink ? *a.sink : -std::numeric_limits<double>::infinity();
+  double err_max1 = a.sink ? a.sink_err : 0.0, err_max2 = err_max1;
+  for (std::int64_t j = 0; j < n; ++j) {
+    m = std::max(m, a.score[j]);
+    err_max1 = std::max(err_max1, a.score_err[j]);
+    if (two) err_max2 = std::max(err_max2, second->score_err[j]);
+  }
+  double z = 0, sink_w = 0;
+  for (std::size_t i = 0; i < un; ++i) {
+    s.w[i] = std::exp(a.score[i] - m);
+    z += s.w[i];
+  }
+  if (a.sink) {
+    sink_w = std::exp(*a.sink - m);
+    z += sink_w;
+  }
+  for (std::size_t i = 0; i < un; ++i) s.w[i] /= z;
+  sink_w /= z;
+  // eps_j, L and c_j of one set of score errors.
+  auto weights = [&](const double* err, double err_max, std::vector<double>* eps, std::vector<double>* c,
+                     double* sink_c) {
+    auto eps_of = [&](double sj, double ej) {
+      return ej + 2 * u * (std::fabs(sj - m) + ej + err_max) + 16 * u;
+    };
+    eps->resize(un);
+    c->resize(un);
+    double spread = 0;  // sum_j w_j (e^eps_j - 1)
+    for (std::size_t i = 0; i < un; ++i) {
+      (*eps)[i] = eps_of(a.score[i], err[i]);
+      spread += s.w[i] * std::expm1((*eps)[i]);
+    }
+    const double sink_eps = a.sink ? eps_of(*a.sink, a.sink_err) : 0.0;
+    spread += sink_w * std::expm1(sink_eps);
+    const double big_l = std::log1p(spread);
+    for (std::size_t i = 0; i < un; ++i) (*c)[i] = std::expm1((*eps)[i] + big_l);
+    *sink_c = std::expm1(sink_eps + big_l);
+  };
+  double sink_c1 = 0, sink_c2 = 0;
+  weights(a.score_err, err_max1, &s.eps1, &s.c1, &sink_c1);
+  if (two) weights(second->score_err, err_max2, &s.eps2, &s.c2, &sink_c2);
+
+  s.t1a.assign(ud, 0.0);
+  s.ba.assign(ud, 0.0);
+  s.t1b.assign(ud, 0.0);
+  s.bb.assign(ud, 0.0);
+  s.t3.assign(ud, 0.0);
+  double vmax = 0;
+  const bool value_err1 = a.value_err != nullptr;
+  const bool value_err2 = two && second->value_err != nullptr;
+  for (std::size_t i = 0; i < un; ++i) {
+    const double wc1 = s.w[i] * s.c1[i], wb1 = s.w[i] * (1 + s.c1[i]);
+    const double* v = a.values[i];
+    if (!two) {
+      for (std::size_t e = 0; e < ud; ++e) {
+        const double ve = std::fabs(v[e]);
+        vmax = std::max(vmax, ve);
+        s.t1a[e] += wc1 * std::fabs(v[e] - a.out[e]);
+        s.ba[e] += wb1 * ve;
+      }
+    } else {
+      const double wc2 = s.w[i] * s.c2[i], wb2 = s.w[i] * (1 + s.c2[i]);
+      for (std::size_t e = 0; e < ud; ++e) {
+        const double ve = std::fabs(v[e]), dv = std::fabs(v[e] - a.out[e]);
+        vmax = std::max(vmax, ve);
+        s.t1a[e] += wc1 * dv;
+        s.ba[e] += wb1 * ve;
+        s.t1b[e] += wc2 * dv;
+        s.bb[e] += wb2 * ve;
+      }
+    }
+    // Value errors: in the first set's bound, or the second's.
+    const double* dv = value_err2 ? second->value_err[i] : (value_err1 ? a.value_err[i] : nullptr);
+    if (dv != nullptr) {
+      const double wb = value_err2 ? s.w[i] * (1 + s.c2[i]) : wb1;
+      for (std::size_t e = 0; e < ud; ++e) s.t3[e] += wb * dv[e];
+    }
+  }
+  const double g = gamma_bound(2.0 * static_cast<double>(n) + 8, u);
+  const double acc = 2 * g / (1 - g) + a.prob_u;
+  const double tiny = (u > 0x1.0p-40 ? 0x1.0p-122 : 0x1.0p-1018) * static_cast<double>(n + 2);
+  auto finish = [&](const std::vector<double>& t1v, const std::vector<double>& bv, double sink_c,
+                    bool with_t3, double* out) {
+    double worst = 0;
+    for (std::size_t e = 0; e < ud; ++e) {
+      const double o = std::fabs(a.out[e]);
+      const double t1 = t1v[e] + sink_w * sink_c * o;
+      double t = t1 + acc * bv[e] + 2 * u * (o + t1) + (with_t3 ? s.t3[e] : 0.0) + tiny * (2 * vmax + o);
+      t *= 1 + 0x1.0p-20;
+      if (std::isnan(t)) t = std::numeric_limits<double>::infinity();
+      out[e] = t;
+      worst = std::max(worst, t);
+    }
+    return worst;
+  };
+  const double first = finish(s.t1a, s.ba, sink_c1, value_err1 && !value_err2, bound);
+  if (two) second->worst = finish(s.t1b, s.bb, sink_c2, value_err2, second->bound);
+  return first;
 }
 
 }  // namespace kvcheck::model

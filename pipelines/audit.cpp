@@ -4,6 +4,7 @@
 
 #include "impl/kv_cache.hpp"
 #include "properties/audit.hpp"
+#include "properties/memory_estimate.hpp"
 #include "reports/report_text.hpp"
 #include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
@@ -20,15 +21,33 @@ int run_audit(const AuditRequest& request) {
   for (const auto& f : files) {
     for (auto& run : scenarios::load_trace_file(f)) runs.push_back(std::move(run));
   }
+  // The reads the records list, before any is expanded (a block table of a
+  // few bytes can ask for 2^26 reads).
+  properties::require_work(properties::estimate_audit_work({}, runs), "the audit");
   std::vector<std::string> notes;
+  std::vector<scenarios::Scenario> built;
   for (const auto& run : runs) {
     const properties::TraceScenario ts = properties::trace_scenario(run);
+    built.push_back(ts.scenario);
     if (!ts.judge_outputs) {
       notes.push_back("note: " + run.header.name + " (" + (run.source.empty() ? "trace" : run.source) +
                       " line " + std::to_string(run.header_line) +
                       "): slots judged, outputs not: " + ts.outputs_note + "\n");
     }
   }
+
+  withdraw_report_files(request.files);  // no earlier verdict stands while this one is made
+  // Refused before anything is judged when the runs would not fit.
+  properties::require_work(properties::estimate_audit_work(built, runs), "the audit");
+  {
+    properties::RunOptions estimated;
+    estimated.backend = "trace";
+    estimated.precision_bits = options.precision_bits;
+    estimated.record_reads = options.record_reads;
+    properties::require_memory(properties::estimate_audit(built, runs, estimated), request.memory_limit_bytes,
+                               request.limit_source);
+  }
+  built.clear();
 
   reports::Report report;
   report.context = report_context(request.command, 0, "trace", impl::Fault::kNone, options.precision_bits);

@@ -4,6 +4,7 @@
 // reports as a live run. cli/ reads the flags into an AuditRequest.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,18 @@ namespace kvcheck::pipelines {
 
 /// What `kvcheck audit` was asked for.
 struct AuditRequest {
-  std::vector<std::string> files_or_dirs;  ///< trace files (*.jsonl) or directories of them
-  int precision_bits = 113;                ///< --precision: 53, 113 or 169
-  std::string command;                     ///< the command line as the report records it
-  ReportFiles files;                       ///< --text, --report, --junit, --html
+  std::vector<std::string> files_or_dirs;       ///< trace files (*.jsonl) or directories of them
+  int precision_bits = 113;                     ///< --precision: 53, 113 or 169
+  std::string command;                          ///< the command line as the report records it
+  ReportFiles files;                            ///< --text, --report, --junit, --html
+  std::int64_t memory_limit_bytes = INT64_MAX;  ///< --memory-limit, else what the machine has free
+  std::string limit_source = "no limit";        ///< where the limit came from (for the refusal)
 };
 
 /// Loads every trace (all before any is judged: a bad file writes nothing),
-/// judges each run, prints the report and a note for each run whose outputs
+/// refuses up front what would not fit (reads beyond properties::kMaxReads,
+/// kSize; estimated memory beyond the limit, kMemory; both naming the trace
+/// line or field that drives them), judges each run, prints the report and a note for each run whose outputs
 /// could not be judged, and writes the report files as one set. Returns 0
 /// when every run passed, else 1 (see write_set_keeping_verdict); throws
 /// kvcheck::Error for a bad trace or when there is none.

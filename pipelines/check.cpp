@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <system_error>
 
 #include "engines/factory.hpp"
@@ -25,6 +27,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// "FIELD[k]", as JSON paths name an array's element.
+std::string jr_index(const std::string& field, std::size_t k) {
+  return field + "[" + std::to_string(k) + "]";
+}
+
 /// Prints the summary and fills `report` (the counterexample as an
 /// attachment) from a finished check; returns the exit code. Shared by one process, the merge
 /// of shards and MPI rank 0, so all three print and write the same.
@@ -33,6 +40,11 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   reports::CheckSummary summary;
   summary.cases = result.cases;
   summary.failures = result.failures;
+  summary.refused = result.refused;
+  summary.skipped = result.skipped;
+  summary.queries = result.queries;
+  summary.queries_not_output_checked = result.queries_not_output_checked;
+  summary.min_run_share = options.min_run_share;
   const auto names = properties::coverage_names(options.profile);
   for (std::size_t i = 0; i < names.size(); ++i) {
     // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
@@ -45,22 +57,68 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     std::error_code ec;
     fs::create_directories(out_dir, ec);
     const fs::path file = out_dir / (result.shrunk.name + ".json");
+    std::string replayed;  // the files to replay before the counterexample, in their order
+    if (!result.reproduces_alone) {
+      // The cases that ran before it, written beside it as NAME-before-NNNN.json
+      // (sorted, as replay runs files, before NAME.json): replayed in one
+      // cache in that order they reproduce the failure.
+      reports::EarlierCases earlier;
+      earlier.earlier_cases_run = result.earlier_cases_run;
+      earlier.case_seeds = result.earlier_case_seeds;
+      earlier.reproduced = result.reproduces_after_earlier;
+      earlier.first_failure_there = result.first_failure_there;
+      for (std::size_t j = 0; j < result.earlier_cases.size(); ++j) {
+        char number[24];
+        std::snprintf(number, sizeof number, "%04zu", j);
+        scenarios::Scenario sc = result.earlier_cases[j];
+        sc.name = result.shrunk.name + "-before-" + number;
+        const fs::path earlier_file = out_dir / (sc.name + ".json");
+        report.attachments.push_back({earlier_file, scenarios::save_scenario(sc)});
+        earlier.files.push_back(earlier_file.string());
+      }
+      if (earlier.files.size() > 8) {
+        replayed = properties::shell_quote((out_dir / result.shrunk.name).string()) + "-before-*.json ";
+      } else {
+        for (const auto& f : earlier.files) replayed += properties::shell_quote(f) + " ";
+      }
+      summary.depends_on_earlier = std::move(earlier);
+    }
     report.attachments.push_back({file, scenarios::save_scenario(result.shrunk)});
     summary.counterexample_file = file.string();
-    summary.replay_command = "kvcheck replay " + properties::shell_quote(file.string()) + " " +
+    summary.replay_command = "kvcheck replay " + replayed + properties::shell_quote(file.string()) + " " +
                              properties::replay_arguments(options.run);
     report.runs.push_back(result.shrunk_run);
   }
   report.check = summary;
-  std::printf("check: %lld cases, %lld failing, seed %llu, backend %s, fault %s%s\n",
-              static_cast<long long>(result.cases), static_cast<long long>(result.failures),
-              static_cast<unsigned long long>(options.seed), options.run.backend.c_str(),
-              std::string(impl::fault_name(options.run.fault)).c_str(),
-              options.profile == properties::Profile::kDefault
-                  ? ""
-                  : (", profile " + properties::profile_name(options.profile)).c_str());
+  // The counts lead: "PASS" over cases that never ran is not a verdict.
+  std::printf(
+      "check: %lld cases (%lld ran, %lld refused, %lld skipped), %lld failing, seed %llu, backend %s, "
+      "fault %s%s\n",
+      static_cast<long long>(result.cases), static_cast<long long>(result.ran()),
+      static_cast<long long>(result.refused), static_cast<long long>(result.skipped),
+      static_cast<long long>(result.failures), static_cast<unsigned long long>(options.seed),
+      options.run.backend.c_str(), std::string(impl::fault_name(options.run.fault)).c_str(),
+      options.profile == properties::Profile::kDefault
+          ? ""
+          : (", profile " + properties::profile_name(options.profile)).c_str());
+  if (result.refused > 0) {
+    std::printf("refused: %lld cases the cache refused to open\n", static_cast<long long>(result.refused));
+  }
   if (result.skipped > 0) {
-    std::printf("skipped: %lld cases the cache refused to open\n", static_cast<long long>(result.skipped));
+    std::printf("skipped: %lld cases outside the cache's declared capabilities\n",
+                static_cast<long long>(result.skipped));
+  }
+  std::printf("not output-checked: %lld of %lld queries\n",
+              static_cast<long long>(result.queries_not_output_checked),
+              static_cast<long long>(result.queries));
+  if (!result.run_share_ok) {
+    std::printf(
+        "FAIL: only %lld of %lld cases ran (%.1f%%), below --min-run-share %s: the cache refused or "
+        "could not take the rest\n",
+        static_cast<long long>(result.ran()), static_cast<long long>(result.cases),
+        result.cases > 0 ? 100.0 * static_cast<double>(result.ran()) / static_cast<double>(result.cases)
+                         : 0.0,
+        reports::format_double(options.min_run_share).c_str());
   }
   std::printf("coverage:");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -68,7 +126,35 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                 result.reachable[i] ? "" : "(n/a)");
   }
   std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
-  if (result.found_failure) {
+  if (result.found_failure && !result.reproduces_alone) {
+    // Never an empty "first failure:": say what is known, and how to get it back.
+    const auto& earlier = *summary.depends_on_earlier;
+    std::printf(
+        "counterexample: depends on earlier cases: case seed %llu failed after %lld earlier cases in its "
+        "process but passes alone in a fresh cache (the engine keeps state across close/open, or is not "
+        "deterministic)\n",
+        static_cast<unsigned long long>(result.failing_case_seed),
+        static_cast<long long>(result.earlier_cases_run));
+    std::string seeds;
+    for (std::size_t j = 0; j < earlier.case_seeds.size(); ++j) {
+      if (j == 8) {
+        seeds += " ... (" + std::to_string(earlier.case_seeds.size() - j) + " more, in report.json)";
+        break;
+      }
+      seeds += " " + std::to_string(earlier.case_seeds[j]);
+    }
+    if (earlier.reproduced) {
+      std::printf("  reproduced in a fresh cache after the %zu case(s) before it, case seeds%s\n",
+                  earlier.case_seeds.size(), seeds.c_str());
+      std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
+    } else {
+      std::printf("  not reproduced in a fresh cache after the last %zu case(s) before it either%s%s\n",
+                  earlier.case_seeds.size(), seeds.empty() ? "" : ", case seeds", seeds.c_str());
+      std::printf("  first failure in its process: %s\n", result.first_failure_there.c_str());
+    }
+    std::printf("  written to %s (with the %zu case(s) before it)\n  replay: %s\n",
+                summary.counterexample_file.c_str(), earlier.files.size(), summary.replay_command.c_str());
+  } else if (result.found_failure) {
     std::printf(
         "counterexample: %zu requests, %zu steps (shrunk from %zu steps in %lld runs), case seed %llu\n",
         result.shrunk.requests.size(), result.shrunk.steps.size(), result.original.steps.size(),
@@ -79,7 +165,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                 summary.replay_command.c_str());
   }
   std::printf("time: %s\n", timing.c_str());
-  return result.found_failure || !result.coverage_ok ? 1 : 0;
+  return result.found_failure || !result.coverage_ok || !result.run_share_ok ? 1 : 0;
 }
 
 /// "0.41 s, 725 cases/s on 2 threads", or "0.02 s merging 3 shards" when
@@ -107,6 +193,7 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
   o.step_timeout_seconds = options.run.step_timeout_seconds;
   o.command = command;
   o.profile = properties::profile_name(options.profile);
+  o.min_run_share = options.min_run_share;
   return o;
 }
 
@@ -139,16 +226,35 @@ int write_set_keeping_verdict(const std::vector<reports::OutputFile>& files, int
   return code;
 }
 
-int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files) {
+int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files,
+                       std::vector<reports::OutputFile> extra) {
   std::vector<reports::OutputFile> outputs;
   if (files.text) outputs.push_back({*files.text, text});
   if (files.json) outputs.push_back({*files.json, reports::report_json_text(report)});
   if (files.junit) outputs.push_back({*files.junit, reports::report_junit(report)});
   if (files.html) outputs.push_back({*files.html, reports::report_html(report)});
+  for (auto& f : extra) outputs.push_back(std::move(f));
   return write_set_keeping_verdict(outputs, report.passed() ? 0 : 1);
 }
 
-int write_reports(const reports::Report& report, const fs::path& dir, int code) {
+std::vector<reports::NamedOutput> named_outputs(const ReportFiles& files) {
+  std::vector<reports::NamedOutput> named;
+  if (files.text) named.push_back({"--text", *files.text});
+  if (files.json) named.push_back({"--report", *files.json});
+  if (files.junit) named.push_back({"--junit", *files.junit});
+  if (files.html) named.push_back({"--html", *files.html});
+  return named;
+}
+
+std::vector<reports::NamedOutput> report_set_outputs(const fs::path& dir) {
+  std::vector<reports::NamedOutput> named;
+  for (const char* name : {"report.json", "report.txt", "report.html", "junit.xml"})
+    named.push_back({"--out", dir / name});
+  return named;
+}
+
+int write_reports(const reports::Report& report, const fs::path& dir, int code,
+                  std::vector<reports::OutputFile> extra) {
   std::error_code ec;
   fs::create_directories(dir, ec);  // a failure shows as the set's write error
   std::vector<reports::OutputFile> files = report.attachments;
@@ -156,6 +262,7 @@ int write_reports(const reports::Report& report, const fs::path& dir, int code) 
   files.push_back({dir / "report.txt", reports::report_text(report)});
   files.push_back({dir / "report.html", reports::report_html(report)});
   files.push_back({dir / "junit.xml", reports::report_junit(report)});
+  for (auto& f : extra) files.push_back(std::move(f));
   return write_set_keeping_verdict(files, code);
 }
 
@@ -175,12 +282,21 @@ std::vector<properties::RunObservation> record_runs(const std::vector<scenarios:
 
 void record_check_run(const properties::CheckOptions& options, const reports::Report& report,
                       const std::shared_ptr<scenarios::TraceWriter>& trace) {
+  // The counterexample is read from the report's attachment (the report set,
+  // the trace with it, is not written yet), else from its file.
+  std::optional<scenarios::Scenario> counterexample;
+  if (report.check && !report.check->counterexample_file.empty()) {
+    for (const auto& a : report.attachments) {
+      if (a.path == fs::path(report.check->counterexample_file))
+        counterexample = scenarios::parse_scenario(a.content, report.check->counterexample_file);
+    }
+    if (!counterexample) counterexample = scenarios::load_scenario_file(report.check->counterexample_file);
+  }
   const scenarios::Scenario sc =
-      report.check && !report.check->counterexample_file.empty()
-          ? scenarios::load_scenario_file(report.check->counterexample_file)
-          : properties::generate_scenario(properties::case_seed(options.seed, 0),
-                                          properties::make_provider(options.run)->capabilities(),
-                                          options.profile);
+      counterexample ? *counterexample
+                     : properties::generate_scenario(properties::case_seed(options.seed, 0),
+                                                     properties::make_provider(options.run)->capabilities(),
+                                                     options.profile);
   record_runs({sc}, options.run, trace);
 }
 
@@ -216,6 +332,32 @@ void prepare_out_dir(const fs::path& dir) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     throw Error(ErrorId::kIo, "--out", "directory '" + dir.string() + "' is not writable");
   }
+  reports::withdraw_output_files(report_set_files(dir));
+}
+
+std::vector<fs::path> report_set_files(const fs::path& dir) {
+  // The names write_reports writes, and the counterexamples check writes
+  // beside them ("counterexample-WHAT-seedN.json", report_check).
+  std::vector<fs::path> files = {dir / "report.json", dir / "report.txt", dir / "report.html",
+                                 dir / "junit.xml"};
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("counterexample-", 0) == 0 && it->path().extension() == ".json")
+      found.push_back(it->path());
+  }
+  std::sort(found.begin(), found.end());  // a fixed order (directory order is not)
+  files.insert(files.end(), found.begin(), found.end());
+  return files;
+}
+
+void withdraw_report_files(const ReportFiles& files, const std::optional<fs::path>& record) {
+  std::vector<fs::path> paths;
+  for (const auto& f : {files.text, files.json, files.junit, files.html, record}) {
+    if (f) paths.push_back(*f);
+  }
+  reports::withdraw_output_files(paths);
 }
 
 int run_check(const properties::CheckOptions& options, const std::string& command, const fs::path& out_dir,
@@ -223,19 +365,20 @@ int run_check(const properties::CheckOptions& options, const std::string& comman
   reports::Report report;
   report.context = report_context(command, options.seed, options.run.backend, options.run.fault,
                                   options.run.precision_bits);
-  // The trace file is opened (and truncated) before any work: a bad path is exit 2 up front.
-  std::shared_ptr<scenarios::TraceWriter> trace;
-  if (record) trace = std::make_shared<scenarios::TraceWriter>(fs::path(*record));
   const int checked = run_check_into(options, out_dir, report);
-  const int code = write_reports(report, out_dir, checked);
+  // The counterexample when a case failed, else case 0: one run a reader can
+  // audit, traced in memory and written with the reports as one set.
+  std::vector<reports::OutputFile> extra;
+  if (record) {
+    const auto trace = std::make_shared<scenarios::TraceWriter>();
+    record_check_run(options, report, trace);
+    extra.push_back({fs::path(*record), trace->text()});
+  }
+  const int code = write_reports(report, out_dir, checked, std::move(extra));
   if (code != checked) return code;
   std::printf("reports: %s/report.{json,txt,html}, %s/junit.xml\n", out_dir.string().c_str(),
               out_dir.string().c_str());
-  if (trace) {
-    // The counterexample when a case failed, else case 0: one run a reader can audit.
-    record_check_run(options, report, trace);
-    std::printf("trace: %s\n", record->c_str());
-  }
+  if (record) std::printf("trace: %s\n", record->c_str());
   return code;
 }
 
@@ -257,21 +400,28 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
 }
 
 int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir,
-                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases) {
-  const reports::CheckShardOptions o = reports::check_options_from_json(shards.front());
+                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
+                const std::optional<std::string>& engine) {
+  const reports::ShardResult& front = shards.front();
+  const reports::CheckShardOptions o = reports::check_options_from_json(front);
   properties::CheckOptions options;
   options.cases = o.cases;
   options.seed = o.seed;
   options.run.backend = o.impl;
   options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
+  options.min_run_share = o.min_run_share;
   if (!impl::parse_fault(o.fault, &options.run.fault)) {
-    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.fault",
-                "unknown fault '" + o.fault + "'");
+    throw Error(ErrorId::kShard, front.origin + ": options.fault", "unknown fault '" + o.fault + "'");
   }
   if (!properties::parse_profile(o.profile, &options.profile)) {
-    throw Error(ErrorId::kJsonValue, shards.front().origin + ": options.profile",
-                "unknown profile '" + o.profile + "'");
+    throw Error(ErrorId::kShard, front.origin + ": options.profile", "unknown profile '" + o.profile + "'");
+  }
+  // The engine comes from the merge's own command line, never from a shard
+  // document: it must be the one the shards recorded.
+  if (engine && *engine != o.impl) {
+    throw Error(ErrorId::kShard, front.origin + ": options.impl",
+                "is '" + o.impl + "', but --impl is '" + *engine + "': not a shard of a run on this engine");
   }
   std::vector<properties::CaseTally> tallies;
   for (const auto& shard : shards) {
@@ -279,10 +429,61 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
         reports::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
     if (tallies.back().reachable != tallies.front().reachable) {
       throw Error(ErrorId::kShard, shard.origin,
-                  "its cache reaches other coverage classes than " + shards.front().origin +
-                      "'s: not the same cache");
+                  "its cache reaches other coverage classes than " + front.origin + "'s: not the same cache");
     }
   }
+  // Counts that cannot be added up are no tally of a real run.
+  std::int64_t queries = 0;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    if (__builtin_add_overflow(queries, tallies[s].queries, &queries)) {
+      throw Error(ErrorId::kShard, shards[s].origin + ": result.queries",
+                  "the shards' query counts overflow when added: not the tally of a run");
+    }
+  }
+  // Which coverage classes the cache can reach, where the merge knows the
+  // cache without running anything a shard names: the engine of --impl,
+  // or an in-process cache that needs no device.
+  std::optional<std::string> known = engine;
+  if (!known && (o.impl == "cpu" || o.impl == "layer")) known = o.impl;
+  if (known) {
+    properties::RunOptions run = options.run;
+    run.backend = *known;
+    const std::vector<bool> reachable =
+        properties::reachable_coverage(properties::make_provider(run)->capabilities(), options.profile);
+    const auto names = properties::coverage_names(options.profile);
+    for (std::size_t k = 0; k < reachable.size(); ++k) {
+      if (reachable[k] != tallies.front().reachable[k]) {
+        throw Error(ErrorId::kShard, front.origin + ": " + jr_index("result.reachable", k),
+                    "records coverage class " + names[k] + " as " + (reachable[k] ? "un" : "") +
+                        "reachable, but the cache " + *known + " can" + (reachable[k] ? "" : "not") +
+                        " reach it: not the tally of a run on this cache");
+      }
+    }
+  }
+  // Every shard's failing case is re-run alone in a fresh cache of the
+  // merge's engine: a shard whose failure does not reproduce is refused.
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const std::int64_t failing = tallies[s].first_failing_case;
+    if (failing < 0) continue;
+    if (!engine) {
+      throw Error(
+          ErrorId::kUsage, "--impl",
+          "is needed: " + shards[s].origin + " reports failing case " + std::to_string(failing) +
+              ", which merge re-runs to confirm it; give the engine the shards ran (merge never runs a "
+              "command from a shard document; this one records --impl " +
+              properties::shell_quote(o.impl) + ")");
+    }
+    if (!properties::case_fails_alone(options, failing)) {
+      throw Error(ErrorId::kShard, shards[s].origin + ": result.first_failing_case",
+                  "case " + std::to_string(failing) + " (case seed " +
+                      std::to_string(properties::case_seed(options.seed, failing)) +
+                      ") passes when re-run alone in a fresh cache on --impl " +
+                      properties::shell_quote(*engine) +
+                      ": the shard's failure does not reproduce (it may depend on the cases before it in the "
+                      "shard's process; run the check in one process to see)");
+    }
+  }
+  prepare_out_dir(out_dir);
   reports::Report report;
   report.context = report_context(o.command, o.seed, o.impl, options.run.fault, o.precision_requested);
   const properties::CheckResult result =

@@ -49,14 +49,24 @@ struct ReportFiles {
 };
 
 /// Writes the files of `report` that `files` names, as one set, in the order
-/// text, JSON, JUnit, HTML (`text` is the report's text as printed); returns
-/// 0 when every run passed, else 1 (see write_set_keeping_verdict).
-int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files);
-
-/// The report set of `report` in `dir`: the counterexample (if any) and the
-/// four reports, written together or not at all; returns `code` (see
+/// text, JSON, JUnit, HTML (`text` is the report's text as printed), then
+/// `extra` (a --record trace); returns 0 when every run passed, else 1 (see
 /// write_set_keeping_verdict).
-int write_reports(const reports::Report& report, const std::filesystem::path& dir, int code);
+int write_report_files(const reports::Report& report, const std::string& text, const ReportFiles& files,
+                       std::vector<reports::OutputFile> extra = {});
+
+/// The report set of `report` in `dir`: the counterexample (if any), the
+/// four reports and `extra` (a --record trace), written together or not at
+/// all; returns `code` (see write_set_keeping_verdict).
+int write_reports(const reports::Report& report, const std::filesystem::path& dir, int code,
+                  std::vector<reports::OutputFile> extra = {});
+
+/// The outputs `files` names, for reports::require_distinct_outputs.
+std::vector<reports::NamedOutput> named_outputs(const ReportFiles& files);
+
+/// The four reports `write_reports` writes into `dir`, named "--out", for
+/// reports::require_distinct_outputs.
+std::vector<reports::NamedOutput> report_set_outputs(const std::filesystem::path& dir);
 
 /// Runs `scenarios` through a recording wrapper around the cache `options`
 /// names, appending every run to `trace` (the `--record` format, read back by
@@ -77,14 +87,27 @@ int run_check_into(const properties::CheckOptions& options, const std::filesyste
                    reports::Report& report);
 
 /// Makes sure `dir` exists and takes files, before any work is done (a bad
-/// --out is one line and exit 2 up front, not after every case has run).
+/// --out is one line and exit 2 up front, not after every case has run),
+/// and withdraws an earlier run's report set there (report_set_files): a
+/// run that ends without a verdict leaves no earlier verdict standing, and
+/// a passing run no earlier counterexample.
 void prepare_out_dir(const std::filesystem::path& dir);
 
+/// The files of a report set in `dir` as they are now: the four reports
+/// (whether they exist or not) and every counterexample-*.json there.
+std::vector<std::filesystem::path> report_set_files(const std::filesystem::path& dir);
+
+/// Withdraws the report files `files` names, and the --record trace when
+/// given (replay, audit), before a run, as prepare_out_dir does for --out.
+void withdraw_report_files(const ReportFiles& files,
+                           const std::optional<std::filesystem::path>& record = std::nullopt);
+
 /// The whole check in one process (`kvcheck check` without --shard): the
-/// trace file of `record` opened (and truncated) before any work, the check
-/// run, its summary printed, the report set written into `out_dir`, then
-/// (when the set was written) the recorded run appended to the trace: the
-/// counterexample when a case failed, else case 0. Returns the exit code.
+/// check run, its summary printed, the recorded run (the counterexample when
+/// a case failed, else case 0) traced in memory, and the report set written
+/// into `out_dir` with the trace at `record` as one set (a write failure
+/// keeps a FAIL verdict's exit 1). cli/ checks `record` before any work.
+/// Returns the exit code.
 int run_check(const properties::CheckOptions& options, const std::string& command,
               const std::filesystem::path& out_dir, const std::optional<std::string>& record);
 
@@ -104,8 +127,19 @@ std::string check_shard_text(const properties::CheckOptions& options, const std:
 /// once here, the report written to `out_dir`. `workers` names what ran the
 /// shards; a merge that ran no case itself (`ran_cases` false) prints its
 /// own time from `start`. Returns the exit code.
+///
+/// Nothing a shard document says is run: `engine` is the cache from the
+/// merge's own command line (--impl; MPI rank 0 passes its own), which must
+/// equal the shards' recorded engine, and is required when a shard reports a
+/// failing case. Each such case is re-run alone in a fresh cache of `engine`
+/// and a shard whose failure does not reproduce is refused; so are tallies
+/// no run can have (counts out of range or overflowing when added, coverage
+/// classes the cache cannot or can reach recorded otherwise). Every refusal
+/// is kvcheck::Error(kShard) naming the shard and field, thrown before
+/// `out_dir` is touched.
 int merge_check(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir,
-                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases);
+                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
+                const std::optional<std::string>& engine);
 
 /// Seconds since `start` (printed, never written into a report).
 double seconds_since(std::chrono::steady_clock::time_point start);

@@ -29,12 +29,19 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
   properties::RunOptions options = request.run;
   reports::Report report;
   report.context = report_context(request.command, 0, options.backend, options.fault, options.precision_bits);
-  // Refused before any cache is opened when the runs would not fit.
+  // Refused before any cache is opened when the runs would take too long or not fit.
+  properties::require_work(properties::estimate_replay_work(loaded), "the replay");
   properties::require_memory(properties::estimate_replay(loaded, options), memory_limit_bytes, limit_source);
+  // An earlier run's files go before any run: a replay that ends without a
+  // verdict (an adapter that dies, a signal) leaves none of them looking current.
+  withdraw_report_files(request.files, request.record);
+  std::vector<reports::OutputFile> extra;
   if (request.record) {
-    // Every run goes through a recording wrapper; the trace holds them all.
-    auto trace = std::make_shared<scenarios::TraceWriter>(*request.record);
+    // Every run goes through a recording wrapper; the trace holds them all,
+    // in memory, and is written with the report files as one set.
+    auto trace = std::make_shared<scenarios::TraceWriter>();
     report.runs = record_runs(loaded, options, trace);
+    extra.push_back({*request.record, trace->text()});
   } else {
     // One provider for every file (one adapter process for exec).
     const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
@@ -43,7 +50,7 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
   }
   const std::string text = reports::report_text(report);
   std::fputs(text.c_str(), stdout);
-  return write_report_files(report, text, request.files);
+  return write_report_files(report, text, request.files, std::move(extra));
 }
 
 }  // namespace kvcheck::pipelines

@@ -33,9 +33,9 @@ std::vector<scenarios::Scenario> load_replay_scenarios(const std::vector<std::st
 
 /// Replays `loaded`: refused up front when the estimated memory exceeds
 /// `memory_limit_bytes` (`limit_source` says where the limit came from), the
-/// trace file opened (and truncated) before any run, the report printed to
-/// stdout and its files written. Returns 0 when every run passed, else 1
-/// (see write_set_keeping_verdict).
+/// report printed to stdout and its files written, with the --record trace,
+/// as one set (cli/ checks the paths before any run). Returns 0 when every
+/// run passed, else 1 (see write_set_keeping_verdict).
 int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayRequest& request,
                std::int64_t memory_limit_bytes, const std::string& limit_source);
 

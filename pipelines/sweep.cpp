@@ -93,8 +93,16 @@ int write_sweep_outputs(const sweep::SweepResult& result, const SweepOutputFiles
     std::fprintf(stderr, "kvcheck sweep: %lld configuration(s) lose rows at every capacity tried\n",
                  static_cast<long long>(result.no_safe_rows));
   }
+  if (result.unsupported_rows > 0) {
+    std::fprintf(stderr,
+                 "kvcheck sweep: %lld of %lld configuration(s) unsupported (every capacity refused)\n",
+                 static_cast<long long>(result.unsupported_rows), static_cast<long long>(result.rows.size()));
+  }
+  // Nothing measured at all is no answer: a sweep whose every row was refused fails.
+  const bool nothing_ran =
+      !result.rows.empty() && result.unsupported_rows == static_cast<std::int64_t>(result.rows.size());
   return (result.formula && result.formula_unsafe_rows > 0) || result.replay_failures > 0 ||
-                 result.no_safe_rows > 0
+                 result.no_safe_rows > 0 || nothing_ran
              ? 1
              : 0;
 }

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "model/real.hpp"
@@ -185,12 +187,18 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
 
   // Results are added up as cases finish (sums commute, so the tally does
   // not depend on which worker ran what): nothing is sized by the case count.
-  std::atomic<std::int64_t> failures{0}, skipped{0};
+  std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0};
   std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
   std::atomic<bool> worker_failed{false};
+  // What ran before the lowest failing case in its worker's provider, so a
+  // failure that does not fail alone can be reproduced (finish_with).
+  std::mutex first_failure_mutex;
+  std::vector<std::int64_t> first_failure_earlier;  // guarded by first_failure_mutex
+  std::int64_t first_failure_earlier_run = 0;       // guarded
+  std::string first_failure_text;                   // guarded
 
   auto worker = [&](int id) {
     try {
@@ -198,6 +206,11 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
       run.record_reads = false;
       run.record_ring = false;
       std::unique_ptr<engines::CacheProvider> provider;
+      // The cases this worker's provider ran, oldest first (the last
+      // kKeptEarlierCases); a worker's case indices only grow, so once one
+      // of its cases failed no later one can be the lowest failure.
+      std::deque<std::int64_t> earlier;
+      std::int64_t earlier_run = 0;
       for (;;) {
         const std::int64_t k = next.fetch_add(1);
         if (k >= mine) break;
@@ -217,17 +230,26 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
                           std::to_string(case_seed(options.seed, i)) + ")");
         }
         if (obs.skipped) {
-          skipped.fetch_add(1);
+          (obs.refused ? refused : skipped).fetch_add(1);
         } else {
+          queries.fetch_add(obs.queries);
+          not_output_checked.fetch_add(obs.queries_not_output_checked);
           const std::vector<bool> flags = coverage_flags(classify(sc), options.profile);
           for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
         }
         if (!obs.passed) {
           failures.fetch_add(1);
-          std::int64_t cur = first_failure.load();
-          while (k < cur && !first_failure.compare_exchange_weak(cur, k)) {
+          const std::lock_guard<std::mutex> lock(first_failure_mutex);
+          if (k < first_failure.load()) {
+            first_failure.store(k);
+            first_failure_earlier.assign(earlier.begin(), earlier.end());
+            first_failure_earlier_run = earlier_run;
+            first_failure_text = obs.first_failure;
           }
         }
+        earlier.push_back(i);
+        if (earlier.size() > kKeptEarlierCases) earlier.pop_front();
+        ++earlier_run;
         done.fetch_add(1);
       }
     } catch (...) {
@@ -252,8 +274,16 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
 
   tally.failures = failures.load();
   tally.skipped = skipped.load();
+  tally.refused = refused.load();
+  tally.queries = queries.load();
+  tally.queries_not_output_checked = not_output_checked.load();
   for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
-  if (first_failure.load() < mine) tally.first_failing_case = case_index(first_failure.load());
+  if (first_failure.load() < mine) {
+    tally.first_failing_case = case_index(first_failure.load());
+    tally.earlier_cases = std::move(first_failure_earlier);
+    tally.earlier_cases_run = first_failure_earlier_run;
+    tally.first_failure = std::move(first_failure_text);
+  }
   return tally;
 }
 
@@ -263,6 +293,13 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.cases = tally.cases;
   result.failures = tally.failures;
   result.skipped = tally.skipped;
+  result.refused = tally.refused;
+  result.queries = tally.queries;
+  result.queries_not_output_checked = tally.queries_not_output_checked;
+  // A check where most cases never ran judged little: it fails (README
+  // "Counts"). Compared in doubles: min_run_share is a fraction in [0, 1].
+  result.run_share_ok =
+      static_cast<double>(result.ran()) >= options.min_run_share * static_cast<double>(result.cases);
   result.coverage_counts = tally.coverage_counts;
   result.reachable = tally.reachable;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
@@ -273,28 +310,102 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   engines::CacheProvider& provider = main_provider();
   result.found_failure = true;
   result.failing_case_seed = case_seed(options.seed, tally.first_failing_case);
-  result.original = generate_scenario(result.failing_case_seed, provider.capabilities(), options.profile);
-  RunOptions run = options.run;
-  run.record_reads = false;
-  run.record_ring = false;
-  run.provider = &provider;
-  result.shrunk = shrink_scenario(
-      result.original,
-      [&run](const Scenario& s) {
-        const RunObservation obs = run_scenario(s, run);
-        return !obs.passed && !obs.skipped;
-      },
-      &result.shrink_runs);
+  const engines::Capabilities caps = provider.capabilities();
+  result.original = generate_scenario(result.failing_case_seed, caps, options.profile);
+  // Runs as the check's workers ran them (no reads or ring kept), and as
+  // the reported run is made (everything kept).
+  RunOptions quiet = options.run;
+  quiet.record_reads = false;
+  quiet.record_ring = false;
+  RunOptions final_run = options.run;
+  const auto fails = [](const RunObservation& obs) { return !obs.passed && !obs.skipped; };
   const std::string what = options.run.fault != impl::Fault::kNone
                                ? std::string(impl::fault_name(options.run.fault))
                                : options.run.backend.substr(0, options.run.backend.find(':'));
+  const std::string check_command =
+      "`kvcheck check " + replay_arguments(options.run) + " --seed " + std::to_string(options.seed) + "`";
   result.shrunk.name = "counterexample-" + what + "-seed" + std::to_string(options.seed);
-  result.shrunk.description = "Shrunk from case seed " + std::to_string(result.failing_case_seed) +
-                              " of `kvcheck check " + replay_arguments(options.run) + " --seed " +
-                              std::to_string(options.seed) + "`";
-  RunOptions final_run = options.run;
-  final_run.provider = &provider;
-  result.shrunk_run = run_scenario(result.shrunk, final_run);
+
+  // Every reported failure reproduces: the case as drawn is replayed alone
+  // in a fresh cache (a new provider: a new adapter process for exec)
+  // before anything is shrunk or reported.
+  RunObservation alone;
+  {
+    const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
+    final_run.provider = fresh.get();
+    alone = run_scenario(result.original, final_run);
+  }
+  if (fails(alone)) {
+    quiet.provider = &provider;
+    Scenario shrunk = shrink_scenario(
+        result.original, [&](const Scenario& s) { return fails(run_scenario(s, quiet)); },
+        &result.shrink_runs);
+    shrunk.name = result.shrunk.name;
+    shrunk.description =
+        "Shrunk from case seed " + std::to_string(result.failing_case_seed) + " of " + check_command;
+    // The shrunk case is replayed in a fresh cache too: shrinking ran every
+    // variant in one cache, whose leftovers may have steered it.
+    const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
+    final_run.provider = fresh.get();
+    RunObservation shrunk_run = run_scenario(shrunk, final_run);
+    if (fails(shrunk_run)) {
+      result.shrunk = std::move(shrunk);
+      result.shrunk_run = std::move(shrunk_run);
+    } else {
+      const std::string name = result.shrunk.name;
+      result.shrunk = result.original;
+      result.shrunk.name = name;
+      result.shrunk.description =
+          "Case seed " + std::to_string(result.failing_case_seed) + " of " + check_command +
+          ", as drawn: its shrunk variants fail only after other variants in one cache";
+      result.shrunk_run = std::move(alone);
+    }
+    return result;
+  }
+
+  // It passes alone: the failure depends on the cases that ran before it in
+  // its process (state kept across close/open). Not shrunk (the property
+  // does not hold of the case alone); the shortest kept tail of the earlier
+  // cases that makes it fail again in a fresh cache is kept with it, tried
+  // 1, 2, 4, ... cases long (at most about 2 * kKeptEarlierCases runs).
+  result.reproduces_alone = false;
+  result.earlier_cases_run = tally.earlier_cases_run;
+  result.first_failure_there = tally.first_failure;
+  const std::string name = result.shrunk.name;
+  result.shrunk = result.original;
+  result.shrunk.name = name;
+  result.shrunk.description = "Case seed " + std::to_string(result.failing_case_seed) + " of " +
+                              check_command +
+                              ", as drawn: it failed after earlier cases in one process and passes alone";
+  result.shrunk_run = alone;
+  const std::vector<std::int64_t>& kept = tally.earlier_cases;
+  std::size_t tail = 0;
+  for (std::size_t length = 1; !kept.empty(); length *= 2) {
+    length = std::min(length, kept.size());
+    const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
+    quiet.provider = fresh.get();
+    final_run.provider = fresh.get();
+    for (std::size_t j = kept.size() - length; j < kept.size(); ++j) {
+      run_scenario(generate_scenario(case_seed(options.seed, kept[j]), caps, options.profile), quiet);
+    }
+    RunObservation after = run_scenario(result.shrunk, final_run);
+    tail = length;
+    result.shrunk_run = std::move(after);
+    if (fails(result.shrunk_run)) {
+      result.reproduces_after_earlier = true;
+      break;
+    }
+    if (length == kept.size()) break;
+  }
+  for (std::size_t j = kept.size() - tail; j < kept.size(); ++j) {
+    const std::uint64_t seed = case_seed(options.seed, kept[j]);
+    Scenario earlier = generate_scenario(seed, caps, options.profile);
+    earlier.description = "Case seed " + std::to_string(seed) + " of " + check_command +
+                          ", which ran before case seed " + std::to_string(result.failing_case_seed) +
+                          " in its process";
+    result.earlier_case_seeds.push_back(seed);
+    result.earlier_cases.push_back(std::move(earlier));
+  }
   return result;
 }
 
@@ -316,14 +427,32 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.cases += t.cases;
     total.failures += t.failures;
     total.skipped += t.skipped;
+    total.refused += t.refused;
+    total.queries += t.queries;
+    total.queries_not_output_checked += t.queries_not_output_checked;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
     if (t.first_failing_case >= 0 &&
         (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
       total.first_failing_case = t.first_failing_case;
+      total.earlier_cases = t.earlier_cases;
+      total.earlier_cases_run = t.earlier_cases_run;
+      total.first_failure = t.first_failure;
     }
   }
   return total;
+}
+
+bool case_fails_alone(const CheckOptions& options, std::int64_t case_index) {
+  const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
+  RunOptions run = options.run;
+  run.record_reads = false;
+  run.record_ring = false;
+  run.provider = fresh.get();
+  const Scenario sc =
+      generate_scenario(case_seed(options.seed, case_index), fresh->capabilities(), options.profile);
+  const RunObservation obs = run_scenario(sc, run);
+  return !obs.passed && !obs.skipped;
 }
 
 CheckResult finish_check(const CheckOptions& options, const CaseTally& tally) {

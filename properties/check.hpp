@@ -41,6 +41,9 @@ struct CheckOptions {
   RunOptions run;
   int threads = 2;
   Shard shard;  ///< run_cases() runs this shard's cases only
+  /// The check fails when fewer than this share of its cases ran (the rest
+  /// refused by the cache or outside its capabilities): `--min-run-share`.
+  double min_run_share = 0.8;
   /// Makes the cache providers instead of make_provider(run) when set: one
   /// for the coordinating thread (capabilities, shrinking) and one per
   /// worker, so a C++ engine's caches are never shared between threads.
@@ -55,26 +58,61 @@ struct CheckOptions {
 struct CheckResult {
   std::int64_t cases = 0;
   std::int64_t failures = 0;
-  std::vector<std::int64_t> coverage_counts;  ///< per coverage_names() entry
-  std::vector<bool> reachable;                ///< per entry: whether the cache can reach it at all (gated)
-  bool coverage_ok = true;                    ///< every reachable class reached at least once
-  std::int64_t skipped = 0;                   ///< cases the cache refused to open
+  std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
+  std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it at all (gated)
+  bool coverage_ok = true;                      ///< every reachable class reached at least once
+  std::int64_t skipped = 0;                     ///< cases outside the cache's capabilities (not sent)
+  std::int64_t refused = 0;                     ///< cases the cache refused at open
+  std::int64_t queries = 0;                     ///< queries of the cases that ran
+  std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
+  bool run_share_ok = true;                     ///< ran() >= min_run_share * cases
+  /// Cases that ran: neither refused nor skipped.
+  std::int64_t ran() const noexcept { return cases - skipped - refused; }
   bool found_failure = false;
   std::uint64_t failing_case_seed = 0;  ///< seed of the first failing case
   scenarios::Scenario original;         ///< the first failing case as drawn
   scenarios::Scenario shrunk;           ///< its shrunk counterexample
   RunObservation shrunk_run;            ///< observation of the shrunk case
   std::int64_t shrink_runs = 0;         ///< scenarios run while shrinking
+  /// Whether the failing case fails again alone in a fresh cache (a new
+  /// provider: a new adapter process for exec, new caches otherwise), as
+  /// every reported counterexample is replayed before it is reported. When
+  /// false the failure depends on earlier cases (the engine keeps state
+  /// across close/open, or is not deterministic): `shrunk` is the case as
+  /// drawn (not shrunk), `earlier_cases` what ran before it.
+  bool reproduces_alone = true;
+  /// When the failure does not reproduce alone: the cases that ran before it
+  /// in its process, oldest first (the shortest kept tail that, run first in
+  /// a fresh cache, makes it fail again; every kept one when none does).
+  std::vector<std::uint64_t> earlier_case_seeds;
+  std::vector<scenarios::Scenario> earlier_cases;  ///< those cases' schedules, in the same order
+  bool reproduces_after_earlier = false;  ///< whether running earlier_cases first reproduced the failure
+  std::int64_t earlier_cases_run = 0;     ///< cases that ran before it in its process in all
+  std::string first_failure_there;        ///< its first failure as it happened in that process
 };
+
+/// How many of the cases that ran before the lowest failing case in its
+/// process a check keeps (the last ones), to reproduce a failure that does
+/// not fail alone.
+inline constexpr std::size_t kKeptEarlierCases = 256;
 
 /// What the cases of one shard (or of a whole run) found, before shrinking.
 struct CaseTally {
-  std::int64_t cases = 0;                     ///< cases run
-  std::int64_t failures = 0;                  ///< cases that failed
-  std::int64_t skipped = 0;                   ///< cases the cache refused to open
-  std::vector<std::int64_t> coverage_counts;  ///< per coverage_names() entry
-  std::vector<bool> reachable;                ///< per entry: whether the cache can reach it
-  std::int64_t first_failing_case = -1;       ///< lowest failing case index, -1 when none
+  std::int64_t cases = 0;                       ///< cases run
+  std::int64_t failures = 0;                    ///< cases that failed
+  std::int64_t skipped = 0;                     ///< cases outside the cache's capabilities (not sent)
+  std::int64_t refused = 0;                     ///< cases the cache refused at open
+  std::int64_t queries = 0;                     ///< queries of the cases that ran
+  std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
+  std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
+  std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it
+  std::int64_t first_failing_case = -1;         ///< lowest failing case index, -1 when none
+  /// The case indices that ran before first_failing_case in the same cache
+  /// provider (one worker's adapter process), oldest first: the last
+  /// kKeptEarlierCases of them. Kept in memory only (not in a shard document).
+  std::vector<std::int64_t> earlier_cases;
+  std::int64_t earlier_cases_run = 0;  ///< how many ran before it there in all
+  std::string first_failure;           ///< the failing case's first failure there
   bool operator==(const CaseTally&) const = default;
 };
 
@@ -103,6 +141,11 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards);
 /// case failed, the lowest failing case regenerated from its seed and shrunk
 /// (the cache provider is made only then).
 CheckResult finish_check(const CheckOptions& options, const CaseTally& tally);
+
+/// Whether case `case_index` of the run `options` describes fails when it
+/// runs alone in a fresh cache (a new provider from options.provider_factory
+/// or options.run): `merge` re-runs a shard's failing case with it.
+bool case_fails_alone(const CheckOptions& options, std::int64_t case_index);
 
 /// Greedy shrinking: repeatedly tries smaller variants (fewer requests,
 /// fewer steps, shorter chunks, fewer drafts, one layer, fewer heads,

@@ -87,10 +87,13 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
     // The AVX-512 kernel is the CPU ring pool's, on a CPU that has AVX-512.
     const bool cpu_pool = caps.name == "ring-pool/cpu";
     reach.push_back(cpu_pool && impl::cpu::fast_kernel_available());
-    reach.push_back(!caps.full_window_only);
-    reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024));
-    reach.push_back(caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9));
-    reach.push_back(prefill && !caps.full_window_only);
+    reach.push_back(!caps.full_window_only && (caps.max_window_keys == 0 || caps.max_window_keys >= 4096));
+    reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024) &&
+                    (caps.max_positions == 0 || caps.max_positions >= 1024));
+    reach.push_back(caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9) &&
+                    (caps.max_positions == 0 || caps.max_positions >= 9));
+    reach.push_back(prefill && !caps.full_window_only &&
+                    (caps.max_positions == 0 || caps.max_positions > 100'000 + 4096 + 4));
   }
   return reach;
 }
@@ -140,14 +143,39 @@ std::int64_t safe_ring_rows(std::int64_t keys, std::int64_t max_chunk, std::int6
   return safe;
 }
 
+/// Fits a drawn window to the cache's largest window (no extra draws; called
+/// right after the window is drawn, as the ring and chunks follow from it).
+void fit_window(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
+  if (caps.max_window_keys <= 0 || scenarios::declared_window_keys(c) <= caps.max_window_keys) return;
+  if (c.convention == scenarios::Convention::kKeys) {
+    c.window = caps.max_window_keys;
+  } else if (caps.max_window_keys >= 2) {
+    c.window = caps.max_window_keys - 1;  // left and off-by-one see W + 1 keys
+  } else {
+    c.convention = scenarios::Convention::kKeys;
+    c.window = 1;
+  }
+}
+
 /// Fits a drawn configuration to the cache (no extra draws).
 void fit_to_caps(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
   if (caps.max_states > 0) c.states = std::min(c.states, caps.max_states);
   if (!caps.gqa) c.q_heads = c.kv_heads;
   if (caps.max_heads > 0 && c.q_heads > caps.max_heads) c.q_heads = c.kv_heads = 1;
+  // Fewer KV heads, same group size (halving keeps the production draws' powers of two).
+  while (caps.max_kv_heads > 0 && c.kv_heads > caps.max_kv_heads) {
+    const std::int32_t group = c.q_heads / c.kv_heads;
+    c.kv_heads = std::max(1, c.kv_heads / 2);
+    c.q_heads = c.kv_heads * group;
+  }
   if (!caps.shared_row) c.shared_row = false;
-  if (caps.max_head_dim > 0) {
-    while (c.head_dim > 2 && c.head_dim > caps.max_head_dim) c.head_dim /= 2;
+  if (!caps.head_dims.contains(c.head_dim)) {
+    // The declared size nearest the draw along halving and doubling (a cache
+    // that runs multiples of 8 gets 8 where 2 or 4 were drawn), within the
+    // largest head the profile draws; none fits: the draw stays (and is refused).
+    if (const auto d = caps.head_dims.fit(c.head_dim, std::max<std::int64_t>(c.head_dim, 256))) {
+      c.head_dim = static_cast<std::int32_t>(*d);
+    }
   }
   if (std::find(caps.formats.begin(), caps.formats.end(), c.format) == caps.formats.end() &&
       !caps.formats.empty()) {
@@ -158,6 +186,27 @@ void fit_to_caps(scenarios::CacheConfig& c, const engines::Capabilities& caps) {
   }
   c.rope.rotary_dims = std::min(c.rope.rotary_dims, c.head_dim);
   if (!caps.partial_rope && c.rope.style != scenarios::RopeStyle::kNone) c.rope.rotary_dims = c.head_dim;
+  if (c.rope.style != scenarios::RopeStyle::kNone && c.rope.rotary_dims > 0 &&
+      !caps.rotary_dims.contains(c.rope.rotary_dims)) {
+    // The nearest declared even width up to head_dim (the full width first
+    // when partial RoPE is off); none: no rotation.
+    std::optional<std::int64_t> r;
+    const auto even_member = [&](std::int64_t x) {
+      return x >= 2 && x % 2 == 0 && x <= c.head_dim && caps.rotary_dims.contains(x) &&
+             (caps.partial_rope || x == c.head_dim);
+    };
+    for (std::int64_t x = c.rope.rotary_dims; x >= 2 && !r; x -= 2) {
+      if (even_member(x)) r = x;
+    }
+    for (std::int64_t x = c.rope.rotary_dims + 2; x <= c.head_dim && !r; x += 2) {
+      if (even_member(x)) r = x;
+    }
+    if (r) {
+      c.rope.rotary_dims = static_cast<std::int32_t>(*r);
+    } else {
+      c.rope = scenarios::Rope{};
+    }
+  }
   if (caps.max_layers > 0)
     c.layers = static_cast<std::int32_t>(std::min<std::int64_t>(c.layers, caps.max_layers));
   if (!caps.sink) c.sink_logit.reset();
@@ -201,7 +250,7 @@ class WorkLeft {
 /// is left of the budget and the schedule ends when nothing fits.
 void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::int64_t max_chunk,
                    std::int64_t max_drafts, std::int64_t max_requests, std::int64_t min_steps,
-                   std::int64_t max_steps, WorkLeft* work) {
+                   std::int64_t max_steps, WorkLeft* work, std::int64_t max_positions) {
   const auto& c = sc.cache;
   const std::int64_t request_count = rng.range(1, max_requests);
   for (std::int64_t r = 0; r < request_count; ++r) {
@@ -250,6 +299,18 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
           break;
         case kFinish: step.kind = l.started ? StepKind::kFinish : StepKind::kDecode; break;
         default: step.kind = l.started ? StepKind::kReset : StepKind::kDecode; break;
+      }
+    }
+    if (max_positions > 0 && scenarios::step_rows(step) > 0) {
+      // The cache's longest request: a step is shortened to end there; a
+      // request with no room left takes no more writing steps.
+      const std::int64_t room = max_positions - scenarios::step_first_position(l.progress);
+      if (room <= 0) {
+        continue;
+      } else if (step.kind == StepKind::kPrefill) {
+        step.rows = std::min(step.rows, room);
+      } else if (step.kind == StepKind::kVerify) {
+        step.drafts = std::min(step.drafts, room - 1);
       }
     }
     if (work) {
@@ -301,7 +362,8 @@ void finish_scenario(Scenario& sc, const engines::Capabilities& caps) {
   }
   // Value profile (properties/value_profiles.hpp) from its own stream, so the draws above stay as they were.
   Prng profile_rng(mix_seed(sc.data.seed, 0x76616c75));  // "valu"
-  sc.data.profile = draw_value_profile(sc.cache, profile_rng);
+  sc.data.profile =
+      draw_value_profile(sc.cache, !(caps.reports_written_slots && caps.reports_read_slots), profile_rng);
   scenarios::validate_scenario(sc);
 }
 
@@ -327,6 +389,7 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps)
   const std::uint64_t conv = rng.below(6);
   c.convention = conv < 4 ? scenarios::Convention::kKeys
                           : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
+  fit_window(c, caps);
   const std::int64_t keys = window_keys(c);
   std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
   const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
@@ -352,7 +415,7 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps)
   if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
   fit_to_caps(c, caps);
   // Requests: 1..3, each with a state id; later requests may reuse a state.
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr);
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr, caps.max_positions);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -380,6 +443,7 @@ constexpr std::int64_t kLongContextRows = 100'000;
 void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& caps) {
   auto& c = sc.cache;
   c.window = rng.range(1, 3);
+  fit_window(c, caps);
   c.q_heads = c.kv_heads = 1;
   c.head_dim = 64;
   c.shared_row = false;
@@ -425,6 +489,7 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   c.window = narrow ? rng.range(1, 3)
                     : (w == 0 ? rng.range(1, 64) : (w == 1 ? rng.range(65, 1024) : rng.range(1025, 8192)));
   c.convention = static_cast<scenarios::Convention>(rng.below(3));
+  fit_window(c, caps);
   const std::int64_t keys = window_keys(c);
   std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 16) : 0;
   const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
@@ -472,10 +537,11 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
     }
   }
   WorkLeft work(c, budget);
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 4, 4, 24, &work);
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 4, 4, 24, &work, caps.max_positions);
   // Drawn last, so the other cases keep their draws.
   const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
-  if (prefill && !caps.full_window_only && rng.chance(1, 16)) make_long_context(sc, rng, caps);
+  const bool long_fits = caps.max_positions == 0 || caps.max_positions > kLongContextRows + 4096 + 4;
+  if (prefill && !caps.full_window_only && rng.chance(1, 16) && long_fits) make_long_context(sc, rng, caps);
   finish_scenario(sc, caps);
   return sc;
 }

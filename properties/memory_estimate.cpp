@@ -11,6 +11,7 @@
 #include <string>
 
 #include "scenarios/step_semantics.hpp"
+#include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::properties {
@@ -29,6 +30,10 @@ constexpr double kRowKvElementBytes = 256;  // per key/value element: exact and 
 constexpr double kRowQElementBytes = 96;    // per query element of the row
 constexpr double kQueryBytes = 1024;        // one query's observation
 constexpr double kReadBytes = 128;          // one recorded read (replay keeps every read)
+constexpr double kWireElementBytes = 32;    // one element of a row or answer as JSON text, and parsed
+constexpr double kTraceReadBytes = 8;       // one slot of a trace's block table, expanded
+constexpr double kSweepRowBytes = 256;      // one configuration's result row of a sweep
+constexpr double kSweepProbeRowBytes = 64;  // one row of a sweep probe's tag buffers
 
 /// The reference's reals are larger or smaller than at 113 bits.
 double precision_factor(int bits) {
@@ -64,6 +69,8 @@ struct Terms {
   double pool = 0, layers = 0, rows = 0, observations = 0;
   std::string pool_field, layer_field, rows_field = "steps", observations_field = "cache.window";
   std::string pool_formula = "the cache pool, layers*states*ring_rows*(slot bytes + 32)";
+  std::string layer_formula =
+      "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))";
 };
 
 Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
@@ -88,24 +95,45 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   }
 
   Terms t;
-  t.pool =
-      layers * static_cast<double>(c.states) * static_cast<double>(c.ring_rows) * (stride + kSlotTagBytes);
-  // The pool grows with whichever of its factors is largest.
-  t.pool_field = "cache.ring_rows";
-  if (static_cast<double>(c.states) > static_cast<double>(c.ring_rows) && c.states >= c.layers)
-    t.pool_field = "cache.states";
-  if (layers > static_cast<double>(c.ring_rows) && c.layers > c.states) t.pool_field = "cache.layers";
-  // Per layer: fixed buffers, plus scratch and scores over window + chunk rows.
-  const double scratch_rows = keys + max_step;
-  t.layers =
-      layers * (kLayerBytes + scratch_rows * (stride + kSlotTagBytes + 8 * c.q_heads) + max_step * slot);
-  t.layer_field = layers >= scratch_rows ? "cache.layers" : "cache.window";
+  if (!backend_owns_pool(options.backend)) {
+    // An exec adapter or a trace holds the cache's slots itself: kvcheck
+    // allocates no pool and no slot-sized scratch for it, only each step's
+    // rows and answers (JSON text for exec, the record's rows for a trace).
+    t.pool = 0;
+    t.pool_field = "cache.ring_rows";
+    t.layers = layers * (kLayerBytes + max_step * (2 * kv_width + 2 * q_width) * kWireElementBytes);
+    t.layer_field = q_width > kv_width ? "cache.q_heads" : "cache.head_dim";
+    if (max_step > kv_width + q_width) t.layer_field = "steps";
+    t.layer_formula =
+        "each step's rows and answers, layers*longest step*(2*kv_heads + 2*q_heads)*head_dim*32 bytes";
+  } else {
+    t.pool =
+        layers * static_cast<double>(c.states) * static_cast<double>(c.ring_rows) * (stride + kSlotTagBytes);
+    // The pool grows with whichever of its factors is largest.
+    t.pool_field = "cache.ring_rows";
+    if (static_cast<double>(c.states) > static_cast<double>(c.ring_rows) && c.states >= c.layers)
+      t.pool_field = "cache.states";
+    if (layers > static_cast<double>(c.ring_rows) && c.layers > c.states) t.pool_field = "cache.layers";
+    // Per layer: fixed buffers, plus scratch and scores over window + chunk rows.
+    const double scratch_rows = keys + max_step;
+    t.layers =
+        layers * (kLayerBytes + scratch_rows * (stride + kSlotTagBytes + 8 * c.q_heads) + max_step * slot);
+    t.layer_field = layers >= scratch_rows ? "cache.layers" : "cache.window";
+  }
   const double factor = precision_factor(options.precision_bits);
   t.rows =
       layers * written * (kRowBytes + factor * (kRowKvElementBytes * kv_width + kRowQElementBytes * q_width));
   t.observations = layers * (written * kQueryBytes + (options.record_reads ? visible * kReadBytes : 0));
   // Rows and observations are per layer too: name layers when they are the larger factor.
   if (layers > written) t.rows_field = "cache.layers";
+  // A row's width can outgrow the step count: name the head count or size that makes it wide.
+  const double row_width =
+      std::max(kRowQElementBytes * q_width, kRowKvElementBytes * kv_width) / kRowKvElementBytes;
+  if (row_width > std::max(written, layers)) {
+    t.rows_field = kRowQElementBytes * q_width > kRowKvElementBytes * kv_width && c.q_heads > c.head_dim
+                       ? "cache.q_heads"
+                       : "cache.head_dim";
+  }
   if (layers > (options.record_reads ? keys : written))
     t.observations_field = "cache.layers";
   else if (!options.record_reads)
@@ -122,8 +150,7 @@ MemoryEstimate from_terms(const Terms& t, double transient_extra = 0) {
     std::string field, formula;
   } terms[] = {
       {t.pool, t.pool_field, t.pool_formula},
-      {t.layers, t.layer_field,
-       "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))"},
+      {t.layers, t.layer_field, t.layer_formula},
       {t.rows, t.rows_field,
        "the reference's rows, rows written*layers*(512 + 256*kv_heads*head_dim + 96*q_heads*head_dim)"},
       {t.observations, t.observations_field,
@@ -157,6 +184,10 @@ std::int64_t read_number(const char* path, const char* key) {
 
 }  // namespace
 
+bool backend_owns_pool(const std::string& backend) {
+  return backend == "cpu" || backend == "cuda" || backend == "layer";
+}
+
 MemoryEstimate estimate_run(const scenarios::Scenario& scenario, const RunOptions& options) {
   return from_terms(run_terms(scenario, options));
 }
@@ -176,6 +207,130 @@ MemoryEstimate estimate_replay(const std::vector<scenarios::Scenario>& scenarios
   }
   largest.observations = kept.observations;
   return from_terms(largest);
+}
+
+MemoryEstimate estimate_audit(const std::vector<scenarios::Scenario>& scenarios,
+                              const std::vector<scenarios::TraceRun>& runs, const RunOptions& options) {
+  MemoryEstimate e = estimate_replay(scenarios, options);
+  // The recorded reads on top: each expanded from its block table while judged.
+  const WorkEstimate work = estimate_audit_work(scenarios, runs);
+  const double recorded = work.recorded_reads * (kTraceReadBytes + kReadBytes);
+  e.bytes += recorded;
+  if (recorded > e.driver_bytes) {
+    e.driver_bytes = recorded;
+    e.driver = work.recorded_driver;
+    e.driver_formula = "the recorded reads (block tables expanded), reads*136 bytes";
+  }
+  return e;
+}
+
+MemoryEstimate estimate_sweep(const SweepSize& size) {
+  // Each configuration keeps one result row; each worker holds one probe's
+  // buffers over window + the longest step (k + 1 drafts or one chunk).
+  MemoryEstimate e;
+  const double rows = size.configurations * kSweepRowBytes;
+  const double probe = std::max(1, size.threads) * size.states *
+                       (size.max_window + std::max(size.max_drafts + 1, size.max_chunk)) *
+                       kSweepProbeRowBytes;
+  e.bytes = kProcessBytes + rows + probe;
+  if (rows >= probe) {
+    e.driver_bytes = rows;
+    e.driver = size.widest_flag;
+    e.driver_formula = "one result row per configuration, windows*drafts*chunks*orders*256 bytes";
+  } else {
+    e.driver_bytes = probe;
+    e.driver = size.max_window >= size.max_chunk ? "--window" : "--chunk";
+    e.driver_formula = "each worker's probe, threads*states*(window + longest step)*64 bytes";
+  }
+  return e;
+}
+
+namespace {
+
+/// The step of `sc` whose queries read the most rows, and every step's reads.
+struct StepReads {
+  double total = 0, largest = 0;
+  std::size_t largest_step = 0;
+};
+
+StepReads step_reads(const scenarios::Scenario& sc) {
+  const double keys = static_cast<double>(window_keys(sc.cache));
+  StepReads r;
+  std::map<std::int64_t, scenarios::RequestProgress> progress;
+  for (std::size_t i = 0; i < sc.steps.size(); ++i) {
+    const auto& s = sc.steps[i];
+    scenarios::RequestProgress& p = progress[s.request];
+    const double n = static_cast<double>(scenarios::step_rows(s));
+    // One layer's reads: layers repeat the same work, linear in their count
+    // (and charged by the memory estimate); a step's visible rows are not.
+    const double reads = visible_sum(static_cast<double>(scenarios::step_first_position(p)), n, keys);
+    r.total += reads;
+    if (reads > r.largest) {
+      r.largest = reads;
+      r.largest_step = i;
+    }
+    scenarios::advance(p, s);
+  }
+  return r;
+}
+
+}  // namespace
+
+WorkEstimate estimate_replay_work(const std::vector<scenarios::Scenario>& scenarios) {
+  WorkEstimate w;
+  double largest = -1;
+  for (const auto& sc : scenarios) {
+    const StepReads r = step_reads(sc);
+    w.reads += r.total;
+    if (r.largest > largest) {
+      largest = r.largest;
+      w.driver = "steps[" + std::to_string(r.largest_step) + "].rows";
+      w.driver_scenario = sc.name;
+    }
+  }
+  return w;
+}
+
+WorkEstimate estimate_audit_work(const std::vector<scenarios::Scenario>& scenarios,
+                                 const std::vector<scenarios::TraceRun>& runs) {
+  WorkEstimate w = estimate_replay_work(scenarios);
+  double largest = -1;
+  for (const auto& run : runs) {
+    const double keys = static_cast<double>(scenarios::trace_window_keys(run.header));
+    for (const auto& s : run.steps) {
+      double reads = 0;
+      for (const auto& list : s.read) reads += static_cast<double>(list.size());
+      for (const std::int64_t len : s.block_table.seq_lens)
+        reads += std::min(static_cast<double>(std::max<std::int64_t>(len, 0)), keys);
+      w.recorded_reads += reads;
+      if (s.layer != 0) continue;  // the work bound counts one layer, as for a scenario
+      w.layer0_recorded_reads += reads;
+      if (reads > largest) {
+        largest = reads;
+        w.recorded_driver = "line " + std::to_string(s.line) + ": " +
+                            (s.block_table.seq_lens.empty() ? "read" : "block_table.seq_lens");
+        w.recorded_source = run.source;
+      }
+    }
+  }
+  if (w.layer0_recorded_reads > w.reads) {
+    w.driver = w.recorded_driver;
+    w.driver_scenario = w.recorded_source;
+  }
+  w.reads = std::max(w.reads, w.layer0_recorded_reads);
+  return w;
+}
+
+void require_work(const WorkEstimate& work, const std::string& what) {
+  if (work.reads <= kMaxReads) return;
+  char count[64];
+  std::snprintf(count, sizeof count, "%.3g", work.reads);
+  throw Error(ErrorId::kSize, work.driver,
+              what + " would read " + count +
+                  " rows (every query's visible rows in one layer, all runs), more than " +
+                  std::to_string(static_cast<long long>(kMaxReads)) +
+                  " (the reference's time grows faster than linearly with a step's visible rows)" +
+                  (work.driver_scenario.empty() ? "" : "; the largest step is in " + work.driver_scenario));
 }
 
 MemoryEstimate estimate_check(Profile profile, int threads) {

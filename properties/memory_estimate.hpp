@@ -14,6 +14,7 @@
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario.hpp"
+#include "scenarios/trace.hpp"
 
 namespace kvcheck::properties {
 
@@ -26,6 +27,11 @@ struct MemoryEstimate {
       driver_formula;  ///< what the largest term counts, e.g. "layers*states*ring_rows*(slot+tag bytes)"
 };
 
+/// Whether kvcheck allocates the cache's pool for `backend`: its own caches
+/// (cpu, cuda, layer) yes; an exec adapter or a trace holds its slots
+/// itself, so only each step's rows and answers are charged for them.
+bool backend_owns_pool(const std::string& backend);
+
 /// Estimate of one run of `scenario` (cache pool, per-layer buffers, the
 /// reference's rows, and the observations kept for the report).
 MemoryEstimate estimate_run(const scenarios::Scenario& scenario, const RunOptions& options);
@@ -33,6 +39,54 @@ MemoryEstimate estimate_run(const scenarios::Scenario& scenario, const RunOption
 /// Estimate of replaying `scenarios` one after the other: the largest run's
 /// transient memory plus every run's observations (all kept for the report).
 MemoryEstimate estimate_replay(const std::vector<scenarios::Scenario>& scenarios, const RunOptions& options);
+
+/// Estimate of `kvcheck audit`: the replay estimate of the traces' scenarios
+/// (options.backend "trace": no pool) plus every recorded read, expanded.
+MemoryEstimate estimate_audit(const std::vector<scenarios::Scenario>& scenarios,
+                              const std::vector<scenarios::TraceRun>& runs, const RunOptions& options);
+
+/// The sizes of a capacity sweep's grid that its memory grows with.
+struct SweepSize {
+  double configurations = 0;  ///< windows * drafts * chunks * orders
+  double max_window = 0, max_drafts = 0, max_chunk = 0;
+  double states = 1;
+  int threads = 1;
+  std::string widest_flag = "--window";  ///< the grid flag with the most values
+};
+
+/// Estimate of `kvcheck sweep` (or merging a sweep's shards): one result row
+/// per configuration plus each worker's probe.
+MemoryEstimate estimate_sweep(const SweepSize& size);
+
+/// Most rows a replay or an audit may read (every query's visible rows in one
+/// layer, all runs together; layers repeat that work linearly and are
+/// bounded by the memory estimate). The reference's time per read grows with
+/// a step's visible rows (a 2048-row prefill over a 2048-row window, 2.1 M
+/// reads, takes 15 s; 8192 rows would take over 300 s), so a small file that
+/// asks for more is refused up front, not run for minutes.
+inline constexpr double kMaxReads = double(std::int64_t{1} << 22);
+
+/// The reads a run will do, with the field of the step that reads the most.
+struct WorkEstimate {
+  double reads = 0;                  ///< every query's visible rows in one layer, all runs
+  std::string driver;                ///< e.g. "steps[0].rows", or "line 2: block_table.seq_lens" for a trace
+  std::string driver_scenario;       ///< the scenario or trace file of that step
+  double recorded_reads = 0;         ///< traces: the reads all their records list (block tables expanded)
+  double layer0_recorded_reads = 0;  ///< the same, of layer 0's records only (the work bound's share)
+  std::string recorded_driver, recorded_source;
+};
+
+/// Reads of replaying `scenarios`.
+WorkEstimate estimate_replay_work(const std::vector<scenarios::Scenario>& scenarios);
+
+/// Reads of auditing `runs` (their scenarios `scenarios`): the larger of the
+/// schedule's visible rows and the reads the records list.
+WorkEstimate estimate_audit_work(const std::vector<scenarios::Scenario>& scenarios,
+                                 const std::vector<scenarios::TraceRun>& runs);
+
+/// Throws kvcheck::Error(kSize) at the driving field when `work` reads more
+/// than kMaxReads rows; `what` names the command ("the replay").
+void require_work(const WorkEstimate& work, const std::string& what);
 
 /// Estimate of `kvcheck check`: `threads` workers, each at the profile's
 /// largest case. Independent of the case count: results are streamed.

@@ -32,9 +32,14 @@ struct QueryObservation {
   double eps_units = 0;                   ///< abs_diff / epsilon of the element format
   double quant_abs_diff = 0;  ///< max |impl - reference on the exact rows| (includes quantization)
   double tolerance = 0;       ///< abs tolerance the kernel error was judged against
+  double reference_max = 0;   ///< max |reference output element| (the scale of one rounding of the output)
   double rope_tolerance =
       0;  ///< the part of the computed tolerance owed to the RoPE angle error (README "Tolerances")
   bool output_ok = true;
+  /// Whether the output was judged: false when the reads were wrong (the
+  /// query fails on them), outputs were not checked, or the tolerance reaches
+  /// the largest |value| (an output check that could not fail).
+  bool output_checked = false;
   bool failed = false;  ///< the verdict of this query (set once, by the runner)
 };
 
@@ -93,12 +98,16 @@ struct RunObservation {
   std::int64_t stored_rows_checked = 0;  ///< sum over steps
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t queries = 0;
+  std::int64_t queries_not_output_checked = 0;  ///< queries whose output was not judged (see QueryObservation)
   std::int64_t mpfr_queries =
       0;  ///< queries whose reference outputs MPFR computed (the certified bound did not pin them)
   bool passed = true;                    ///< == (first_failing_step < 0 && !skipped-with-failure)
   std::int64_t first_failing_step = -1;  ///< index into `steps` of the first failed step, -1 when none
   std::string first_failure;             ///< one line: what failed first, where
   bool skipped = false;                  ///< the cache cannot run this scenario (it did not run)
+  /// With `skipped`: the cache refused the configuration at open (else its
+  /// capabilities exclude the scenario, and nothing was sent).
+  bool refused = false;
   std::string skip_reason;
   /// Which observations the cache made available: "slots+outputs" (written
   /// and read slots reported), "written-slots+outputs", "outputs", or

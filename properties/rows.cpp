@@ -1,5 +1,6 @@
 #include "properties/rows.hpp"
 
+#include "properties/position_code.hpp"
 #include "properties/value_profiles.hpp"
 #include "support/prng.hpp"
 
@@ -11,6 +12,8 @@ RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t
   const std::int64_t kv_width = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(c.q_heads) * c.head_dim;
   RowSet rows;
+  const bool coded = sc.data.profile == scenarios::ValueProfile::kPositionCode;
+  const PositionCodeLayout layout = coded ? position_code_layout(c) : PositionCodeLayout{};
   rows.k.reserve(static_cast<std::size_t>(n * kv_width));
   if (!c.shared_row) rows.v.reserve(static_cast<std::size_t>(n * kv_width));
   rows.q.reserve(static_cast<std::size_t>(n * q_width));
@@ -36,7 +39,11 @@ RowSet make_rows(const scenarios::Scenario& sc, std::int32_t layer, std::int64_t
     s = mix_seed(s, static_cast<std::uint64_t>(request));
     s = mix_seed(s, static_cast<std::uint64_t>(p));
     Prng rng(mix_seed(s, static_cast<std::uint64_t>(step_index)));
-    draw_profile_row(sc.data.profile, c, p, rng, rows.k, rows.v, rows.q);
+    if (coded) {
+      position_code_row(c, layout, layer, request, p, step_index, rng, rows.k, rows.v, rows.q);
+    } else {
+      draw_profile_row(sc.data.profile, c, p, rng, rows.k, rows.v, rows.q);
+    }
   }
   return rows;
 }

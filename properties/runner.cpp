@@ -16,6 +16,8 @@
 #include "model/error_bounds.hpp"
 #include "model/real.hpp"
 #include "model/visible.hpp"
+#include "properties/bookkeeping_outputs.hpp"
+#include "properties/position_code.hpp"
 #include "properties/probes.hpp"
 #include "properties/reference_rows.hpp"
 #include "properties/rows.hpp"
@@ -170,19 +172,27 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   std::unique_ptr<engines::CacheUnderTest> cut = provider.open(spec, &refused);
   if (!cut) {
     run.skipped = true;
+    run.refused = true;
     run.skip_reason = caps.name + " refused the configuration: " + refusal_text(refused);
     return run;
   }
 
   const double format_eps = impl::format_epsilon(format);
-  const double accum_eps = accumulation_epsilon(format);
+  const double rope_eps =
+      caps.rope_unit_roundoff > 0 ? caps.rope_unit_roundoff : accumulation_epsilon(format);
+  KernelArithmetic arith;  // as the cache declares it computes (Capabilities)
+  arith.u = caps.accumulation_epsilon(cache.format);
+  arith.prob_u = caps.probability_epsilon();
+  arith.rope_u = rope_eps;  // the RoPE allowance: the cache's declared RoPE precision
+  const std::optional<double> sink_d = cache.sink_logit;
+  ToleranceScratch tol_scratch;
   const model::Encoding encoding = model_encoding(cache.format);
   const std::int32_t group = cache.q_heads / cache.kv_heads;
 
   // The certified reference (model/certified.hpp): double-double balls that
   // contain MPFR's values; MPFR only where a ball does not pin a figure.
-  RowReference<Real> ref_rows{cache, kv_width, q_width,  group,     heads, rope,
-                              scale, sink,     encoding, accum_eps, {},    0};
+  RowReference<Real> ref_rows{cache, kv_width, q_width,  group,    heads, rope,
+                              scale, sink,     encoding, rope_eps, {},    0};
   Certifier<Real>& cert = ref_rows.cert;
   cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
   if (cert.on) {
@@ -193,6 +203,17 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   }
 
   std::vector<LayerTruth<Real>> layers(static_cast<std::size_t>(cache.layers));
+  // A bookkeeping-only engine: kvcheck computes its outputs over the rows
+  // its reads resolve to (properties/bookkeeping_outputs.hpp).
+  std::vector<ReadRows> read_rows(caps.computes_outputs ? 0 : static_cast<std::size_t>(cache.layers));
+  // A cache that reports no read slots, on position-coded rows: which rows
+  // each query read is decoded from its outputs (properties/position_code.hpp).
+  std::vector<PositionDecoder> decoders;
+  if (sc.data.profile == scenarios::ValueProfile::kPositionCode && !caps.reports_read_slots &&
+      position_code_layout(cache).classes > 0) {
+    for (std::int32_t l = 0; l < cache.layers; ++l) decoders.emplace_back(cache, l);
+    run.observed += "+position-code";
+  }
   std::map<std::int64_t, RequestState> requests;
   for (const auto& r : sc.requests) requests[r.id].state = r.state;
   Prober prober{caps, *cut};
@@ -309,6 +330,18 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         const double* v_row = cache.shared_row ? nullptr : in.v.data() + i * kv_width;
         truth.rows[{step.request, p}] = ref_rows.written_row(p, k_row, v_row, answer, i, &obs);
       }
+      // Bookkeeping-only: the rows as written numbers, and the slots' old rows.
+      std::vector<std::uint64_t> replaced_seqs;
+      const std::uint64_t seq_base = truth.shadow.write_count();
+      if (!caps.computes_outputs) {
+        ReadRows& rr = read_rows[static_cast<std::size_t>(l)];
+        for (std::int64_t i = 0; i < n; ++i) {
+          const TruthRow<Real>& row = truth.rows.at({step.request, first + i});
+          rr.remember(seq_base + static_cast<std::uint64_t>(i) + 1, row.key_encoding.values,
+                      cache.shared_row ? std::vector<double>{} : row.value_encoding.values);
+          replaced_seqs.push_back(truth.shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq);
+        }
+      }
 
       // Slots: everything from what the cache reported, via the shadow map.
       StepFacts facts;
@@ -326,9 +359,17 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
       facts.duplicate_slots = answer.duplicate_slots;
       facts.ring = caps.ring_addressing;
       facts.ring_rows = cache.ring_rows;
-      facts.record_reads = options.record_reads;
+      facts.record_reads = options.record_reads || !caps.computes_outputs;
       facts.record_ring = options.record_ring;
       truth.shadow.observe(facts, &obs);
+      if (!decoders.empty() && !(facts.has_written && facts.has_reads)) {
+        PositionDecoder& decoder = decoders[static_cast<std::size_t>(l)];
+        decoder.record_writes(step.request, first, n, static_cast<std::int64_t>(step_index));
+        for (std::int64_t i = 0; i < n; ++i) {
+          decoder.decode(step.request, answer.out.data() + i * q_width,
+                         &obs.queries[static_cast<std::size_t>(i)]);
+        }
+      }
 
       for (std::int64_t i = 0; i < n && options.check_outputs; ++i) {
         QueryObservation& q = obs.queries[static_cast<std::size_t>(i)];
@@ -336,24 +377,27 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         const model::PositionRange visible = model::visible_range(p, window);
         std::vector<TruthRow<Real>*> visible_rows;
         std::vector<KeyBounds> key_bounds;
-        double vmax = 0;
         for (std::int64_t j = visible.first; j <= visible.last; ++j) {
           TruthRow<Real>& row = truth.rows.at({step.request, j});
           visible_rows.push_back(&row);
-          key_bounds.push_back({&row.key_encoding.values, &row.key_err});
-          for (const double x : cache.shared_row ? row.key_encoding.values : row.value_encoding.values) {
-            vmax = std::max(vmax, std::fabs(x));
-          }
+          key_bounds.push_back({&row.key_encoding.values, &row.key_err,
+                                cache.shared_row ? &row.key_encoding.values : &row.value_encoding.values});
         }
         // The reference outputs and the rotated query as the doubles MPFR's
         // values round to: from balls when they pin them, else from MPFR.
         std::vector<double> ref, ref_exact, query;
         ref_rows.query_reference(in.q.data() + i * q_width, p, visible, visible_rows, &ref, &ref_exact,
                                  &query);
+        if (!caps.computes_outputs) {
+          read_rows[static_cast<std::size_t>(l)].attend(query, q.reads, heads, scale_d, cache.sink_logit,
+                                                        answer.out.data() + i * q_width);
+          if (!options.record_reads) q.reads.clear();
+        }
         const double* out = answer.out.data() + i * q_width;
         for (std::int64_t d = 0; d < q_width; ++d) {
           const double r = ref[static_cast<std::size_t>(d)];
           const double diff = std::fabs(out[d] - r);
+          q.reference_max = std::max(q.reference_max, std::fabs(r));
           q.abs_diff = std::max(q.abs_diff, diff);
           q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
           q.quant_abs_diff =
@@ -361,16 +405,31 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
           if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
         }
         q.eps_units = q.abs_diff / format_eps;
-        // Kernel error bound (model/error_bounds.hpp): accumulation rounding
-        // over the visible rows, the head width and the logits' size, plus
-        // what the RoPE angle error at the query's and keys' positions can
-        // move the scores (and, for shared rows, the values) by.
-        const model::OutputTolerance tol =
-            query_tolerance(query, key_bounds, heads, scale_d, p, rope, accum_eps, vmax);
-        q.rope_tolerance = tol.rope;
-        q.tolerance = sc.expect && sc.expect->output_tolerance ? *sc.expect->output_tolerance : tol.total();
+        // Kernel error bound (model::head_output_bound): this query's own
+        // scores, weights and values, with per-key score errors from the
+        // accumulation and from the RoPE angle error at the query's and keys'
+        // positions (and, for shared rows, the values' deviations).
+        const QueryTolerance tol =
+            query_tolerance(query, key_bounds, heads, scale_d, sink_d, p, rope, arith, ref, &tol_scratch);
+        q.rope_tolerance = tol.parts.rope;
+        const bool fixed = sc.expect && sc.expect->output_tolerance;
+        q.tolerance = fixed ? *sc.expect->output_tolerance : tol.parts.total();
         const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
         q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
+        // Judged only where the reads were right and a wrong output could
+        // fail: a tolerance that reaches the values' size judges nothing.
+        q.output_checked = reads_correct && (q.tolerance < tol.value_max || tol.value_max == 0);
+      }
+      if (!caps.computes_outputs) {
+        // Rows no slot holds any more are never read again: the old
+        // occupants of the slots written, and rows of this step a later row
+        // of it replaced.
+        ReadRows& rr = read_rows[static_cast<std::size_t>(l)];
+        for (const std::uint64_t seq : replaced_seqs) rr.forget(seq);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::uint64_t seq = seq_base + static_cast<std::uint64_t>(i) + 1;
+          if (truth.shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq != seq) rr.forget(seq);
+        }
       }
       run.steps.push_back(std::move(obs));
     }

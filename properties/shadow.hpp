@@ -62,6 +62,8 @@ class ShadowMap {
   ShadowRow at(std::int64_t slot) const;
   /// Rows written so far (for memory accounting in tests).
   std::size_t slots_used() const noexcept { return slots_.size(); }
+  /// Writes applied so far: the next step's row i gets write number write_count() + i + 1.
+  std::uint64_t write_count() const noexcept { return write_seq_; }
 
  private:
   struct Latest {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "properties/position_code.hpp"
+
 namespace kvcheck::properties {
 
 void draw_profile_row(scenarios::ValueProfile profile, const scenarios::CacheConfig& c, std::int64_t position,
@@ -17,7 +19,8 @@ void draw_profile_row(scenarios::ValueProfile profile, const scenarios::CacheCon
   }
   for (std::int64_t e = 0; e < q_width; ++e) q.push_back(rng.signed_unit());
   switch (profile) {
-    case scenarios::ValueProfile::kUniform: return;
+    case scenarios::ValueProfile::kUniform:
+    case scenarios::ValueProfile::kPositionCode: return;  // coded rows: properties/position_code.hpp
     case scenarios::ValueProfile::kLargeLogits: {
       // Logit std ~ 48^2 * (1..2) / 3 * (1..2): ~1e3. The position factor is
       // 1 + (p mod 97) / 97, so peaks come and go along a long window.
@@ -51,6 +54,14 @@ scenarios::ValueProfile draw_value_profile(const scenarios::CacheConfig& cache, 
   if (roll == 0) return scenarios::ValueProfile::kLargeLogits;
   if (roll == 1 && cache.format == scenarios::Format::kFp8) return scenarios::ValueProfile::kFp8Outliers;
   return scenarios::ValueProfile::kUniform;
+}
+
+scenarios::ValueProfile draw_value_profile(const scenarios::CacheConfig& cache, bool outputs_only,
+                                           Prng& rng) {
+  if (outputs_only && rng.chance(1, 2) && position_code_layout(cache).classes > 0) {
+    return scenarios::ValueProfile::kPositionCode;
+  }
+  return draw_value_profile(cache, rng);
 }
 
 }  // namespace kvcheck::properties

@@ -7,6 +7,8 @@
 //                 without max-subtraction: e^88 in float, e^709 in double)
 //                 and the window's peak logit moves between blocks, so an
 //                 online softmax must rescale what it summed so far
+//   position-code q = 0 and values coding each row's position and write, for
+//                 caches that report no slots (properties/position_code.hpp)
 //   fp8-outliers  one element of every 32-element block scaled by 2^10 (the
 //                 block scale follows the outlier, the others fall to fp8
 //                 subnormals or zero), and every fourth position a whole row
@@ -33,5 +35,12 @@ void draw_profile_row(scenarios::ValueProfile profile, const scenarios::CacheCon
 /// profile with probability 1/8 (fp8-outliers only for fp8 caches, where it
 /// means something). For the generator (properties/generator.cpp).
 scenarios::ValueProfile draw_value_profile(const scenarios::CacheConfig& cache, Prng& rng);
+
+/// The same, for a cache that may report no read slots: when `outputs_only`,
+/// half the cases (one roll of `rng` first) are `position-code`
+/// (properties/position_code.hpp) where the configuration leaves room for
+/// a code, so kvcheck sees from the outputs which rows were read; the other
+/// half draw as above. A cache that reports its slots draws as above.
+scenarios::ValueProfile draw_value_profile(const scenarios::CacheConfig& cache, bool outputs_only, Prng& rng);
 
 }  // namespace kvcheck::properties

@@ -40,6 +40,10 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
   }
   const std::int64_t allowed = sc.expect && sc.expect->collisions ? *sc.expect->collisions : 0;
   std::int64_t collisions_so_far = 0;
+  // Counted from the queries' own flags (set by the runner), so the total and
+  // the per-query fields cannot disagree; assigned, not added, so a runner
+  // that already set the total gets the same figure.
+  std::int64_t not_output_checked = 0;
   for (auto& obs : run.steps) {
     const auto it = expected.find(obs.step);
     std::vector<std::int64_t> counts;
@@ -57,6 +61,7 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
         run.max_quant_abs_diff = std::max(run.max_quant_abs_diff, q.quant_abs_diff);
       }
       ++run.queries;
+      not_output_checked += q.output_checked ? 0 : 1;
       // With an expectation for the step, its overwritten counts are judged
       // as a list; missing and extra reads still fail the query.
       const bool reads_fail =
@@ -125,6 +130,7 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
   } else if (run.collisions < allowed) {
     fail("expected " + std::to_string(allowed) + " collisions, observed " + std::to_string(run.collisions));
   }
+  run.queries_not_output_checked = not_output_checked;
   run.first_failing_step = -1;
   for (std::size_t i = 0; i < run.steps.size(); ++i) {
     if (run.steps[i].failed) {

@@ -6,8 +6,12 @@
 
 namespace kvcheck::reports {
 
+bool CheckSummary::run_share_met() const noexcept {
+  return static_cast<double>(ran()) >= min_run_share * static_cast<double>(cases);
+}
+
 bool CheckSummary::passed() const noexcept {
-  if (failures != 0) return false;
+  if (failures != 0 || !run_share_met()) return false;
   for (const auto& c : coverage) {
     if (!c.met()) return false;
   }
@@ -18,7 +22,49 @@ bool Report::passed() const noexcept {
   for (const auto& run : runs) {
     if (!run.passed) return false;
   }
-  return !check.has_value() || check->passed();
+  if (check) return check->passed();
+  // Without a check the runs are the verdict: all of them skipped (or none
+  // at all) is no verdict, never a PASS.
+  return run_counts(*this).ran > 0;
+}
+
+RunCounts run_counts(const Report& report) noexcept {
+  RunCounts c;
+  for (const auto& run : report.runs) {
+    ++c.runs;
+    if (run.skipped) {
+      ++(run.refused ? c.refused : c.skipped);
+      c.failed += run.passed ? 0 : 1;
+      continue;
+    }
+    ++c.ran;
+    ++(run.passed ? c.passed : c.failed);
+    c.queries += run.queries;
+    c.queries_not_output_checked += run.queries_not_output_checked;
+  }
+  return c;
+}
+
+std::string run_counts_text(const RunCounts& c) {
+  std::string out = std::to_string(c.runs) + (c.runs == 1 ? " run: " : " runs: ");
+  out += c.ran == 0 ? std::string("no run ran")
+                    : std::to_string(c.ran) + " ran (" + std::to_string(c.passed) + " passed, " +
+                          std::to_string(c.failed) + " failed)";
+  out += ", " + std::to_string(c.refused) + " refused, " + std::to_string(c.skipped) + " skipped; " +
+         std::to_string(c.queries_not_output_checked) + " of " + std::to_string(c.queries) +
+         " queries not output-checked";
+  return out;
+}
+
+std::string check_counts_text(const CheckSummary& c) {
+  std::string out = std::to_string(c.cases) + " cases: " + std::to_string(c.ran()) + " ran, " +
+                    std::to_string(c.refused) + " refused, " + std::to_string(c.skipped) + " skipped";
+  if (!c.run_share_met()) {
+    out += " (below the minimum share " + format_double(c.min_run_share) + " of cases run)";
+  }
+  out += "; " + std::to_string(c.failures) + " failed; " + std::to_string(c.queries_not_output_checked) +
+         " of " + std::to_string(c.queries) + " queries not output-checked";
+  return out;
 }
 
 // The verdicts are computed once, by the runner (properties/runner.cpp), and
@@ -76,6 +122,25 @@ std::string format_double(double value) {
 std::string replay_command(const Report& report) {
   if (report.check && !report.check->replay_command.empty()) return report.check->replay_command;
   return report.context.command;
+}
+
+std::string earlier_cases_text(const EarlierCases& earlier, std::uint64_t failing_case_seed) {
+  std::string seeds;
+  for (std::size_t j = 0; j < earlier.case_seeds.size(); ++j) {
+    if (j == 16) {
+      seeds += ", ... (" + std::to_string(earlier.case_seeds.size() - j) + " more)";
+      break;
+    }
+    seeds += (j == 0 ? "" : ", ") + std::to_string(earlier.case_seeds[j]);
+  }
+  std::string out = "depends on earlier cases: case seed " + std::to_string(failing_case_seed) +
+                    " failed after " + std::to_string(earlier.earlier_cases_run) +
+                    " earlier cases in its process but passes alone in a fresh cache (state kept across "
+                    "close/open); ";
+  out += earlier.reproduced ? "reproduced" : "not reproduced";
+  out += " in a fresh cache after the " + std::to_string(earlier.case_seeds.size()) + " case(s) before it";
+  if (!seeds.empty()) out += " (case seeds " + seeds + ")";
+  return out;
 }
 
 }  // namespace kvcheck::reports

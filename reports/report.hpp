@@ -38,15 +38,41 @@ struct CoverageCount {
   bool met() const noexcept { return count >= minimum; }
 };
 
+/// A check's failing case that passes when replayed alone in a fresh cache:
+/// the failure depends on the cases that ran before it in its process (the
+/// engine keeps state across close/open, or is not deterministic).
+struct EarlierCases {
+  std::int64_t earlier_cases_run = 0;     ///< cases that ran before it in that process
+  std::vector<std::uint64_t> case_seeds;  ///< the ones kept to reproduce it, oldest first
+  std::vector<std::string> files;         ///< their schedules as written, in the same order
+  bool reproduced = false;                ///< running them first in a fresh cache made it fail again
+  std::string first_failure_there;        ///< its first failure in that process
+};
+
 /// The outcome of a property check (absent for single scenario runs).
 struct CheckSummary {
-  std::int64_t cases = 0;               ///< cases run
+  std::int64_t cases = 0;               ///< cases generated (ran + refused + skipped)
   std::int64_t failures = 0;            ///< cases that failed
   std::vector<CoverageCount> coverage;  ///< coverage classes with their gates
   std::string counterexample_file;      ///< shrunk schedule written as JSON, if any
   std::string replay_command;           ///< exact command that replays the failure
   std::uint64_t failing_case_seed = 0;  ///< seed of the failing case
-  /// True when no case failed and every coverage gate is met.
+  /// Set when the failing case passes alone in a fresh cache (the failure is
+  /// still a FAIL, labelled "depends on earlier cases").
+  std::optional<EarlierCases> depends_on_earlier = std::nullopt;
+  // The counts (after the fields above, so their aggregate order stays).
+  std::int64_t refused = 0;                     ///< cases the cache refused at open (they did not run)
+  std::int64_t skipped = 0;                     ///< cases outside the cache's capabilities (not sent)
+  std::int64_t queries = 0;                     ///< queries of the cases that ran
+  std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
+  /// The gate on cases that ran: fewer than min_run_share * cases fail the
+  /// check (`--min-run-share`).
+  double min_run_share = 0;
+  /// Cases that ran: neither refused nor skipped.
+  std::int64_t ran() const noexcept { return cases - refused - skipped; }
+  /// True when at least min_run_share of the cases ran.
+  bool run_share_met() const noexcept;
+  /// True when no case failed, enough cases ran and every coverage gate is met.
   bool passed() const noexcept;
 };
 
@@ -58,9 +84,36 @@ struct Report {
   /// Files written in the same set as the reports (the counterexample); the
   /// writers never read them.
   std::vector<OutputFile> attachments;
-  /// True when every run passed and the check (if any) passed.
+  /// True when every run passed and the check (if any) passed; without a
+  /// check, at least one run must have run (not all refused or skipped): a
+  /// replay that ran nothing judged nothing.
   bool passed() const noexcept;
 };
+
+/// What the runs of a report add up to (every writer shows these).
+struct RunCounts {
+  std::int64_t runs = 0;                        ///< every run, skipped ones included
+  std::int64_t ran = 0;                         ///< runs that ran (not refused, not skipped)
+  std::int64_t passed = 0;                      ///< of those, runs that passed
+  std::int64_t failed = 0;                      ///< runs that failed
+  std::int64_t refused = 0;                     ///< runs whose configuration the cache refused at open
+  std::int64_t skipped = 0;                     ///< runs outside the cache's capabilities (not sent)
+  std::int64_t queries = 0;                     ///< queries of the runs that ran
+  std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
+};
+
+/// The counts of `report`'s runs.
+RunCounts run_counts(const Report& report) noexcept;
+
+/// The one line every writer shows for the runs, e.g. "3 runs: 2 ran (2
+/// passed, 0 failed), 1 refused, 0 skipped; 0 of 41 queries not
+/// output-checked"; "no run ran" leads when none did.
+std::string run_counts_text(const RunCounts& counts);
+
+/// The one line every writer shows for a check, e.g. "2000 cases: 239 ran,
+/// 1761 refused, 0 skipped; 0 failed; 0 of 5120 queries not output-checked",
+/// with "below the minimum share" when too few ran.
+std::string check_counts_text(const CheckSummary& check);
 
 // ---- helpers shared by the writers -------------------------------------------
 
@@ -90,5 +143,12 @@ std::string format_double(double value);
 /// The replay command of a run: the check's replay command when present,
 /// else the context's command line; empty when neither is known.
 std::string replay_command(const Report& report);
+
+/// One line on a failure that passes alone in a fresh cache: "depends on
+/// earlier cases: case seed S failed after N earlier cases in its process
+/// but passes alone in a fresh cache; reproduced after the K cases before it
+/// (case seeds a, b, ...)" (or "not reproduced ..."), seeds after the 16th
+/// left out.
+std::string earlier_cases_text(const EarlierCases& earlier, std::uint64_t failing_case_seed);
 
 }  // namespace kvcheck::reports

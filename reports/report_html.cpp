@@ -462,6 +462,11 @@ std::string report_html(const Report& report) {
          std::to_string(ctx.seed) + " \u00b7 reference " + std::to_string(ctx.precision_bits) + " bits</p>\n";
   if (!ctx.command.empty()) out += "<p>command: <code>" + xml_escape(ctx.command) + "</code></p>\n";
 
+  // The counts first: what ran, what was refused or skipped, what was not
+  // output-checked (a verdict names what it looked at).
+  // (a check's own counts head its section below).
+  if (!report.check)
+    out += "<p class=\"counts\">" + xml_escape(run_counts_text(run_counts(report))) + "</p>\n";
   // Summary table.
   out +=
       "<h2>Runs</h2>\n<table "
@@ -497,8 +502,8 @@ std::string report_html(const Report& report) {
 
   if (report.check) {
     const auto& c = *report.check;
-    out += "<h2>Property check " + badge(c.passed()) + "</h2>\n<p>" + std::to_string(c.cases) + " cases, " +
-           std::to_string(c.failures) + " failed.</p>\n";
+    out += "<h2>Property check " + badge(c.passed()) + "</h2>\n<p>" + xml_escape(check_counts_text(c)) +
+           ".</p>\n";
     if (!c.coverage.empty()) {
       out +=
           "<table class=\"coverage\">\n<tr><th>coverage "
@@ -515,6 +520,13 @@ std::string report_html(const Report& report) {
     }
     if (c.failures != 0)
       out += "<p>failing case seed: <code>" + std::to_string(c.failing_case_seed) + "</code></p>\n";
+    if (c.depends_on_earlier) {
+      out += "<p class=\"failed\">" +
+             xml_escape(earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed)) + "</p>\n";
+      if (!c.depends_on_earlier->reproduced)
+        out += "<p>first failure in its process: " + xml_escape(c.depends_on_earlier->first_failure_there) +
+               "</p>\n";
+    }
     if (!c.replay_command.empty())
       out += "<p>replay: <code>" + xml_escape(c.replay_command) + "</code></p>\n";
   }

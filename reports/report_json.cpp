@@ -90,6 +90,7 @@ Json run_json(const properties::RunObservation& r) {
   j["precision_bits"] = r.precision_bits;
   j["verdict"] = r.skipped ? "skip" : (r.passed ? "pass" : "fail");
   j["first_failure"] = r.first_failure;
+  j["refused"] = r.refused;
   j["skip_reason"] = r.skip_reason;
   j["observed"] = r.observed;
   j["probes"] = r.probes;
@@ -97,6 +98,7 @@ Json run_json(const properties::RunObservation& r) {
   Json totals;
   totals["steps"] = static_cast<std::int64_t>(r.steps.size());
   totals["queries"] = r.queries;
+  totals["queries_not_output_checked"] = r.queries_not_output_checked;
   totals["lost_rows"] = r.lost_rows;
   totals["extra_reads"] = r.extra_reads;
   totals["collisions"] = r.collisions;
@@ -119,7 +121,14 @@ Json check_json(const CheckSummary& c) {
   Json j;
   j["verdict"] = c.passed() ? "pass" : "fail";
   j["cases"] = c.cases;
+  j["ran"] = c.ran();
+  j["refused"] = c.refused;
+  j["skipped"] = c.skipped;
+  j["min_run_share"] = c.min_run_share;
+  j["run_share_met"] = c.run_share_met();
   j["failures"] = c.failures;
+  j["queries"] = c.queries;
+  j["queries_not_output_checked"] = c.queries_not_output_checked;
   Json coverage = Json::array();
   for (const auto& k : c.coverage) {
     coverage.push_back(Json{{"name", k.name}, {"count", k.count}, {"minimum", k.minimum}, {"met", k.met()}});
@@ -128,14 +137,25 @@ Json check_json(const CheckSummary& c) {
   j["counterexample_file"] = c.counterexample_file;
   j["replay_command"] = c.replay_command;
   j["failing_case_seed"] = c.failing_case_seed;
+  if (c.depends_on_earlier) {
+    // Only for a failure that passes alone in a fresh cache.
+    const EarlierCases& e = *c.depends_on_earlier;
+    Json d;
+    d["earlier_cases_run"] = e.earlier_cases_run;
+    d["case_seeds_before"] = e.case_seeds;
+    d["files_before"] = e.files;
+    d["reproduced_with_them"] = e.reproduced;
+    d["first_failure_in_process"] = e.first_failure_there;
+    j["depends_on_earlier_cases"] = std::move(d);
+  }
   return j;
 }
 
 }  // namespace
 
 Json report_to_json(const Report& report) {
-  std::int64_t failed = 0;
-  for (const auto& r : report.runs) failed += r.passed ? 0 : 1;
+  const RunCounts counts = run_counts(report);
+  const std::int64_t failed = counts.failed;
   const auto& ctx = report.context;
 
   Json j;
@@ -155,9 +175,16 @@ Json report_to_json(const Report& report) {
                       {"precision_bits", ctx.precision_bits},
                       {"precision_requested", ctx.precision_requested},
                       {"command", ctx.command}};
-  j["summary"] = Json{{"runs", static_cast<std::int64_t>(report.runs.size())},
-                      {"passed_runs", static_cast<std::int64_t>(report.runs.size()) - failed},
-                      {"failed_runs", failed}};
+  // passed_runs counts runs that did not fail (skipped ones included, as
+  // before); ran_runs, refused_runs and skipped_runs say how many ran at all.
+  j["summary"] = Json{{"runs", counts.runs},
+                      {"passed_runs", counts.runs - failed},
+                      {"failed_runs", failed},
+                      {"ran_runs", counts.ran},
+                      {"refused_runs", counts.refused},
+                      {"skipped_runs", counts.skipped},
+                      {"queries", counts.queries},
+                      {"queries_not_output_checked", counts.queries_not_output_checked}};
   j["check"] = report.check ? check_json(*report.check) : Json(nullptr);
   Json runs = Json::array();
   for (const auto& r : report.runs) runs.push_back(run_json(r));

@@ -87,6 +87,13 @@ std::string report_junit(const Report& report) {
     ++tests;
     failures += report.check->passed() ? 0 : 1;
   }
+  // Without a check, a report where nothing ran fails (Report::passed): one
+  // failing test case says so, as every skipped one alone would look green.
+  const bool nothing_ran = !report.check && run_counts(report).ran == 0;
+  if (nothing_ran) {
+    ++tests;
+    ++failures;
+  }
 
   const std::string suite = "kvcheck." + ctx.backend + "." + ctx.fault;
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
@@ -106,6 +113,20 @@ std::string report_junit(const Report& report) {
   property("precision_bits", std::to_string(ctx.precision_bits));
   property("precision_requested", std::to_string(ctx.precision_requested));
   property("command", ctx.command);
+  // What ran, so a CI dashboard never shows a green suite over cases that
+  // were refused or skipped (README "Counts").
+  const RunCounts counts = run_counts(report);
+  property("runs", run_counts_text(counts));
+  if (report.check) {
+    const auto& c = *report.check;
+    property("cases", std::to_string(c.cases));
+    property("cases_ran", std::to_string(c.ran()));
+    property("cases_refused", std::to_string(c.refused));
+    property("cases_skipped", std::to_string(c.skipped));
+    property("queries_not_output_checked", std::to_string(c.queries_not_output_checked));
+  } else {
+    property("queries_not_output_checked", std::to_string(counts.queries_not_output_checked));
+  }
   out += "    </properties>\n";
 
   for (const auto& run : report.runs) {
@@ -123,13 +144,19 @@ std::string report_junit(const Report& report) {
     out += ">\n      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.run\">" +
            xml_escape(run_explanation(report, run)) + "</failure>\n    </testcase>\n";
   }
+  if (nothing_ran) {
+    const std::string message = run_counts_text(counts);  // "N runs: no run ran, ..."
+    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"runs\">\n      <failure message=\"" +
+           xml_escape(message) + "\" type=\"kvcheck.nothing-ran\">" + xml_escape(message) +
+           "</failure>\n    </testcase>\n";
+  }
   if (report.check) {
     const auto& c = *report.check;
     out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"property check\"";
     if (c.passed()) {
-      out += "/>\n";
+      out += ">\n      <system-out>" + xml_escape(check_counts_text(c)) + "</system-out>\n    </testcase>\n";
     } else {
-      std::string body = std::to_string(c.failures) + " of " + std::to_string(c.cases) + " cases failed\n";
+      std::string body = check_counts_text(c) + "\n";
       for (const auto& k : c.coverage) {
         if (!k.met()) {
           body += "coverage " + k.name + ": " + std::to_string(k.count) + " below minimum " +
@@ -138,9 +165,16 @@ std::string report_junit(const Report& report) {
       }
       if (!c.counterexample_file.empty()) body += "counterexample: " + c.counterexample_file + "\n";
       if (c.failures != 0) body += "failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+      if (c.depends_on_earlier) {
+        body += earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed) + "\n";
+        if (!c.depends_on_earlier->reproduced)
+          body += "first failure in its process: " + c.depends_on_earlier->first_failure_there + "\n";
+      }
       if (!c.replay_command.empty()) body += "replay: " + c.replay_command + "\n";
-      const std::string message = c.failures != 0 ? std::to_string(c.failures) + " failing case(s)"
-                                                  : std::string("coverage below minimum");
+      const std::string message = c.failures != 0      ? std::to_string(c.failures) + " failing case(s)"
+                                  : !c.run_share_met() ? "only " + std::to_string(c.ran()) + " of " +
+                                                             std::to_string(c.cases) + " cases ran"
+                                                       : std::string("coverage below minimum");
       out += ">\n      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.check\">" +
              xml_escape(body) + "</failure>\n    </testcase>\n";
     }

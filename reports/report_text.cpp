@@ -40,6 +40,8 @@ std::string run_summary_line(const properties::RunObservation& run) {
   line += " collisions=" + std::to_string(run.collisions);
   line += " output_failures=" + std::to_string(run.output_failures);
   line += " max_eps=" + format_double(run.max_eps_units);
+  if (run.queries_not_output_checked > 0)
+    line += " not_output_checked=" + std::to_string(run.queries_not_output_checked);
   if (run.observed != "slots+outputs") line += " observed=" + run.observed;
   if (run.probes > 0) line += " probes=" + std::to_string(run.probes);
   if (run.mpfr_queries > 0) line += " mpfr_queries=" + std::to_string(run.mpfr_queries);
@@ -115,31 +117,31 @@ std::string report_text(const Report& report) {
   std::string out = "kvcheck " + ctx.tool_version + "  backend " + ctx.backend + ", fault " + ctx.fault +
                     ", seed " + std::to_string(ctx.seed) + ", reference " +
                     std::to_string(ctx.precision_bits) + " bits\n";
-  std::size_t failed = 0, skipped = 0;
-  for (const auto& run : report.runs) {
-    out += run_summary_line(run) + "\n";
-    failed += run.passed ? 0 : 1;
-    skipped += run.skipped ? 1 : 0;
-  }
+  for (const auto& run : report.runs) out += run_summary_line(run) + "\n";
   for (const auto& run : report.runs) {
     if (!run.passed) out += "\n" + run_explanation(report, run);
   }
   if (report.check) {
     const auto& c = *report.check;
-    out += "\ncheck: " + std::string(c.passed() ? "PASS" : "FAIL") + ", " + std::to_string(c.cases) +
-           " cases, " + std::to_string(c.failures) + " failed\n";
+    out += "\ncheck: " + std::string(c.passed() ? "PASS" : "FAIL") + ", " + check_counts_text(c) + "\n";
     for (const auto& k : c.coverage) {
       out += "  coverage " + k.name + ": " + std::to_string(k.count) + " (minimum " +
              std::to_string(k.minimum) + ")" + (k.met() ? "" : "  BELOW MINIMUM") + "\n";
     }
     if (!c.counterexample_file.empty()) out += "  counterexample: " + c.counterexample_file + "\n";
     if (c.failures != 0) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+    if (c.depends_on_earlier) {
+      out += "  " + earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed) + "\n";
+      if (!c.depends_on_earlier->reproduced)
+        out += "  first failure in its process: " + c.depends_on_earlier->first_failure_there + "\n";
+    }
     if (!c.replay_command.empty() && !c.passed()) out += "  replay: " + c.replay_command + "\n";
   }
+  // The verdict line names what ran: a PASS over runs that were all refused
+  // or skipped cannot be printed (Report::passed). A check's line is its
+  // cases' (its runs are the counterexample, if any).
   out += "\n" + std::string(report.passed() ? "PASS" : "FAIL") + ": " +
-         std::to_string(report.runs.size() - failed - skipped) + " of " + std::to_string(report.runs.size()) +
-         " runs passed" +
-         (skipped > 0 ? ", " + std::to_string(skipped) + " skipped (the cache cannot run them)" : "") + "\n";
+         (report.check ? check_counts_text(*report.check) : run_counts_text(run_counts(report))) + "\n";
   return out;
 }
 

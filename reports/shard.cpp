@@ -27,6 +27,19 @@ auto naming(const std::string& origin, F&& read) -> decltype(read()) {
   }
 }
 
+/// As naming(), and a value no run can have (ErrorId::kJsonValue: a count
+/// out of range, a precision kvcheck does not have) is refused as a shard
+/// that is not one of a real run (ErrorId::kShard), naming shard and field.
+template <typename F>
+auto naming_values(const std::string& origin, F&& read) -> decltype(read()) {
+  try {
+    return naming(origin, read);
+  } catch (const Error& e) {
+    if (e.id() == ErrorId::kJsonValue) throw Error(ErrorId::kShard, e.where(), e.rule());
+    throw;
+  }
+}
+
 /// The first key whose value differs between two option objects, "" when
 /// equal. The command line is compared last: it differs whenever an option
 /// does, and the option itself is the better message.
@@ -173,27 +186,53 @@ Json check_options_json(const CheckShardOptions& o) {
   j["step_timeout_seconds"] = o.step_timeout_seconds;
   j["command"] = o.command;
   if (o.profile != "default") j["profile"] = o.profile;
+  if (o.min_run_share != CheckShardOptions{}.min_run_share) j["min_run_share"] = o.min_run_share;
   return j;
 }
 
 CheckShardOptions check_options_from_json(const ShardResult& shard) {
-  return naming(shard.origin, [&] {
+  return naming_values(shard.origin, [&] {
     const auto& j = shard.options;
     jr::check_keys(j, "options",
                    {"impl", "fault", "cases", "seed", "precision_requested", "step_timeout_seconds",
-                    "command", "profile"});
+                    "command", "profile", "min_run_share"});
     CheckShardOptions o;
     o.impl = jr::get_string(jr::require(j, "options", "impl"), "options.impl");
     o.fault = jr::get_string(jr::require(j, "options", "fault"), "options.fault");
     o.cases = jr::get_i64(jr::require(j, "options", "cases"), "options.cases");
-    if (o.cases < 1) jr::fail(ErrorId::kJsonValue, "options.cases", "must be at least 1");
+    // The ranges of the flags `kvcheck check` takes: a shard outside them
+    // was not written by a run.
+    if (o.cases < 1 || o.cases > kMaxCheckCases) {
+      jr::fail(ErrorId::kJsonValue, "options.cases", "must be in 1.." + std::to_string(kMaxCheckCases));
+    }
+    if (o.impl != "cpu" && o.impl != "cuda" && o.impl != "layer" &&
+        !(o.impl.rfind("exec:", 0) == 0 && o.impl.size() > 5)) {
+      jr::fail(ErrorId::kJsonValue, "options.impl",
+               "is not a cache kvcheck has (cpu, cuda, layer, exec:COMMAND)");
+    }
     o.seed = jr::get_u64(jr::require(j, "options", "seed"), "options.seed");
+    if (o.seed > static_cast<std::uint64_t>(INT64_MAX)) {
+      jr::fail(ErrorId::kJsonValue, "options.seed", "must be in 0..2^63-1, as --seed takes");
+    }
     o.precision_requested =
         jr::get_i32(jr::require(j, "options", "precision_requested"), "options.precision_requested");
+    if (o.precision_requested != 53 && o.precision_requested != 113 && o.precision_requested != 169) {
+      jr::fail(
+          ErrorId::kJsonValue, "options.precision_requested",
+          "is " + std::to_string(o.precision_requested) + " bits: kvcheck's precisions are 53, 113 and 169");
+    }
     o.step_timeout_seconds =
         jr::get_f64(jr::require(j, "options", "step_timeout_seconds"), "options.step_timeout_seconds");
+    if (!(o.step_timeout_seconds > 0 && o.step_timeout_seconds <= 86400)) {
+      jr::fail(ErrorId::kJsonValue, "options.step_timeout_seconds", "must be in (0, 86400] seconds");
+    }
     o.command = jr::get_string(jr::require(j, "options", "command"), "options.command");
     if (const auto* p = jr::find(j, "profile")) o.profile = jr::get_string(*p, "options.profile");
+    if (const auto* p = jr::find(j, "min_run_share")) {
+      o.min_run_share = jr::get_f64(*p, "options.min_run_share");
+      if (!(o.min_run_share >= 0 && o.min_run_share <= 1))
+        jr::fail(ErrorId::kJsonValue, "options.min_run_share", "must be in 0..1");
+    }
     return o;
   });
 }
@@ -203,6 +242,9 @@ Json tally_json(const properties::CaseTally& t) {
   j["cases"] = t.cases;
   j["failures"] = t.failures;
   j["skipped"] = t.skipped;
+  j["refused"] = t.refused;
+  j["queries"] = t.queries;
+  j["queries_not_output_checked"] = t.queries_not_output_checked;
   j["coverage_counts"] = t.coverage_counts;
   j["reachable"] = t.reachable;
   j["first_failing_case"] = t.first_failing_case < 0 ? Json(nullptr) : Json(t.first_failing_case);
@@ -210,10 +252,11 @@ Json tally_json(const properties::CaseTally& t) {
 }
 
 properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes) {
-  return naming(shard.origin, [&] {
+  return naming_values(shard.origin, [&] {
     const auto& j = shard.result;
     jr::check_keys(j, "result",
-                   {"cases", "failures", "skipped", "coverage_counts", "reachable", "first_failing_case"});
+                   {"cases", "failures", "skipped", "refused", "queries", "queries_not_output_checked",
+                    "coverage_counts", "reachable", "first_failing_case"});
     properties::CaseTally t;
     t.cases = jr::get_i64(jr::require(j, "result", "cases"), "result.cases");
     const std::int64_t expected =
@@ -229,14 +272,31 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
       jr::fail(ErrorId::kJsonValue, "result.failures", "must be in 0..cases");
     if (t.skipped < 0 || t.skipped > t.cases)
       jr::fail(ErrorId::kJsonValue, "result.skipped", "must be in 0..cases");
+    t.refused = jr::get_i64(jr::require(j, "result", "refused"), "result.refused");
+    if (t.refused < 0 || t.refused > t.cases - t.skipped)
+      jr::fail(ErrorId::kJsonValue, "result.refused", "must be in 0..cases - skipped");
+    t.queries = jr::get_i64(jr::require(j, "result", "queries"), "result.queries");
+    t.queries_not_output_checked = jr::get_i64(jr::require(j, "result", "queries_not_output_checked"),
+                                               "result.queries_not_output_checked");
+    if (t.queries < 0) jr::fail(ErrorId::kJsonValue, "result.queries", "must be at least 0");
+    if (t.queries_not_output_checked < 0 || t.queries_not_output_checked > t.queries)
+      jr::fail(ErrorId::kJsonValue, "result.queries_not_output_checked", "must be in 0..queries");
     const auto& counts = jr::as_array(jr::require(j, "result", "coverage_counts"), "result.coverage_counts");
     const auto& reachable = jr::as_array(jr::require(j, "result", "reachable"), "result.reachable");
     if (counts.size() != classes || reachable.size() != classes) {
       jr::fail(ErrorId::kJsonValue, "result.coverage_counts",
                "expected " + std::to_string(classes) + " coverage classes in coverage_counts and reachable");
     }
+    // A class is counted once per case that ran (neither skipped nor refused).
+    const std::int64_t ran = t.cases - t.skipped - t.refused;
     for (std::size_t k = 0; k < classes; ++k) {
-      t.coverage_counts.push_back(jr::get_i64(counts[k], jr::join_index("result.coverage_counts", k)));
+      const std::string field = jr::join_index("result.coverage_counts", k);
+      t.coverage_counts.push_back(jr::get_i64(counts[k], field));
+      if (t.coverage_counts.back() < 0 || t.coverage_counts.back() > ran) {
+        jr::fail(ErrorId::kJsonValue, field,
+                 std::to_string(t.coverage_counts.back()) + " cases, but the shard ran " +
+                     std::to_string(ran) + " (cases - skipped - refused)");
+      }
       t.reachable.push_back(jr::get_bool(reachable[k], jr::join_index("result.reachable", k)));
     }
     const auto& first = jr::require(j, "result", "first_failing_case");

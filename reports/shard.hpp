@@ -70,6 +70,9 @@ std::string shard_name(std::int64_t index, std::int64_t count);
 
 // ---- check shards ---------------------------------------------------------------
 
+/// The most cases one check run has (`kvcheck check --cases`' range).
+inline constexpr std::int64_t kMaxCheckCases = 100000000;
+
 /// The options of a check run that every shard must share (plain values: the
 /// CLI translates them from and to properties::CheckOptions).
 struct CheckShardOptions {
@@ -81,15 +84,22 @@ struct CheckShardOptions {
   double step_timeout_seconds = 10.0;
   std::string command;              ///< the report's command line (without --shard, --out, --threads)
   std::string profile = "default";  ///< --profile; written only when not "default"
+  double min_run_share = 0.8;       ///< --min-run-share; written only when not the default
 };
 
 nlohmann::ordered_json check_options_json(const CheckShardOptions& options);
+/// The options of a check shard, read strictly; a value no `kvcheck check`
+/// run can have (cases outside 1..kMaxCheckCases, a seed above 2^63-1, a
+/// precision other than 53, 113 and 169, a step timeout outside (0, 86400],
+/// an unknown cache name) is ErrorId::kShard naming the shard and field.
 CheckShardOptions check_options_from_json(const ShardResult& shard);
 
 nlohmann::ordered_json tally_json(const properties::CaseTally& tally);
 /// The tally of a check shard, checked against its shard: it ran exactly the
 /// cases index ≡ I (mod N) of the options' case count, and its first failing
-/// case is one of them; `classes` is the number of coverage classes.
+/// case is one of them; `classes` is the number of coverage classes. A count
+/// no run can have (negative, above what it counts among: a coverage count
+/// above the cases that ran) is ErrorId::kShard naming the shard and field.
 properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes);
 
 }  // namespace kvcheck::reports

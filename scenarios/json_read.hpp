@@ -88,7 +88,7 @@ inline constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16,
 inline constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
 inline constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
 inline constexpr ValueProfile kValueProfiles[] = {ValueProfile::kUniform, ValueProfile::kLargeLogits,
-                                                  ValueProfile::kFp8Outliers};
+                                                  ValueProfile::kFp8Outliers, ValueProfile::kPositionCode};
 inline constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
 inline constexpr StepKind kStepKinds[] = {StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
                                           StepKind::kAccept,  StepKind::kFinish, StepKind::kReset};

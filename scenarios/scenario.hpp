@@ -92,6 +92,7 @@ enum class ValueProfile : std::uint8_t {
   kUniform,      ///< k, v, q uniform in [-1, 1)
   kLargeLogits,  ///< q and k scaled so logits reach ~1e3 and their peak moves with the position
   kFp8Outliers,  ///< one outlier element per 32-element block, and whole outlier rows
+  kPositionCode,  ///< q = 0 and values coding each row's position and write (properties/position_code.hpp)
 };
 
 struct Data {

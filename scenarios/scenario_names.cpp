@@ -9,6 +9,7 @@ std::string_view value_profile_name(ValueProfile p) noexcept {
     case ValueProfile::kUniform: return "uniform";
     case ValueProfile::kLargeLogits: return "large-logits";
     case ValueProfile::kFp8Outliers: return "fp8-outliers";
+    case ValueProfile::kPositionCode: return "position-code";
   }
   return "?";
 }

@@ -121,6 +121,59 @@ std::int64_t find_min_safe_ring(const SweepConfig& config, std::int64_t guess, c
       guess, [&](std::int64_t s) { return probe_ring(config, s, options); }, below, stats);
 }
 
+void sweep_shape(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
+                 const engines::Capabilities& caps, scenarios::Scenario* sc) {
+  scenarios::CacheConfig c = sc->cache;
+  c.window = config.window_keys;
+  c.convention = scenarios::Convention::kKeys;
+  c.ring_rows = ring_rows;
+  c.states = states;
+  c.rope = scenarios::Rope{};
+  c.shared_row = false;
+  const std::int64_t step_rows = std::max(config.drafts + 1, config.chunk_rows);
+  auto accepts = [&](std::int32_t heads, std::int32_t head_dim) {
+    scenarios::CacheConfig t = c;
+    t.q_heads = t.kv_heads = heads;
+    t.head_dim = head_dim;
+    return caps.supports(t, step_rows, nullptr);
+  };
+  constexpr std::int32_t kHeadDims[] = {2, 4, 8, 16, 32, 64, 128, 256};
+  const bool coded = !caps.reports_read_slots && caps.computes_outputs;
+  // Classes wanted: every position a query can confuse (its window, the
+  // drafts or chunk beyond it) in a class of its own; more only cost bytes.
+  const std::int64_t wanted = std::min<std::int64_t>(128, config.window_keys + step_rows);
+  std::int32_t best_heads = 0, best_dim = 0;
+  std::int64_t best_classes = -1;
+  for (const std::int32_t d : kHeadDims) {
+    if (!coded) {
+      if (accepts(1, d)) {
+        best_heads = 1;
+        best_dim = d;
+        break;
+      }
+      continue;
+    }
+    // Heads to reach `wanted` pairs of code elements, else as many as accepted.
+    auto heads = static_cast<std::int32_t>(std::clamp<std::int64_t>((2 * wanted + d - 1) / d, 1, 64));
+    while (heads > 1 && !accepts(heads, d)) heads = heads / 2;
+    if (!accepts(heads, d)) continue;
+    const std::int64_t classes = std::int64_t{heads} * d / 2;
+    if (classes > best_classes) {
+      best_classes = classes;
+      best_heads = heads;
+      best_dim = d;
+    }
+    if (classes >= wanted) break;
+  }
+  if (best_heads == 0) {
+    best_heads = 1;
+    best_dim = 2;
+  }
+  sc->cache.q_heads = sc->cache.kv_heads = best_heads;
+  sc->cache.head_dim = best_dim;
+  if (coded) sc->data.profile = scenarios::ValueProfile::kPositionCode;
+}
+
 scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
                                         std::int64_t states, const engines::Capabilities& caps) {
   scenarios::Scenario sc;
@@ -134,10 +187,9 @@ scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t 
   sc.cache.convention = scenarios::Convention::kKeys;
   sc.cache.ring_rows = ring_rows;
   sc.cache.states = states;
-  sc.cache.q_heads = sc.cache.kv_heads = 1;
-  sc.cache.head_dim = 2;
   sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
   sc.data.seed = 1;
+  sweep_shape(config, ring_rows, states, caps, &sc);
   const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
                                      ? scenarios::Order::kStoreThenLoad
                                      : scenarios::Order::kLoadThenStore;
@@ -202,11 +254,16 @@ ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const 
   run.check_outputs = false;
   run.probes = false;
   const properties::RunObservation obs = properties::run_scenario(sc, run);
-  if (obs.skipped) {
-    throw Error(ErrorId::kUsage, "--impl", "the cache cannot run the sweep's schedule: " + obs.skip_reason);
-  }
   ProbeResult r;
   r.ring_rows = ring_rows;
+  if (obs.skipped) {
+    // The cache cannot run this capacity (or this configuration at all): a
+    // result of the row, not the end of the sweep.
+    r.safe = false;
+    r.refused = true;
+    r.refusal = obs.skip_reason;
+    return r;
+  }
   r.safe = obs.passed;
   r.steps_checked = static_cast<std::int64_t>(obs.steps.size());
   if (!obs.passed) {
@@ -380,8 +437,24 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             // rows at any size): stop at a generous multiple of the bound.
             const std::int64_t limit = 4 * spec_bound(row.config) + 64;
             row.min_safe_ring = gallop_search(
-                guess, [&](std::int64_t s) { return probe_live(row.config, s, options.probe, live); }, &below,
-                &stats, limit);
+                guess,
+                [&](std::int64_t s) {
+                  ProbeResult pr = probe_live(row.config, s, options.probe, live);
+                  if (pr.refused) {
+                    if (row.refused_capacities++ == 0)
+                      row.refusal = "S=" + std::to_string(s) + ": " + pr.refusal;
+                  }
+                  return pr;
+                },
+                &below, &stats, limit);
+            if (row.min_safe_ring < 0 && row.refused_capacities == stats.probes) {
+              // Not one capacity ran: the configuration is unsupported.
+              row.probes = stats.probes;
+              row.unsupported = true;
+              prev_min = -1;
+              done.fetch_add(1);
+              continue;
+            }
             if (row.min_safe_ring < 0) {
               row.probes = stats.probes;
               row.has_below = true;
@@ -411,8 +484,9 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             row.below_overwritten = below.overwritten;
             row.below_first_lost = below.first_lost;
             row.below_collisions = below.collisions.total();
+            if (below.refused) row.below_hazard = "refused: " + below.refusal;
             if (write_files && options.impl.empty()) counterexample_for(options, below, &row);
-            if (write_files && !options.impl.empty()) {
+            if (write_files && !options.impl.empty() && !below.refused) {
               // Live: the worst-case schedule at S_min - 1 is the counterexample.
               const auto sc = worst_case_scenario(row.config, row.below_ring, options.probe.states,
                                                   provider->capabilities());
@@ -477,8 +551,13 @@ void summarize_sweep(SweepResult& result) {
   result.formula_unsafe_rows = 0;
   result.replay_failures = 0;
   result.no_safe_rows = 0;
+  result.unsupported_rows = 0;
   for (const SweepRow& row : result.rows) {
     result.probes += row.probes;
+    if (row.unsupported) {
+      ++result.unsupported_rows;
+      continue;
+    }
     if (!row.spec_agrees) ++result.spec_disagreements;
     if (row.has_formula && !row.formula_safe) ++result.formula_unsafe_rows;
     if (!row.replay_ok) ++result.replay_failures;

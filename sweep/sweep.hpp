@@ -137,6 +137,11 @@ struct ProbeResult {
       first_lost;  ///< positions lost by the first losing query, relative to its position (e.g. -127)
   StepCollisions collisions;
   std::int64_t extra_reads = 0;  ///< reads no visible position accounts for
+  /// Live caches: the cache could not run this capacity (capabilities, or it
+  /// refused the configuration at open): neither safe nor unsafe, a result
+  /// of its own (the search treats it as not usable and goes on).
+  bool refused = false;
+  std::string refusal;  ///< why, when refused
 };
 
 /// Runs the worst-case schedules of `config` on the CPU backend with a ring
@@ -201,7 +206,13 @@ inline constexpr std::int64_t kReplayWindowLimit = 512;
 
 /// The worst-case schedule of `config` as a scenario at capacity `ring_rows`,
 /// for caches kvcheck can only drive through the step-level interface
-/// (`sweep --impl exec:...`): `states` requests on their own states, steps
+/// (`sweep --impl exec:...`). Its shape is one the cache declares
+/// (sweep_shape): for a cache that reports its read slots the smallest
+/// head_dim it accepts, one head; for one that reports none, rows wide
+/// enough for the position code (properties/position_code.hpp) to give
+/// every position a query can confuse (W + max(k + 1, C)) a class of its
+/// own, up to 128 classes, and the `position-code` profile, so the outputs
+/// tell which rows each query read. `states` requests on their own states, steps
 /// interleaved; each fills its window (load_then_store chunks of at most
 /// min(W, S) rows, or decodes when `lts_fill` is false) for two wraps, then
 /// runs decode, prefill(C), and for every a in 0..k: verify(k), accept(a),
@@ -209,6 +220,14 @@ inline constexpr std::int64_t kReplayWindowLimit = 512;
 /// cache does not declare are left out.
 scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
                                         std::int64_t states, const engines::Capabilities& caps);
+
+/// The head shape (q_heads = kv_heads, head_dim) and value profile of the
+/// worst-case scenario of `config` on a cache with `caps` (see above); the
+/// cache's own checks (Capabilities::supports) decide what it accepts.
+/// Falls back to one head of 2 when the cache declares nothing it accepts
+/// (the runs then come back refused, each a result).
+void sweep_shape(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
+                 const engines::Capabilities& caps, scenarios::Scenario* scenario);
 
 /// Options of a sweep.
 struct SweepOptions {
@@ -259,6 +278,12 @@ struct SweepRow {
   bool has_formula = false;
   std::int64_t formula_ring = 0;
   bool formula_safe = true;
+  // Live caches: capacities the cache could not run (ProbeResult::refused).
+  std::int64_t refused_capacities = 0;  ///< probes refused in this row's search
+  std::string refusal;                  ///< the first refusal's reason, or empty
+  /// True when the cache ran no capacity of this row at all (every probe
+  /// refused): min_safe_ring is -1 and the row is "unsupported", not unsafe.
+  bool unsupported = false;
 };
 
 /// Result of a sweep, rows in grid order.
@@ -270,7 +295,8 @@ struct SweepResult {
   std::int64_t formula_unsafe_rows = 0;
   std::int64_t spec_disagreements = 0;
   std::int64_t replay_failures = 0;
-  std::int64_t no_safe_rows = 0;  ///< live caches: rows with no safe capacity (min_safe_ring -1)
+  std::int64_t no_safe_rows = 0;      ///< live caches: rows with no safe capacity (min_safe_ring -1)
+  std::int64_t unsupported_rows = 0;  ///< live caches: rows whose every capacity was refused
   std::int64_t probes = 0;
 };
 

@@ -112,6 +112,8 @@ std::string sweep_json(const SweepResult& result) {
   summary["formula_safe_everywhere"] = result.formula ? Json(result.formula_unsafe_rows == 0) : Json(nullptr);
   summary["formula_unsafe_rows"] = result.formula_unsafe_rows;
   summary["replay_failures"] = result.replay_failures;
+  summary["no_safe_rows"] = result.no_safe_rows;
+  summary["unsupported_rows"] = result.unsupported_rows;
   summary["probes"] = result.probes;
   doc["summary"] = summary;
   Json rows = Json::array();
@@ -127,6 +129,10 @@ std::string sweep_json(const SweepResult& result) {
     j["spec_agrees"] = r.spec_agrees;
     j["seed_ring"] = r.seed_ring;
     j["seed_slack"] = r.seed_ring - r.min_safe_ring;
+    // Live caches: capacities the cache refused (a result, not an error).
+    j["unsupported"] = r.unsupported;
+    j["refused_capacities"] = r.refused_capacities;
+    j["refusal"] = r.refusal.empty() ? Json(nullptr) : Json(r.refusal);
     if (r.has_formula) {
       j["formula_ring"] = r.formula_ring;
       j["formula_slack"] = r.formula_ring - r.min_safe_ring;
@@ -157,7 +163,8 @@ std::string sweep_csv(const SweepResult& result) {
   const bool formula = result.formula.has_value();
   std::string out =
       "window,drafts,chunk,order,min_safe_ring,spec_bound,spec_agrees,seed_ring,seed_slack,"
-      "below_ring,below_hazard,below_overwritten,below_collisions,counterexample,replay_ok";
+      "below_ring,below_hazard,below_overwritten,below_collisions,counterexample,replay_ok,unsupported,"
+      "refused_capacities,refusal";
   if (formula) out += ",formula_ring,formula_slack,formula_safe";
   out += "\n";
   for (const SweepRow& r : result.rows) {
@@ -171,7 +178,9 @@ std::string sweep_csv(const SweepResult& result) {
            std::to_string(r.seed_ring - r.min_safe_ring) + "," +
            (r.has_below ? std::to_string(r.below_ring) : "") + "," + csv_field(r.below_hazard) + "," +
            csv_field(over) + "," + (r.has_below ? std::to_string(r.below_collisions) : "") + "," +
-           csv_field(r.counterexample) + "," + (r.replay_ok ? "true" : "false");
+           csv_field(r.counterexample) + "," + (r.replay_ok ? "true" : "false") + "," +
+           (r.unsupported ? "true" : "false") + "," + std::to_string(r.refused_capacities) + "," +
+           csv_field(r.refusal);
     if (formula) {
       out += "," + std::to_string(r.formula_ring) + "," + std::to_string(r.formula_ring - r.min_safe_ring) +
              "," + (r.formula_safe ? "true" : "false");
@@ -271,7 +280,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   const bool all = total <= max_rows;
   std::int64_t shown = 0;
   for (const SweepRow& r : result.rows) {
-    const bool interesting = !r.spec_agrees || (r.has_formula && !r.formula_safe) || !r.replay_ok;
+    const bool interesting =
+        !r.spec_agrees || (r.has_formula && !r.formula_safe) || !r.replay_ok || r.unsupported;
     if (!all && !interesting) continue;
     if (!all && shown >= max_rows) break;
     ++shown;
@@ -283,6 +293,14 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
                   static_cast<long long>(r.config.chunk_rows), order_flag_name(r.config.order),
                   static_cast<long long>(r.min_safe_ring), static_cast<long long>(r.spec_bound),
                   r.spec_agrees ? "yes" : "NO", seed);
+    if (r.unsupported) {
+      // The cache ran no capacity of this configuration.
+      std::snprintf(line, sizeof line, "%6lld %3lld %5lld %-16s %6s",
+                    static_cast<long long>(r.config.window_keys), static_cast<long long>(r.config.drafts),
+                    static_cast<long long>(r.config.chunk_rows), order_flag_name(r.config.order), "-");
+      s << line << "  unsupported: " << r.refusal << "\n";
+      continue;
+    }
     s << line;
     if (formula) {
       char f[48];
@@ -297,6 +315,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
       if (r.below_collisions > 0) s << ", " << r.below_collisions << " collisions";
       if (!r.replay_ok) s << "  REPLAY FAILED: " << r.replay_detail;
     }
+    if (r.refused_capacities > 0)
+      s << "  (" << r.refused_capacities << " capacities refused, first " << r.refusal << ")";
     s << "\n";
   }
   if (!all) {
@@ -304,8 +324,9 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
       << " shown: those that disagree with SPEC 5, the formula or their replay; use --json or --csv for "
          "all)\n";
   }
+  const std::int64_t measured = total - result.unsupported_rows;
   s << "configurations: " << total << ", probes: " << result.probes << ", SPEC 5 bound agreed on "
-    << total - result.spec_disagreements << "/" << total << "\n";
+    << measured - result.spec_disagreements << "/" << measured << "\n";
   if (formula) {
     if (result.formula_unsafe_rows == 0) {
       s << "formula '" << *result.formula << "' is safe on every configuration of the grid\n";
@@ -328,6 +349,9 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   }
   if (result.replay_failures > 0) {
     s << result.replay_failures << " counterexample(s) did not replay through the reference runner\n";
+  }
+  if (result.unsupported_rows > 0) {
+    s << result.unsupported_rows << " configuration(s) unsupported: the cache refused every capacity tried\n";
   }
   return s.str();
 }

@@ -76,13 +76,16 @@ constexpr std::pair<std::string_view, std::int64_t SweepRow::*> kRowIntegers[] =
     {"min_safe_ring", &SweepRow::min_safe_ring}, {"probes", &SweepRow::probes},
     {"spec_bound", &SweepRow::spec_bound},       {"seed_ring", &SweepRow::seed_ring},
     {"below_ring", &SweepRow::below_ring},       {"below_collisions", &SweepRow::below_collisions},
-    {"formula_ring", &SweepRow::formula_ring}};
+    {"formula_ring", &SweepRow::formula_ring},   {"refused_capacities", &SweepRow::refused_capacities}};
 constexpr std::pair<std::string_view, bool SweepRow::*> kRowFlags[] = {
     {"spec_agrees", &SweepRow::spec_agrees}, {"has_below", &SweepRow::has_below},
     {"replayed", &SweepRow::replayed},       {"replay_ok", &SweepRow::replay_ok},
-    {"has_formula", &SweepRow::has_formula}, {"formula_safe", &SweepRow::formula_safe}};
+    {"has_formula", &SweepRow::has_formula}, {"formula_safe", &SweepRow::formula_safe},
+    {"unsupported", &SweepRow::unsupported}};
 constexpr std::pair<std::string_view, std::string SweepRow::*> kRowTexts[] = {
-    {"below_hazard", &SweepRow::below_hazard}, {"replay_detail", &SweepRow::replay_detail}};
+    {"below_hazard", &SweepRow::below_hazard},
+    {"replay_detail", &SweepRow::replay_detail},
+    {"refusal", &SweepRow::refusal}};
 constexpr std::pair<std::string_view, std::vector<std::int64_t> SweepRow::*> kRowLists[] = {
     {"below_overwritten", &SweepRow::below_overwritten}, {"below_first_lost", &SweepRow::below_first_lost}};
 

@@ -203,7 +203,8 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
                           (dir / script).string());
     INFO(o.out << o.err);
     CHECK(o.code == 0);
-    CHECK(o.out.find(kExecCases + " cases, 0 failing") != std::string::npos);
+    CHECK(o.out.find(kExecCases + " cases (" + kExecCases + " ran, 0 refused, 0 skipped), 0 failing") !=
+          std::string::npos);
     // Every coverage class is reached through the protocol too.
     CHECK(o.out.find("=0") == std::string::npos);
   }
@@ -296,7 +297,7 @@ TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI exec: sweep passes each capacity to the adapter; the ring adapter's minimum is SPEC 5's") {
+TEST_CASE("CLI exec: sweep passes each capacity to the adapter, the ring adapter's minimum is SPEC 5's") {
   const Outcome o =
       run("sweep --impl " + adapter("ring_cache.py") +
           " --window 8,13 --drafts 0,2 --chunk 1,6 --order both --counterexamples none --json -");
@@ -317,7 +318,7 @@ TEST_CASE("CLI exec: sweep passes each capacity to the adapter; the ring adapter
 }
 
 TEST_CASE(
-    "CLI: check and replay reach the layer-bound cache; unsupported scenarios are skipped with the reason") {
+    "CLI: check and replay reach the layer-bound cache, unsupported scenarios are skipped with the reason") {
   const fs::path dir = temp_dir("layer");
   const Outcome o = run("check --impl layer --cases 500 --out " + dir.string());
   INFO(o.out << o.err);
@@ -325,7 +326,9 @@ TEST_CASE(
   CHECK(o.out.find("ring_wrap=0(n/a)") != std::string::npos);
   const Outcome r =
       run("replay --impl layer " + std::string(KVCHECK_SOURCE_DIR) + "/scenarios/fast/verify-s128.json");
-  CHECK(r.code == 0);
+  // Its only scenario skipped, the replay ran nothing: that is no pass.
+  CHECK(r.code == 1);
+  CHECK(r.out.find("FAIL: 1 run: no run ran, 0 refused, 1 skipped") != std::string::npos);
   CHECK(r.out.find("SKIP  verify-s128  (layer-kv-cache does not support steps of 100 rows (most 1))") !=
         std::string::npos);
   CHECK(run("check --impl layer --fault window-too-wide --cases 5").code == 2);
@@ -417,7 +420,7 @@ TEST_CASE(
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI: check --profile production runs production cases; an unknown profile is exit 2") {
+TEST_CASE("CLI: check --profile production runs production cases, an unknown profile is exit 2") {
   const fs::path dir = temp_dir("profile");
   const Outcome o = run("check --profile production --cases 12 --seed 2 --out " + (dir / "a").string());
   CHECK(o.code <= 1);  // 12 cases may miss a rare coverage class (exit 1); none fails

@@ -45,8 +45,9 @@ def one_error_line(code, err, needle, what):
            f"{what}: one line naming {needle!r} ({err.strip()!r})")
 
 
-def check_case(root, label, flags, expected_code):
-    """One process against 3 shards merged, for `kvcheck check FLAGS`."""
+def check_case(root, label, flags, expected_code, merge_flags=()):
+    """One process against 3 shards merged, for `kvcheck check FLAGS`
+    (MERGE_FLAGS: --impl, which a merge that re-runs a failing case needs)."""
     single = os.path.join(root, label, "single")
     split = os.path.join(root, label, "split")
     os.makedirs(single)
@@ -57,17 +58,136 @@ def check_case(root, label, flags, expected_code):
         code, out, err = run(["check"] + flags + ["--shard", f"{i}/3", "--threads", "1", "--out", f"shard{i}"], split)
         expect(code == 0 and os.path.isfile(os.path.join(split, f"shard{i}", "shard.json")),
                f"{label}: shard {i}/3 written, exit 0 ({err.strip()})")
-    code2, _, err2 = run(["merge", "shard2", "shard0", "shard1", "--out", "out"], split)
+    code2, _, err2 = run(["merge", "shard2", "shard0", "shard1", "--out", "out"] + list(merge_flags), split)
     expect(code2 == code1, f"{label}: merge exits like one process ({code2} vs {code1}; {err2.strip()})")
     same_tree(os.path.join(single, "out"), os.path.join(split, "out"), f"{label}: merged vs one process")
     return split
+
+
+def forged(split, label, edit, shards=(0, 1, 2)):
+    """Copies of shard0..2 under LABEL0..2, with edit(doc) applied to those in `shards`."""
+    names = []
+    for i in range(3):
+        name = f"{label}{i}"
+        shutil.copytree(os.path.join(split, f"shard{i}"), os.path.join(split, name))
+        if i in shards:
+            path = os.path.join(split, name, "shard.json")
+            doc = json.load(open(path))
+            edit(doc)
+            json.dump(doc, open(path, "w"), indent=2)
+        names.append(name)
+    return names
+
+
+def refused_700(split, names, flags, needle, what):
+    code, _, err = run(["merge"] + names + ["--out", "out"] + flags, split)
+    one_error_line(code, err, needle, what)
+    return err
+
+
+def untrusted_documents(root, split):
+    """`merge` runs no command from a file, cross-checks every option against
+    the recorded command, refuses impossible tallies and failures that do
+    not reproduce (issue 19.2, 18.5). `split` holds 3 shards of a failing
+    `--fault accept-no-rollback` run on the CPU pool."""
+    shards = ["shard0", "shard1", "shard2"]
+    # The engine comes from merge's command line, required to re-run a failing case.
+    code, _, err = run(["merge"] + shards + ["--out", "out"], split)
+    lines = err.strip().split("\n")
+    expect(code == 2 and len(lines) == 1 and lines[0].startswith("kvcheck error 100 at --impl"),
+           f"no --impl: merge of failing shards asks for the engine ({err.strip()})")
+    refused_700(split, shards, ["--impl", "layer"], "shard0/shard.json: options.impl", "--impl other than the shards'")
+    # A shard document that names a command: never run, whatever merge is given.
+    marker = os.path.join(split, "PWNED")
+    touch = "exec:touch " + marker
+
+    def impl_only(doc):
+        doc["options"]["impl"] = touch
+
+    names = forged(split, "impl", impl_only)
+    for flags in ([], ["--impl", "cpu"]):
+        refused_700(split, names, flags, "impl0/shard.json: options.impl", f"options.impl edited, merge {flags}")
+
+    def impl_and_command(doc):
+        doc["options"]["impl"] = touch
+        doc["options"]["command"] = doc["options"]["command"].replace("kvcheck check", "kvcheck check --impl " + touch)
+
+    names = forged(split, "cmd", impl_and_command)
+    code, _, err = run(["merge"] + names + ["--out", "out"], split)
+    expect(code == 2 and "error 100 at --impl" in err,
+           f"options.impl and command edited alike, no --impl: refused, asking for --impl ({err.strip()})")
+    refused_700(split, names, ["--impl", "cpu"], "cmd0/shard.json: options.impl",
+                "options.impl and command edited alike, --impl cpu")
+    expect(not os.path.exists(marker), "no command from a shard document ran")
+
+    # Every recorded option agrees with the recorded command line.
+    def seed(doc):
+        doc["options"]["seed"] = 6
+
+    refused_700(split, forged(split, "seed", seed), ["--impl", "cpu"], "seed0/shard.json: options.seed",
+                "options.seed edited in every shard")
+
+    def precision(doc):
+        doc["options"]["precision_requested"] = 7
+        doc["options"]["command"] += " --precision 7"
+
+    refused_700(split, forged(split, "prec", precision), ["--impl", "cpu"],
+                "prec0/shard.json: options.precision_requested", "a precision of 7 bits")
+
+    # Impossible tallies.
+    def coverage(doc):
+        doc["result"]["coverage_counts"][0] = doc["result"]["cases"] + 1
+
+    refused_700(split, forged(split, "cov", coverage, shards=(1,)), ["--impl", "cpu"],
+                "cov1/shard.json: result.coverage_counts[0]", "a coverage count above the case count")
+
+    def negative(doc):
+        doc["result"]["skipped"] = -1
+
+    refused_700(split, forged(split, "neg", negative, shards=(2,)), ["--impl", "cpu"],
+                "neg2/shard.json: result.skipped", "a negative count")
+
+    def huge(doc):
+        doc["result"]["queries"] = 2**63 - 1
+        doc["result"]["queries_not_output_checked"] = 0
+
+    refused_700(split, forged(split, "huge", huge, shards=(0, 1)), ["--impl", "cpu"],
+                "huge1/shard.json: result.queries", "INT64_MAX counts that overflow when added")
+
+    def unreachable(doc):
+        doc["result"]["reachable"] = [False] * len(doc["result"]["reachable"])
+
+    refused_700(split, forged(split, "unreach", unreachable), [],
+                "unreach0/shard.json: result.reachable[0]", "every class unreachable with a CPU cache")
+
+    # A claimed failure that does not reproduce is refused, naming the shard.
+    passing = os.path.join(root, "pass", "split")
+
+    def claims_failure(doc):
+        doc["result"]["failures"] = 1
+        doc["result"]["first_failing_case"] = 1  # case 1 is shard 1/3's
+
+    names = forged(passing, "claim", claims_failure, shards=(1,))
+    err = refused_700(passing, names, ["--impl", "cpu"], "claim1/shard.json: result.first_failing_case",
+                      "a claimed failing case that passes")
+    expect("does not reproduce" in err, "a claimed failing case: the message says it does not reproduce")
+    # A real failure that depends on earlier cases (leaky_adapter.py).
+    leaky = "exec:python3 " + os.path.join(os.path.dirname(os.path.abspath(__file__)), "leaky_adapter.py")
+    for i in range(2):
+        code, _, err = run(["check", "--impl", leaky, "--cases", "12", "--seed", "3", "--threads", "1",
+                            "--shard", f"{i}/2", "--out", f"leak{i}"], split)
+        expect(code == 0, f"leaky shard {i}/2 written ({err.strip()[-200:]})")
+    code, _, err = run(["merge", "leak0", "leak1", "--out", "out", "--impl", leaky], split)
+    one_error_line(code, err, "/shard.json: result.first_failing_case", "a leaky shard's failure")
+    expect("does not reproduce" in err, "a leaky shard: the message says its failure does not reproduce")
 
 
 def main():
     root = tempfile.mkdtemp(prefix="kvcheck-shard-test-")
     try:
         # A failing run: the lowest failing case of the whole run is shrunk once, in the merge.
-        split = check_case(root, "fault", ["--fault", "accept-no-rollback", "--cases", "300", "--seed", "5"], 1)
+        split = check_case(root, "fault", ["--fault", "accept-no-rollback", "--cases", "300", "--seed", "5"], 1,
+                           ["--impl", "cpu"])
         ce = os.path.join(split, "out", "counterexample-accept-no-rollback-seed5.json")
         expect(os.path.isfile(ce), "fault: the merge wrote the counterexample")
         report = json.load(open(os.path.join(split, "out", "report.json")))
@@ -109,6 +229,7 @@ def main():
         one_error_line(code, err, "shard1/shard.json", "different shard count")
         code, _, err = run(["merge", "shard0", "shard1", "nothing-here", "--out", "out"], split)
         one_error_line(code, err, "nothing-here/shard.json", "not a shard directory")
+        untrusted_documents(root, split)
         after = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
         expect(before == after, "refused merges left --out as it was")
         code, _, err = run(["check", "--shard", "3/3", "--out", "x"], split)

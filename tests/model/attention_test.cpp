@@ -51,7 +51,7 @@ TEST_CASE("RoPE: partial rotary width leaves the tail untouched and relative ang
   CHECK(to_double(Real(abs(dot_at(10, 4) - dot_at(1006, 1000)))) < 1e-28);
 }
 
-TEST_CASE("Heads: GQA query heads read their group's KV head; shared rows are key and value") {
+TEST_CASE("Heads: GQA query heads read their group's KV head, shared rows are key and value") {
   Projected<Real> r0, r1;
   r0.k = {Real(1), Real(0), Real(0), Real(1)};  // kv head 0: (1,0), kv head 1: (0,1)
   r0.v = {Real(10), Real(0), Real(0), Real(20)};

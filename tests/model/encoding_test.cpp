@@ -99,9 +99,7 @@ TEST_CASE("Error bounds: the RoPE angle bound at p = 1e5 and 2^40 and its cap") 
   rope_element_deviation(std::vector<double>{3.0, 0.0, 4.0, 0.0}, std::int64_t{1} << 40,
                          Rope{RopeStyle::kNeox, 4, 1e-20}, 0x1.0p-24, &dev);
   CHECK(dev[0] == Approx(5.0 * (2.0 + 2 * 0x1.0p-24)));
-  // The output tolerance: no RoPE part without rotation error, capped at 2 vmax.
-  const OutputTolerance none = attention_output_tolerance(0x1.0p-53, 4, 8, 1.0, 1.0, 0.0, 0.0);
-  CHECK(none.rope == 0);
-  CHECK(none.accumulation == Approx(16 * 0x1.0p-53 * (4 + 8 + 10)));
-  CHECK(attention_output_tolerance(0x1.0p-53, 4, 8, 1.0, 1.0, 1e9, 0.0).rope == 2.0);
+  // gamma_n and its saturation.
+  CHECK(gamma_bound(4, 0x1.0p-24) == Approx(4 * 0x1.0p-24 / (1 - 4 * 0x1.0p-24)));
+  CHECK(std::isinf(gamma_bound(0x1.0p24, 0x1.0p-24)));
 }

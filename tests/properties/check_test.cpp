@@ -3,6 +3,10 @@
 // lowest failing case and shrunk counterexample, whatever the shard count.
 #include <catch2/catch.hpp>
 
+#include <memory>
+#include <string>
+
+#include "engines/cache_under_test.hpp"
 #include "properties/check.hpp"
 #include "scenarios/scenario_json.hpp"
 
@@ -84,4 +88,72 @@ TEST_CASE("Check: a run with no failure merges without making a cache provider")
   CHECK(made == made_by_cases);
   CHECK_FALSE(result.found_failure);
   CHECK(result.cases == 20);
+}
+
+namespace {
+
+/// An in-process engine that keeps state across close/open: its first cache
+/// is the correct CPU pool, every later one has the accept-no-rollback bug.
+class SecondOpenFaulty : public engines::CacheProvider {
+ public:
+  SecondOpenFaulty() {
+    properties::RunOptions clean;
+    clean_ = properties::make_provider(clean);
+    properties::RunOptions faulty;
+    faulty.fault = impl::Fault::kAcceptNoRollback;
+    faulty_ = properties::make_provider(faulty);
+  }
+  const engines::Capabilities& capabilities() override { return clean_->capabilities(); }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    return (opened_++ == 0 ? clean_ : faulty_)->open(spec, refused);
+  }
+  std::string name() const override { return "second-open-faulty"; }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> clean_, faulty_;
+  int opened_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("Check: a reproducible failure is replayed alone in a fresh cache and reported shrunk") {
+  const properties::CheckOptions options = faulted_options();
+  const properties::CheckResult result = properties::run_check(options);
+  REQUIRE(result.found_failure);
+  CHECK(result.reproduces_alone);
+  CHECK(result.earlier_case_seeds.empty());
+  CHECK(result.earlier_cases.empty());
+  CHECK_FALSE(result.shrunk_run.passed);
+  CHECK(result.shrunk.steps.size() <= result.original.steps.size());
+  properties::CheckOptions whole = options;
+  const properties::CaseTally tally = properties::run_cases(whole);
+  CHECK(properties::case_fails_alone(options, tally.first_failing_case));
+  // Every case below the lowest failing one passed in the run, and passes alone.
+  REQUIRE(tally.first_failing_case > 0);
+  CHECK_FALSE(properties::case_fails_alone(options, tally.first_failing_case - 1));
+}
+
+TEST_CASE("Check: a failure that passes alone in a fresh cache is labelled with the cases before it") {
+  properties::CheckOptions options = faulted_options();
+  options.run.fault = impl::Fault::kNone;
+  options.threads = 1;  // one worker: the cases before the failure are fixed
+  options.provider_factory = [] { return std::make_unique<SecondOpenFaulty>(); };
+  const properties::CheckResult result = properties::run_check(options);
+  REQUIRE(result.found_failure);
+  CHECK_FALSE(result.reproduces_alone);
+  CHECK(result.reproduces_after_earlier);
+  // Any one earlier case makes the next cache the faulty one: the shortest tail is 1.
+  REQUIRE(result.earlier_case_seeds.size() == 1);
+  REQUIRE(result.earlier_cases.size() == 1);
+  const properties::CaseTally tally = properties::run_cases(options);
+  CHECK(result.earlier_cases_run == tally.first_failing_case);  // one worker ran 0 .. k-1 before case k
+  CHECK(tally.earlier_cases.size() == static_cast<std::size_t>(tally.first_failing_case));
+  CHECK(result.earlier_case_seeds[0] == properties::case_seed(options.seed, tally.first_failing_case - 1));
+  CHECK_FALSE(result.shrunk_run.passed);  // the run reported is the one after the earlier case
+  CHECK_FALSE(result.first_failure_there.empty());
+  // Not shrunk: the case is reported as drawn.
+  CHECK(result.shrunk.steps.size() == result.original.steps.size());
+  CHECK(result.shrink_runs == 0);
+  CHECK_FALSE(properties::case_fails_alone(options, tally.first_failing_case));
 }

@@ -153,7 +153,7 @@ TEST_CASE("A cache that reports no slots is judged on outputs alone, and says so
   REQUIRE(caught > 10);  // a window one key too wide changes outputs
 }
 
-TEST_CASE("Verdict: stored once; the run fails exactly when a step failed") {
+TEST_CASE("Verdict: stored once, the run fails exactly when a step failed") {
   // Every bundled scenario and 300 generated cases, with every named fault.
   std::vector<scenarios::Scenario> scenarios_in;
   for (const auto& f : scenarios::collect_scenario_files(

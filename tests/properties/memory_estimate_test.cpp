@@ -66,7 +66,7 @@ TEST_CASE("MemoryEstimate: check grows with threads and the profile, not with ca
   CHECK(estimate_check(Profile::kProduction, 2).bytes < 2e9);
 }
 
-TEST_CASE("MemoryEstimate: --memory-limit takes bytes or K/M/G/T; refusals name the driving field") {
+TEST_CASE("MemoryEstimate: --memory-limit takes bytes or K/M/G/T, refusals name the driving field") {
   CHECK(parse_memory_limit("--memory-limit", "4096") == 4096);
   CHECK(parse_memory_limit("--memory-limit", "3K") == 3072);
   CHECK(parse_memory_limit("--memory-limit", "2G") == std::int64_t{2} << 30);
@@ -89,4 +89,71 @@ TEST_CASE("MemoryEstimate: --memory-limit takes bytes or K/M/G/T; refusals name 
   std::string source;
   CHECK(available_memory_bytes(&source) > 0);
   CHECK_FALSE(source.empty());
+}
+
+TEST_CASE("MemoryEstimate: an exec or trace engine is not charged kvcheck's pool, its rows still are") {
+  scenarios::Scenario sc = small();
+  sc.cache.ring_rows = std::int64_t{1} << 40;  // 105 TB as kvcheck's own pool
+  RunOptions exec;
+  exec.backend = "exec:python3 adapter.py";
+  CHECK(estimate_run(sc, RunOptions{}).bytes > 1e14);
+  CHECK(estimate_run(sc, exec).bytes < 64e6);
+  CHECK(backend_owns_pool("cpu"));
+  CHECK(backend_owns_pool("layer"));
+  CHECK_FALSE(backend_owns_pool("trace"));
+  CHECK_FALSE(backend_owns_pool(exec.backend));
+  // Wide rows are charged whatever the engine, named by the head count or size.
+  sc.cache.ring_rows = 8;
+  sc.cache.head_dim = 1 << 20;
+  const MemoryEstimate wide = estimate_run(sc, exec);
+  CHECK(wide.bytes > 1e9);
+  CHECK(wide.driver == "cache.head_dim");
+  sc.cache.head_dim = 1;
+  sc.cache.q_heads = 1 << 22;
+  sc.cache.kv_heads = 1;
+  CHECK(estimate_run(sc, exec).driver == "cache.q_heads");
+}
+
+TEST_CASE("MemoryEstimate: reads beyond the bound are refused at the step that reads most") {
+  scenarios::Scenario sc = small();
+  sc.cache.window = 8192;
+  sc.cache.ring_rows = 8192;
+  sc.steps[0].rows = 2048;
+  const WorkEstimate fits = estimate_replay_work({sc});
+  CHECK(fits.reads == Approx(2048.0 * 2049 / 2 + 2049));  // the prefill's triangle, then the decode
+  require_work(fits, "the replay");
+  sc.steps[0].rows = 8192;
+  const WorkEstimate big = estimate_replay_work({sc});
+  CHECK(big.reads > kMaxReads);
+  try {
+    require_work(big, "the replay");
+    FAIL("no refusal");
+  } catch (const Error& e) {
+    CHECK(e.id() == ErrorId::kSize);
+    CHECK(e.where() == "steps[0].rows");
+  }
+  // A trace's block table counts its listed reads, capped by the window.
+  scenarios::TraceRun run;
+  run.header.window = std::int64_t{1} << 26;
+  scenarios::TraceStep step;
+  step.line = 2;
+  step.block_table.seq_lens = {std::int64_t{1} << 26};
+  run.steps = {step};
+  const WorkEstimate recorded = estimate_audit_work({}, {run});
+  CHECK(recorded.reads == double(std::int64_t{1} << 26));
+  CHECK(recorded.driver == "line 2: block_table.seq_lens");
+}
+
+TEST_CASE("MemoryEstimate: a sweep's rows grow with its configurations, named by the widest flag") {
+  SweepSize size;
+  size.configurations = 40000.0 * 17 * 256 * 2;
+  size.max_window = 40000;
+  size.max_drafts = 16;
+  size.max_chunk = 256;
+  const MemoryEstimate e = estimate_sweep(size);
+  CHECK(e.bytes > 80e9);
+  CHECK(e.driver == "--window");
+  size.configurations = 6528;  // the default grid
+  size.max_window = 4096;
+  CHECK(estimate_sweep(size).bytes < 64e6);
 }

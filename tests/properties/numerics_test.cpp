@@ -350,7 +350,6 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     std::vector<std::vector<double>> kdev(rows.size()), kerr(rows.size());
     std::vector<const model::Projected<model::Real>*> ptrs;
     std::vector<KeyBounds> bounds;
-    double vmax = 0;
     const std::int64_t bytes = impl::format_row_bytes(ps.format, d);
     for (std::size_t j = 0; j < rows.size(); ++j) {
       model::Row<model::Real> exact_k(k.begin() + static_cast<std::ptrdiff_t>(j) * d,
@@ -364,8 +363,7 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
       rows[j].k.assign(kenc[j].values.begin(), kenc[j].values.end());
       rows[j].v.assign(venc[j].values.begin(), venc[j].values.end());
       ptrs.push_back(&rows[j]);
-      bounds.push_back({&kenc[j].values, &kerr[j]});
-      for (double x : venc[j].values) vmax = std::max(vmax, std::fabs(x));
+      bounds.push_back({&kenc[j].values, &kerr[j], &venc[j].values});
       // Stored rows: keys within the RoPE allowance, values bit for bit.
       std::vector<std::uint8_t> kb(static_cast<std::size_t>(bytes)), vb(static_cast<std::size_t>(bytes));
       std::vector<double> kd(static_cast<std::size_t>(d)), vd(static_cast<std::size_t>(d));
@@ -389,8 +387,14 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     model::rope_rotate(exact_q, p, rope);
     const model::Heads heads{1, 1, d, false};
     const auto ref = model::attend_heads(exact_q, ptrs, heads, model::Real(1) / sqrt(model::Real(d)));
-    const model::OutputTolerance tol =
-        query_tolerance(exact_q, bounds, heads, 1.0 / std::sqrt(static_cast<double>(d)), p, rope, u, vmax);
+    std::vector<double> ref_d(ref.size());
+    for (std::size_t e = 0; e < ref.size(); ++e) ref_d[e] = model::to_double(ref[e]);
+    KernelArithmetic arith;
+    arith.u = u;
+    ToleranceScratch scratch;
+    const model::OutputTolerance tol = query_tolerance(exact_q, bounds, heads, 1.0 / std::sqrt(static_cast<double>(d)),
+                                                       std::nullopt, p, rope, arith, ref_d, &scratch)
+                                           .parts;
     double diff = 0;
     for (std::int32_t e = 0; e < d; ++e) {
       diff = std::max(diff, std::fabs(out[static_cast<std::size_t>(e)] -

@@ -1,10 +1,13 @@
 // write_output_set: one set or nothing, never two runs mixed, no stale file
 // left looking current, no temporary file left behind.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -133,4 +136,62 @@ TEST_CASE("OutputSet: concurrent runs into one directory never leave a mixed set
     }
     REQUIRE(listing(d.path).size() == 4);
   }
+}
+
+TEST_CASE("OutputSet: a failing writer withdraws under the lock and leaves what another run published",
+          "[reports]") {
+  TempDir d;
+  write_output_set(set_of(d.path, "old-pass", 4));
+  // This test is the other run: it holds the directory lock, as a run in its
+  // publishing phase does.
+  const int lock = ::open((d.path / ".kvcheck-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  REQUIRE(lock >= 0);
+  REQUIRE(::flock(lock, LOCK_EX) == 0);
+  auto files = set_of(d.path, "new-fail", 4);
+  files.push_back({d.path / "missing-dir" / "counterexample.json", "{}"});  // cannot be written
+  std::string error;
+  std::thread failing([&] {
+    try {
+      write_output_set(files);
+    } catch (const kvcheck::Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // While another run holds the lock the failing writer has touched nothing.
+  CHECK(listing(d.path) == std::vector<std::string>{"junit.xml", "report.html", "report.json", "report.txt"});
+  // The other run publishes its report.json, then lets go.
+  { std::ofstream(d.path / ".other") << "other-run:report.json"; }
+  REQUIRE(::rename((d.path / ".other").c_str(), (d.path / "report.json").c_str()) == 0);
+  ::close(lock);
+  failing.join();
+  CHECK(error.find("counterexample.json") != std::string::npos);
+  // The other run's file stays whole; the earlier run's files the failing
+  // writer saw unchanged are withdrawn.
+  CHECK(listing(d.path) == std::vector<std::string>{"report.json"});
+  CHECK(slurp(d.path / "report.json") == "other-run:report.json");
+}
+
+TEST_CASE("OutputSet: two outputs naming one file are refused naming both flags, nothing written",
+          "[reports]") {
+  using kvcheck::reports::require_distinct_outputs;
+  TempDir d;
+  const fs::path f = d.path / "r.json";
+  try {
+    require_distinct_outputs({{"--report", f}, {"--junit", d.path / "x" / ".." / "r.json"}});
+    FAIL("no error for two flags naming one file");
+  } catch (const kvcheck::Error& e) {
+    CHECK(e.id() == kvcheck::ErrorId::kUsage);
+    CHECK(e.where() == "--junit");
+    CHECK_THAT(e.what(), Catch::Contains("--report"));
+  }
+  // Two names of one existing file (a hard link) are one file.
+  std::ofstream(f) << "x";
+  fs::create_hard_link(f, d.path / "link.json");
+  CHECK_THROWS_AS(require_distinct_outputs({{"--report", f}, {"--html", d.path / "link.json"}}),
+                  kvcheck::Error);
+  require_distinct_outputs({{"--report", f}, {"--html", d.path / "r.html"}});
+  // The set refuses two members at one path before writing anything.
+  CHECK_THROWS_AS(write_output_set({{d.path / "a.txt", "1"}, {d.path / "." / "a.txt", "2"}}), kvcheck::Error);
+  CHECK_FALSE(fs::exists(d.path / "a.txt"));
 }

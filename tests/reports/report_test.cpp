@@ -29,6 +29,22 @@ using kvcheck::properties::RunObservation;
 using kvcheck::properties::StepObservation;
 using kvcheck::reports::Report;
 
+// A check summary from its leading fields (the rest, counts and labels, default).
+kvcheck::reports::CheckSummary summary_of(std::int64_t cases, std::int64_t failures,
+                                          std::vector<kvcheck::reports::CoverageCount> coverage,
+                                          const std::string& counterexample_file,
+                                          const std::string& replay_command,
+                                          std::uint64_t failing_case_seed) {
+  kvcheck::reports::CheckSummary c;
+  c.cases = cases;
+  c.failures = failures;
+  c.coverage = std::move(coverage);
+  c.counterexample_file = counterexample_file;
+  c.replay_command = replay_command;
+  c.failing_case_seed = failing_case_seed;
+  return c;
+}
+
 // The verdict fields the runner sets (reports only read them), set here the
 // way the runner would for a run without expectations.
 void settle(RunObservation& run) {
@@ -282,14 +298,13 @@ TEST_CASE("JSON report: self-describing, carries every observed field, byte-iden
   REQUIRE(j.at("runs").at(1).at("verdict") == "pass");
 }
 
-TEST_CASE("JSON report: non-finite output differences become null; collisions by kind; check block") {
+TEST_CASE("JSON report: non-finite output differences become null, collisions by kind, check block") {
   Report report = verify_report();
   auto& step = report.runs[0].steps[1];
   step.queries[2].abs_diff = std::numeric_limits<double>::quiet_NaN();
   step.collisions = {2, 1, 3};
   step.queries[1].extra.push_back(ReadTag{500, 9, 3, 11});
-  report.check =
-      kvcheck::reports::CheckSummary{10, 1, {{"ring wrap", 4, 2}}, "cx.json", "kvcheck replay cx.json", 99};
+  report.check = summary_of(10, 1, {{"ring wrap", 4, 2}}, "cx.json", "kvcheck replay cx.json", 99);
   const auto j = nlohmann::json::parse(kvcheck::reports::report_json_text(report));
   const auto& s = j.at("runs").at(0).at("steps").at(1);
   REQUIRE(s.at("queries").at(2).at("output").at("abs_diff").is_null());
@@ -356,7 +371,7 @@ TEST_CASE("JUnit report: well-formed, escaped, one testcase per run, failure cou
   REQUIRE(xml.find('\x01') == std::string::npos);
   REQUIRE(xml.find("[5,4,3,2,1,0]") != std::string::npos);
 
-  report.check = kvcheck::reports::CheckSummary{10, 0, {{"ring wrap", 0, 1}}, "", "", 0};
+  report.check = summary_of(10, 0, {{"ring wrap", 0, 1}}, "", "", 0);
   const std::string with_check = kvcheck::reports::report_junit(report);
   REQUIRE(xml_problem(with_check).empty());
   REQUIRE(with_check.find("tests=\"4\" failures=\"3\"") != std::string::npos);

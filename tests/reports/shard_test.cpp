@@ -2,6 +2,7 @@
 // that is not exactly one whole run is refused naming the shard at fault.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -25,7 +26,7 @@ reports::CheckShardOptions some_options() {
 properties::CaseTally tally_of(std::int64_t index, std::int64_t count, std::int64_t cases) {
   properties::CaseTally t;
   t.cases = index < cases ? (cases - index + count - 1) / count : 0;
-  t.coverage_counts = {1, 2, 3, 4};
+  t.coverage_counts = {1, 2, 0, 3};  // at most the cases a shard of 3 runs
   t.reachable = {true, true, false, true};
   return t;
 }
@@ -98,16 +99,69 @@ TEST_CASE("Shard: a tally that is not its shard's cases, or a stray key, is refu
   properties::CaseTally t = tally_of(1, 3, 10);
   t.cases += 1;
   std::string what;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 204);
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("dir1/shard.json: result.cases") != std::string::npos);
   t = tally_of(1, 3, 10);
   t.failures = 1;
   t.first_failing_case = 3;  // 3 mod 3 is shard 0's
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 204);
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("first_failing_case") != std::string::npos);
   std::string text = reports::shard_text("check", "0.1.0", 0, 1, reports::check_options_json(o),
                                          reports::tally_json(tally_of(0, 1, 10)));
   text.insert(1, "\"extra\": 1,");
   CHECK(error_id([&] { reports::parse_shard(text, "x/shard.json"); }, &what) == 202);
   CHECK(what.find("x/shard.json") != std::string::npos);
+}
+
+TEST_CASE("Shard: impossible tallies are refused with error 700 naming shard and field") {
+  const auto o = some_options();
+  std::string what;
+  // A coverage class counted in more cases than the shard ran (3 of 10 in shard 1/3).
+  properties::CaseTally t = tally_of(1, 3, 10);
+  t.coverage_counts[1] = 4;
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(what.find("dir1/shard.json: result.coverage_counts[1]") != std::string::npos);
+  // ... or in more than ran: a skipped case counts no class.
+  t = tally_of(1, 3, 10);
+  t.skipped = 1;
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(what.find("result.coverage_counts[3]") != std::string::npos);
+  t = tally_of(1, 3, 10);
+  t.coverage_counts[0] = -1;
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(what.find("result.coverage_counts[0]") != std::string::npos);
+  t = tally_of(1, 3, 10);
+  t.failures = -1;
+  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(what.find("result.failures") != std::string::npos);
+  // Exactly as many as ran is a tally a run can have.
+  t = tally_of(1, 3, 10);
+  t.coverage_counts = {3, 3, 0, 3};
+  CHECK(reports::tally_from_json(shard(1, 3, o, t), 10, 4) == t);
+}
+
+TEST_CASE("Shard: options no check run can have are refused with error 700 naming the field") {
+  const auto refused = [](const std::function<void(reports::CheckShardOptions&)>& edit,
+                          const std::string& field) {
+    auto o = some_options();
+    edit(o);
+    std::string what;
+    const int id =
+        error_id([&] { reports::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))); }, &what);
+    CHECK(id == 700);
+    CHECK(what.find("dir0/shard.json: " + field) != std::string::npos);
+  };
+  refused([](auto& o) { o.precision_requested = 7; }, "options.precision_requested");
+  refused([](auto& o) { o.precision_requested = 114; }, "options.precision_requested");
+  refused([](auto& o) { o.cases = INT64_MAX; }, "options.cases");
+  refused([](auto& o) { o.cases = reports::kMaxCheckCases + 1; }, "options.cases");
+  refused([](auto& o) { o.seed = UINT64_MAX; }, "options.seed");
+  refused([](auto& o) { o.step_timeout_seconds = 0; }, "options.step_timeout_seconds");
+  refused([](auto& o) { o.impl = "sh -c true"; }, "options.impl");
+  refused([](auto& o) { o.impl = "exec:"; }, "options.impl");
+  for (const int bits : {53, 113, 169}) {
+    auto o = some_options();
+    o.precision_requested = bits;
+    CHECK(reports::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))).precision_requested == bits);
+  }
 }

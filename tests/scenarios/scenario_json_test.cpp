@@ -444,10 +444,12 @@ TEST_CASE("Scenarios: malformed text fails with syntax or non-finite errors") {
 }
 
 TEST_CASE("Scenarios: truncated JSON fails with a syntax error at every cut point") {
+  std::size_t cuts = 0, syntax_errors = 0;
   for (const char* name : {"verify-s128", "attention-lab-full", "gqa-bf16-interleaved-rope"}) {
     const std::string text = read_text(bundled(name));
     const std::size_t content = text.find_last_not_of(" \n") + 1;
     for (std::size_t cut = 0; cut < content; ++cut) {
+      ++cuts;
       try {
         parse_scenario(std::string_view(text).substr(0, cut), "");
         FAIL("prefix of " << cut << " bytes parsed");
@@ -455,9 +457,13 @@ TEST_CASE("Scenarios: truncated JSON fails with a syntax error at every cut poin
         if (e.id() != ErrorId::kJsonSyntax || e.where().rfind("byte ", 0) != 0) {
           FAIL(name << " cut at " << cut << ": " << e.what());
         }
+        ++syntax_errors;
       }
     }
   }
+  // Every cut point was tried and each one was a syntax error at a byte.
+  CHECK(cuts > 1000);
+  CHECK(syntax_errors == cuts);
 }
 
 TEST_CASE("Scenarios: defaults fill omitted cache fields and canonical save writes them all") {
@@ -572,13 +578,20 @@ TEST_CASE("Scenarios: atomic write replaces the file or leaves the old one untou
     CHECK(e.where() == (dir.path / "no" / "s.json").string());
   }
   SECTION("an unwritable directory leaves the old file") {
+    Scenario other = s;
+    other.name = "other";
     if (::geteuid() == 0) {
-      WARN("running as root: directory permissions do not stop writes; skipped");
+      // Directory permissions do not stop root: the write goes through, and
+      // must then be whole (the new file, no temporary left).
+      WARN("running as root: directory permissions do not stop writes; checked the write is whole instead");
+      fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec);
+      write_scenario_file(target, other);
+      fs::permissions(dir.path, fs::perms::owner_all);
+      CHECK(load_scenario_file(target) == other);
+      CHECK(files_in(dir.path) == std::vector<fs::path>{"s.json"});
       return;
     }
     fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec);
-    Scenario other = s;
-    other.name = "other";
     const Error e = catch_error([&] { write_scenario_file(target, other); });
     fs::permissions(dir.path, fs::perms::owner_all);
     CHECK(e.id() == ErrorId::kIo);

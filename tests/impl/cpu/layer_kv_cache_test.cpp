@@ -85,7 +85,7 @@ TEST_CASE("LayerKvCache: seed fixture outputs match the printed rows and the ful
   }
 }
 
-TEST_CASE("LayerKvCache: reset keeps allocation and values; replay is identical") {
+TEST_CASE("LayerKvCache: reset keeps allocation and values, replay is identical") {
   const auto m = model::seed_layer_fixture();
   AttentionLayer layer = fixture_layer(m);
   std::unique_ptr<LayerKvCache> cache;

@@ -1,0 +1,245 @@
+// The exec handshake read strictly (engines/exec_hello.hpp) and the shape
+// space of Capabilities (SizeSet, supports): every misspelled key or name and
+// every out-of-range integer is an error naming its JSON path.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engines/cache_under_test.hpp"
+#include "engines/exec_hello.hpp"
+#include "support/error.hpp"
+
+namespace {
+
+using Json = nlohmann::json;
+using kvcheck::Error;
+using kvcheck::engines::Capabilities;
+using kvcheck::engines::parse_hello_answer;
+using kvcheck::engines::SizeSet;
+
+/// The bundled ring adapter's hello answer (adapters/kvcheck_adapter.py).
+Json ring_hello() {
+  return Json::parse(R"({"ok":true,"protocol":"kvcheck-exec","version":1,"name":"ring-cache",
+    "capabilities":{"steps":["prefill_load_then_store","prefill_store_then_load","decode","verify","accept",
+                             "finish","reset"],
+      "formats":["f64","f32","bf16"],"rope":["none","neox","interleaved"],"layouts":["mha","gqa","mqa","shared"],
+      "sink":true,"softmax_scale":true,"max_states":0,"max_layers":0,"max_step_rows":0,"max_head_dim":0,
+      "reports":{"written_slots":true,"read_slots":true},"addressing":"ring",
+      "probes":["accept-without-verify","accept-too-many","begin-busy-state"]}})");
+}
+
+/// The error a hello answer gives: "WHERE: RULE", or "" when it parses.
+std::string error_of(const Json& answer) {
+  try {
+    parse_hello_answer(answer, "cmd");
+  } catch (const Error& e) {
+    CHECK(e.id() == kvcheck::ErrorId::kAdapter);
+    return e.where() + ": " + e.rule();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("ExecHello: the bundled adapter's hello reads to what it says") {
+  const Capabilities c = parse_hello_answer(ring_hello(), "cmd");
+  CHECK(c.name == "exec:ring-cache");
+  CHECK(c.verify);
+  CHECK(c.decode);
+  CHECK(c.formats.size() == 3);
+  CHECK(c.gqa);
+  CHECK(c.shared_row);
+  CHECK(c.sink);
+  CHECK(c.ring_addressing);
+  CHECK(c.head_dims.unrestricted());
+  CHECK(c.computes_outputs);
+  CHECK(c.accumulation == kvcheck::engines::Accumulation::kByFormat);
+  CHECK(c.probes.size() == 3);
+  Json unnamed = ring_hello();
+  unnamed.erase("name");
+  CHECK(parse_hello_answer(unnamed, "python3 x.py").name == "exec:python3 x.py");
+}
+
+TEST_CASE(
+    "ExecHello: an unknown step, format, layout, RoPE style, addressing or probe is an error naming it") {
+  struct Twist {
+    const char* key;
+    Json value;
+    const char* expected;
+  };
+  const Twist twists[] = {
+      {"steps", Json::array({"prefill", "decode"}),
+       "hello answer.capabilities.steps[0]: unknown name \"prefill\""},
+      {"formats", Json::array({"float32"}), "hello answer.capabilities.formats[0]: unknown name \"float32\""},
+      {"formats", Json::array({"f32", "f32"}), "hello answer.capabilities.formats[1]: \"f32\" listed twice"},
+      {"formats", Json::array(), "hello answer.capabilities.formats: empty"},
+      {"layouts", Json::array({"MHA"}), "hello answer.capabilities.layouts[0]: unknown name \"MHA\""},
+      {"rope", Json::array({"yarn"}), "hello answer.capabilities.rope[0]: unknown name \"yarn\""},
+      {"addressing", "paged2", "hello answer.capabilities.addressing: unknown value \"paged2\""},
+      {"probes", Json::array({"accept-twice"}), "hello answer.capabilities.probes[0]: unknown name"},
+      {"accumulation", "f16", "hello answer.capabilities.accumulation: unknown value \"f16\""},
+      {"max_head_dims", 64, "hello answer.capabilities.max_head_dims: unknown key \"max_head_dims\""},
+      {"steps", Json::array({"decode", "verify"}), "hello answer.capabilities.steps: verify and accept"},
+      {"steps", Json::array({"finish", "reset"}),
+       "hello answer.capabilities.steps: no step that writes rows"},
+      {"sink", 1, "hello answer.capabilities.sink: expected true or false"},
+  };
+  for (const Twist& t : twists) {
+    Json h = ring_hello();
+    h["capabilities"][t.key] = t.value;
+    INFO(t.key << " = " << t.value.dump());
+    CHECK(error_of(h).rfind(t.expected, 0) == 0);
+  }
+  Json reports = ring_hello();
+  reports["capabilities"]["reports"]["read_slot"] = true;
+  CHECK(error_of(reports).rfind("hello answer.capabilities.reports.read_slot: unknown key", 0) == 0);
+}
+
+TEST_CASE("ExecHello: the protocol's name and version, and the answer's own keys, are checked") {
+  Json h = ring_hello();
+  h["protocol"] = "not-kvcheck";
+  CHECK(error_of(h).rfind("hello answer.protocol: protocol \"not-kvcheck\"", 0) == 0);
+  h = ring_hello();
+  h.erase("protocol");
+  CHECK(error_of(h) == "hello answer.protocol: missing field");
+  h = ring_hello();
+  h["version"] = 2;
+  CHECK(error_of(h) == "hello answer.version: protocol version 2, kvcheck speaks 1");
+  h = ring_hello();
+  h["capabilites"] = Json::object();
+  CHECK(error_of(h).rfind("hello answer.capabilites: unknown key", 0) == 0);
+  h = ring_hello();
+  h["name"] = "";
+  CHECK(error_of(h) == "hello answer.name: empty");
+}
+
+TEST_CASE("ExecHello: an integer out of range is an error naming the field, never a wrapped value") {
+  Json h = ring_hello();
+  h["capabilities"]["max_states"] = std::uint64_t{18446744073709551615ull};
+  CHECK(error_of(h).rfind("hello answer.capabilities.max_states: out of range: 18446744073709551615", 0) ==
+        0);
+  h = ring_hello();
+  h["capabilities"]["max_states"] = std::uint64_t{9223372036854775808ull};
+  CHECK(error_of(h).rfind("hello answer.capabilities.max_states: out of range", 0) == 0);
+  h = ring_hello();
+  h["capabilities"]["max_states"] = std::int64_t{9223372036854775807};
+  CHECK(parse_hello_answer(h, "cmd").max_states == 9223372036854775807);
+  for (const char* key : {"max_heads", "max_kv_heads", "max_step_rows", "max_positions", "max_window_keys"}) {
+    h = ring_hello();
+    h["capabilities"][key] = -1;
+    INFO(key);
+    CHECK(error_of(h).rfind(std::string("hello answer.capabilities.") + key + ": out of range: -1", 0) == 0);
+  }
+  h = ring_hello();
+  h["capabilities"]["max_head_dim"] = 4294967296;
+  CHECK(error_of(h).rfind("hello answer.capabilities.max_head_dim: out of range", 0) == 0);
+  h = ring_hello();
+  h["capabilities"]["max_layers"] = 2.0;
+  CHECK(error_of(h) == "hello answer.capabilities.max_layers: expected an integer");
+}
+
+TEST_CASE("ExecHello: head_dim and rotary widths as lists or rules, and how the engine computes") {
+  Json h = ring_hello();
+  h["capabilities"].erase("max_head_dim");
+  h["capabilities"]["head_dim"] = {{"multiple_of", 8}, {"max", 256}};
+  h["capabilities"]["rotary_dims"] = Json::array({64, 32});
+  h["capabilities"]["accumulation"] = "f32";
+  h["capabilities"]["probabilities_rounded_to"] = "bf16";
+  const Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.head_dims.contains(8));
+  CHECK(c.head_dims.contains(256));
+  CHECK_FALSE(c.head_dims.contains(12));
+  CHECK_FALSE(c.head_dims.contains(264));
+  CHECK(c.rotary_dims.values == std::vector<std::int64_t>{32, 64});
+  CHECK(c.accumulation == kvcheck::engines::Accumulation::kF32);
+  CHECK(c.accumulation_epsilon(kvcheck::scenarios::Format::kF64) == 0x1.0p-24);
+  CHECK(c.probability_epsilon() == 0x1.0p-8);
+
+  Json both = h;
+  both["capabilities"]["max_head_dim"] = 128;
+  CHECK(error_of(both).rfind("hello answer.capabilities.max_head_dim: give head_dim or max_head_dim", 0) ==
+        0);
+  Json empty = h;
+  empty["capabilities"]["head_dim"] = {{"multiple_of", 8}, {"min", 9}, {"max", 15}};
+  CHECK(error_of(empty) == "hello answer.capabilities.head_dim: no size satisfies these rules");
+  Json typo = h;
+  typo["capabilities"]["head_dim"] = {{"multiple", 8}};
+  CHECK(error_of(typo).rfind("hello answer.capabilities.head_dim.multiple: unknown key", 0) == 0);
+  Json zero = h;
+  zero["capabilities"]["head_dim"] = Json::array({64, 0});
+  CHECK(error_of(zero).rfind("hello answer.capabilities.head_dim[1]: out of range", 0) == 0);
+}
+
+TEST_CASE("ExecHello: a bookkeeping-only engine reports both slots and declares no arithmetic") {
+  Json h = ring_hello();
+  h["capabilities"]["outputs"] = false;
+  const Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK_FALSE(c.computes_outputs);
+  CHECK(c.accumulation == kvcheck::engines::Accumulation::kF64);  // kvcheck computes them in binary64
+  h["capabilities"]["reports"]["read_slots"] = false;
+  CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs must report",
+                          0) == 0);
+  h = ring_hello();
+  h["capabilities"]["outputs"] = false;
+  h["capabilities"]["accumulation"] = "f32";
+  CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs has no",
+                          0) == 0);
+}
+
+TEST_CASE("SizeSet: members, nearest fits along halving and doubling, and descriptions") {
+  SizeSet any;
+  CHECK(any.unrestricted());
+  CHECK(any.contains(3));
+  CHECK(any.describe() == "any");
+  SizeSet m8;
+  m8.multiple_of = 8;
+  CHECK(m8.fit(2, 256) == 8);
+  CHECK(m8.fit(4, 256) == 8);
+  CHECK(m8.fit(8, 256) == 8);
+  CHECK(m8.fit(12, 256) == 24);  // doubling first keeps a drawn power of two one
+  CHECK(m8.fit(7, 7) == std::nullopt);
+  CHECK(m8.largest_at_most(23) == 16);
+  CHECK(m8.smallest_at_least(17) == 24);
+  CHECK(m8.describe() == "multiples of 8");
+  SizeSet max3;
+  max3.max = 3;
+  CHECK(max3.fit(8, 256) == 2);  // as the generator always halved for max_head_dim
+  SizeSet list;
+  list.values = {64, 128};
+  CHECK(list.fit(2, 256) == 64);
+  CHECK(list.fit(256, 256) == 128);
+  CHECK(list.fit(96, 256) == 64);
+  CHECK(list.fit(2, 32) == std::nullopt);
+  CHECK(list.describe() == "one of 64, 128");
+}
+
+TEST_CASE("Capabilities: a declared shape space refuses what lies outside it, naming the field") {
+  Capabilities c;
+  c.head_dims.multiple_of = 8;
+  c.rotary_dims.values = {8};
+  c.max_kv_heads = 2;
+  c.max_window_keys = 5;
+  kvcheck::scenarios::CacheConfig cfg;
+  cfg.head_dim = 8;
+  cfg.window = 5;
+  cfg.ring_rows = 8;
+  std::string why;
+  CHECK(c.supports(cfg, 1, &why));
+  cfg.head_dim = 12;
+  CHECK_FALSE(c.supports(cfg, 1, &why));
+  CHECK(why == "head_dim 12 (it runs multiples of 8)");
+  cfg.head_dim = 16;
+  cfg.rope.style = kvcheck::scenarios::RopeStyle::kNeox;
+  cfg.rope.rotary_dims = 16;
+  CHECK_FALSE(c.supports(cfg, 1, &why));
+  CHECK(why == "rotary_dims 16 (it runs one of 8)");
+  cfg.rope.rotary_dims = 8;
+  cfg.q_heads = cfg.kv_heads = 4;
+  CHECK_FALSE(c.supports(cfg, 1, &why));
+  CHECK(why == "4 KV heads (most 2)");
+  cfg.q_heads = cfg.kv_heads = 2;
+  cfg.convention = kvcheck::scenarios::Convention::kLeft;  // 6 keys
+  CHECK_FALSE(c.supports(cfg, 1, &why));
+  CHECK(why == "a window of 6 keys (most 5)");
+}

@@ -1,0 +1,123 @@
+// `sweep --impl exec:...` on the bundled ring adapter: with its slots hidden
+// (--no-slots) the sweep reads which rows each query saw from position-coded
+// outputs (properties/position_code.hpp) and finds the same minimum
+// capacities as with slots reported, bugs included; it runs a shape the
+// adapter declares; and a configuration whose every capacity is refused is
+// an `unsupported` row, not the end of the sweep.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sweep/sweep.hpp"
+
+using namespace kvcheck;
+using namespace kvcheck::sweep;
+
+namespace {
+
+std::string ring_adapter(const std::string& flags) {
+  return "exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/ring_cache.py " + flags;
+}
+
+SweepResult live_sweep(const std::string& impl, const SweepGrid& grid) {
+  SweepOptions o;
+  o.impl = impl;
+  o.counterexamples = CounterexampleMode::kNone;
+  o.threads = 2;
+  return run_sweep(grid, o);
+}
+
+SweepGrid small_grid() {
+  SweepGrid g;
+  g.windows = {3, 4};
+  g.drafts = {0, 1, 2};
+  g.chunks = {1, 3};  // C <= W: the hazards lose rows a later query reads
+  g.orders = {SweepOrder::kStoreThenLoad, SweepOrder::kLoadThenStore};
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("Live sweep: an output-only ring adapter has the slot-reporting one's minima, bugs included") {
+  const SweepGrid grid = small_grid();
+  for (const std::string bug : {"", "--bug ring-sized-window"}) {
+    const SweepResult slots = live_sweep(ring_adapter(bug), grid);
+    const SweepResult outputs = live_sweep(ring_adapter(bug + " --no-slots"), grid);
+    REQUIRE(slots.rows.size() == outputs.rows.size());
+    std::int64_t short_of_spec = 0;
+    for (std::size_t r = 0; r < slots.rows.size(); ++r) {
+      const SweepRow& a = slots.rows[r];
+      const SweepRow& b = outputs.rows[r];
+      INFO("bug '" << bug << "' W=" << a.config.window_keys << " k=" << a.config.drafts
+                   << " C=" << a.config.chunk_rows << " " << order_flag_name(a.config.order) << ": "
+                   << a.below_hazard << " | " << b.below_hazard);
+      CHECK(a.min_safe_ring == b.min_safe_ring);
+      CHECK(a.below_overwritten == b.below_overwritten);
+      if (bug.empty()) CHECK(b.min_safe_ring == b.spec_bound);  // the outputs really found the hazards
+      short_of_spec += b.min_safe_ring != b.spec_bound ? 1 : 0;
+      CHECK(!b.unsupported);
+    }
+    // The bug needs more than the bound (or has no safe capacity) somewhere.
+    if (!bug.empty()) CHECK(short_of_spec > 0);
+  }
+}
+
+TEST_CASE("Live sweep: a window off by one has no safe capacity with or without slots") {
+  SweepGrid g;
+  g.windows = {3};
+  g.drafts = {1};
+  g.chunks = {1};
+  g.orders = {SweepOrder::kStoreThenLoad};
+  const SweepResult slots = live_sweep(ring_adapter("--bug window-plus-one"), g);
+  const SweepResult outputs = live_sweep(ring_adapter("--bug window-plus-one --no-slots"), g);
+  CHECK(slots.rows[0].min_safe_ring == -1);
+  CHECK(outputs.rows[0].min_safe_ring == -1);
+  CHECK(outputs.no_safe_rows == 1);
+}
+
+TEST_CASE("Live sweep: the schedule runs a head_dim the adapter declares") {
+  // Multiples of 8 declared: the output-only sweep codes rows in heads of 8
+  // (or more) and every capacity runs.
+  const SweepResult r = live_sweep(ring_adapter("--no-slots --require-head-dim-multiple 8"), small_grid());
+  CHECK(r.unsupported_rows == 0);
+  for (const SweepRow& row : r.rows) {
+    CHECK(row.refused_capacities == 0);
+    CHECK(row.min_safe_ring == row.spec_bound);
+  }
+}
+
+TEST_CASE("Live sweep: a configuration whose every capacity is refused is an unsupported row") {
+  // The limit kept out of hello: the adapter refuses head_dim 2 at open.
+  SweepGrid g = small_grid();
+  g.windows = {3};
+  const SweepResult r = live_sweep(ring_adapter("--require-head-dim-multiple 8 --undeclared-limits"), g);
+  REQUIRE(r.rows.size() == g.drafts.size() * g.chunks.size() * g.orders.size());
+  CHECK(r.unsupported_rows == static_cast<std::int64_t>(r.rows.size()));
+  for (const SweepRow& row : r.rows) {
+    CHECK(row.unsupported);
+    CHECK(row.min_safe_ring == -1);
+    CHECK(row.refused_capacities == row.probes);
+    CHECK(row.refusal.find("multiple of 8") != std::string::npos);
+  }
+  CHECK(r.no_safe_rows == 0);  // refused is not unsafe
+}
+
+TEST_CASE("Sweep shape: one head of the smallest declared head_dim with slots, a code wide enough without") {
+  engines::Capabilities caps;
+  caps.head_dims.multiple_of = 8;
+  SweepConfig c;
+  c.window_keys = 20;
+  c.drafts = 2;
+  c.chunk_rows = 5;
+  scenarios::Scenario sc = worst_case_scenario(c, 25, 2, caps);
+  CHECK(sc.cache.head_dim == 8);
+  CHECK(sc.cache.kv_heads == 1);
+  CHECK(sc.data.profile == scenarios::ValueProfile::kUniform);
+  caps.reports_read_slots = caps.reports_written_slots = false;
+  sc = worst_case_scenario(c, 25, 2, caps);
+  CHECK(sc.cache.head_dim % 8 == 0);
+  CHECK(sc.data.profile == scenarios::ValueProfile::kPositionCode);
+  // 25 positions a query can confuse: at least 25 (count, id) pairs.
+  CHECK(std::int64_t{sc.cache.kv_heads} * sc.cache.head_dim / 2 >= 25);
+  CHECK(sc.cache.q_heads == sc.cache.kv_heads);
+}
