@@ -50,6 +50,14 @@ class RingCache(ka.WindowCache):
             self.read_keys = spec.keys + 1
         if "bf16-truncate" in bugs and spec.format == "bf16":
             spec.round = bf16_truncate_row
+        self.zero_output = "zero-output" in bugs
+
+    def write_step(self, *args):
+        answer = super().write_step(*args)
+        # zero-output: a kernel that never ran (every output element 0).
+        if self.zero_output and answer.get("out"):
+            answer["out"] = [None if o is None else [0.0] * len(o) for o in answer["out"]]
+        return answer
 
     def write_slot(self, layer, st, b, p):
         return b * self.spec.capacity + p % self.modulus
@@ -72,6 +80,7 @@ class RingAdapter(ka.Adapter):
                              "no slack for verify or chunks",
         "rope-at-slot": "keys are RoPE'd at their ring row p % capacity instead of p",
         "window-plus-one": "each query reads keys + 1 positions when they exist",
+        "zero-output": "every output element is 0, as from a kernel that never ran",
         "bf16-truncate": "bf16 rows are truncated (binary32's low 16 bits dropped) instead of "
                          "rounded to nearest even",
     }

@@ -52,7 +52,10 @@ TEST_CASE("Live sweep: an output-only ring adapter has the slot-reporting one's 
                    << " C=" << a.config.chunk_rows << " " << order_flag_name(a.config.order) << ": "
                    << a.below_hazard << " | " << b.below_hazard);
       CHECK(a.min_safe_ring == b.min_safe_ring);
-      CHECK(a.below_overwritten == b.below_overwritten);
+      // Without slots a stale row read in a live row's place can decode as a
+      // missing row plus an extra one rather than as overwritten, so with the
+      // bug only the minima must agree; on the correct adapter the counts too.
+      if (bug.empty()) CHECK(a.below_overwritten == b.below_overwritten);
       if (bug.empty()) CHECK(b.min_safe_ring == b.spec_bound);  // the outputs really found the hazards
       short_of_spec += b.min_safe_ring != b.spec_bound ? 1 : 0;
       CHECK(!b.unsupported);
