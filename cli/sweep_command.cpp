@@ -12,7 +12,8 @@
 // otherwise a table goes to stdout. Exit codes: 0 every configuration was
 // computed (and --formula, if given, is safe everywhere); 1 the formula is
 // unsafe somewhere, a counterexample did not replay, or a live cache (--impl
-// layer or exec:...) loses rows at every capacity tried; 2 bad usage.
+// layer or exec:...) loses rows at every capacity tried, or every row was
+// unsupported (the cache refused every capacity); 2 bad usage.
 
 #include <algorithm>
 #include <optional>

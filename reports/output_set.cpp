@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -199,7 +200,13 @@ void write_output_set(const std::vector<OutputFile>& files) {
 }
 
 void withdraw_output_files(const std::vector<std::filesystem::path>& files) {
-  if (files.empty()) return;
+  // Nothing there: nothing to withdraw, and no lock file left in a directory
+  // no run has written to.
+  std::error_code ec;
+  const bool any = std::any_of(files.begin(), files.end(), [&ec](const std::filesystem::path& f) {
+    return std::filesystem::symlink_status(f, ec).type() != std::filesystem::file_type::not_found;
+  });
+  if (!any) return;
   const SignalHold hold;
   std::set<std::string> dirs;
   for (const auto& f : files) dirs.insert(resolved(directory_of(f)));
