@@ -51,6 +51,38 @@ class RingCache(ka.WindowCache):
         if "bf16-truncate" in bugs and spec.format == "bf16":
             spec.round = bf16_truncate_row
         self.zero_output = "zero-output" in bugs
+        # keep-drafts-on-finish: finish and reset leave a pending verify's
+        # drafts pending, and the state's next request inherits them.
+        self.keep_drafts = "keep-drafts-on-finish" in bugs
+        self.kept = {}  # (layer, state) -> (pending_first, pending_drafts)
+
+    def _keep(self, layer, state):
+        st = self._state(self._layer(layer), state)
+        if st.pending_drafts >= 0:
+            self.kept[(layer, state)] = (st.pending_first, st.pending_drafts)
+
+    def _restore(self, layer, state):
+        kept = self.kept.pop((layer, state), None)
+        if kept is not None:
+            st = self._state(self._layer(layer), state)
+            st.pending_first, st.pending_drafts = kept
+
+    def begin(self, layer, state, request):
+        super().begin(layer, state, request)
+        if self.keep_drafts:
+            self._restore(layer, state)
+
+    def finish(self, layer, state, request):
+        if self.keep_drafts:
+            self._keep(layer, state)
+        super().finish(layer, state, request)
+
+    def reset(self, layer, state, request):
+        if self.keep_drafts:
+            self._keep(layer, state)
+        super().reset(layer, state, request)
+        if self.keep_drafts:
+            self._restore(layer, state)
 
     def write_step(self, *args):
         answer = super().write_step(*args)
@@ -83,6 +115,8 @@ class RingAdapter(ka.Adapter):
         "zero-output": "every output element is 0, as from a kernel that never ran",
         "bf16-truncate": "bf16 rows are truncated (binary32's low 16 bits dropped) instead of "
                          "rounded to nearest even",
+        "keep-drafts-on-finish": "finish and reset leave a pending verify's drafts pending (the "
+                                 "state's next request inherits them)",
     }
 
     def make_cache(self, spec):

@@ -525,7 +525,8 @@ class ProtocolTest(AdapterTest):
         self.assertEqual(adapter.proc.stdout.read(), b"")
 
     def test_list_bugs_and_bad_flags(self):
-        for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one", "zero-output", "bf16-truncate"]),
+        for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one", "zero-output", "bf16-truncate",
+                                      "keep-drafts-on-finish"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()

@@ -106,13 +106,34 @@ class LayerCache final : public CacheUnderTest {
       const std::int64_t bad[3] = {1, 2, model_width_};
       e = b.cache->append(*b.layer, two, bad, out_);
     } else if (name == "stale-revision") {
-      // An optimizer step updates Wk in place (same values, next revision):
-      // the bound cache must refuse, unchanged. Afterwards the adapter
-      // rebuilds the cache for the updated layer and replays its inputs
-      // (checked against the old rows at the next call).
-      b.layer->update_parameter(1, b.layer->parameter(1).values);
+      // An optimizer step updates one parameter in place (same values, next
+      // revision): the bound cache must refuse, unchanged. Successive probes
+      // rotate over Wq, Wk, Wv and Wo from a start the capacity picks, so a
+      // cache that checks only some revisions fails (also in cases with one
+      // probe). Afterwards the adapter rebuilds the cache for the updated
+      // layer and replays its inputs (checked against the old rows at the next call).
+      const int parameter = static_cast<int>((stale_probes_++ + spec_.cache.ring_rows) % 4);
+      b.layer->update_parameter(parameter, b.layer->parameter(parameter).values);
       e = b.cache->append(*b.layer, input_, shape, out_);
       b.rebind = true;
+      if (e != LayerCacheError::kOk) {
+        static constexpr const char* kNames[4] = {"Wq", "Wk", "Wv", "Wo"};
+        Refusal r = refusal(e);
+        r.detail += " (after an in-place update of " + std::string(kNames[parameter]) + ")";
+        return r;
+      }
+    } else if (name == "late-overflow") {
+      // Finite input whose projections are finite (q and k of 1e200) but
+      // whose own attention score q.k overflows to +inf, so the softmax and
+      // the output are NaN: the append fails after its projections, RoPE and
+      // scores were computed, and must still leave length and storage as
+      // they were. (Both q and k turn by the same angle at the new position,
+      // so RoPE keeps their dot product +inf.)
+      for (std::int64_t i = 0; i < hd_; ++i) {
+        input_[static_cast<std::size_t>(i)] = 1e200;
+        input_[static_cast<std::size_t>(hd_ + i)] = 1e200;
+      }
+      e = b.cache->append(*b.layer, input_, shape, out_);
     } else if (name == "non-finite-row") {
       input_[static_cast<std::size_t>(hd_)] = std::numeric_limits<double>::quiet_NaN();
       e = b.cache->append(*b.layer, input_, shape, out_);
@@ -187,6 +208,7 @@ class LayerCache final : public CacheUnderTest {
   CacheSpec spec_;
   std::vector<Bound> layers_;
   std::int64_t hd_ = 0, model_width_ = 0;
+  std::int64_t stale_probes_ = 0;  ///< stale-revision probes sent (which parameter the next one updates)
   std::vector<double> input_, out_;
 };
 
@@ -203,8 +225,8 @@ class LayerCacheProvider final : public CacheProvider {
     caps_.max_states = 1;
     caps_.max_step_rows = 1;
     caps_.ring_addressing = false;
-    caps_.probes = {"rebuilt-layer", "rope-mismatch", "stale-revision",
-                    "wrong-width",   "two-tokens",    "non-finite-row"};
+    caps_.probes = {"rebuilt-layer", "rope-mismatch",  "stale-revision", "wrong-width",
+                    "two-tokens",    "non-finite-row", "late-overflow"};
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return "layer"; }

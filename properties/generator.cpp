@@ -65,6 +65,8 @@ std::vector<std::string> coverage_names(Profile profile) {
       names.push_back(n);
     }
   }
+  for (const char* n : {"verify_then_other_request", "finish_or_reset_with_drafts_pending"})
+    names.push_back(n);
   return names;
 }
 
@@ -76,6 +78,8 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
       flags.push_back(f);
     }
   }
+  flags.push_back(c.verify_then_other_request);
+  flags.push_back(c.finish_or_reset_with_drafts_pending);
   return flags;
 }
 
@@ -95,6 +99,9 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
     reach.push_back(prefill && !caps.full_window_only &&
                     (caps.max_positions == 0 || caps.max_positions > 100'000 + 4096 + 4));
   }
+  // Two requests live at once need two states; drafts end unaccepted by a finish or a reset.
+  reach.push_back(caps.verify && (caps.max_states == 0 || caps.max_states >= 2));
+  reach.push_back(caps.verify && (caps.finish || caps.reset));
   return reach;
 }
 
@@ -264,6 +271,11 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
   std::vector<Live> live(static_cast<std::size_t>(request_count));
   std::map<std::int64_t, std::int64_t> holder;  // state -> active request
   const std::int64_t budget = rng.range(min_steps, max_steps);
+  // Decisions the schedule used to leave out, from their own stream so that a
+  // case where none fires keeps its draws: another request steps while a
+  // verify is pending, and a finish or reset ends a pending verify's drafts.
+  Prng extra(mix_seed(sc.data.seed, 0x70656e64));  // "pend"
+  const bool end_pending = weights[kFinish] + weights[kReset] > 0;
   for (std::int64_t s = 0; s < budget; ++s) {
     // Requests that may take a step now.
     std::vector<std::int64_t> ready;
@@ -275,13 +287,27 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       if (l.started || h == holder.end()) ready.push_back(r);
     }
     if (ready.empty()) break;
-    const std::int64_t r = ready[static_cast<std::size_t>(rng.below(ready.size()))];
+    std::int64_t r = ready[static_cast<std::size_t>(rng.below(ready.size()))];
+    if (live[static_cast<std::size_t>(r)].progress.pending() && ready.size() > 1 && extra.chance(3, 4)) {
+      // Another request steps first; its verify stays pending.
+      std::vector<std::int64_t> others;
+      for (const std::int64_t o : ready) {
+        if (o != r) others.push_back(o);
+      }
+      r = others[static_cast<std::size_t>(extra.below(others.size()))];
+    }
     Live& l = live[static_cast<std::size_t>(r)];
     Step step;
     step.request = r;
     if (l.progress.pending()) {
       step.kind = StepKind::kAccept;
-      step.accepted = rng.range(0, l.progress.pending_drafts);
+      step.accepted = rng.range(0, l.progress.pending_drafts);  // drawn even when replaced: later draws stay
+      if (end_pending && extra.chance(1, 4)) {
+        // The request finishes or resets with its drafts pending (legal: they are dropped).
+        const bool finish = weights[kFinish] > 0 && (weights[kReset] == 0 || extra.chance(1, 2));
+        step.kind = finish ? StepKind::kFinish : StepKind::kReset;
+        step.accepted = 0;
+      }
     } else {
       const int kind = pick(rng, weights);
       switch (kind) {
@@ -561,6 +587,9 @@ Coverage classify(const Scenario& sc) {
   std::map<std::int64_t, bool> state_used, started;
   bool wrote = false;
   for (const auto& s : sc.steps) {
+    for (const auto& [other, q] : progress) {
+      if (other != s.request && q.pending()) cov.verify_then_other_request = true;
+    }
     if (!started[s.request]) {
       started[s.request] = true;
       const std::int64_t st = state_of[s.request];
@@ -572,6 +601,9 @@ Coverage classify(const Scenario& sc) {
     if (n > 0 && scenarios::step_first_position(p) + n - 1 >= sc.cache.ring_rows) cov.ring_wrap = true;
     if (s.kind == StepKind::kPrefill && s.rows > keys) cov.chunk_longer_than_window = true;
     if (s.kind == StepKind::kAccept && s.accepted < p.pending_drafts) cov.verify_rejection = true;
+    if ((s.kind == StepKind::kFinish || s.kind == StepKind::kReset) && p.pending()) {
+      cov.finish_or_reset_with_drafts_pending = true;
+    }
     if (n > 0 && keys >= 4096) cov.window_4096 = true;
     if (s.kind == StepKind::kPrefill && s.rows >= 1024) cov.chunk_1024 = true;
     if (s.kind == StepKind::kVerify && s.drafts >= 8) cov.verify_8_drafts = true;

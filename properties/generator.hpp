@@ -2,7 +2,9 @@
 // its own seed, which step kinds are on and their weights (some zero), a
 // small cache configuration, and a schedule over one pool shared by several
 // requests: prefill in both orders and any chunk size, decode, verify(k) with
-// accept(a), finish and state reuse, reset, on one or two layers. The ring is
+// accept(a), finish and state reuse, reset, on one or two layers. Other
+// requests often step between a verify and its accept, and a request may
+// finish or reset with its drafts pending (SPEC §3: they are dropped). The ring is
 // sized safely for the drawn bounds (SPEC §5) plus a little random slack, so
 // the correct implementation passes every case and each named fault fails
 // some. Sizes keep a case to milliseconds at the reference's default precision.
@@ -59,17 +61,23 @@ struct Coverage {
   bool chunk_1024 = false;       ///< a prefill chunk of at least 1024 rows
   bool verify_8_drafts = false;  ///< a verify with at least 8 drafts
   bool position_100k = false;    ///< a row is written at a position of at least 10^5 (RoPE at long context)
+  // Both profiles (listed after the production profile's own five there):
+  bool verify_then_other_request = false;  ///< another request steps between a verify and its accept
+  bool finish_or_reset_with_drafts_pending = false;  ///< a finish or reset ends a pending verify's drafts
 };
 
-/// Names of the coverage classes of `profile`, in Coverage field order
-/// (the production profile has the default's four, then five of its own).
+/// Names of the coverage classes of `profile`, in Coverage field order: the
+/// default's first four, then (production only) five of the production
+/// profile's own, then the two schedule classes both profiles have. A class
+/// keeps its index when classes are added: new ones go last.
 std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
 /// The classes of `profile` as booleans, in coverage_names(profile) order.
 std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::kDefault);
 
 /// Draws one scenario from `seed` (deterministic on every platform), using
 /// only what `caps` supports. With every capability on (the default) the
-/// default profile's draw is the same as it always was, so seeds keep their cases.
+/// default profile's draw is the same as it always was where the pending-verify
+/// decisions (their own stream) do not fire, so most seeds keep their cases.
 scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps = {},
                                       Profile profile = Profile::kDefault);
 

@@ -1,5 +1,6 @@
 #include "properties/probes.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace kvcheck::properties {
@@ -29,6 +30,14 @@ std::vector<std::string> Prober::applicable(const scenarios::Step& step,
     }
   }
   return out;
+}
+
+std::string Prober::choose(const std::vector<std::string>& apply, std::int64_t step_index,
+                           bool after_reset) const {
+  if (after_reset && std::find(apply.begin(), apply.end(), "stale-revision") != apply.end()) {
+    return "stale-revision";
+  }
+  return apply[static_cast<std::size_t>(step_index) % apply.size()];
 }
 
 std::string Prober::run(const std::string& name, engines::StepCall call,

@@ -28,6 +28,12 @@ struct Prober {
   std::vector<std::string> applicable(const scenarios::Step& step,
                                       const scenarios::RequestProgress& progress) const;
 
+  /// Which of `apply` (non-empty) to send before step `step_index`: they
+  /// rotate with the step index, except that right after a reset of the
+  /// request the stale-revision probe goes first where it applies (SPEC §6:
+  /// a revision mismatch is refused also after reset).
+  std::string choose(const std::vector<std::string>& apply, std::int64_t step_index, bool after_reset) const;
+
   /// Sends probe `name`; returns an empty string when it was refused and the
   /// cache is unchanged, else what went wrong. `k`: the step's keys.
   std::string run(const std::string& name, engines::StepCall call, const scenarios::RequestProgress& progress,

@@ -58,6 +58,7 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
 struct RequestState {
   std::int64_t state = 0;
   bool begun = false;
+  bool after_reset = false;  ///< the request's last step was a reset
   scenarios::RequestProgress progress;
 };
 
@@ -276,10 +277,12 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
         }
       }
       if (options.probes) {
-        // One probe per step and layer, rotating through those that apply.
+        // One probe per step and layer, rotating through those that apply
+        // (right after a reset, the stale-revision probe first: Prober::choose).
         const auto apply = prober.applicable(step, req.progress);
         if (!apply.empty()) {
-          const std::string& name = apply[step_index % apply.size()];
+          const std::string name =
+              prober.choose(apply, static_cast<std::int64_t>(step_index), req.after_reset);
           const std::string problem = prober.run(name, call, req.progress, in.k);
           if (!problem.empty()) {
             fail("step " + std::to_string(step_index) + " (" +
@@ -449,6 +452,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 
     // Model bookkeeping shared by all layers (SPEC §3, scenarios/step_semantics.hpp).
     req.begun = true;
+    req.after_reset = step.kind == StepKind::kReset;
     const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
     KVCHECK_ASSERT(refusal == scenarios::StepRefusal::kNone);  // scenarios are validated
   }

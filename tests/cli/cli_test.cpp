@@ -215,11 +215,12 @@ TEST_CASE(
     "CLI exec: every adapter bug switch is caught within 2000 cases and shrunk to <= 3 requests, 8 steps") {
   const fs::path dir = temp_dir("exec-bugs");
   const std::pair<const char*, const char*> bugs[] = {
-      {"ring_cache.py", "ring-sized-window"}, {"ring_cache.py", "rope-at-slot"},
-      {"ring_cache.py", "window-plus-one"},   {"paged_cache.py", "free-speculative"},
-      {"paged_cache.py", "free-early"},       {"paged_cache.py", "left-as-keys"},
+      {"ring_cache.py", "ring-sized-window"},    {"ring_cache.py", "rope-at-slot"},
+      {"ring_cache.py", "window-plus-one"},      {"paged_cache.py", "free-speculative"},
+      {"paged_cache.py", "free-early"},          {"paged_cache.py", "left-as-keys"},
       {"ring_cache.py", "bf16-truncate"},  // caught from the stored rows the adapter reports
-      {"ring_cache.py", "zero-output"}};   // every value profile judges outputs (README "Tolerances")
+      {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
+      {"ring_cache.py", "keep-drafts-on-finish"}};  // schedules that finish or reset with drafts pending
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;

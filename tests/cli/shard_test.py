@@ -202,7 +202,8 @@ def main():
         production = check_case(root, "production", ["--profile", "production", "--cases", "16", "--seed", "4"], 1)
         report = json.load(open(os.path.join(production, "out", "report.json")))
         expect([c["name"] for c in report["check"]["coverage"]][4:] ==
-               ["fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k"],
+               ["fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k",
+                "verify_then_other_request", "finish_or_reset_with_drafts_pending"],
                "production: the merged report has the profile's coverage classes")
 
         # Refusals: one line naming the shard, exit 2, --out left as it was.

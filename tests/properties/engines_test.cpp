@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "engines/factory.hpp"
 #include "properties/check.hpp"
@@ -322,4 +324,196 @@ TEST_CASE(
   INFO(run.first_failure);
   REQUIRE(run.passed);
   REQUIRE(run.probes == 6);
+}
+
+// ---- Issue 18 item 9: where the generator used to never go ------------------
+
+namespace {
+
+/// A bug planted around a correct cache, at the step interface (the shipping
+/// caches stay correct): what a cache with that bug answers.
+enum class Planted {
+  kKeepDraftsOnFinish,        ///< finish/reset leave a pending verify pending (the state's next request too)
+  kCommitBeforeLateOverflow,  ///< a late overflow is detected after the key row was committed
+  kRevisionOnlyWk,            ///< the revision check looks at Wk only
+  kNoRevisionAfterReset,      ///< the revision check is skipped on a cache emptied by reset
+};
+
+class PlantedCache final : public engines::CacheUnderTest {
+ public:
+  PlantedCache(std::unique_ptr<engines::CacheUnderTest> inner, Planted bug)
+      : inner_(std::move(inner)), bug_(bug) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    using scenarios::StepKind;
+    if (bug_ == Planted::kKeepDraftsOnFinish && c.op == engines::StepCall::Op::kStep) {
+      const StepKind kind = c.step.kind;
+      if (kept_.contains(c.state) && scenarios::step_rows(c.step) > 0) {
+        // The drafts it kept still await an accept: the cache refuses to write.
+        return engines::Refusal{"verify-pending", "a verify of an earlier request awaits its accept"};
+      }
+      auto st = inner_->call(c, answer);
+      if (st) return st;
+      if (kind == StepKind::kVerify) pending_.insert(c.state);
+      if (kind == StepKind::kAccept) pending_.erase(c.state);
+      if ((kind == StepKind::kFinish || kind == StepKind::kReset) && pending_.erase(c.state) > 0) {
+        kept_.insert(c.state);
+      }
+      return st;
+    }
+    if (c.op == engines::StepCall::Op::kStep) emptied_ = c.step.kind == scenarios::StepKind::kReset;
+    return inner_->call(c, answer);
+  }
+  engines::StepStatus probe(const std::string& name, const engines::StepCall& c) override {
+    auto st = inner_->probe(name, c);
+    if (!st) return st;
+    if (bug_ == Planted::kCommitBeforeLateOverflow && name == "late-overflow") {
+      // The key (and value) row went into the cache before the score overflowed.
+      engines::StepCall commit = c;
+      commit.op = engines::StepCall::Op::kStep;
+      inner_->call(commit, nullptr);
+    }
+    if (bug_ == Planted::kRevisionOnlyWk && name == "stale-revision" &&
+        st->detail.find("update of Wk") == std::string::npos) {
+      return std::nullopt;  // Wq, Wv or Wo changed: this cache does not look
+    }
+    if (bug_ == Planted::kNoRevisionAfterReset && name == "stale-revision" && emptied_) return std::nullopt;
+    return st;
+  }
+  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+    return inner_->fingerprint(layer);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  Planted bug_;
+  std::set<std::int64_t> pending_, kept_;
+  bool emptied_ = false;
+};
+
+class PlantedProvider final : public engines::CacheProvider {
+ public:
+  PlantedProvider(const std::string& impl, Planted bug)
+      : inner_(engines::make_provider(impl, impl::Fault::kNone)), bug_(bug) {}
+  const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
+  std::string name() const override { return "planted"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    if (!inner) return nullptr;
+    return std::make_unique<PlantedCache>(std::move(inner), bug_);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  Planted bug_;
+};
+
+struct Hunt {
+  std::int64_t first_failing = -1;  ///< index of the first failing case, -1: none
+  std::int64_t failing = 0;
+  std::string first_failure;
+};
+
+/// Runs `cases` generated cases (default profile) on `provider`.
+Hunt hunt(engines::CacheProvider& provider, const std::string& backend, std::uint64_t seed,
+          std::int64_t cases) {
+  Hunt h;
+  const auto caps = provider.capabilities();
+  for (std::int64_t i = 0; i < cases; ++i) {
+    const auto sc = generate_scenario(case_seed(seed, i), caps);
+    RunOptions o;
+    o.backend = backend;
+    o.provider = &provider;
+    const RunObservation run = run_scenario(sc, o);
+    if (run.passed) continue;
+    ++h.failing;
+    if (h.first_failing < 0) {
+      h.first_failing = i;
+      h.first_failure = run.first_failure;
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Generated schedules: a cache that keeps pending drafts past finish or reset fails within 100 cases") {
+  // The generator finishes or resets requests whose verify is still pending
+  // (SPEC §3: legal, the drafts are dropped); the bug keeps them, so the
+  // state refuses its next write. A correct cache passes the same cases.
+  PlantedProvider buggy("cpu", Planted::kKeepDraftsOnFinish);
+  const Hunt h = hunt(buggy, "cpu", 1, 100);
+  INFO(h.first_failure);
+  REQUIRE(h.first_failing >= 0);
+  CHECK(h.first_failing < 40);
+  CHECK(h.failing >= 5);
+  CHECK(h.first_failure.find("verify-pending") != std::string::npos);
+  const auto correct = engines::make_provider("cpu", impl::Fault::kNone);
+  CHECK(hunt(*correct, "cpu", 1, 100).failing == 0);
+}
+
+TEST_CASE("Layer-bound cache: the late-overflow probe fails after the projections and changes nothing") {
+  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  scenarios::Scenario sc;
+  sc.name = "layer-late-overflow";
+  sc.cache.window = sc.cache.ring_rows = 8;
+  sc.cache.q_heads = sc.cache.kv_heads = 2;
+  sc.cache.head_dim = 4;
+  sc.cache.rope = scenarios::Rope{scenarios::RopeStyle::kNeox, 4, 10000.0};
+  sc.requests = {{0, 0}};
+  engines::Refusal refused;
+  auto cache = provider->open(cache_spec(sc), &refused);
+  REQUIRE(cache);
+  std::vector<double> k(8, 0.25), v(8, 0.5), q(8, 1.0);
+  engines::StepCall call;
+  call.op = engines::StepCall::Op::kBegin;
+  REQUIRE_FALSE(cache->call(call, nullptr));
+  call.op = engines::StepCall::Op::kStep;
+  call.rows = 1;
+  call.k = k.data();
+  call.v = v.data();
+  call.q = q.data();
+  engines::StepAnswer answer;
+  for (int i = 0; i < 3; ++i) REQUIRE_FALSE(cache->call(call, &answer));
+  const auto before = cache->fingerprint(0);
+  // Finite input (q and k of 1e200 pass the input check): the refusal is the
+  // non-finite score, found in prepare, after the projections.
+  const auto st = cache->probe("late-overflow", call);
+  REQUIRE(st);
+  CHECK(st->code == "non-finite");
+  CHECK(cache->fingerprint(0) == before);
+  REQUIRE_FALSE(cache->call(call, &answer));
+  CHECK(answer.written == std::vector<std::int64_t>{3});
+  // Successive stale-revision probes name Wq, Wk, Wv and Wo, all refused unchanged.
+  std::set<std::string> updated;
+  for (int i = 0; i < 4; ++i) {
+    const auto b = cache->fingerprint(0);
+    const auto s = cache->probe("stale-revision", call);
+    REQUIRE(s);
+    CHECK(s->code == "revision-mismatch");
+    CHECK(cache->fingerprint(0) == b);
+    updated.insert(s->detail.substr(s->detail.rfind(' ') + 1));
+    REQUIRE_FALSE(cache->call(call, &answer));  // rebuilt and replayed
+  }
+  CHECK(updated == std::set<std::string>{"Wq)", "Wk)", "Wv)", "Wo)"});
+}
+
+TEST_CASE("Layer-bound cache: planted binding bugs fail its probes within 60 generated cases") {
+  struct Row {
+    Planted bug;
+    const char* what;
+  };
+  for (const Row row : {Row{Planted::kCommitBeforeLateOverflow, "storage changed"},
+                        Row{Planted::kRevisionOnlyWk, "stale-revision: the cache accepted"},
+                        Row{Planted::kNoRevisionAfterReset, "stale-revision: the cache accepted"}}) {
+    INFO(static_cast<int>(row.bug));
+    PlantedProvider buggy("layer", row.bug);
+    const Hunt h = hunt(buggy, "layer", 9, 60);
+    INFO(h.first_failure);
+    REQUIRE(h.first_failing >= 0);
+    CHECK(h.first_failing < 30);
+    CHECK(h.failing >= 3);
+    CHECK(h.first_failure.find(row.what) != std::string::npos);
+  }
 }

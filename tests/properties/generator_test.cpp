@@ -33,6 +33,8 @@ TEST_CASE("Generator: random cases pass on the CPU backend (RapidCheck)") {
     RC_CLASSIFY(cov.verify_rejection, "verify rejection");
     RC_CLASSIFY(cov.chunk_longer_than_window, "chunk > window");
     RC_CLASSIFY(cov.state_reuse, "state reuse");
+    RC_CLASSIFY(cov.verify_then_other_request, "verify then another request");
+    RC_CLASSIFY(cov.finish_or_reset_with_drafts_pending, "finish/reset with drafts pending");
     const auto run = run_scenario(sc, RunOptions{});
     RC_ASSERT(run.passed);
   });
@@ -144,9 +146,20 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK(long_chunks > 20);
   CHECK(many_drafts > 50);
   CHECK(long_context > 60);  // one case in sixteen runs past position 10^5
-  // The default profile is unchanged by the production one's existence.
-  CHECK(coverage_names().size() == 4);
-  CHECK(coverage_names(Profile::kProduction).size() == 9);
+  // The default profile is unchanged by the production one's existence: its
+  // four first classes, then the two schedule classes both profiles have
+  // (last in production's list too, so every older class keeps its index).
+  CHECK(coverage_names().size() == 6);
+  CHECK(coverage_names(Profile::kProduction).size() == 11);
+  CHECK(coverage_names()[3] == "state_reuse");
+  CHECK(coverage_names(Profile::kProduction)[4] == "fast_cpu_kernel");
+  for (const Profile p : {Profile::kDefault, Profile::kProduction}) {
+    const auto names = coverage_names(p);
+    CHECK(names[names.size() - 2] == "verify_then_other_request");
+    CHECK(names.back() == "finish_or_reset_with_drafts_pending");
+    CHECK(coverage_flags(Coverage{}, p).size() == names.size());
+    CHECK(reachable_coverage(engines::Capabilities{}, p).size() == names.size());
+  }
 }
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {
