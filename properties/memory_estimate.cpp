@@ -333,6 +333,21 @@ void require_work(const WorkEstimate& work, const std::string& what) {
                   (work.driver_scenario.empty() ? "" : "; the largest step is in " + work.driver_scenario));
 }
 
+void require_sweep_work(const SweepSize& size) {
+  const double rows = size.configurations * (size.max_window + std::max(size.max_drafts + 1, size.max_chunk)) *
+                      kSweepProbesPerConfiguration;
+  if (rows <= kMaxSweepProbeRows) return;
+  char count[64], configurations[64];
+  std::snprintf(count, sizeof count, "%.3g", rows);
+  std::snprintf(configurations, sizeof configurations, "%.3g", size.configurations);
+  throw Error(ErrorId::kSize, size.widest_flag,
+              std::string("the sweep's ") + configurations + " configurations would simulate up to " + count +
+                  " probe rows (configurations * (window + longest step) * " +
+                  std::to_string(static_cast<int>(kSweepProbesPerConfiguration)) + " probes), more than " +
+                  std::to_string(static_cast<long long>(kMaxSweepProbeRows)) +
+                  "; narrow the grid or split it with --shard");
+}
+
 MemoryEstimate estimate_check(Profile profile, int threads) {
   // A worker holds one case at a time (tallies stream, no per-case results).
   // Production cases are bounded by the generator's budget; default cases

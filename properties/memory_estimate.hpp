@@ -58,6 +58,19 @@ struct SweepSize {
 /// per configuration plus each worker's probe.
 MemoryEstimate estimate_sweep(const SweepSize& size);
 
+/// Rows a sweep's probes simulate, at most: configurations times the
+/// longest probe (window + longest step) times kSweepProbesPerConfiguration
+/// (the galloping search's probes per configuration, generously).
+inline constexpr double kSweepProbesPerConfiguration = 8;
+/// Most probe rows a sweep may simulate: 2^34, about 100 times the default
+/// grid's bound (which runs in well under a minute on two cores), so a few
+/// flags cannot ask for hours.
+inline constexpr double kMaxSweepProbeRows = double(std::int64_t{1} << 34);
+
+/// Throws kvcheck::Error(kSize) at the grid's widest flag when the sweep's
+/// probes would simulate more than kMaxSweepProbeRows rows.
+void require_sweep_work(const SweepSize& size);
+
 /// Most rows a replay or an audit may read (every query's visible rows in one
 /// layer, all runs together; layers repeat that work linearly and are
 /// bounded by the memory estimate). The reference's time per read grows with

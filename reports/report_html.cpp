@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "reports/report_text.hpp"
 #include "reports/xml_escape.hpp"
@@ -123,12 +124,19 @@ std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservat
   // The block is slots [state * S, state * S + S) (the oracle's layout);
   // reads outside it are extra reads and show in the tables, not the ring.
   const std::int64_t base = step.state * ring_rows;
+  // Extra reads as a sorted set: a forged read list may hold millions.
+  const auto tag_less = [](const ReadTag& a, const ReadTag& b) {
+    return std::tie(a.slot, a.request, a.position, a.write_seq) <
+           std::tie(b.slot, b.request, b.position, b.write_seq);
+  };
+  std::vector<ReadTag> extras = q->extra;
+  std::sort(extras.begin(), extras.end(), tag_less);
   for (const ReadTag& r : q->reads) {
     if (r.slot < base || r.slot >= base + ring_rows) continue;
     auto& s = slots[static_cast<std::size_t>(r.slot - base)];
     s.read = true;
     s.held = r.request < 0 ? -1 : (r.request != step.request ? -2 : r.position);
-    const bool is_extra = std::find(q->extra.begin(), q->extra.end(), r) != q->extra.end();
+    const bool is_extra = std::binary_search(extras.begin(), extras.end(), r, tag_less);
     if (r.request == step.request && visible(r.position)) {
       s.cls = SlotClass::kVisible;
     } else if (is_extra) {

@@ -1,6 +1,7 @@
 // JSON report writer. Field order is the order of insertion (ordered_json).
 #include "reports/report_json.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvcheck::reports {
@@ -24,16 +25,34 @@ Json tag_json(const properties::ReadTag& tag) {
   return j;
 }
 
+/// The first kReportListItems entries of a per-query list: a forged trace
+/// whose one read list names millions of slots must not write a report
+/// millions of entries long. What is left out is counted in "omitted".
+constexpr std::size_t kReportListItems = 256;
+
+template <typename T>
+std::size_t listed(const std::vector<T>& list) {
+  return std::min(list.size(), kReportListItems);
+}
+
 Json query_json(const properties::QueryObservation& q) {
   Json j;
   j["position"] = q.position;
   j["visible"] = Json{{"first", q.visible_first}, {"last", q.position}};
   j["failed"] = query_failed(q);
-  j["overwritten"] = q.overwritten;
-  j["missing"] = q.missing;
+  j["overwritten"] = std::vector<std::int64_t>(q.overwritten.begin(),
+                                               q.overwritten.begin() + static_cast<std::ptrdiff_t>(listed(q.overwritten)));
+  j["missing"] = std::vector<std::int64_t>(q.missing.begin(),
+                                           q.missing.begin() + static_cast<std::ptrdiff_t>(listed(q.missing)));
   Json extra = Json::array();
-  for (const auto& t : q.extra) extra.push_back(tag_json(t));
+  for (std::size_t i = 0; i < listed(q.extra); ++i) extra.push_back(tag_json(q.extra[i]));
   j["extra_reads"] = std::move(extra);
+  if (q.overwritten.size() > kReportListItems || q.missing.size() > kReportListItems ||
+      q.extra.size() > kReportListItems) {
+    j["omitted"] = Json{{"overwritten", q.overwritten.size() - listed(q.overwritten)},
+                        {"missing", q.missing.size() - listed(q.missing)},
+                        {"extra_reads", q.extra.size() - listed(q.extra)}};
+  }
   j["reads"] = static_cast<std::int64_t>(q.reads.size());
   Json out;
   out["abs_diff"] = number(q.abs_diff);

@@ -93,6 +93,26 @@ try:
     refused("audit: one decode whose block table expands to 2^26 reads", ["audit", reads], 300,
             "line 2: block_table.seq_lens")
 
+    # A tiny trace whose one decode reads 2^20 slots (a block table over a
+    # 2^20-key window, under the work bound), all but one of them extra: the
+    # report lists 256 entries per list and counts the rest (it used to list
+    # every one: 70 MB from 250 bytes).
+    n = 1 << 20
+    many_reads = write_lines(w("many-reads.jsonl"), [
+        {"kvcheck_trace": 1, "name": "m", "window": {"param": n, "convention": "keys"}, "addressing": "paged"},
+        {"step": 0, "layer": 0, "kind": "decode", "request": 0, "state": 0, "position": 0, "rows": 1,
+         "written": [0], "block_table": {"blocks": [0], "block_size": n, "seq_lens": [n]}}])
+    report = w("many-reads-report.json")
+    html = w("many-reads.html")
+    code, text, took = run(["audit", many_reads, "--report", report, "--html", html], timeout=300)
+    size = os.path.getsize(report) if os.path.exists(report) else -1
+    expect(code == 1 and 0 < size < (1 << 20),
+           "audit: a 2^20-slot read list fails in a report under 1 MB (exit %d, %d bytes, %.1f s)" % (code, size, took))
+    if size > 0:
+        query = json.load(open(report))["runs"][0]["steps"][0]["queries"][0]
+        expect(len(query["extra_reads"]) == 256 and query["omitted"]["extra_reads"] == n - 1 - 256,
+               "... listing 256 extra reads and counting the other %d (%s)" % (n - 1 - 256, query.get("omitted")))
+
     wide = dict(CACHE, head_dim=2**31 - 1)
     refused("audit: head_dim 2^31-1 and no rows",
             ["audit", write_lines(w("head_dim.jsonl"), [header("h", cache=wide)])], 302, "cache.head_dim")
@@ -129,6 +149,9 @@ try:
     refused("sweep --window 1:40000 --drafts 0:16 --chunk 1:256",
             ["sweep", "--window", "1:40000", "--drafts", "0:16", "--chunk", "1:256", "--memory-limit", "16G"],
             302, "--window")
+    refused("sweep --window 1:4000 --drafts 0:16 --chunk 1:64 (fits in memory, hours of probes)",
+            ["sweep", "--window", "1:4000", "--drafts", "0:16", "--chunk", "1:64", "--memory-limit", "16G"],
+            300, "--window")
     shard = w("shard0")
     code, text, _ = run(["sweep", "--window", "8:16:8", "--drafts", "0:1", "--chunk", "1", "--shard", "0/1",
                          "--out", shard])
