@@ -52,6 +52,16 @@ def kill_marked(marker):
             pass
 
 
+def default_signals():
+    """In kvcheck's child before exec: SIGINT, SIGTERM and SIGHUP back to
+    their default action. A CI runner or `nohup` may start this test with
+    SIGHUP ignored (and a shell's background job with SIGINT ignored); kvcheck
+    keeps an inherited SIG_IGN, as a program under nohup must, so the test
+    gives kvcheck the disposition whose handling it checks."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def run(name, args, limit, tmp, sig=None, want_code=None, want_err=()):
     """Runs kvcheck ARGS with a fresh marker; with `sig`, sends it once the
     adapters are running. Checks the exit status, the stderr lines, the time
@@ -63,7 +73,7 @@ def run(name, args, limit, tmp, sig=None, want_code=None, want_err=()):
     err_path = os.path.join(tmp, marker + ".err")
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         start = time.monotonic()
-        p = subprocess.Popen([KVCHECK] + args, stdout=out, stderr=err, env=env)
+        p = subprocess.Popen([KVCHECK] + args, stdout=out, stderr=err, env=env, preexec_fn=default_signals)
         if sig is not None:
             # Mid-run: two adapters (one per thread) and a setsid sleeper up.
             while time.monotonic() - start < limit and len([x for x in marked(marker) if x != p.pid]) < 3:
