@@ -19,11 +19,32 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON \
         -DKVCHECK_CUDA=OFF -DKVCHECK_BENCH=OFF -DKVCHECK_MPI=OFF
   cmake --build build-asan -j"$jobs"
-  # The sanitizer run skips the tests whose cost is a long loop the Release
-  # run above already ran (2000-case fault sweeps, the full sweep grid, the
-  # 100,000-row long-context runs): under ASan they would take ~10 of CI's
-  # 20 minutes and reach no code the rest of the suite does not.
+  # The sanitizer run skips the tests whose cost is a long loop or a Python
+  # process the Release run above already ran, each of whose C++ paths a
+  # shorter test here also takes: the 2000-case fault and adapter-bug
+  # sweeps, the full sweep grid, the 100,000-row runs, the production
+  # profile through the CLI (properties_test's 40 production cases stay),
+  # 2000 adapter cases and their byte-identity twin, the output-only live
+  # sweep, the Python protocol tests (pure Python) and schema traffic, the
+  # three-shard merge test (properties_test merges shards in process) and
+  # the shape-space test (the hello's checks: engines_test). Under ASan
+  # they cost ~10 minutes of CI's 25.
+  release_only=(
+    'every named fault fails check at 2000'
+    'full default grid'
+    '100000-row'
+    'RoPE angles formed in float32'
+    'every adapter bug switch'
+    'check --profile production runs production cases'
+    'an output-only ring adapter has the slot-reporting'
+    'the bundled ring and paged adapters pass 2000 cases'
+    'same seed, same adapter, same report bytes'
+    'adapters: protocol unit tests'
+    'real traffic validates against the schema'
+    'shards: 3 shards merged'
+    'exec shapes: strict hello'
+  )
+  exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-      -E 'every named fault fails check at 2000|full default grid|100000-row|RoPE angles formed in float32|every adapter bug switch'
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -E "$exclude"
 fi

@@ -105,7 +105,8 @@ def run(name, args, limit, tmp, sig=None, want_code=None, want_err=()):
     expect(not timed_out, "%s: kvcheck exits within %d s" % (name, limit))
     expect(not left, "%s: no process left behind (found %s)" % (name, left))
     if want_code is not None:
-        expect(code == want_code, "%s: exit status %s (got %s)" % (name, want_code, code))
+        codes = want_code if isinstance(want_code, tuple) else (want_code,)
+        expect(code in codes, "%s: exit status %s (got %s)" % (name, want_code, code))
     for text in want_err:
         expect(text in stderr, "%s: stderr says %r%s" % (name, text, "" if text in stderr else "\n" + stderr[-1500:]))
     return cpu, peak_mb
@@ -149,32 +150,37 @@ def main():
             want_err=("kvcheck error 600 at steps[0] (prefill, layer 0): an unrequested line after the answer",))
         # Answer lines of 0, 16 and 128 MB: time and memory linear in the line.
         # CPU seconds, not wall time: this machine's load must not decide.
+        # Time and memory are judged in the Release tree; the sanitizer tree
+        # (AddressSanitizer's allocator and shadow multiply both, and a
+        # 128 MB line takes minutes there) parses a 16 MB line only.
+        sanitized = os.environ.get("KVCHECK_SANITIZED") == "1"
         t0, m0 = run("answer line padded by 0 MB", ["replay", one, "--impl", impl("long-line", "0")], 30, tmp,
                      want_code=0)
         t16, m16 = run("answer line padded by 16 MB", ["replay", one, "--impl", impl("long-line", "16")], 60, tmp,
                        want_code=0)
-        t128, m128 = run("answer line padded by 128 MB", ["replay", one, "--impl", impl("long-line", "128")], 120,
-                         tmp, want_code=0)
-        # Two answers each, 256 MB read in all for 128 MB lines: linear is 8x
-        # the 16 MB cost (about 12x measured: page faults, the parser's token
-        # buffer), the old rescan for '\n' after every read 31x in wall time
-        # and more in CPU time.
-        expect(t128 - t0 <= 24 * max(t16 - t0, 0.05),
-               "128 MB lines take at most 24x the CPU time of 16 MB lines (linear is 8x; %.2f s vs %.2f s)" %
-               (t128 - t0, t16 - t0))
-        # AddressSanitizer's allocator and shadow memory multiply the figure:
-        # the memory bound is the Release tree's.
-        sanitized = os.environ.get("KVCHECK_SANITIZED") == "1"
-        expect(sanitized or m128 - m0 <= 3 * 128,
-               "a 128 MB line costs at most 3x its size in kvcheck's memory (%.0f MB more than none)" % (m128 - m0))
-        # A line past the 1 GiB guard ends the run, in bounded memory.
-        _, mguard = run("answer line past the 1 GiB guard", ["replay", one, "--step-timeout", "100", "--impl",
-                                                                impl("over-guard")], 150, tmp,
-                        want_code=2, want_err=("an answer line longer than 1 GiB",))
-        expect(mguard <= 2.5 * 1024, "the guard is reached within 2.5 GB (%.0f MB)" % mguard)
+        if not sanitized:
+            t128, m128 = run("answer line padded by 128 MB", ["replay", one, "--impl", impl("long-line", "128")],
+                             120, tmp, want_code=0)
+            # Two answers each, 256 MB read in all for 128 MB lines: linear is 8x
+            # the 16 MB cost (about 12x measured: page faults, the parser's token
+            # buffer), the old rescan for '\n' after every read 31x in wall time
+            # and more in CPU time.
+            expect(t128 - t0 <= 24 * max(t16 - t0, 0.05),
+                   "128 MB lines take at most 24x the CPU time of 16 MB lines (linear is 8x; %.2f s vs %.2f s)" %
+                   (t128 - t0, t16 - t0))
+            expect(m128 - m0 <= 3 * 128,
+                   "a 128 MB line costs at most 3x its size in kvcheck's memory (%.0f MB more than none)" %
+                   (m128 - m0))
+            # A line past the 1 GiB guard ends the run, in bounded memory.
+            _, mguard = run("answer line past the 1 GiB guard", ["replay", one, "--step-timeout", "100", "--impl",
+                                                                    impl("over-guard")], 150, tmp,
+                            want_code=2, want_err=("an answer line longer than 1 GiB",))
+            expect(mguard <= 2.5 * 1024, "the guard is reached within 2.5 GB (%.0f MB)" % mguard)
         # Grandchildren in their own session or process group: reaped too.
+        # (5 cases pass every property; a coverage class they do not reach
+        # may still make the run exit 1: the verdict is not what is judged here.)
         run("setsid and setpgid grandchildren", ["check", "--cases", "5", "--out", os.path.join(tmp, "setsid"),
-                                                 "--impl", impl("setsid")], 120, tmp, want_code=0)
+                                                 "--impl", impl("setsid")], 120, tmp, want_code=(0, 1))
         # kvcheck itself killed mid-run: the conventional status, nothing left.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             run("kvcheck killed by %s mid-run" % sig.name,

@@ -164,7 +164,16 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {
   CheckOptions options;
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizer's wide look at the AVX-512 kernel at production shapes:
+  // the first 12 of the 40 (about 3.5 minutes under ASan for all 40; the
+  // Release tree runs them all and judges every class).
+  constexpr bool kEveryClass = false;
+  options.cases = 12;
+#else
+  constexpr bool kEveryClass = true;
   options.cases = 40;
+#endif
   options.seed = 3;
   options.profile = Profile::kProduction;
   const CheckResult r = run_check(options);
@@ -173,7 +182,7 @@ TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where th
   REQUIRE(r.coverage_counts.size() == names.size());
   CHECK(r.reachable[4] == impl::cpu::fast_kernel_available());
   if (impl::cpu::fast_kernel_available()) CHECK(r.coverage_counts[4] > 0);
-  for (std::size_t k = 0; k < names.size(); ++k) {
+  for (std::size_t k = 0; k < names.size() && kEveryClass; ++k) {
     INFO(names[k]);
     // A chunk of 1024 rows is drawn in about one case in 60 (the generator test counts it).
     if (r.reachable[k] && names[k] != "chunk_1024") CHECK(r.coverage_counts[k] > 0);
