@@ -385,8 +385,11 @@ int run_check(const properties::CheckOptions& options, const std::string& comman
 int run_check_shard(const properties::CheckOptions& options, const std::string& command,
                     const fs::path& out_dir) {
   const auto start = std::chrono::steady_clock::now();
-  const properties::CaseTally tally = properties::run_cases(options);
   const fs::path file = out_dir / reports::kShardFileName;
+  // An earlier shard document goes before any case runs: a shard that dies
+  // leaves no earlier tally for `merge` to take as this run's.
+  reports::withdraw_output_files({file});
+  const properties::CaseTally tally = properties::run_cases(options);
   write_file_atomic(file, check_shard_text(options, command, tally));
   std::printf("check shard %lld/%lld: %lld of %lld cases, %lld failing",
               static_cast<long long>(options.shard.index), static_cast<long long>(options.shard.count),

@@ -12,8 +12,9 @@
    cache's capabilities) exits 1 and says no run ran; its report says so.
 3. A run that ends without a verdict withdraws the earlier set in --out: an
    adapter that dies (exit 2) and a SIGTERM leave no report there; replay
-   --report/--junit/--html files go the same way. A passing run removes an
-   earlier run's counterexample from its --out.
+   --report/--junit/--html files go the same way, and so does an earlier
+   shard.json under `check --shard`. A passing run removes an earlier run's
+   counterexample from its --out.
 """
 import json
 import os
@@ -141,6 +142,16 @@ try:
                       exec_impl("misbehaving_adapter.py", "crash")] + args)
     expect(code == 2 and not any(os.path.exists(f) for f in files),
            f"a replay whose adapter dies (exit {code}) leaves none of the earlier files")
+
+    # A shard that dies leaves no earlier shard document for merge to take.
+    shard_out = os.path.join(work, "shard")
+    shard_doc = os.path.join(shard_out, "shard.json")
+    code, _, _ = run(["check", "--cases", "20", "--shard", "0/2", "--out", shard_out])
+    expect(code == 0 and os.path.exists(shard_doc), f"a shard writes shard.json (exit {code})")
+    code, _, _ = run(["check", "--cases", "20", "--shard", "0/2", "--out", shard_out, "--impl",
+                      exec_impl("misbehaving_adapter.py", "crash")])
+    expect(code == 2 and not os.path.exists(shard_doc),
+           f"a shard whose adapter dies (exit {code}) leaves no earlier shard.json")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
