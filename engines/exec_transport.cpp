@@ -49,6 +49,11 @@ bool g_process_setup_done = false;  // under g_spawn_mutex
 // The process that started the adapters: a fork of it (an API host's child
 // that never execs) inherits the table and the atexit hook, not the adapters.
 std::atomic<pid_t> g_owner{0};
+// Set by the terminating-signal handler before it kills anything: no thread
+// starts an adapter after it (one that started meanwhile kills its own), so
+// the handler's sweep ends instead of chasing what other worker threads keep
+// starting (each closed adapter of a run can leave an orphan to sweep).
+std::atomic<bool> g_terminating{false};
 
 // The environment variable every adapter (and what it starts) inherits: a
 // process that became kvcheck's child and carries it is an adapter's orphan.
@@ -209,6 +214,7 @@ void sweep_orphans() noexcept {
 /// SIGINT, SIGTERM, SIGHUP: every adapter goes, then kvcheck ends with the
 /// signal's default action (so its parent sees the conventional status).
 extern "C" void on_terminating_signal(int sig) {
+  g_terminating.store(true);
   kill_exec_children();
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // blocked in this handler; delivered (and fatal) when it returns
@@ -308,9 +314,14 @@ class ChildTransport final : public ExecTransport {
     {
       const std::lock_guard<std::mutex> lock(g_spawn_mutex);
       setup_process();
+      // kvcheck is ending by a signal: its handler is killing every adapter
+      // and then the process; this thread starts none and waits for the end.
+      while (g_terminating.load()) ::pause();
       rc = ::posix_spawn(&pid_, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), env.data());
       if (rc == 0) registered = register_adapter(pid_);
     }
+    // Started while the handler began its kill pass: gone with the others.
+    if (rc == 0 && g_terminating.load()) ::kill(-pid_, SIGKILL);
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     ::close(in[0]);
