@@ -21,8 +21,8 @@ namespace {
 constexpr const char* kUsage = R"(kvcheck: verify LLM attention KV caches against a high-precision reference
 
 usage:
-  kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: SPEC §6, bundled scenarios, a check, HTML report
-  kvcheck spec                                                 reproduce SPEC §6 with the reference model
+  kvcheck demo   [--cases N] [--out DIR] [--scenarios DIR]     the main job: golden values, bundled scenarios, a check, HTML report
+  kvcheck spec                                                 recompute the golden values with the reference model
   kvcheck check  [--impl IMPL] [--fault NAME] [--cases N] [--seed X] [--out DIR] [--threads T] [--precision 53|113|169]
                  [--step-timeout S] [--record TRACE] [--shard I/N] [--profile default|production]
                  [--memory-limit BYTES] [--reference certified|mpfr] [--min-run-share F]

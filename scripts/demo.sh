@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on bundled defaults: set up, build, then `kvcheck demo`
-# (SPEC §6 from the reference model, the bundled scenarios replayed on the CPU
+# (the golden values from the reference model, the bundled scenarios replayed on the CPU
 # backend, a randomized check, and kvcheck-out/report.html).
 set -euo pipefail
 cd "$(dirname "$0")/.."

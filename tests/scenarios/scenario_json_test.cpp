@@ -126,7 +126,7 @@ TEST_CASE("Scenarios: every bundled file loads, is canonical and carries expecta
   }
 }
 
-TEST_CASE("Scenarios: bundled files carry the SPEC §6 golden counts") {
+TEST_CASE("Scenarios: bundled files carry the golden counts") {
   const auto counts = [](const std::string& name, std::int64_t step) {
     const Scenario s = load_scenario_file(bundled(name));
     for (const auto& o : s.expect->overwritten) {
