@@ -33,10 +33,11 @@ import sys
 
 sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
+import window_cache  # noqa: E402
 
 
-class PagedLayer(ka.Layer):
+class PagedLayer(window_cache.Layer):
     def __init__(self, states, total_blocks):
         super().__init__(states)
         self.total = total_blocks
@@ -55,7 +56,7 @@ class PagedLayer(ka.Layer):
         return block
 
 
-class PagedCache(ka.WindowCache):
+class PagedCache(window_cache.WindowCache):
     def __init__(self, spec, bugs, block_size):
         self.B = block_size
         self.blocks_per_state = -(-spec.capacity // block_size) + 1
@@ -132,12 +133,12 @@ class PagedCache(ka.WindowCache):
                 freeable = sum(1 for i in table if (i + 1) * B <= limit)
             allocated += 1
             if allocated > avail + freeable:
-                raise ka.Refusal("out-of-blocks",
+                raise kp.Refusal("out-of-blocks",
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
 
 
-class PagedAdapter(ka.Adapter):
+class PagedAdapter(window_cache.WindowAdapter):
     """Paged sliding-window KV cache (kvcheck exec protocol v1)."""
 
     name = "paged-cache"
@@ -168,10 +169,10 @@ class PagedAdapter(ka.Adapter):
 
     def make_cache(self, spec):
         total = spec.states * (-(-spec.capacity // self.block_size) + 1) * self.block_size
-        if total > ka.MAX_SLOTS:
-            raise ka.OpenRefused(f"pool of {total} rows exceeds {ka.MAX_SLOTS}")
+        if total > window_cache.MAX_SLOTS:
+            raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         return PagedCache(spec, self.active_bugs, self.block_size)
 
 
 if __name__ == "__main__":
-    ka.run(PagedAdapter)
+    kp.run(PagedAdapter)

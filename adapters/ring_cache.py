@@ -12,7 +12,7 @@ the slots of positions max(0, p - keys + 1) .. p. Prefill runs in either
 order: store_then_load stores the chunk and then reads the pool (rows of the
 chunk may overwrite rows its own queries still need when the ring has no
 slack: the hazard kvcheck measures); load_then_store copies the old window out
-first. Step semantics are shared with paged_cache.py (kvcheck_adapter.py).
+first. Step semantics are shared with paged_cache.py (window_cache.py).
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates.
@@ -24,7 +24,8 @@ import sys
 
 sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
+import window_cache  # noqa: E402
 
 
 def bf16_truncate_row(row):
@@ -39,7 +40,7 @@ def bf16_truncate_row(row):
     return out
 
 
-class RingCache(ka.WindowCache):
+class RingCache(window_cache.WindowCache):
     def __init__(self, spec, bugs):
         super().__init__(spec, bugs)
         # ring-sized-window: the ring is addressed modulo the window's keys,
@@ -49,7 +50,7 @@ class RingCache(ka.WindowCache):
         if "window-plus-one" in bugs:
             self.read_keys = spec.keys + 1
         if "bf16-truncate" in bugs and spec.format == "bf16":
-            spec.round = bf16_truncate_row
+            self.round = bf16_truncate_row
         self.zero_output = "zero-output" in bugs
         # keep-drafts-on-finish: finish and reset leave a pending verify's
         # drafts pending, and the state's next request inherits them.
@@ -84,8 +85,8 @@ class RingCache(ka.WindowCache):
         if self.keep_drafts:
             self._restore(layer, state)
 
-    def write_step(self, *args):
-        answer = super().write_step(*args)
+    def write_step(self, step):
+        answer = super().write_step(step)
         # zero-output: a kernel that never ran (every output element 0).
         if self.zero_output and answer.get("out"):
             answer["out"] = [None if o is None else [0.0] * len(o) for o in answer["out"]]
@@ -102,7 +103,7 @@ class RingCache(ka.WindowCache):
         return p % self.spec.capacity if self.rope_at_slot else p
 
 
-class RingAdapter(ka.Adapter):
+class RingAdapter(window_cache.WindowAdapter):
     """Ring-addressed sliding-window KV cache (kvcheck exec protocol v1)."""
 
     name = "ring-cache"
@@ -124,4 +125,4 @@ class RingAdapter(ka.Adapter):
 
 
 if __name__ == "__main__":
-    ka.run(RingAdapter)
+    kp.run(RingAdapter)

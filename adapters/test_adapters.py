@@ -39,7 +39,8 @@ PAGED = os.path.join(HERE, "paged_cache.py")
 SCHEMA_PATH = os.path.join(ROOT, "scenarios", "schema", "exec-protocol.schema.json")
 
 sys.path.insert(0, HERE)
-import kvcheck_adapter  # noqa: E402  (only for unit tests of its rounding)
+import kvcheck_protocol  # noqa: E402  (the library an engine's adapter imports, on its own)
+import window_cache  # noqa: E402  (only for unit tests of its rounding)
 
 try:
     import jsonschema
@@ -156,7 +157,7 @@ class Adapter:
 
 
 # ---------------------------------------------------------------------------
-# The judge's own math (independent of kvcheck_adapter.py)
+# The judge's own math (independent of window_cache.py)
 
 def make_spec(states=1, capacity=8, param=4, convention="keys", q_heads=1, kv_heads=1, head_dim=4,
               shared_row=False, fmt="f64", style="none", rotary_dims=0, base=10000.0,
@@ -705,6 +706,104 @@ class ProtocolTest(AdapterTest):
             self.assertFalse(ANSWER_SCHEMA.is_valid(msg), msg)
 
 
+class ProtocolLibraryTest(unittest.TestCase):
+    """kvcheck_protocol.py on its own, as an engine's adapter uses it: a cache
+    that writes only through the library's public names."""
+
+    class Cache(kvcheck_protocol.Cache):
+        def __init__(self, spec):
+            if spec.format != "f64":
+                raise kvcheck_protocol.OpenRefused(f"format {spec.format}")
+            self.spec = spec
+            self.calls = []
+
+        def begin(self, layer, state, request):
+            self.calls.append(("begin", layer, state, request))
+
+        def accept(self, layer, state, request, accepted):
+            raise kvcheck_protocol.Refusal("bad-accept", "no verify is pending")
+
+        def finish(self, layer, state, request):
+            self.calls.append(("finish", layer, state, request))
+
+        def reset(self, layer, state, request):
+            self.calls.append(("reset", layer, state, request))
+
+        def write(self, step):
+            self.calls.append((step.kind, step.layer, step.state, step.request, step.position, step.rows,
+                               step.order, step.drafts, len(step.k), step.v is None, len(step.q)))
+            n = step.rows
+            return {"ok": True, "out": [[0.0] * self.spec.q_width for _ in range(n)],
+                    "written": list(range(step.position, step.position + n)),
+                    "read": [[i] for i in range(step.position, step.position + n)], "read_view": "after_writes"}
+
+    class Adapter(kvcheck_protocol.Adapter):
+        name = "library-test"
+
+        def capabilities(self):
+            return {"steps": ["prefill_store_then_load", "decode", "finish"], "formats": ["f64"],
+                    "rope": ["none"], "layouts": ["mha"]}
+
+        def make_cache(self, spec):
+            self.cache = ProtocolLibraryTest.Cache(spec)
+            return self.cache
+
+    def answer(self, session, msg):
+        raw = msg if isinstance(msg, bytes) else json.dumps(msg).encode()
+        line = session.handle(raw)
+        self.assertNotIn("\n", line)
+        return json.loads(line)
+
+    def test_a_cache_on_the_library_alone(self):
+        adapter = self.Adapter()
+        session = kvcheck_protocol.Session(adapter)
+        hello = self.answer(session, {"op": "hello", "protocol": "kvcheck-exec", "version": 1})
+        self.assertEqual(hello, {"ok": True, "protocol": "kvcheck-exec", "version": 1, "name": "library-test",
+                                 "capabilities": adapter.capabilities()})
+        self.assertEqual(self.answer(session, {"op": "begin", "layer": 0, "request": 1, "state": 0}),
+                         {"ok": False, "error": "not-open", "detail": "no case is open"})
+        spec = make_spec(head_dim=2)
+        self.assertEqual(self.answer(session, {"op": "open", "spec": dict(spec, format="bf16")}),
+                         {"ok": False, "refused": "format bf16"})
+        self.assertEqual(self.answer(session, {"op": "open", "spec": spec}), {"ok": True})
+        self.assertEqual(self.answer(session, {"op": "begin", "layer": 0, "request": 1, "state": 0}), {"ok": True})
+        rows = [[0.5, 0.25], [1.0, -1.0]]
+        got = self.answer(session, {"op": "prefill", "layer": 0, "request": 1, "state": 0, "position": 0,
+                                    "rows": 2, "order": "store_then_load", "k": rows, "v": rows, "q": rows})
+        self.assertEqual(got["written"], [0, 1])
+        self.assertEqual(self.answer(session, {"op": "accept", "layer": 0, "request": 1, "state": 0,
+                                               "accepted": 0}),
+                         {"ok": False, "error": "bad-accept", "detail": "no verify is pending"})
+        # Strict input: the cache never sees a malformed request.
+        for bad in ({"op": "decode", "layer": 0, "request": 1, "state": 0, "position": 2, "k": [[1.0]],
+                     "v": [[1.0, 2.0]], "q": [[1.0, 2.0]]},
+                    {"op": "decode", "layer": 0, "request": 1, "state": 0, "position": 2, "k": [[1.0, 2.0]],
+                     "v": [[1.0, 2.0]], "q": [[1.0, 2.0]], "extra": 1},
+                    b'{"op":"decode","op":"finish"}', b"[1]", b"not json"):
+            self.assertEqual(self.answer(session, bad)["error"], "bad-request", bad)
+        self.assertEqual(self.answer(session, {"op": "frobnicate"})["error"], "unknown-op")
+        self.assertEqual(self.answer(session, {"op": "finish", "layer": 0, "request": 1, "state": 0}), {"ok": True})
+        self.assertEqual(adapter.cache.calls, [
+            ("begin", 0, 0, 1), ("prefill", 0, 0, 1, 0, 2, "store_then_load", None, 2, False, 2),
+            ("finish", 0, 0, 1)])
+        # An answer that would hold Infinity is never sent.
+        adapter.cache.write = lambda step: {"ok": True, "out": [[math.inf]]}
+        self.assertEqual(self.answer(session, {"op": "decode", "layer": 0, "request": 1, "state": 0,
+                                               "position": 2, "k": rows[:1], "v": rows[:1], "q": rows[:1]})["error"],
+                         "non-finite")
+        self.assertEqual(self.answer(session, {"op": "bye"}), {"ok": True})
+        self.assertTrue(session.done)
+
+    def test_the_library_stands_alone(self):
+        # Standard library only, and nothing of the bundled caches in it.
+        with open(os.path.join(HERE, "kvcheck_protocol.py")) as f:
+            text = f.read()
+        imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
+        self.assertEqual(imports, {"argparse", "json", "math", "sys"})
+        for name in kvcheck_protocol.__all__:
+            self.assertTrue(hasattr(kvcheck_protocol, name), name)
+
+
 class MathTest(unittest.TestCase):
     def test_bf16_rounding(self):
         rng = random.Random(7)
@@ -713,13 +812,13 @@ class MathTest(unittest.TestCase):
                   3.3895313892515355e38, 3.4e38, 1e300, -0.0, 0.0]
         values += [rng.uniform(-4, 4) * 2.0 ** rng.randint(-140, 130) for _ in range(2000)]
         for x in values:
-            got, want = kvcheck_adapter.bf16(x), ref_bf16(x)
+            got, want = window_cache.bf16(x), ref_bf16(x)
             self.assertTrue(got == want and math.copysign(1, got) == math.copysign(1, want), (x, got, want))
 
     def test_f32_rounding(self):
         rng = random.Random(8)
         row = [rng.uniform(-3, 3) for _ in range(1000)]
-        self.assertEqual(kvcheck_adapter.round_f32(row), ref_round(row, "f32"))
+        self.assertEqual(window_cache.round_f32(row), ref_round(row, "f32"))
 
 
 class CacheTest(AdapterTest):

@@ -30,7 +30,7 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters"))
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
 import ring_cache  # noqa: E402
 
 MODE = sys.argv[1]
@@ -44,7 +44,7 @@ def write(stream, data):
 
 
 def main():
-    session = ka.Session(ring_cache.RingAdapter())
+    session = kp.Session(ring_cache.RingAdapter())
     out, err = sys.stdout.buffer, sys.stderr.buffer
     begun = False
     while not session.done:

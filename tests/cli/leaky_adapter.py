@@ -18,7 +18,8 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters"))
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
+import window_cache  # noqa: E402
 import ring_cache  # noqa: E402
 
 # The row the last case stored, kept across close/open: (key row, value row).
@@ -30,9 +31,10 @@ class LeakyCache(ring_cache.RingCache):
         super().__init__(spec, bugs)
         self.stale = LEFTOVER  # what the previous case left behind
 
-    def write_step(self, kind, layer, state, request, position, n, order, drafts, k, v, q):
+    def write_step(self, step):
         global LEFTOVER
-        answer = super().write_step(kind, layer, state, request, position, n, order, drafts, k, v, q)
+        answer = super().write_step(step)
+        q, position = step.q, step.position
         stored_k = answer["stored"]["k"]
         stored_v = answer["stored"].get("v", stored_k)
         if self.stale is not None:
@@ -43,9 +45,9 @@ class LeakyCache(ring_cache.RingCache):
             answer["read"][0].append(self.spec.states * self.spec.capacity - 1)
             if len(key) == self.spec.kv_width:
                 spec = self.spec
-                query = ka.rotate_heads(q[0], spec.q_heads, spec.head_dim, position, spec.rope)
+                query = window_cache.rotate_heads(q[0], spec.q_heads, spec.head_dim, position, self.rope)
                 entries = [(key, value)] + [(stored_k[0], stored_v[0])]
-                answer["out"][0] = ka.attend(query, entries, spec)
+                answer["out"][0] = window_cache.attend(query, entries, spec)
         LEFTOVER = (stored_k[-1], stored_v[-1])
         return answer
 
@@ -65,4 +67,4 @@ class LeakyAdapter(ring_cache.RingAdapter):
 
 
 if __name__ == "__main__":
-    ka.run(LeakyAdapter)
+    kp.run(LeakyAdapter)

@@ -17,7 +17,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters"))
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
 import ring_cache  # noqa: E402
 
 
@@ -36,14 +36,14 @@ class RefusingAdapter(ring_cache.RingAdapter):
 
     def make_cache(self, spec):
         if spec.head_dim % self.multiple != 0:
-            raise ka.OpenRefused(f"head_dim {spec.head_dim} is not a multiple of {self.multiple}")
+            raise kp.OpenRefused(f"head_dim {spec.head_dim} is not a multiple of {self.multiple}")
         if self.share > 0:
             fields = (spec.states, spec.capacity, spec.keys, spec.q_heads, spec.kv_heads, spec.head_dim,
                       spec.shared_row, spec.format, spec.layers, spec.max_step_rows, spec.rope_style,
                       spec.rotary_dims, spec.rope_base, spec.softmax_scale, spec.sink)
             digest = hashlib.sha256(json.dumps(fields).encode()).digest()
             if int.from_bytes(digest[:8], "big") / 2.0**64 < self.share:
-                raise ka.OpenRefused("this configuration is refused (--refuse-share)")
+                raise kp.OpenRefused("this configuration is refused (--refuse-share)")
         return super().make_cache(spec)
 
 

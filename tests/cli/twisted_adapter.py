@@ -26,7 +26,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters"))
 
-import kvcheck_adapter as ka  # noqa: E402
+import kvcheck_protocol as kp  # noqa: E402
 import ring_cache  # noqa: E402
 
 TWIST = sys.argv[1]
@@ -61,7 +61,7 @@ class TwistedAdapter(ring_cache.RingAdapter):
         return caps
 
 
-class TwistedSession(ka.Session):
+class TwistedSession(kp.Session):
     first_write = True
 
     def op_hello(self, msg):

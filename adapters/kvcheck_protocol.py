@@ -1,0 +1,584 @@
+"""kvcheck exec protocol v1, for Python: the library an engine's adapter imports.
+
+kvcheck starts an adapter with `--impl exec:'COMMAND ARGS'` and speaks JSON
+Lines to it: one request per line on stdin, exactly one answer line per
+request on stdout (adapters/PROTOCOL.md is the whole protocol). This module
+does the protocol and nothing else, standard library only, so that wrapping
+an engine's cache is writing the cache's side:
+
+    import kvcheck_protocol as kp
+
+    class MyCache(kp.Cache):            # one per `open` (one case)
+        def __init__(self, spec):       # kp.Spec: the validated `open` spec
+            ...                          # raise kp.OpenRefused(why) to refuse it
+        def begin(self, layer, state, request): ...
+        def accept(self, layer, state, request, accepted): ...
+        def finish(self, layer, state, request): ...
+        def reset(self, layer, state, request): ...
+        def write(self, step):          # kp.WriteStep: prefill, decode, verify
+            return {"ok": True, "out": ..., "written": ..., "read": ...,
+                    "read_view": "after_writes", "stored": {"k": ...}}
+
+    class MyAdapter(kp.Adapter):
+        name = "my-engine"
+        def capabilities(self):         # the hello answer's capabilities
+            return {"steps": [...], "formats": ["f32"], ...}
+        def make_cache(self, spec):
+            return MyCache(spec)
+
+    if __name__ == "__main__":
+        kp.run(MyAdapter)
+
+What it does for the adapter:
+
+* the session (`Session`, `run`): hello with the adapter's name and
+  capabilities, open/close/bye, dispatch of every step to the open case's
+  cache, one compact JSON line per request, flushed; exit 0 on `bye` or
+  end of input, and when kvcheck goes away without one;
+* strict input: a missing, unknown or mistyped field, a wrong row count or
+  width, a non-finite number or a duplicate key is answered with
+  `{"ok":false,"error":"bad-request","detail":...}` before the cache sees
+  the request; a well-formed request the cache refuses (`Refusal`) with its
+  code, and an answer that would hold NaN or Infinity with "non-finite";
+* the field readers it uses (`decode_line`, `encode`, `check_keys`,
+  `get_int`, `get_number`, `get_bool`, `get_str`, `get_object`, `get_rows`),
+  for an adapter that reads more.
+
+The public names are listed in `__all__`; everything else may change.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+__all__ = [
+    "PROTOCOL", "VERSION", "STEP_KINDS", "FORMATS", "ROPE_STYLES", "LAYOUTS", "CONVENTIONS", "ORDERS",
+    "ADDRESSING", "PROBES", "READ_VIEWS",
+    "BadRequest", "Refusal", "OpenRefused",
+    "decode_line", "encode", "check_keys", "get_int", "get_number", "get_bool", "get_str", "get_object",
+    "get_rows",
+    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run",
+]
+
+PROTOCOL = "kvcheck-exec"
+VERSION = 1
+
+# The names the protocol knows (scenarios/schema/exec-protocol.schema.json):
+# a hello declares a subset of each.
+STEP_KINDS = ["prefill_load_then_store", "prefill_store_then_load", "decode", "verify",
+              "accept", "finish", "reset"]
+FORMATS = ["f64", "f32", "bf16", "fp8"]
+ROPE_STYLES = ["none", "neox", "interleaved"]
+LAYOUTS = ["mha", "gqa", "mqa", "shared"]
+CONVENTIONS = ["keys", "left", "off-by-one"]
+ORDERS = ["load_then_store", "store_then_load"]
+ADDRESSING = ["ring", "paged", "opaque"]
+PROBES = ["accept-without-verify", "accept-too-many", "begin-busy-state"]
+READ_VIEWS = ["after_writes", "causal"]
+
+# ---------------------------------------------------------------------------
+# Errors
+
+class BadRequest(Exception):
+    """A malformed request: answered with error "bad-request"."""
+
+
+class Refusal(Exception):
+    """A typed refusal of a well-formed request ("state-busy", ...)."""
+
+    def __init__(self, code, detail):
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class OpenRefused(Exception):
+    """`open` of a configuration this cache does not support."""
+
+
+# ---------------------------------------------------------------------------
+# Strict decoding and field access
+
+def _reject_constant(name):
+    raise ValueError(name + " is not JSON")
+
+
+def _no_duplicates(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError("duplicate key " + json.dumps(key))
+        obj[key] = value
+    return obj
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+
+
+def decode_line(raw):
+    """bytes -> dict, or BadRequest."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest("line is not UTF-8: " + str(e)) from None
+    text = text.strip()
+    if not text:
+        raise BadRequest("empty line")
+    try:
+        msg = _DECODER.decode(text)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest("not JSON: " + str(e)) from None
+    if not isinstance(msg, dict):
+        raise BadRequest("a request is a JSON object")
+    return msg
+
+
+def encode(answer):
+    """One answer line (no newline). NaN/Infinity raise ValueError."""
+    return json.dumps(answer, allow_nan=False, separators=(",", ":"))
+
+
+def _type_name(x):
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "boolean"
+    if isinstance(x, (int, float)):
+        return "number"
+    if isinstance(x, str):
+        return "string"
+    if isinstance(x, list):
+        return "array"
+    return "object"
+
+
+def check_keys(obj, path, required, optional=()):
+    """Every required key present, no key outside required + optional."""
+    for key in required:
+        if key not in obj:
+            raise BadRequest(f"{path}.{key}: missing")
+    if len(obj) > len(required):
+        for key in obj:
+            if key not in required and key not in optional:
+                raise BadRequest(f"{path}.{key}: unknown key")
+
+
+def get_int(obj, key, path, lo=None, hi=None):
+    x = obj[key]
+    # bool is an int subclass in Python; 4.0 is a float: both are rejected.
+    if type(x) is not int:
+        raise BadRequest(f"{path}.{key}: expected an integer, got {_type_name(x)} {json.dumps(x)[:40]}")
+    if lo is not None and x < lo:
+        raise BadRequest(f"{path}.{key}: must be >= {lo}, got {x}")
+    if hi is not None and x > hi:
+        raise BadRequest(f"{path}.{key}: must be <= {hi}, got {x}")
+    return x
+
+
+def get_number(obj, key, path):
+    x = obj[key]
+    if type(x) is not float and type(x) is not int:
+        raise BadRequest(f"{path}.{key}: expected a number, got {_type_name(x)}")
+    try:
+        x = float(x)  # an integer beyond binary64 raises OverflowError
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):  # 1e999 decodes to inf
+        raise BadRequest(f"{path}.{key}: not finite")
+    return x
+
+
+def _get_typed(obj, key, path, kind, what):
+    x = obj[key]
+    if type(x) is not kind:  # exact type: True is not an int, 1 is not a bool
+        raise BadRequest(f"{path}.{key}: expected {what}, got {_type_name(x)}")
+    return x
+
+
+def get_bool(obj, key, path):
+    return _get_typed(obj, key, path, bool, "a boolean")
+
+
+def get_str(obj, key, path):
+    return _get_typed(obj, key, path, str, "a string")
+
+
+def get_object(obj, key, path):
+    return _get_typed(obj, key, path, dict, "an object")
+
+
+_NUMBER_TYPES = (float, int)
+
+
+def get_rows(obj, key, path, n, width):
+    """n rows of `width` finite numbers, as lists of floats."""
+    x = obj[key]
+    if type(x) is not list:
+        raise BadRequest(f"{path}.{key}: expected an array of rows, got {_type_name(x)}")
+    if len(x) != n:
+        raise BadRequest(f"{path}.{key}: expected {n} rows, got {len(x)}")
+    rows = []
+    for i, row in enumerate(x):
+        if type(row) is not list:
+            raise BadRequest(f"{path}.{key}[{i}]: expected an array, got {_type_name(row)}")
+        if len(row) != width:
+            raise BadRequest(f"{path}.{key}[{i}]: expected {width} numbers, got {len(row)}")
+        for j, v in enumerate(row):
+            if type(v) not in _NUMBER_TYPES:
+                raise BadRequest(f"{path}.{key}[{i}][{j}]: expected a number, got {_type_name(v)}")
+        try:
+            row = [float(v) for v in row]  # an integer beyond binary64 raises OverflowError
+        except OverflowError:
+            row = [math.inf]
+        if not all(map(math.isfinite, row)):
+            raise BadRequest(f"{path}.{key}[{i}]: not finite")
+        rows.append(row)
+    return rows
+
+# ---------------------------------------------------------------------------
+# The cache configuration of one case
+
+class Spec:
+    """The `spec` of an `open`, validated (BadRequest otherwise), plus the
+    widths derived from it. Fields: states, capacity, window_param,
+    convention, keys, q_heads, kv_heads, head_dim, shared_row, format,
+    rope_style, rotary_dims, rope_base, softmax_scale, sink (None or the
+    sink logit), layers, max_step_rows; group (query heads per KV head),
+    kv_width, q_width (numbers per key/value row and per query row).
+
+    Whether the cache supports the format, RoPE style or size it names is
+    the cache's to say: raise OpenRefused from make_cache."""
+
+    def __init__(self, obj):
+        p = "spec"
+        check_keys(obj, p, ("states", "capacity", "window", "q_heads", "kv_heads", "head_dim",
+                            "shared_row", "format", "rope", "softmax_scale", "sink_logit",
+                            "layers", "max_step_rows"))
+        self.states = get_int(obj, "states", p, 1)
+        self.capacity = get_int(obj, "capacity", p, 1)
+        self.q_heads = get_int(obj, "q_heads", p, 1)
+        self.kv_heads = get_int(obj, "kv_heads", p, 1)
+        self.head_dim = get_int(obj, "head_dim", p, 1)
+        self.shared_row = get_bool(obj, "shared_row", p)
+        self.format = get_str(obj, "format", p)
+        self.softmax_scale = get_number(obj, "softmax_scale", p)
+        if obj["sink_logit"] is None:
+            self.sink = None
+        else:
+            self.sink = get_number(obj, "sink_logit", p)
+        self.layers = get_int(obj, "layers", p, 1)
+        self.max_step_rows = get_int(obj, "max_step_rows", p, 1)
+
+        w = get_object(obj, "window", p)
+        wp = p + ".window"
+        check_keys(w, wp, ("param", "convention", "keys"))
+        self.window_param = get_int(w, "param", wp, 0)
+        self.convention = get_str(w, "convention", wp)
+        self.keys = get_int(w, "keys", wp, 1)
+        if self.convention not in CONVENTIONS:
+            raise BadRequest(f"{wp}.convention: one of {CONVENTIONS}, got {json.dumps(self.convention)}")
+        expected = self.window_param if self.convention == "keys" else self.window_param + 1
+        if self.keys != expected:
+            raise BadRequest(f"{wp}.keys: {self.keys} disagrees with param {self.window_param} "
+                             f"in convention {self.convention} (expected {expected})")
+
+        r = get_object(obj, "rope", p)
+        rp = p + ".rope"
+        check_keys(r, rp, ("style", "rotary_dims", "base"))
+        self.rope_style = get_str(r, "style", rp)
+        self.rotary_dims = get_int(r, "rotary_dims", rp, 0)
+        self.rope_base = get_number(r, "base", rp)
+
+        if self.q_heads % self.kv_heads != 0:
+            raise BadRequest(f"{p}.q_heads: {self.q_heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.shared_row and self.kv_heads != 1:
+            raise BadRequest(f"{p}.shared_row: needs kv_heads 1, got {self.kv_heads}")
+        if self.rotary_dims % 2 != 0 or self.rotary_dims > self.head_dim:
+            raise BadRequest(f"{rp}.rotary_dims: must be even and <= head_dim {self.head_dim}, "
+                             f"got {self.rotary_dims}")
+        if self.rope_base <= 0:
+            raise BadRequest(f"{rp}.base: must be > 0")
+
+        self.group = self.q_heads // self.kv_heads  # query heads per KV head
+        self.kv_width = self.kv_heads * self.head_dim
+        self.q_width = self.q_heads * self.head_dim
+
+
+class WriteStep:
+    """One step that writes rows (prefill, decode or verify), validated.
+
+    kind: "prefill", "decode" or "verify"; layer, state, request: as in every
+    step; position: the first new position; rows: how many rows (a prefill's
+    `rows`, 1 for decode, drafts + 1 for verify); order: a prefill's
+    "load_then_store" or "store_then_load", else None; drafts: a verify's k,
+    else None; k, v: `rows` key and value rows of kv_width numbers each (v is
+    None when the spec's rows are shared: the key row is the value row); q:
+    `rows` query rows of q_width numbers each. Rows are lists of floats."""
+
+    __slots__ = ("kind", "layer", "state", "request", "position", "rows", "order", "drafts", "k", "v", "q")
+
+    def __init__(self, kind, layer, state, request, position, rows, order, drafts, k, v, q):
+        self.kind = kind
+        self.layer = layer
+        self.state = state
+        self.request = request
+        self.position = position
+        self.rows = rows
+        self.order = order
+        self.drafts = drafts
+        self.k = k
+        self.v = v
+        self.q = q
+
+
+# ---------------------------------------------------------------------------
+# What an adapter implements
+
+class Cache:
+    """The cache of one case (one `open` .. `close`), one method per step kind.
+
+    A method refuses a well-formed step with `raise Refusal(code, detail)`
+    (codes such as "state-busy", "bad-accept", "out-of-blocks": the answer
+    is {"ok":false,"error":code,"detail":detail}) and must then leave the
+    cache exactly as it was. A method that returns normally is answered
+    {"ok":true}; `write` returns its whole answer (adapters/PROTOCOL.md
+    "Steps"): "out" (one output row per new row, when the hello declares
+    outputs), "written" and "read" (slot ids, when it reports slots),
+    "read_view" ("after_writes" or "causal") and "stored" ({"k": rows[, "v":
+    rows]}, the rows as stored, when it reports them)."""
+
+    def begin(self, layer, state, request):
+        raise NotImplementedError
+
+    def accept(self, layer, state, request, accepted):
+        raise NotImplementedError
+
+    def finish(self, layer, state, request):
+        raise NotImplementedError
+
+    def reset(self, layer, state, request):
+        raise NotImplementedError
+
+    def write(self, step):
+        """prefill / decode / verify (a WriteStep): returns the answer dict."""
+        raise NotImplementedError
+
+
+class Adapter:
+    """One adapter program: its name, command line, capabilities and caches.
+
+    Subclasses set `name`, implement `capabilities()` (the hello answer's
+    "capabilities": declare honestly what the cache runs) and
+    `make_cache(spec)` (a Cache for a Spec, or raise OpenRefused);
+    `add_arguments(parser)`/`configure(args)` add command-line options
+    (argparse)."""
+
+    name = "adapter"
+
+    def add_arguments(self, parser):
+        pass
+
+    def configure(self, args):
+        pass
+
+    def capabilities(self):
+        raise NotImplementedError("an adapter declares its capabilities (adapters/PROTOCOL.md, hello)")
+
+    def make_cache(self, spec):
+        raise NotImplementedError
+
+    def open(self, spec):
+        """The cache for one `open`: make_cache(spec) unless a subclass adds to it."""
+        return self.make_cache(spec)
+
+    def display_name(self):
+        """The hello answer's "name"."""
+        return self.name
+
+    def make_parser(self):
+        parser = argparse.ArgumentParser(
+            prog=self.name, description=self.__doc__,
+            epilog="Speaks kvcheck exec protocol v1 on stdin/stdout (adapters/PROTOCOL.md).")
+        self.add_arguments(parser)
+        return parser
+
+    def parse_args(self, argv):
+        args = self.make_parser().parse_args(argv)
+        self.configure(args)
+        return args
+
+    def main(self, argv=None):
+        """Reads the command line, then serves the protocol on stdin/stdout."""
+        self.parse_args(sys.argv[1:] if argv is None else argv)
+        return Session(self).serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+# ---------------------------------------------------------------------------
+# The protocol session
+
+_STEP_COMMON = ("op", "layer", "request", "state")
+
+
+class Session:
+    """One protocol session: decodes each request strictly and dispatches it
+    to the adapter (hello, open) or the open case's cache (the steps)."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.cache = None
+        self.spec = None
+        self.done = False
+        self.ops = {
+            "hello": self.op_hello, "open": self.op_open, "close": self.op_close,
+            "bye": self.op_bye, "begin": self.op_begin, "prefill": self.op_write,
+            "decode": self.op_write, "verify": self.op_write, "accept": self.op_accept,
+            "finish": self.op_finish, "reset": self.op_reset,
+        }
+
+    def handle(self, raw):
+        """One request line (bytes) -> one answer line (str, no newline)."""
+        try:
+            msg = decode_line(raw)
+            op = msg.get("op")
+            if type(op) is not str:
+                raise BadRequest("op: missing or not a string")
+            handler = self.ops.get(op)
+            if handler is None:
+                answer = {"ok": False, "error": "unknown-op", "detail": f"unknown op {json.dumps(op)[:60]}"}
+            else:
+                answer = handler(msg)
+        except BadRequest as e:
+            answer = {"ok": False, "error": "bad-request", "detail": str(e)}
+        except Refusal as e:
+            answer = {"ok": False, "error": e.code, "detail": e.detail}
+        try:
+            return encode(answer)
+        except ValueError:
+            # An output overflowed (e.g. a row rounded to inf): never send NaN.
+            return encode({"ok": False, "error": "non-finite",
+                           "detail": "the answer would contain NaN or Infinity"})
+
+    def serve(self, stdin, stdout):
+        """Answers every line of `stdin` (binary) on `stdout` (binary) until
+        bye or end of input; returns the exit code (0)."""
+        while not self.done:
+            raw = stdin.readline()
+            if not raw:
+                break  # end of input means bye
+            stdout.write(self.handle(raw).encode("utf-8") + b"\n")
+            stdout.flush()
+        return 0
+
+    # -- session ops ------------------------------------------------------------
+    def op_hello(self, msg):
+        check_keys(msg, "hello", ("op", "protocol", "version"))
+        protocol = get_str(msg, "protocol", "hello")
+        version = get_int(msg, "version", "hello")
+        if protocol != PROTOCOL or version != VERSION:
+            raise Refusal("unsupported-version",
+                          f"this adapter speaks {PROTOCOL} version {VERSION}, not {protocol} {version}")
+        return {"ok": True, "protocol": PROTOCOL, "version": VERSION,
+                "name": self.adapter.display_name(), "capabilities": self.adapter.capabilities()}
+
+    def op_open(self, msg):
+        check_keys(msg, "open", ("op", "spec"))
+        # A new open replaces any case still open (as if close had come first).
+        self.cache = None
+        self.spec = None
+        try:
+            spec = Spec(get_object(msg, "spec", "open"))
+            self.cache = self.adapter.open(spec)
+            self.spec = spec
+        except OpenRefused as e:
+            return {"ok": False, "refused": str(e)}
+        return {"ok": True}
+
+    def op_close(self, msg):
+        check_keys(msg, "close", ("op",))
+        self.cache = None
+        self.spec = None
+        return {"ok": True}
+
+    def op_bye(self, msg):
+        check_keys(msg, "bye", ("op",))
+        self.done = True
+        return {"ok": True}
+
+    # -- steps ------------------------------------------------------------------
+    def _common(self, msg, op, extra=()):
+        check_keys(msg, op, _STEP_COMMON + extra)
+        layer = get_int(msg, "layer", op, 0)
+        request = get_int(msg, "request", op)
+        state = get_int(msg, "state", op, 0)
+        if self.cache is None:
+            raise Refusal("not-open", "no case is open")
+        return layer, request, state
+
+    def op_begin(self, msg):
+        layer, request, state = self._common(msg, "begin")
+        self.cache.begin(layer, state, request)
+        return {"ok": True}
+
+    def op_accept(self, msg):
+        layer, request, state = self._common(msg, "accept", ("accepted",))
+        accepted = get_int(msg, "accepted", "accept")
+        self.cache.accept(layer, state, request, accepted)
+        return {"ok": True}
+
+    def op_finish(self, msg):
+        layer, request, state = self._common(msg, "finish")
+        self.cache.finish(layer, state, request)
+        return {"ok": True}
+
+    def op_reset(self, msg):
+        layer, request, state = self._common(msg, "reset")
+        self.cache.reset(layer, state, request)
+        return {"ok": True}
+
+    def op_write(self, msg):
+        op = msg["op"]
+        if self.cache is None:
+            raise Refusal("not-open", "no case is open")
+        if op == "prefill":
+            extra = ("position", "rows", "order", "k", "v", "q")
+        elif op == "verify":
+            extra = ("position", "drafts", "k", "v", "q")
+        else:
+            extra = ("position", "k", "v", "q")
+        spec = self.spec
+        shared = spec.shared_row
+        # `v` is absent exactly when the rows are shared (key row = value row).
+        required = _STEP_COMMON + tuple(x for x in extra if x != "v" or not shared)
+        check_keys(msg, op, required)
+        layer = get_int(msg, "layer", op, 0)
+        request = get_int(msg, "request", op)
+        state = get_int(msg, "state", op, 0)
+        position = get_int(msg, "position", op, 0)
+        order = None
+        drafts = None
+        if op == "prefill":
+            n = get_int(msg, "rows", op, 1)
+            order = get_str(msg, "order", op)
+            if order not in ORDERS:
+                raise BadRequest(f"{op}.order: one of {ORDERS}, got {json.dumps(order)[:40]}")
+        elif op == "verify":
+            drafts = get_int(msg, "drafts", op, 0)
+            n = drafts + 1
+        else:
+            n = 1
+        k = get_rows(msg, "k", op, n, spec.kv_width)
+        v = None if shared else get_rows(msg, "v", op, n, spec.kv_width)
+        q = get_rows(msg, "q", op, n, spec.q_width)
+        return self.cache.write(WriteStep(op, layer, state, request, position, n, order, drafts, k, v, q))
+
+
+def run(adapter_class):
+    """Entry point of an adapter script: `kp.run(MyAdapter)` serves the
+    protocol on stdin/stdout and exits with its code."""
+    try:
+        code = adapter_class().main()
+    except BrokenPipeError:
+        # kvcheck went away without bye: nothing to answer to.
+        code = 0
+    sys.exit(code)
