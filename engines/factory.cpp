@@ -2,6 +2,7 @@
 
 #include "engines/layer_cache.hpp"
 #include "engines/ring_pool_cache.hpp"
+#include "impl/kv_cache.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::engines {
@@ -10,8 +11,12 @@ bool is_exec(const std::string& impl) noexcept {
   return impl.rfind("exec:", 0) == 0;
 }
 
-std::unique_ptr<CacheProvider> make_provider(const std::string& impl, impl::Fault fault,
+std::unique_ptr<CacheProvider> make_provider(const std::string& impl, const std::string& fault_name,
                                              const ExecOptions& exec) {
+  impl::Fault fault = impl::Fault::kNone;
+  if (!impl::parse_fault(fault_name, &fault)) {
+    throw Error(ErrorId::kUsage, "--fault", "unknown fault '" + fault_name + "' (see `kvcheck faults`)");
+  }
   if (impl == "cpu" || impl == "cuda") return make_ring_pool_provider(impl, fault);
   if (fault != impl::Fault::kNone) {
     throw Error(ErrorId::kUsage, "--fault",

@@ -8,14 +8,14 @@
 
 #include "engines/cache_under_test.hpp"
 #include "engines/exec_cache.hpp"
-#include "impl/kv_cache.hpp"
 
 namespace kvcheck::engines {
 
 /// Throws kvcheck::Error naming --impl (kUsage for an unknown name, kDevice
 /// for an unavailable backend, kAdapter for an adapter that does not start)
-/// or --fault (a fault given for a cache that has no named faults).
-std::unique_ptr<CacheProvider> make_provider(const std::string& impl, impl::Fault fault,
+/// or --fault (an unknown fault name, or a fault given for a cache that has
+/// no named faults). `fault` is a name of `kvcheck faults`, "none" for none.
+std::unique_ptr<CacheProvider> make_provider(const std::string& impl, const std::string& fault,
                                              const ExecOptions& exec = {});
 
 /// Whether `impl` names an exec adapter ("exec:...").

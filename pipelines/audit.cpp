@@ -50,7 +50,7 @@ int run_audit(const AuditRequest& request) {
   built.clear();
 
   reports::Report report;
-  report.context = report_context(request.command, 0, "trace", impl::Fault::kNone, options.precision_bits);
+  report.context = report_context(request.command, 0, "trace", "none", options.precision_bits);
   for (auto& run : properties::audit_trace(runs, options)) report.runs.push_back(std::move(run));
   const std::string text = reports::report_text(report);
   std::fputs(text.c_str(), stdout);

@@ -1,12 +1,14 @@
 #include "pipelines/catalog.hpp"
 
+#include "impl/kv_cache.hpp"
 #include "model/spec_report.hpp"
 #include "model/trace.hpp"
 
 namespace kvcheck::pipelines {
 
-bool parse_fault(const std::string& name, impl::Fault* fault) {
-  return impl::parse_fault(name, fault);
+bool is_fault_name(const std::string& name) {
+  impl::Fault fault = impl::Fault::kNone;
+  return impl::parse_fault(name, &fault);
 }
 
 bool backend_available(const std::string& name, std::string* why) {

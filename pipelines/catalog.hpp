@@ -8,14 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "impl/kv_cache.hpp"
 #include "reports/trace_table.hpp"
 
 namespace kvcheck::pipelines {
 
-/// Sets `*fault` to the fault named `name` ("none" included); false when no
-/// fault has that name.
-bool parse_fault(const std::string& name, impl::Fault* fault);
+/// Whether `name` names a fault ("none" included).
+bool is_fault_name(const std::string& name);
 
 /// Whether the backend `name` ("cpu", "cuda") can run here; when not,
 /// `*why` says why (no device, not built, unknown name).

@@ -56,7 +56,7 @@ struct Coverage {
   bool chunk_longer_than_window = false;  ///< a prefill chunk has more rows than the window
   bool state_reuse = false;               ///< a request starts on a state id another request freed
   // Production profile only:
-  bool fast_cpu_kernel = false;  ///< the pool's shape runs the CPU backend's AVX-512 block kernel
+  bool fast_cpu_kernel = false;  ///< the cache's own fast kernel runs (Capabilities::fast_kernel_runs)
   bool window_4096 = false;      ///< a query runs with a window of at least 4096 keys (index rows that wide)
   bool chunk_1024 = false;       ///< a prefill chunk of at least 1024 rows
   bool verify_8_drafts = false;  ///< a verify with at least 8 drafts
@@ -83,10 +83,11 @@ scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabil
 
 /// Which coverage classes of `profile` a cache with `caps` can reach at all
 /// (a class it cannot reach, e.g. ring wrap for a cache without a sliding
-/// window, or the AVX-512 kernel on another cache or CPU, is not gated).
+/// window, or a fast kernel the cache does not declare, is not gated).
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile = Profile::kDefault);
 
-/// Which coverage classes a scenario reaches (computed from its schedule).
-Coverage classify(const scenarios::Scenario& scenario);
+/// Which coverage classes a scenario reaches (computed from its schedule;
+/// fast_cpu_kernel by the cache's own declaration, Capabilities::fast_kernel_runs).
+Coverage classify(const scenarios::Scenario& scenario, const engines::Capabilities& caps = {});
 
 }  // namespace kvcheck::properties

@@ -17,7 +17,6 @@
 #include <string>
 
 #include "engines/cache_under_test.hpp"
-#include "impl/kv_cache.hpp"
 #include "properties/observation.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -41,7 +40,10 @@ struct RunOptions {
   /// must refuse, leaving its fingerprint unchanged (Capabilities::probes).
   bool probes = true;
   double step_timeout_seconds = 10.0;  ///< exec adapters: seconds per answer
-  impl::Fault fault = impl::Fault::kNone;
+  /// A named fault of the cache (`kvcheck faults`; "none": as written). The
+  /// checker carries it by name: the provider that makes the cache resolves
+  /// it (engines/factory.hpp), the reports print it as given.
+  std::string fault = "none";
   bool record_reads = true;                     ///< keep every read in QueryObservation::reads
   bool record_ring = true;                      ///< keep StepObservation::ring_positions (S <= 512)
   bool check_outputs = true;                    ///< false: tags only (faster; used by sweeps)

@@ -62,7 +62,6 @@
 #include <vector>
 
 #include "engines/cache_under_test.hpp"
-#include "impl/kv_cache.hpp"
 #include "scenarios/scenario.hpp"
 #include "sweep/formula.hpp"
 
@@ -100,9 +99,9 @@ SweepGrid default_grid();
 
 /// Options of one probe (one configuration at one ring size).
 struct ProbeOptions {
-  std::int64_t states = 2;                 ///< state blocks in the pool; steps of all states interleave
-  bool all_phases = false;                 ///< run every case at every ring phase 0..S-1 on one state (tests)
-  impl::Fault fault = impl::Fault::kNone;  ///< a named backend fault (tests: the checks must fire)
+  std::int64_t states = 2;     ///< state blocks in the pool; steps of all states interleave
+  bool all_phases = false;     ///< run every case at every ring phase 0..S-1 on one state (tests)
+  std::string fault = "none";  ///< a named backend fault (tests: the checks must fire)
 };
 
 /// Slot collisions of one step, counted as properties::run_scenario counts them.

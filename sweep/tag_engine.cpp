@@ -514,6 +514,13 @@ std::int64_t history_rows(std::int64_t window_keys, std::int64_t ring_rows, std:
   return wraps * ring_rows + phase;
 }
 
+/// The backend fault `name` names (ProbeOptions::fault).
+impl::Fault named_fault(const std::string& name) {
+  impl::Fault fault = impl::Fault::kNone;
+  if (!impl::parse_fault(name, &fault)) throw Error(ErrorId::kUsage, "fault", "unknown fault '" + name + "'");
+  return fault;
+}
+
 ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const ProbeOptions& options) {
   KVCHECK_ASSERT(ring_rows >= 1 && options.states >= 1);
   ProbeResult result;
@@ -521,7 +528,7 @@ ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const 
   if (options.all_phases) {
     // Every phase 0..S-1, each on a one-state pool that runs every case.
     for (std::int64_t phase = 0; phase < ring_rows; ++phase) {
-      result = run_round(config, ring_rows, {phase}, options.fault, result);
+      result = run_round(config, ring_rows, {phase}, named_fault(options.fault), result);
       if (!result.safe) return result;
     }
     return result;
@@ -532,7 +539,7 @@ ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const 
   for (std::int64_t b = 0; b < options.states; ++b) {
     phases.push_back(b == 0 ? 0 : b == 1 ? ring_rows - 1 : (b * ring_rows) / options.states);
   }
-  return run_round(config, ring_rows, phases, options.fault, result);
+  return run_round(config, ring_rows, phases, named_fault(options.fault), result);
 }
 
 std::vector<ScheduleStepResult> run_schedule(const SweepConfig& config, std::int64_t ring_rows,

@@ -10,6 +10,7 @@
 
 #include "api/kvcheck.hpp"
 #include "engines/factory.hpp"
+#include "impl/kv_cache.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -20,7 +21,7 @@ using namespace kvcheck;
 namespace {
 
 std::unique_ptr<engines::CacheProvider> cpu(impl::Fault fault = impl::Fault::kNone) {
-  return engines::make_provider("cpu", fault);
+  return engines::make_provider("cpu", std::string(impl::fault_name(fault)));
 }
 
 }  // namespace

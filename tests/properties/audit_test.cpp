@@ -14,6 +14,7 @@
 
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
+#include "impl/kv_cache.hpp"
 #include "properties/audit.hpp"
 #include "properties/rows.hpp"
 #include "properties/runner.hpp"
@@ -95,11 +96,12 @@ struct Recorded {
 /// provider, then audits the recording.
 Recorded record_and_audit(const scenarios::Scenario& sc, impl::Fault fault, bool probes = false) {
   auto writer = std::make_shared<scenarios::TraceWriter>();
-  auto recorder = engines::make_recording_provider(engines::make_provider("cpu", fault), writer, "unnamed");
+  auto recorder = engines::make_recording_provider(
+      engines::make_provider("cpu", std::string(impl::fault_name(fault))), writer, "unnamed");
   recorder->set_scenario(sc);
   RunOptions options;
   options.provider = recorder.get();
-  options.fault = fault;
+  options.fault = impl::fault_name(fault);
   options.probes = probes;
   options.precision_bits = 53;
   Recorded r;

@@ -62,12 +62,13 @@ void compare_on_random_cases(int precision_bits, std::uint64_t seed0, Profile pr
     RunOptions options;
     options.precision_bits = precision_bits;
     // Every third case runs a fault, so failing queries and steps are compared too.
-    if (i % 3 == 2) options.fault = static_cast<impl::Fault>(1 + (i / 3) % (impl::kFaultCount - 1));
+    if (i % 3 == 2)
+      options.fault = impl::fault_name(static_cast<impl::Fault>(1 + (i / 3) % (impl::kFaultCount - 1)));
     options.reference = Reference::kCertified;
     const RunObservation certified = run_scenario(sc, options);
     options.reference = Reference::kMpfr;
     const RunObservation mpfr = run_scenario(sc, options);
-    INFO("seed " << seed << " fault " << impl::fault_name(options.fault) << " precision " << precision_bits);
+    INFO("seed " << seed << " fault " << options.fault << " precision " << precision_bits);
     REQUIRE(rendered(certified) == rendered(mpfr));
     REQUIRE(certified.mpfr_queries <= mpfr.mpfr_queries);
     queries += mpfr.mpfr_queries;  // every query whose outputs were checked

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engines/cache_under_test.hpp"
+#include "impl/kv_cache.hpp"
 #include "properties/check.hpp"
 #include "scenarios/scenario_json.hpp"
 
@@ -19,7 +20,7 @@ properties::CheckOptions faulted_options() {
   options.cases = 120;
   options.seed = 5;
   options.threads = 2;
-  options.run.fault = impl::Fault::kAcceptNoRollback;
+  options.run.fault = impl::fault_name(impl::Fault::kAcceptNoRollback);
   return options;
 }
 
@@ -100,7 +101,7 @@ class SecondOpenFaulty : public engines::CacheProvider {
     properties::RunOptions clean;
     clean_ = properties::make_provider(clean);
     properties::RunOptions faulty;
-    faulty.fault = impl::Fault::kAcceptNoRollback;
+    faulty.fault = impl::fault_name(impl::Fault::kAcceptNoRollback);
     faulty_ = properties::make_provider(faulty);
   }
   const engines::Capabilities& capabilities() override { return clean_->capabilities(); }
@@ -136,7 +137,7 @@ TEST_CASE("Check: a reproducible failure is replayed alone in a fresh cache and 
 
 TEST_CASE("Check: a failure that passes alone in a fresh cache is labelled with the cases before it") {
   properties::CheckOptions options = faulted_options();
-  options.run.fault = impl::Fault::kNone;
+  options.run.fault = "none";
   options.threads = 1;  // one worker: the cases before the failure are fixed
   options.provider_factory = [] { return std::make_unique<SecondOpenFaulty>(); };
   const properties::CheckResult result = properties::run_check(options);

@@ -1,5 +1,6 @@
 // The swarm generator: deterministic, valid, reaching every coverage class,
 // and passing on the production CPU backend.
+#include <algorithm>
 #include <array>
 #include <map>
 #include <set>
@@ -57,7 +58,7 @@ TEST_CASE("Check: a named fault is found and shrunk to a small failing schedule"
   CheckOptions options;
   options.cases = 300;
   options.seed = 1;
-  options.run.fault = impl::Fault::kWindowTooNarrow;
+  options.run.fault = impl::fault_name(impl::Fault::kWindowTooNarrow);
   const CheckResult r = run_check(options);
   REQUIRE(r.found_failure);
   CHECK(r.shrunk.requests.size() <= 3);
@@ -160,6 +161,24 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
     CHECK(coverage_flags(Coverage{}, p).size() == names.size());
     CHECK(reachable_coverage(engines::Capabilities{}, p).size() == names.size());
   }
+  // The fast kernel's class is what the cache declares, whatever its name:
+  // a cache named like the CPU pool but declaring nothing cannot reach it,
+  // one with any name that declares a kernel reaches it where it says so.
+  engines::Capabilities named;
+  named.name = "ring-pool/cpu";
+  CHECK_FALSE(reachable_coverage(named, Profile::kProduction)[4]);
+  engines::Capabilities declared;
+  declared.name = "exec:some-engine";
+  declared.fast_kernel_runs = [](const engines::CacheSpec& spec) { return spec.cache.head_dim == 64; };
+  CHECK(reachable_coverage(declared, Profile::kProduction)[4]);
+  scenarios::Scenario sc = generate_scenario(1, declared);
+  sc.cache.head_dim = 64;
+  REQUIRE(std::any_of(sc.steps.begin(), sc.steps.end(),
+                      [](const scenarios::Step& s) { return scenarios::step_rows(s) > 0; }));
+  CHECK(classify(sc, declared).fast_cpu_kernel);
+  CHECK_FALSE(classify(sc, named).fast_cpu_kernel);
+  sc.cache.head_dim = 32;
+  CHECK_FALSE(classify(sc, declared).fast_cpu_kernel);
 }
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "engines/factory.hpp"
+#include "impl/kv_cache.hpp"
 #include "model/encoding.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
@@ -48,7 +49,8 @@ class HiddenSlotsCache final : public engines::CacheUnderTest {
 
 class HiddenSlotsProvider final : public engines::CacheProvider {
  public:
-  explicit HiddenSlotsProvider(impl::Fault fault) : inner_(engines::make_provider("cpu", fault)) {
+  explicit HiddenSlotsProvider(impl::Fault fault)
+      : inner_(engines::make_provider("cpu", std::string(impl::fault_name(fault)))) {
     caps_ = inner_->capabilities();
     caps_.reports_written_slots = caps_.reports_read_slots = false;
     caps_.ring_addressing = false;
@@ -273,14 +275,14 @@ TEST_CASE("PositionCode: an output-only ring pool reports the rows the slot-repo
         impl::Fault::kAcceptNoRollback, impl::Fault::kFreedStateReadable,
         impl::Fault::kStoreThenLoadPrefill}) {
     HiddenSlotsProvider hidden(fault);
-    const auto plain = engines::make_provider("cpu", fault);
+    const auto plain = engines::make_provider("cpu", std::string(impl::fault_name(fault)));
     for (std::uint64_t seed = 1; seed <= 80; ++seed) {
       auto sc = generate_scenario(case_seed(11, static_cast<std::int64_t>(seed)));
       sc.data.profile = scenarios::ValueProfile::kPositionCode;
       if (position_code_layout(sc.cache).classes == 0) continue;
       RunOptions a;
       a.provider = plain.get();
-      a.fault = fault;
+      a.fault = impl::fault_name(fault);
       a.probes = false;
       RunOptions b = a;
       b.provider = &hidden;
