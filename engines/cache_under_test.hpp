@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +65,8 @@ const char* accumulation_name(Accumulation a) noexcept;
 enum class ProbabilityRounding : std::uint8_t { kNone, kBf16, kFp16 };
 /// "none", "bf16", "fp16".
 const char* probability_rounding_name(ProbabilityRounding r) noexcept;
+
+struct CacheSpec;
 
 /// What a cache under test can run, and how it computes. Defaults: everything.
 struct Capabilities {
@@ -116,6 +120,13 @@ struct Capabilities {
   /// Refusal probes the cache supports (see properties/probes.hpp).
   std::vector<std::string> probes;
 
+  /// The cache's own fast kernel, when it has one it can run here (the CPU
+  /// ring pool's AVX-512 block kernel on a CPU that has AVX-512): whether a
+  /// run of `spec` attends through it. The checker counts coverage class
+  /// fast_cpu_kernel by it and gates that class only when it is set: it
+  /// knows no cache by name, a cache declares what it can reach. Empty: no
+  /// such kernel (the class is not reachable and counts no case).
+  std::function<bool(const CacheSpec& spec)> fast_kernel_runs;
   /// Whether `cache` (with steps of at most `max_step_rows` rows) fits; on
   /// false `why` names the first thing that does not.
   bool supports(const scenarios::CacheConfig& cache, std::int64_t max_step_rows, std::string* why) const;

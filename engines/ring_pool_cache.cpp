@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "impl/cpu/cpu_backend.hpp"
 #include "impl/ring_pool.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -165,6 +166,13 @@ class RingPoolProvider final : public CacheProvider {
     // The CPU kernel table rotates keys and queries in double (std::cos/sin
     // of a double angle) whatever the row format.
     if (backend_ == "cpu") caps_.rope_unit_roundoff = 0x1.0p-53;
+    // Its AVX-512 block kernel, where this CPU has it: the dispatch
+    // CpuBackend::configure makes (coverage class fast_cpu_kernel).
+    if (backend_ == "cpu" && impl::cpu::fast_kernel_available()) {
+      caps_.fast_kernel_runs = [](const CacheSpec& spec) {
+        return impl::cpu::fast_kernel_runs(ring_pool_spec(spec, impl::Fault::kNone));
+      };
+    }
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return backend_; }

@@ -234,7 +234,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
         } else {
           queries.fetch_add(obs.queries);
           not_output_checked.fetch_add(obs.queries_not_output_checked);
-          const std::vector<bool> flags = coverage_flags(classify(sc), options.profile);
+          const std::vector<bool> flags = coverage_flags(classify(sc, caps), options.profile);
           for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
         }
         if (!obs.passed) {
@@ -319,8 +319,8 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   quiet.record_ring = false;
   RunOptions final_run = options.run;
   const auto fails = [](const RunObservation& obs) { return !obs.passed && !obs.skipped; };
-  const std::string what = options.run.fault != impl::Fault::kNone
-                               ? std::string(impl::fault_name(options.run.fault))
+  const std::string what = options.run.fault != "none"
+                               ? options.run.fault
                                : options.run.backend.substr(0, options.run.backend.find(':'));
   const std::string check_command =
       "`kvcheck check " + replay_arguments(options.run) + " --seed " + std::to_string(options.seed) + "`";

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <map>
 
-#include "engines/ring_pool_cache.hpp"
-#include "impl/cpu/cpu_backend.hpp"
 #include "properties/runner.hpp"
 #include "properties/value_profiles.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -88,9 +86,9 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   std::vector<bool> reach = {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only,
                              caps.finish};
   if (profile == Profile::kProduction) {
-    // The AVX-512 kernel is the CPU ring pool's, on a CPU that has AVX-512.
-    const bool cpu_pool = caps.name == "ring-pool/cpu";
-    reach.push_back(cpu_pool && impl::cpu::fast_kernel_available());
+    // A fast kernel of the cache's own, as it declares it (the CPU ring
+    // pool's AVX-512 kernel, on a CPU that has AVX-512).
+    reach.push_back(static_cast<bool>(caps.fast_kernel_runs));
     reach.push_back(!caps.full_window_only && (caps.max_window_keys == 0 || caps.max_window_keys >= 4096));
     reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024) &&
                     (caps.max_positions == 0 || caps.max_positions >= 1024));
@@ -578,7 +576,7 @@ Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps
   return profile == Profile::kProduction ? generate_production(seed, caps) : generate_default(seed, caps);
 }
 
-Coverage classify(const Scenario& sc) {
+Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   Coverage cov;
   const std::int64_t keys = window_keys(sc.cache);
   std::map<std::int64_t, scenarios::RequestProgress> progress;
@@ -611,9 +609,9 @@ Coverage classify(const Scenario& sc) {
     if (n > 0) wrote = true;
     scenarios::advance(p, s);
   }
-  // The backend's own dispatch decides; its queries run the kernel once any step writes rows.
-  cov.fast_cpu_kernel =
-      wrote && impl::cpu::fast_kernel_runs(engines::ring_pool_spec(cache_spec(sc), impl::Fault::kNone));
+  // The cache's own dispatch decides (Capabilities::fast_kernel_runs); its
+  // queries run the kernel once any step writes rows.
+  cov.fast_cpu_kernel = wrote && caps.fast_kernel_runs && caps.fast_kernel_runs(cache_spec(sc));
   return cov;
 }
 
