@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "pipelines/sweep.hpp"
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
+#include "properties/option_table.hpp"
 #include "properties/runner.hpp"
 #include "reports/output_set.hpp"
 #include "reports/shard.hpp"
@@ -36,17 +38,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// The command line as reports record it: without --out, --threads,
-/// --shard and --reference, which never change a result, so the report of a
-/// run does not depend on where it was written, on how many threads ran it,
-/// on how it was split into shards (a merged run writes the bytes of one
-/// process), or on how its reference was computed (the same figures).
+/// The command line as reports record it: without the options the table
+/// does not record (--out, --threads, --shard and --reference, which never
+/// change a result), so the report of a run does not depend on where it was
+/// written, on how many threads ran it, on how it was split into shards (a
+/// merged run writes the bytes of one process), or on how its reference was
+/// computed (the same figures).
 std::string command_line(int argc, char** argv) {
+  std::set<std::string> unrecorded = properties::option_flags(0);
+  for (const auto& f : properties::option_flags(properties::kRecorded)) unrecorded.erase(f);
   std::string s = "kvcheck";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string flag = a.substr(0, a.find('='));
-    if (flag == "--out" || flag == "--threads" || flag == "--shard" || flag == "--reference") {
+    if (unrecorded.count(flag)) {
       if (a == flag) ++i;  // the value is the next argument
       continue;
     }
@@ -56,9 +61,10 @@ std::string command_line(int argc, char** argv) {
 }
 
 /// --fault NAME into `*fault`.
-void fault_flag(const Args& args, impl::Fault* fault) {
+void fault_flag(const Args& args, std::string* fault) {
   const std::string name = args.get_or("--fault", "none");
-  if (!pipelines::parse_fault(name, fault)) {
+  *fault = name;
+  if (!pipelines::is_fault_name(name)) {
     throw Error(ErrorId::kUsage, "--fault", "unknown fault '" + name + "' (see `kvcheck faults`)");
   }
 }
@@ -82,11 +88,12 @@ properties::Reference reference_flag(const Args& args) {
 }
 
 /// --impl: cpu, cuda, layer or exec:'COMMAND'. Backends are checked here
-/// (a missing CUDA device is one line before any work); an exec adapter is
-/// started by the run itself.
-std::string impl_flag(const Args& args) {
+/// when `probe` (a missing CUDA device is one line before any work); an exec
+/// adapter is started by the run itself.
+std::string impl_flag(const Args& args, bool probe) {
   const std::string name = args.get_or("--impl", "cpu");
   if (name == "cpu" || name == "cuda") {
+    if (!probe) return name;
     std::string why;
     if (!pipelines::backend_available(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
   } else if (name != "layer" && !engines::is_exec(name)) {
@@ -114,6 +121,11 @@ double min_run_share_flag(const Args& args) {
 
 double step_timeout_flag(const Args& args) {
   return args.seconds("--step-timeout", 10.0, 86400);
+}
+
+/// --threads T.
+int threads_flag(const Args& args) {
+  return static_cast<int>(args.integer("--threads", 2, 1, 256));
 }
 
 /// `mpirun -n R kvcheck check ...`: rank r runs shard r/R; rank 0 gathers
@@ -153,6 +165,55 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
 }
 
 }  // namespace
+
+properties::CheckOptions read_check_options(const Args& args, bool probe_backend) {
+  using properties::CheckOption;
+  properties::CheckOptions options;
+  for (const properties::OptionRow& row : properties::kCheckOptions) {
+    switch (row.id) {
+      case CheckOption::kImpl:
+        options.run.backend = impl_flag(args, probe_backend);
+        break;
+      case CheckOption::kFault:
+        fault_flag(args, &options.run.fault);
+        break;
+      case CheckOption::kPrecision:
+        options.run.precision_bits = precision_flag(args);
+        break;
+      case CheckOption::kStepTimeout:
+        options.run.step_timeout_seconds = step_timeout_flag(args);
+        break;
+      case CheckOption::kReference:
+        options.run.reference = reference_flag(args);
+        break;
+      case CheckOption::kCases:
+        options.cases = args.integer("--cases", 200, 1, 100000000);
+        break;
+      case CheckOption::kSeed:
+        options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
+        break;
+      case CheckOption::kProfile:
+        options.profile = profile_flag(args);
+        break;
+      case CheckOption::kMinRunShare:
+        options.min_run_share = min_run_share_flag(args);
+        break;
+      case CheckOption::kThreads:
+        options.threads = threads_flag(args);
+        break;
+      // Read by the command itself: where files go, the shard, the memory limit.
+      case CheckOption::kMemoryLimit:
+      case CheckOption::kRecord:
+      case CheckOption::kShard:
+      case CheckOption::kOut:
+      case CheckOption::kReport:
+      case CheckOption::kJunit:
+      case CheckOption::kHtml:
+        break;
+    }
+  }
+  return options;
+}
 
 std::int64_t memory_limit_flag(const Args& args, std::string* source) {
   if (const auto text = args.get("--memory-limit")) {
@@ -202,22 +263,9 @@ int command_trace(int argc, char** argv) {
 }
 
 int command_check(int argc, char** argv) {
-  Args args(argc, argv, 2,
-            {"--impl", "--fault", "--cases", "--seed", "--out", "--threads", "--precision", "--step-timeout",
-             "--record", "--shard", "--profile", "--memory-limit", "--reference", "--min-run-share"},
-            {});
+  Args args(argc, argv, 2, properties::option_flags(properties::kForCheck), {});
   args.no_positional("check");
-  properties::CheckOptions options;
-  options.run.backend = impl_flag(args);
-  options.run.step_timeout_seconds = step_timeout_flag(args);
-  options.run.precision_bits = precision_flag(args);
-  options.run.reference = reference_flag(args);
-  fault_flag(args, &options.run.fault);
-  options.cases = args.integer("--cases", 200, 1, 100000000);
-  options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
-  options.threads = static_cast<int>(args.integer("--threads", 2, 1, 256));
-  options.profile = profile_flag(args);
-  options.min_run_share = min_run_share_flag(args);
+  properties::CheckOptions options = read_check_options(args, true);
   options.progress = progress_bar("check");
   {
     std::string limit_source;
@@ -260,18 +308,11 @@ int command_check(int argc, char** argv) {
 // command_merge: cli/merge_command.cpp.
 
 int command_replay(int argc, char** argv) {
-  Args args(argc, argv, 2,
-            {"--impl", "--fault", "--report", "--junit", "--html", "--precision", "--step-timeout",
-             "--record", "--memory-limit", "--reference"},
-            {});
+  Args args(argc, argv, 2, properties::option_flags(properties::kForReplay), {});
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   pipelines::ReplayRequest request;
-  request.run.backend = impl_flag(args);
-  request.run.step_timeout_seconds = step_timeout_flag(args);
-  fault_flag(args, &request.run.fault);
-  request.run.precision_bits = precision_flag(args);
-  request.run.reference = reference_flag(args);
+  request.run = read_check_options(args, true).run;
   request.command = command_line(argc, argv);
   if (const auto f = args.get("--record")) request.record = *f;
   if (const auto f = args.get("--report")) request.files.json = *f;

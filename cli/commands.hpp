@@ -8,6 +8,7 @@
 
 #include "cli/args.hpp"
 #include "pipelines/sweep.hpp"
+#include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
 
 namespace kvcheck::cli {
@@ -29,6 +30,12 @@ pipelines::SweepOutputFiles sweep_output_flags(const Args& args);
 /// The sizes of `grid` its sweep's memory grows with (states and threads
 /// left at 1).
 properties::SweepSize sweep_size(const sweep::SweepGrid& grid);
+
+/// The options of check and replay (properties/option_table.hpp) read from
+/// `args`, every row the table lists, each as `kvcheck check` reads it;
+/// an option `args` does not hold keeps its default. With `probe_backend`
+/// a cpu or cuda --impl must be usable here (a missing device is kDevice).
+properties::CheckOptions read_check_options(const Args& args, bool probe_backend);
 
 /// The memory a run may use: --memory-limit, else what the machine has free;
 /// `*source` says which (for the refusal's message).

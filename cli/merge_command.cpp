@@ -24,6 +24,7 @@
 #include "pipelines/sweep.hpp"
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
+#include "properties/option_table.hpp"
 #include "reports/shard.hpp"
 #include "support/error.hpp"
 
@@ -58,7 +59,8 @@ std::vector<std::string> split_spaces(const std::string& text) {
 /// recording does not quote), so the words after --impl are taken as the
 /// recorded engine where they spell it, and the engine is then compared like
 /// every other option.
-void cross_check_command(const reports::ShardResult& shard, const reports::CheckShardOptions& o) {
+void cross_check_command(const reports::ShardResult& shard) {
+  const reports::CheckShardOptions o = reports::check_options_from_json(shard);
   const std::vector<std::string> words = split_spaces(o.command);
   if (words.size() < 2 || words[0] != "kvcheck" || words[1] != "check") {
     refuse(shard, "options.command", "is not a `kvcheck check` command line");
@@ -88,50 +90,30 @@ void cross_check_command(const reports::ShardResult& shard, const reports::Check
   }
   std::vector<char*> argv;
   for (std::string& a : argv_text) argv.push_back(a.data());
-  // The flags `kvcheck check` records (--out, --threads, --shard and
-  // --reference never change a result and are not recorded; --record is
-  // refused with --shard).
+  // What the shard records, as a check's options: each option with a field
+  // in the shard document (properties/option_table.hpp) must read back from
+  // the command line as the same value.
+  const properties::CheckOptions recorded = pipelines::check_options_of(shard);
   try {
+    // The flags a check's command line records (--out, --threads, --shard
+    // and --reference never change a result and are not recorded).
     const Args args(static_cast<int>(argv.size()), argv.data(), 2,
-                    {"--impl", "--fault", "--cases", "--seed", "--precision", "--step-timeout", "--profile",
-                     "--memory-limit", "--min-run-share"},
-                    {});
+                    properties::option_flags(properties::kForCheck | properties::kRecorded), {});
     args.no_positional("check");
-    const auto differs = [&](const std::string& field, const std::string& recorded, const std::string& flag,
-                             const std::string& given) {
-      refuse(shard, "options." + field,
-             "is " + recorded + ", but its recorded command line gives " + flag + " " + given +
-                 ": the shard document does not describe the run it claims");
-    };
-    const std::string impl = args.get_or("--impl", "cpu");
-    if (impl != o.impl) differs("impl", "'" + o.impl + "'", "--impl", "'" + impl + "'");
-    const std::string fault = args.get_or("--fault", "none");
-    if (fault != o.fault) differs("fault", "'" + o.fault + "'", "--fault", "'" + fault + "'");
-    const std::int64_t cases = args.integer("--cases", 200, 1, 100000000);
-    if (cases != o.cases) differs("cases", std::to_string(o.cases), "--cases", std::to_string(cases));
-    const auto seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
-    if (seed != o.seed) differs("seed", std::to_string(o.seed), "--seed", std::to_string(seed));
-    const int precision = precision_flag(args);
-    if (precision != o.precision_requested) {
-      differs("precision_requested", std::to_string(o.precision_requested), "--precision",
-              std::to_string(precision));
+    if (args.has("--record")) {
+      refuse(shard, "options.command", "holds --record, which a shard's run never takes");
     }
-    const double timeout = args.seconds("--step-timeout", 10.0, 86400);
-    if (timeout != o.step_timeout_seconds) {
-      differs("step_timeout_seconds", std::to_string(o.step_timeout_seconds), "--step-timeout",
-              std::to_string(timeout));
-    }
-    const std::string profile = args.get_or("--profile", "default");
-    if (profile != o.profile) differs("profile", "'" + o.profile + "'", "--profile", "'" + profile + "'");
-    double share = properties::CheckOptions{}.min_run_share;
-    if (const auto text = args.get("--min-run-share")) {
-      char* end = nullptr;
-      share = std::strtod(text->c_str(), &end);
-      if (text->empty() || end != text->c_str() + text->size()) share = -1;  // never a recorded share
-    }
-    if (share != o.min_run_share) {
-      differs("min_run_share", std::to_string(o.min_run_share), "--min-run-share",
-              args.get_or("--min-run-share", "(absent)"));
+    const properties::CheckOptions given = read_check_options(args, false);
+    for (const properties::OptionRow& row : properties::kCheckOptions) {
+      if (row.shard_key.empty()) continue;
+      const auto recorded_text = properties::option_text(row.id, recorded);
+      const auto given_text = properties::option_text(row.id, given);
+      if (recorded_text != given_text) {
+        refuse(shard, "options." + std::string(row.shard_key),
+               "is " + recorded_text.value_or("(none)") + ", but its recorded command line gives " +
+                   std::string(row.flag) + " " + given_text.value_or("(none)") +
+                   ": the shard document does not describe the run it claims");
+      }
     }
   } catch (const Error& e) {
     if (e.id() == ErrorId::kShard) throw;
@@ -192,7 +174,7 @@ int command_merge(int argc, char** argv) {
     }
     std::optional<std::string> engine;
     if (const auto name = args.get("--impl")) engine = merge_impl_flag(*name);
-    for (const auto& shard : shards) cross_check_command(shard, reports::check_options_from_json(shard));
+    for (const auto& shard : shards) cross_check_command(shard);
     // merge_check prepares --out once every shard has been checked (a refused
     // merge leaves --out as it was).
     const fs::path out = args.get_or("--out", "kvcheck-out");

@@ -12,6 +12,7 @@
 #include "impl/kv_cache.hpp"
 #include "pipelines/catalog.hpp"
 #include "properties/generator.hpp"
+#include "properties/option_table.hpp"
 #include "properties/runner.hpp"
 #include "reports/report_html.hpp"
 #include "reports/report_json.hpp"
@@ -97,7 +98,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
       static_cast<long long>(result.cases), static_cast<long long>(result.ran()),
       static_cast<long long>(result.refused), static_cast<long long>(result.skipped),
       static_cast<long long>(result.failures), static_cast<unsigned long long>(options.seed),
-      options.run.backend.c_str(), std::string(impl::fault_name(options.run.fault)).c_str(),
+      options.run.backend.c_str(), options.run.fault.c_str(),
       options.profile == properties::Profile::kDefault
           ? ""
           : (", profile " + properties::profile_name(options.profile)).c_str());
@@ -186,7 +187,7 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
                                          const std::string& command) {
   reports::CheckShardOptions o;
   o.impl = options.run.backend;
-  o.fault = std::string(impl::fault_name(options.run.fault));
+  o.fault = options.run.fault;
   o.cases = options.cases;
   o.seed = options.seed;
   o.precision_requested = options.run.precision_bits;
@@ -200,14 +201,14 @@ reports::CheckShardOptions shard_options(const properties::CheckOptions& options
 }  // namespace
 
 reports::ReportContext report_context(const std::string& command, std::uint64_t seed,
-                                      const std::string& backend, impl::Fault fault,
+                                      const std::string& backend, const std::string& fault,
                                       int precision_requested) {
   reports::ReportContext ctx;
   ctx.precision_bits = properties::reference_significand_bits(precision_requested);
   ctx.precision_requested = precision_requested;
   ctx.seed = seed;
   ctx.backend = backend;
-  ctx.fault = std::string(impl::fault_name(fault));
+  ctx.fault = fault;
   ctx.command = command;
   return ctx;
 }
@@ -402,11 +403,8 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
   return 0;
 }
 
-int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir,
-                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
-                const std::optional<std::string>& engine) {
-  const reports::ShardResult& front = shards.front();
-  const reports::CheckShardOptions o = reports::check_options_from_json(front);
+properties::CheckOptions check_options_of(const reports::ShardResult& shard) {
+  const reports::CheckShardOptions o = reports::check_options_from_json(shard);
   properties::CheckOptions options;
   options.cases = o.cases;
   options.seed = o.seed;
@@ -414,12 +412,22 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
   options.min_run_share = o.min_run_share;
-  if (!impl::parse_fault(o.fault, &options.run.fault)) {
-    throw Error(ErrorId::kShard, front.origin + ": options.fault", "unknown fault '" + o.fault + "'");
+  if (impl::Fault fault; !impl::parse_fault(o.fault, &fault)) {
+    throw Error(ErrorId::kShard, shard.origin + ": options.fault", "unknown fault '" + o.fault + "'");
   }
+  options.run.fault = o.fault;
   if (!properties::parse_profile(o.profile, &options.profile)) {
-    throw Error(ErrorId::kShard, front.origin + ": options.profile", "unknown profile '" + o.profile + "'");
+    throw Error(ErrorId::kShard, shard.origin + ": options.profile", "unknown profile '" + o.profile + "'");
   }
+  return options;
+}
+
+int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir,
+                const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
+                const std::optional<std::string>& engine) {
+  const reports::ShardResult& front = shards.front();
+  const reports::CheckShardOptions o = reports::check_options_from_json(front);
+  properties::CheckOptions options = check_options_of(front);
   // The engine comes from the merge's own command line, never from a shard
   // document: it must be the one the shards recorded.
   if (engine && *engine != o.impl) {

@@ -30,7 +30,7 @@ namespace kvcheck::pipelines {
 /// and precision_bits, the real significand bits the runs record (53, 114,
 /// 168; reference_significand_bits).
 reports::ReportContext report_context(const std::string& command, std::uint64_t seed,
-                                      const std::string& backend, impl::Fault fault, int precision_requested);
+                                      const std::string& backend, const std::string& fault, int precision_requested);
 
 /// Writes `files` as one set (reports/output_set.hpp) and returns `code`.
 /// When writing fails the verdict stays visible: the error line goes to
@@ -121,6 +121,11 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
 /// command line as reports record it).
 std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
                              const properties::CaseTally& tally);
+
+/// The options a check shard records (reports::check_options_from_json),
+/// as the check's options: the inverse of what check_shard_text writes.
+/// Throws kvcheck::Error(kShard) naming the shard and field.
+properties::CheckOptions check_options_of(const reports::ShardResult& shard);
 
 /// The report of a whole check from its shards (already ordered by
 /// reports::order_shards): the tallies added, the lowest failing case shrunk

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "model/real.hpp"
+#include "properties/option_table.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -127,12 +128,6 @@ std::string shell_quote(const std::string& text) {
   std::string out = "'";
   for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-std::string replay_arguments(const RunOptions& run) {
-  std::string out = "--impl " + shell_quote(run.backend);
-  if (run.fault != impl::Fault::kNone) out += " --fault " + std::string(impl::fault_name(run.fault));
-  return out;
 }
 
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index) {

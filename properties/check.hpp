@@ -118,8 +118,7 @@ struct CaseTally {
 
 /// `text` quoted for a POSIX shell when it needs it.
 std::string shell_quote(const std::string& text);
-/// "--impl NAME [--fault F]" that selects the same cache (quoted for a shell).
-std::string replay_arguments(const RunOptions& run);
+// replay_arguments(): properties/option_table.hpp.
 
 /// Seed of case `index` of a check run with `seed`.
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index);

@@ -244,6 +244,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "CLI: the printed replay command, run through a shell, reproduces the run: --precision and --step-timeout "
+    "travel, same failing step, same counts") {
+  const fs::path dir = temp_dir("replay-command");
+  struct Run {
+    std::string name, impl, flags, expected;
+  };
+  // Options other than their defaults, each of which the replay command must
+  // carry (before the option table it carried --impl and --fault only, and a
+  // replay then ran at 113 bits with a 10 s timeout).
+  const Run runs[] = {
+      {"cpu", "cpu --fault ring-sized-window", "--cases 50 --precision 53 --step-timeout 7.5",
+       "--impl cpu --fault ring-sized-window --precision 53 --step-timeout 7.5"},
+      {"exec", adapter("ring_cache.py", "--bug zero-output"),
+       "--cases 1 --threads 1 --precision 169 --step-timeout 30",
+       "--impl " + adapter("ring_cache.py", "--bug zero-output") + " --precision 169 --step-timeout 30"}};
+  for (const Run& r : runs) {
+    INFO(r.name);
+    const fs::path out = dir / r.name;
+    const Outcome check = run("check --impl " + r.impl + " " + r.flags + " --out " + out.string());
+    INFO(check.out << check.err);
+    REQUIRE(check.code == 1);
+    const auto at = check.out.find("replay: kvcheck replay ");
+    REQUIRE(at != std::string::npos);
+    const std::string printed =
+        check.out.substr(at + 8, check.out.find('\n', at) - at - 8);  // "kvcheck replay ..."
+    INFO(printed);
+    CHECK(printed.size() > r.expected.size());
+    CHECK(printed.compare(printed.size() - r.expected.size(), std::string::npos, r.expected) == 0);
+    // The command as printed, through /bin/sh, with only the binary's path
+    // put in for "kvcheck" and a report file added.
+    const fs::path report = dir / (r.name + "-replay.json");
+    const std::string command = std::string(KVCHECK_BINARY) + printed.substr(7) + " --report " +
+                                report.string() + " >/dev/null 2>&1";
+    const int status = std::system(command.c_str());
+    CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : -1) == 1);
+    const auto checked = nlohmann::json::parse(slurp(out / "report.json"));
+    const auto replayed = nlohmann::json::parse(slurp(report));
+    REQUIRE(checked["runs"].size() == 1);
+    REQUIRE(replayed["runs"].size() == 1);
+    // The same run: failing step, first failure, every count, every step's
+    // observations, and the reference's precision.
+    const auto& a = checked["runs"][0];
+    const auto& b = replayed["runs"][0];
+    CHECK(b["verdict"] == "fail");
+    CHECK(b["first_failing_step"] == a["first_failing_step"]);
+    CHECK(b["first_failure"] == a["first_failure"]);
+    CHECK(b["totals"] == a["totals"]);
+    CHECK(b["precision_bits"] == a["precision_bits"]);
+    CHECK(b == a);
+    CHECK(replayed["context"]["precision_requested"] == checked["context"]["precision_requested"]);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE(
     "CLI exec: a misbehaving adapter ends the run with exit 2, the step, the JSON path, its stderr, no child "
     "left") {
   const std::string marker = "kvcheck-marker-" + std::to_string(::getpid());

@@ -18,7 +18,7 @@ using kvcheck::engines::Capabilities;
 using kvcheck::engines::parse_hello_answer;
 using kvcheck::engines::SizeSet;
 
-/// The bundled ring adapter's hello answer (adapters/kvcheck_adapter.py).
+/// The bundled ring adapter's hello answer (adapters/window_cache.py).
 Json ring_hello() {
   return Json::parse(R"({"ok":true,"protocol":"kvcheck-exec","version":1,"name":"ring-cache",
     "capabilities":{"steps":["prefill_load_then_store","prefill_store_then_load","decode","verify","accept",

@@ -1,0 +1,85 @@
+#include "properties/option_table.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "support/assert.hpp"
+
+namespace kvcheck::properties {
+
+std::set<std::string> option_flags(unsigned commands) {
+  std::set<std::string> flags;
+  for (const OptionRow& row : kCheckOptions) {
+    if ((row.commands & commands) == commands) flags.emplace(row.flag);
+  }
+  return flags;
+}
+
+const OptionRow& option_row(CheckOption id) {
+  const auto index = static_cast<std::size_t>(id);
+  KVCHECK_ASSERT(index < std::size(kCheckOptions) && kCheckOptions[index].id == id);
+  return kCheckOptions[index];
+}
+
+std::string decimal_text(double value) {
+  // Fixed notation with the fewest decimals that read back exactly: "10",
+  // "2.5", "0.1" (never an exponent, which the flags refuse).
+  char text[512];
+  for (int decimals = 0; decimals <= 340; ++decimals) {
+    std::snprintf(text, sizeof text, "%.*f", decimals, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+std::optional<std::string> option_text(CheckOption id, const CheckOptions& options) {
+  switch (id) {
+    case CheckOption::kImpl:
+      return shell_quote(options.run.backend);
+    case CheckOption::kFault:
+      return options.run.fault;
+    case CheckOption::kPrecision:
+      return std::to_string(options.run.precision_bits);
+    case CheckOption::kStepTimeout:
+      return decimal_text(options.run.step_timeout_seconds);
+    case CheckOption::kReference:
+      return std::string(options.run.reference == Reference::kMpfr ? "mpfr" : "certified");
+    case CheckOption::kCases:
+      return std::to_string(options.cases);
+    case CheckOption::kSeed:
+      return std::to_string(options.seed);
+    case CheckOption::kProfile:
+      return profile_name(options.profile);
+    case CheckOption::kMinRunShare:
+      return decimal_text(options.min_run_share);
+    case CheckOption::kThreads:
+      return std::to_string(options.threads);
+    case CheckOption::kMemoryLimit:
+    case CheckOption::kRecord:
+    case CheckOption::kShard:
+    case CheckOption::kOut:
+    case CheckOption::kReport:
+    case CheckOption::kJunit:
+    case CheckOption::kHtml:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string replay_arguments(const RunOptions& run) {
+  CheckOptions given;
+  given.run = run;
+  const CheckOptions defaults;
+  std::string out;
+  for (const OptionRow& row : kCheckOptions) {
+    if (!(row.commands & kForReplay) || row.effect != OptionEffect::kRun) continue;
+    const auto text = option_text(row.id, given);
+    // The cache is always named; the rest only where the run left the default.
+    if (row.id != CheckOption::kImpl && text == option_text(row.id, defaults)) continue;
+    if (!out.empty()) out += " ";
+    out += std::string(row.flag) + " " + *text;
+  }
+  return out;
+}
+
+}  // namespace kvcheck::properties
