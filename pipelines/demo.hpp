@@ -1,5 +1,5 @@
 // The demo pipeline behind `kvcheck demo` (the README's first command):
-// SPEC §6 by the reference model, the bundled scenarios replayed on the CPU
+// the golden values by the reference model, the bundled scenarios replayed on the CPU
 // backend, a randomized check, a small capacity sweep, an engine in another
 // process checked live (correct, then with its bug switched on), a recorded
 // trace audited, and the report set written. cli/ reads the flags.
@@ -29,9 +29,13 @@ struct DemoOptions {
 /// The demo's sweep grid: W 128, k 0, 1, 5, C 1, 64, both prefill orders.
 sweep::SweepGrid demo_grid();
 
-/// Runs the demo, printing each part; returns 0 when every part gave what it
-/// should (the bug switch and the early-free trace must fail), 1 otherwise,
-/// 2 when its reports could not be written.
+/// Runs the demo, printing each part and writing them all into one report
+/// (reports::Report::parts: text, JSON, JUnit and HTML hold every part);
+/// returns 0 when every part showed what it is meant to (the two planted
+/// faults, the bug switch and the early-free trace, must be caught), 1
+/// otherwise, 2 when its reports could not be written. The last line printed
+/// is report.txt's: "PASS: 7 parts: 7 showed what they should; 2 of 2
+/// planted faults caught".
 int run_demo(const DemoOptions& options);
 
 }  // namespace kvcheck::pipelines

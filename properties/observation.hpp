@@ -43,6 +43,14 @@ struct QueryObservation {
   bool failed = false;  ///< the verdict of this query (set once, by the runner)
 };
 
+/// True when the query read exactly its visible rows (nothing overwritten,
+/// missing or extra). Only such a query's output error describes the
+/// kernel's arithmetic: the run's maxima (max_eps_units ...) and every
+/// report's "max output error" take these queries alone.
+inline bool reads_correct(const QueryObservation& q) noexcept {
+  return q.overwritten.empty() && q.missing.empty() && q.extra.empty();
+}
+
 /// Slot collisions of one step (SPEC §4, three kinds).
 struct Collisions {
   std::int64_t same_step = 0;        ///< two rows of one step written to one slot
@@ -82,7 +90,10 @@ struct RunObservation {
   std::string backend;
   std::string fault;              ///< "none" or a fault name
   std::string window_convention;  ///< "keys", "left", "off-by-one"
-  std::int64_t window_keys = 0;
+  std::int64_t window_keys = 0;  ///< keys a query sees, itself included (the convention applied)
+  /// The scenario's own window parameter, read with `window_convention`
+  /// ("left" 4 is 5 keys); what reports print beside the convention.
+  std::int64_t window = 0;
   std::int64_t ring_rows = 0;
   std::string format;
   int precision_bits = 0;  ///< reference significand bits

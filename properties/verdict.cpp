@@ -51,7 +51,7 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
       run.lost_rows += static_cast<std::int64_t>(q.overwritten.size() + q.missing.size());
       run.extra_reads += static_cast<std::int64_t>(q.extra.size());
-      const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
+      const bool reads_correct = properties::reads_correct(q);
       // Output errors of queries that read wrong rows are reported per query
       // but not in the run's maxima, which describe the kernel's arithmetic.
       if (reads_correct) {

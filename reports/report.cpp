@@ -22,7 +22,12 @@ bool Report::passed() const noexcept {
   for (const auto& run : runs) {
     if (!run.passed) return false;
   }
+  for (const auto& part : parts) {
+    if (!part.as_meant()) return false;
+  }
   if (check) return check->passed();
+  // Parts are the verdict of a command that runs several.
+  if (!parts.empty()) return true;
   // Without a check the runs are the verdict: all of them skipped (or none
   // at all) is no verdict, never a PASS.
   return run_counts(*this).ran > 0;
@@ -45,6 +50,36 @@ RunCounts run_counts(const Report& report) noexcept {
   return c;
 }
 
+Report part_report(const ReportPart& part) {
+  Report r;
+  r.context = part.context;
+  r.runs = part.runs;
+  r.check = part.check;
+  return r;
+}
+
+PartCounts part_counts(const Report& report) noexcept {
+  PartCounts c;
+  for (const auto& part : report.parts) {
+    ++c.parts;
+    c.as_meant += part.as_meant() ? 1 : 0;
+    c.planted += part.planted_fault ? 1 : 0;
+    c.caught += part.planted_fault && part.failed ? 1 : 0;
+  }
+  return c;
+}
+
+std::string part_counts_text(const PartCounts& c) {
+  return std::to_string(c.parts) + (c.parts == 1 ? " part: " : " parts: ") + std::to_string(c.as_meant) +
+         " showed what they should; " + std::to_string(c.caught) + " of " + std::to_string(c.planted) +
+         " planted faults caught";
+}
+
+std::string part_verdict(const ReportPart& part) {
+  if (part.planted_fault) return part.failed ? "CAUGHT" : "MISSED";
+  return part.failed ? "FAIL" : "PASS";
+}
+
 std::string run_counts_text(const RunCounts& c) {
   std::string out = std::to_string(c.runs) + (c.runs == 1 ? " run: " : " runs: ");
   out += c.ran == 0 ? std::string("no run ran")
@@ -65,6 +100,48 @@ std::string check_counts_text(const CheckSummary& c) {
   out += "; " + std::to_string(c.failures) + " failed; " + std::to_string(c.queries_not_output_checked) +
          " of " + std::to_string(c.queries) + " queries not output-checked";
   return out;
+}
+
+std::int64_t steps_observed(const properties::RunObservation& run) noexcept {
+  // Observations come in step order, one per layer of a step.
+  std::int64_t steps = 0;
+  std::int64_t last = -1;
+  for (const auto& s : run.steps) {
+    if (steps == 0 || s.step != last) ++steps;
+    last = s.step;
+  }
+  return steps;
+}
+
+StepCounts step_counts(const properties::StepObservation& step) noexcept {
+  StepCounts c;
+  for (std::size_t i = 0; i < step.queries.size(); ++i) {
+    const auto& q = step.queries[i];
+    c.overwritten += static_cast<std::int64_t>(q.overwritten.size());
+    c.missing += static_cast<std::int64_t>(q.missing.size());
+    c.extra += static_cast<std::int64_t>(q.extra.size());
+    c.failing_queries += q.failed ? 1 : 0;
+    c.output_failures += q.output_ok ? 0 : 1;
+    c.not_output_checked += q.output_checked ? 0 : 1;
+    if (!properties::reads_correct(q)) {
+      ++c.wrong_reads;
+      continue;
+    }
+    // The run's maximum is taken the same way (properties/verdict.cpp).
+    if (c.worst_query < 0 || q.eps_units > c.max_eps_units) {
+      c.max_eps_units = q.eps_units;
+      c.worst_query = static_cast<std::int64_t>(i);
+    }
+  }
+  return c;
+}
+
+bool format_stores_exact_rows(std::string_view format) noexcept {
+  return format == "f64";
+}
+
+std::string window_text(const properties::RunObservation& run) {
+  return std::to_string(run.window) + "(" + run.window_convention + ")";
 }
 
 // The verdicts are computed once, by the runner (properties/runner.cpp), and

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "properties/observation.hpp"
@@ -76,6 +77,23 @@ struct CheckSummary {
   bool passed() const noexcept;
 };
 
+/// One part of a command that runs several (`kvcheck demo`): what it printed
+/// and whether it showed what it is meant to show. A part that plants a
+/// fault (a bug switch, a trace of a faulty engine) is meant to fail: it
+/// shows what it should when kvcheck catches the fault.
+struct ReportPart {
+  std::string title;                             ///< e.g. "6. A recorded trace audited"
+  std::string text;                              ///< what the part printed (no timings)
+  ReportContext context;                         ///< how its runs were made (its own command)
+  std::vector<properties::RunObservation> runs;  ///< its runs (a counterexample, an audited trace)
+  std::optional<CheckSummary> check;             ///< its property check, if any
+  bool planted_fault = false;                    ///< the part plants a fault kvcheck must catch
+  bool failed = false;                           ///< what it showed: something failed (a fault caught)
+  /// True when the part showed what it is meant to: a planted fault caught,
+  /// anything else passed.
+  bool as_meant() const noexcept { return failed == planted_fault; }
+};
+
 /// The full report.
 struct Report {
   ReportContext context;
@@ -84,11 +102,38 @@ struct Report {
   /// Files written in the same set as the reports (the counterexample); the
   /// writers never read them.
   std::vector<OutputFile> attachments;
-  /// True when every run passed and the check (if any) passed; without a
-  /// check, at least one run must have run (not all refused or skipped): a
-  /// replay that ran nothing judged nothing.
+  /// The parts of a command that runs several, in the order it ran them
+  /// (empty for check, replay and audit).
+  std::vector<ReportPart> parts;
+  /// True when every run passed, the check (if any) passed and every part
+  /// showed what it is meant to; without a check or parts, at least one run
+  /// must have run (not all refused or skipped): a replay that ran nothing
+  /// judged nothing.
   bool passed() const noexcept;
 };
+
+/// A part as a report of its own (its context, runs and check), for the
+/// writers that render a part as they render a report.
+Report part_report(const ReportPart& part);
+
+/// What the parts of a report add up to.
+struct PartCounts {
+  std::int64_t parts = 0;     ///< every part
+  std::int64_t as_meant = 0;  ///< parts that showed what they are meant to
+  std::int64_t planted = 0;   ///< parts that plant a fault
+  std::int64_t caught = 0;    ///< of those, faults caught (the part failed, as meant)
+};
+
+/// The counts of `report`'s parts.
+PartCounts part_counts(const Report& report) noexcept;
+
+/// The one line every writer shows for parts, e.g. "6 parts: 6 showed what
+/// they should; 2 of 2 planted faults caught".
+std::string part_counts_text(const PartCounts& counts);
+
+/// A part's verdict word: "PASS", "FAIL", "CAUGHT" (a planted fault caught)
+/// or "MISSED" (a planted fault not caught).
+std::string part_verdict(const ReportPart& part);
 
 /// What the runs of a report add up to (every writer shows these).
 struct RunCounts {
@@ -114,6 +159,46 @@ std::string run_counts_text(const RunCounts& counts);
 /// 1761 refused, 0 skipped; 0 failed; 0 of 5120 queries not output-checked",
 /// with "below the minimum share" when too few ran.
 std::string check_counts_text(const CheckSummary& check);
+
+// ---- the counts of one run and one step, defined once ------------------------
+// Every writer prints these and nothing it counts itself; the run's other
+// totals (lost_rows, extra_reads, collisions, output_failures, max_eps_units,
+// queries, queries_not_output_checked) are the verdict's (properties/verdict.cpp).
+
+/// Scenario steps a run observed: distinct step indices, a step on several
+/// layers counted once, a step that writes no rows (accept, finish, reset)
+/// counted like any other; a run that stopped early counts the steps it
+/// reached. `steps=` in the text, `totals.steps` in the JSON, the HTML's
+/// steps column.
+std::int64_t steps_observed(const properties::RunObservation& run) noexcept;
+
+/// What one step's queries add up to (the text explanation and the HTML step
+/// table show these).
+struct StepCounts {
+  std::int64_t overwritten = 0;      ///< overwritten visible rows, summed over queries
+  std::int64_t missing = 0;          ///< visible rows not read, summed over queries
+  std::int64_t extra = 0;            ///< extra reads, summed over queries
+  std::int64_t failing_queries = 0;  ///< queries whose verdict is failed
+  std::int64_t output_failures = 0;  ///< queries whose output missed its tolerance
+  /// Queries that read wrong rows: their output error measures the wrong
+  /// rows, not the kernel, and is left out of max_eps_units (as the run's).
+  std::int64_t wrong_reads = 0;
+  std::int64_t not_output_checked = 0;  ///< queries whose output was not judged (wrong reads included)
+  double max_eps_units = 0;      ///< largest output error of the queries that read correctly
+  std::int64_t worst_query = -1;  ///< index of that query, -1 when none read correctly
+};
+
+/// The counts of `step`'s queries.
+StepCounts step_counts(const properties::StepObservation& step) noexcept;
+
+/// True when the format stores the generated rows exactly ("f64": rows are
+/// generated as doubles): its outputs carry no quantization error and the
+/// reports print none.
+bool format_stores_exact_rows(std::string_view format) noexcept;
+
+/// The window as the scenario gives it, its own parameter with the
+/// convention: "5(keys)", "4(left)" (4 rows to the left: 5 keys).
+std::string window_text(const properties::RunObservation& run);
 
 // ---- helpers shared by the writers -------------------------------------------
 

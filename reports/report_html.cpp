@@ -417,13 +417,12 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
       continue;
     }
     (failed ? failing_listed : listed) += 1;
-    std::int64_t missing = 0, extra = 0;
-    double max_eps = 0;
-    for (const auto& q : s.queries) {
-      missing += static_cast<std::int64_t>(q.missing.size());
-      extra += static_cast<std::int64_t>(q.extra.size());
-      max_eps = std::max(max_eps, q.eps_units);
-    }
+    // The step's counts as the text gives them: the largest output error
+    // over the queries that read correctly; none such: "not judged".
+    const StepCounts counts = step_counts(s);
+    const std::string max_eps = counts.worst_query >= 0 ? format_double(counts.max_eps_units)
+                                : s.queries.empty()     ? std::string()
+                                                        : std::string("not judged");
     std::string note = s.error.empty() ? std::string() : "refusal: " + s.error;
     if (s.expectation_failed) note += (note.empty() ? "" : "; ") + ("expectation: " + s.expectation_detail);
     const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\""
@@ -434,10 +433,10 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
            std::to_string(s.layer) + "</td><td>" + std::to_string(s.request) + "</td><td>" +
            std::to_string(s.state) + "</td><td>" + std::to_string(s.first_position) + "</td><td>" +
            std::to_string(s.queries.size()) + "</td><td class=\"mono\">" + xml_escape(overwritten_counts(s)) +
-           "</td><td>" + std::to_string(missing) + "</td><td>" + std::to_string(extra) + "</td><td>" +
+           "</td><td>" + std::to_string(counts.missing) + "</td><td>" + std::to_string(counts.extra) + "</td><td>" +
            std::to_string(s.collisions.same_step) + " / " + std::to_string(s.collisions.outside_block) +
            " / " + std::to_string(s.collisions.replaced_needed) + "</td><td>" +
-           xml_escape(format_double(max_eps)) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
+           xml_escape(max_eps) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
   }
   if (omitted != 0) {
     out += "<tr><td colspan=\"13\">\u2026 " + std::to_string(omitted) +
@@ -459,17 +458,10 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}.figs{display:
 
 }  // namespace
 
-std::string report_html(const Report& report) {
-  const auto& ctx = report.context;
-  std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  out += "<title>kvcheck report: " + std::string(report.passed() ? "PASS" : "FAIL") + "</title>\n";
-  out += "<style>\n" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
-  out += "<h1>kvcheck report " + badge(report.passed()) + "</h1>\n";
-  out += "<p class=\"context\">kvcheck " + xml_escape(ctx.tool_version) + " \u00b7 backend " +
-         xml_escape(ctx.backend) + " \u00b7 fault " + xml_escape(ctx.fault) + " \u00b7 seed " +
-         std::to_string(ctx.seed) + " \u00b7 reference " + std::to_string(ctx.precision_bits) + " bits</p>\n";
-  if (!ctx.command.empty()) out += "<p>command: <code>" + xml_escape(ctx.command) + "</code></p>\n";
-
+// The runs table, the check's section and the pictured runs of `report`
+// (the page's own, or one part's): headings `h`, run anchors `anchor` + index.
+std::string runs_and_check_html(const Report& report, const std::string& h, const std::string& anchor) {
+  std::string out;
   // The counts first: what ran, what was refused or skipped, what was not
   // output-checked (a verdict names what it looked at).
   // (a check's own counts head its section below).
@@ -477,7 +469,7 @@ std::string report_html(const Report& report) {
     out += "<p class=\"counts\">" + xml_escape(run_counts_text(run_counts(report))) + "</p>\n";
   // Summary table.
   out +=
-      "<h2>Runs</h2>\n<table "
+      "<" + h + ">Runs</" + h + ">\n<table "
       "class=\"runs\">\n<tr><th>verdict</th><th>scenario</th><th>backend</th><th>fault</th>"
       "<th>window</th><th>S</th><th>format</th><th>steps</th><th>queries</th><th>lost rows</th><th>extra "
       "reads</th>"
@@ -496,11 +488,11 @@ std::string report_html(const Report& report) {
     const std::string verdict =
         r.skipped ? std::string("<span class=\"badge\">SKIP</span>") : badge(r.passed);
     out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + verdict + "</td><td>" +
-           (linked ? "<a href=\"#run-" + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
+           (linked ? "<a href=\"#" + anchor + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
            xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" +
-           std::to_string(r.window_keys) + " " + xml_escape(r.window_convention) + "</td><td>" +
+           std::to_string(r.window) + " " + xml_escape(r.window_convention) + "</td><td>" +
            std::to_string(r.ring_rows) + "</td><td>" + xml_escape(r.format) + "</td><td>" +
-           std::to_string(r.steps.size()) + "</td><td>" + std::to_string(r.queries) + "</td><td>" +
+           std::to_string(steps_observed(r)) + "</td><td>" + std::to_string(r.queries) + "</td><td>" +
            std::to_string(r.lost_rows) + "</td><td>" + std::to_string(r.extra_reads) + "</td><td>" +
            std::to_string(r.collisions) + "</td><td>" + std::to_string(r.output_failures) + "</td><td>" +
            xml_escape(format_double(r.max_eps_units)) + "</td><td>" +
@@ -510,7 +502,7 @@ std::string report_html(const Report& report) {
 
   if (report.check) {
     const auto& c = *report.check;
-    out += "<h2>Property check " + badge(c.passed()) + "</h2>\n<p>" + xml_escape(check_counts_text(c)) +
+    out += "<" + h + ">Property check " + badge(c.passed()) + "</" + h + ">\n<p>" + xml_escape(check_counts_text(c)) +
            ".</p>\n";
     if (!c.coverage.empty()) {
       out +=
@@ -541,8 +533,8 @@ std::string report_html(const Report& report) {
 
   for (const std::size_t i : pictured) {
     const auto& r = report.runs[i];
-    out += "<section class=\"run\" id=\"run-" + std::to_string(i) + "\">\n<h2>" + badge(r.passed) + " " +
-           xml_escape(r.scenario_name) + "</h2>\n";
+    out += "<section class=\"run\" id=\"" + anchor + std::to_string(i) + "\">\n<" + h + ">" + badge(r.passed) +
+           " " + xml_escape(r.scenario_name) + "</" + h + ">\n";
     if (!r.passed) out += "<pre>" + xml_escape(run_explanation(report, r)) + "</pre>\n";
     // The step to picture: the first failing one, else the last with queries.
     std::int64_t step_index = first_failing_step(r);
@@ -572,6 +564,44 @@ std::string report_html(const Report& report) {
     out += steps_table(r, step_index);
     out += "</section>\n";
   }
+  return out;
+}
+
+std::string report_html(const Report& report) {
+  const auto& ctx = report.context;
+  std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  out += "<title>kvcheck report: " + std::string(report.passed() ? "PASS" : "FAIL") + "</title>\n";
+  out += "<style>\n" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
+  out += "<h1>kvcheck report " + badge(report.passed()) + "</h1>\n";
+  out += "<p class=\"context\">kvcheck " + xml_escape(ctx.tool_version) + " \u00b7 backend " +
+         xml_escape(ctx.backend) + " \u00b7 fault " + xml_escape(ctx.fault) + " \u00b7 seed " +
+         std::to_string(ctx.seed) + " \u00b7 reference " + std::to_string(ctx.precision_bits) + " bits</p>\n";
+  if (!ctx.command.empty()) out += "<p>command: <code>" + xml_escape(ctx.command) + "</code></p>\n";
+
+  if (!report.runs.empty() || report.check || report.parts.empty())
+    out += runs_and_check_html(report, "h2", "run-");
+  // A command of several parts (the demo): every part the terminal printed,
+  // its text, its verdict against what it is meant to show, and its own
+  // check and runs pictured like the page's.
+  for (std::size_t k = 0; k < report.parts.size(); ++k) {
+    const ReportPart& part = report.parts[k];
+    const std::string word = part_verdict(part);
+    const bool good = part.as_meant();
+    out += "<section class=\"part\" id=\"part-" + std::to_string(k) + "\">\n<h2>" +
+           (good ? "<span class=\"badge pass\">" : "<span class=\"badge fail\">") + word + "</span> " +
+           xml_escape(part.title) + "</h2>\n";
+    if (part.planted_fault)
+      out += "<p>A planted fault: this part is meant to fail; it shows what it should when kvcheck catches "
+             "the fault.</p>\n";
+    if (!part.context.command.empty())
+      out += "<p>command: <code>" + xml_escape(part.context.command) + "</code></p>\n";
+    if (!part.text.empty()) out += "<pre>" + xml_escape(part.text) + "</pre>\n";
+    if (!part.runs.empty() || part.check)
+      out += runs_and_check_html(part_report(part), "h3", "part-" + std::to_string(k) + "-run-");
+    out += "</section>\n";
+  }
+  if (!report.parts.empty())
+    out += "<p class=\"counts\">" + xml_escape(verdict_line(report)) + "</p>\n";
   out += "</body>\n</html>\n";
   return out;
 }

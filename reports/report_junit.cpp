@@ -76,24 +76,24 @@ std::string xml_escape(std::string_view text) {
 std::string report_junit(const Report& report) {
   using detail::xml_escape;
   const auto& ctx = report.context;
-  std::size_t tests = report.runs.size();
-  std::size_t failures = 0;
-  std::size_t skipped = 0;
-  for (const auto& run : report.runs) {
-    failures += run.passed ? 0 : 1;
-    skipped += run.skipped ? 1 : 0;
-  }
+  const RunCounts counts = run_counts(report);
+  std::int64_t tests = counts.runs;
+  std::int64_t failures = counts.failed;
+  const std::int64_t skipped = counts.refused + counts.skipped;
   if (report.check) {
     ++tests;
     failures += report.check->passed() ? 0 : 1;
   }
   // Without a check, a report where nothing ran fails (Report::passed): one
   // failing test case says so, as every skipped one alone would look green.
-  const bool nothing_ran = !report.check && run_counts(report).ran == 0;
+  const bool nothing_ran = !report.check && report.parts.empty() && counts.ran == 0;
   if (nothing_ran) {
     ++tests;
     ++failures;
   }
+  const PartCounts parts = part_counts(report);
+  tests += parts.parts;
+  failures += parts.parts - parts.as_meant;
 
   const std::string suite = "kvcheck." + ctx.backend + "." + ctx.fault;
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
@@ -115,8 +115,12 @@ std::string report_junit(const Report& report) {
   property("command", ctx.command);
   // What ran, so a CI dashboard never shows a green suite over cases that
   // were refused or skipped (README "Counts").
-  const RunCounts counts = run_counts(report);
-  property("runs", run_counts_text(counts));
+  // A command of several parts counts its parts; their runs are theirs.
+  if (!report.parts.empty()) {
+    property("parts", part_counts_text(parts));
+  } else {
+    property("runs", run_counts_text(counts));
+  }
   if (report.check) {
     const auto& c = *report.check;
     property("cases", std::to_string(c.cases));
@@ -124,7 +128,7 @@ std::string report_junit(const Report& report) {
     property("cases_refused", std::to_string(c.refused));
     property("cases_skipped", std::to_string(c.skipped));
     property("queries_not_output_checked", std::to_string(c.queries_not_output_checked));
-  } else {
+  } else if (report.parts.empty()) {
     property("queries_not_output_checked", std::to_string(counts.queries_not_output_checked));
   }
   out += "    </properties>\n";
@@ -178,6 +182,17 @@ std::string report_junit(const Report& report) {
       out += ">\n      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.check\">" +
              xml_escape(body) + "</failure>\n    </testcase>\n";
     }
+  }
+  // One test case per part (the demo), passing when the part showed what it
+  // is meant to (a planted fault caught); its text in <system-out>.
+  for (const auto& part : report.parts) {
+    out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(part.title) + "\">\n";
+    if (!part.as_meant()) {
+      const std::string message = part.planted_fault ? "planted fault not caught" : "part failed";
+      out += "      <failure message=\"" + xml_escape(message) + "\" type=\"kvcheck.part\">" +
+             xml_escape(part_verdict_line(part)) + "</failure>\n";
+    }
+    out += "      <system-out>" + xml_escape(part.text + part_verdict_line(part)) + "</system-out>\n    </testcase>\n";
   }
   out += "  </testsuite>\n</testsuites>\n";
   return out;

@@ -20,4 +20,12 @@ std::string run_summary_line(const properties::RunObservation& run);
 /// in eps units, and the replay command. Lines end in '\n'; at most ~25.
 std::string run_explanation(const Report& report, const properties::RunObservation& run);
 
+/// The line after a part's text: "=> PASS", "=> CAUGHT (a planted fault:
+/// meant to be caught)", "=> MISSED ...", "=> FAIL".
+std::string part_verdict_line(const ReportPart& part);
+
+/// The report's last line: "PASS: " or "FAIL: " and the counts of what
+/// ran (a check's cases, the parts, or the runs), newline-terminated.
+std::string verdict_line(const Report& report);
+
 }  // namespace kvcheck::reports

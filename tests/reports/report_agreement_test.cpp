@@ -1,0 +1,375 @@
+// The four writers agree: text, JSON, JUnit and HTML of the same runs give
+// the same counts, field by field. The runs are real: bundled regression
+// scenarios replayed with their planted faults (a window one key too wide,
+// whose wrong reads give an output error of ~1e15 eps; a freed state read
+// again after a finish; a "left" window of 4 rows), and bundled scenarios
+// that pass (two layers, finish and reset, fp8 rows). The JSON is parsed; the
+// numbers are scraped from the text, the JUnit XML and the HTML.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "properties/runner.hpp"
+#include "reports/report.hpp"
+#include "reports/report_html.hpp"
+#include "reports/report_json.hpp"
+#include "reports/report_junit.hpp"
+#include "reports/report_text.hpp"
+#include "scenarios/scenario_json.hpp"
+
+namespace {
+
+using kvcheck::reports::Report;
+using Json = nlohmann::json;
+
+const std::string kSource = KVCHECK_SOURCE_DIR;
+
+struct Replayed {
+  std::string file;   // under scenarios/
+  std::string fault;  // "none": as written
+};
+
+Report replay(const std::vector<Replayed>& list, std::vector<std::size_t>* scenario_steps) {
+  Report report;
+  report.context.command = "kvcheck replay (report agreement test)";
+  for (const auto& r : list) {
+    const auto sc = kvcheck::scenarios::load_scenario_file(kSource + "/scenarios/" + r.file);
+    kvcheck::properties::RunOptions options;
+    options.fault = r.fault;
+    report.runs.push_back(kvcheck::properties::run_scenario(sc, options));
+    scenario_steps->push_back(sc.steps.size());
+  }
+  return report;
+}
+
+std::string unescape(std::string s) {
+  const std::pair<const char*, const char*> entities[] = {
+      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}, {"&amp;", "&"}};
+  for (const auto& [from, to] : entities) {
+    for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + 1))
+      s.replace(at, std::string(from).size(), to);
+  }
+  return s;
+}
+
+// The text of an element with its tags removed.
+std::string strip_tags(const std::string& html) {
+  std::string out;
+  bool in_tag = false;
+  for (const char c : html) {
+    if (c == '<') in_tag = true;
+    if (!in_tag) out += c;
+    if (c == '>') in_tag = false;
+  }
+  return unescape(out);
+}
+
+// The rows of the first <table class="NAME"> at or after `from`, each as its
+// cells' text (header rows, with <th>, left out).
+std::vector<std::vector<std::string>> table_rows(const std::string& html, const std::string& name,
+                                                 std::size_t from = 0) {
+  std::vector<std::vector<std::string>> rows;
+  const std::size_t begin = html.find("<table class=\"" + name + "\">", from);
+  REQUIRE(begin != std::string::npos);
+  const std::size_t end = html.find("</table>", begin);
+  std::size_t at = begin;
+  while ((at = html.find("<tr", at)) != std::string::npos && at < end) {
+    const std::size_t row_end = html.find("</tr>", at);
+    const std::string row = html.substr(at, row_end - at);
+    at = row_end;
+    if (row.find("<th>") != std::string::npos) continue;
+    std::vector<std::string> cells;
+    for (std::size_t c = row.find("<td"); c != std::string::npos; c = row.find("<td", c + 1)) {
+      const std::size_t open_end = row.find('>', c) + 1;
+      cells.push_back(strip_tags(row.substr(open_end, row.find("</td>", open_end) - open_end)));
+    }
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+// "key=value" fields of a text summary line, and its first words.
+std::map<std::string, std::string> line_fields(const std::string& line) {
+  std::map<std::string, std::string> fields;
+  std::istringstream words(line);
+  std::string w;
+  words >> w;
+  fields["verdict"] = w;
+  words >> w;
+  fields["name"] = w;
+  while (words >> w) {
+    const auto eq = w.find('=');
+    if (eq == std::string::npos) {
+      fields["format"] = w;  // the only bare word after the name
+    } else {
+      fields[w.substr(0, eq)] = w.substr(eq + 1);
+    }
+  }
+  return fields;
+}
+
+std::string text_line(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if ((line.rfind("PASS  ", 0) == 0 || line.rfind("FAIL  ", 0) == 0) && line.find("  " + name + "  ") == 4)
+      return line;
+  }
+  FAIL("no summary line for " << name);
+  return {};
+}
+
+std::string last_line(const std::string& text) {
+  const std::size_t end = text.find_last_not_of('\n');
+  return text.substr(text.rfind('\n', end) + 1, end - text.rfind('\n', end));
+}
+
+std::string attribute(const std::string& xml, const std::string& element, const std::string& name) {
+  const std::size_t at = xml.find("<" + element + " ");
+  REQUIRE(at != std::string::npos);
+  const std::size_t v = xml.find(" " + name + "=\"", at) + name.size() + 3;
+  return xml.substr(v, xml.find('"', v) - v);
+}
+
+// Whether the JUnit test case named `name` holds a <failure>.
+bool junit_failed(const std::string& xml, const std::string& name) {
+  const std::size_t at = xml.find("<testcase classname=\"kvcheck.cpu.none\" name=\"" + name + "\"");
+  REQUIRE(at != std::string::npos);
+  const std::size_t end = xml.find('>', at);
+  if (xml[end - 1] == '/') return false;
+  return xml.find("<failure", end) < xml.find("</testcase>", end);
+}
+
+double number(const Json& j) { return j.is_null() ? std::numeric_limits<double>::infinity() : j.get<double>(); }
+
+// Every number the four writers show for the runs of `report`, compared.
+void cross_check(const Report& report, const std::vector<std::size_t>& scenario_steps) {
+  const std::string text = kvcheck::reports::report_text(report);
+  const Json json = Json::parse(kvcheck::reports::report_json_text(report));
+  const std::string junit = kvcheck::reports::report_junit(report);
+  const std::string html = kvcheck::reports::report_html(report);
+  INFO(text);
+
+  // The verdict and the run counts.
+  const bool passed = json.at("verdict") == "pass";
+  CHECK(passed == report.passed());
+  CHECK(last_line(text).rfind(passed ? "PASS: " : "FAIL: ", 0) == 0);
+  CHECK(html.find(std::string("<title>kvcheck report: ") + (passed ? "PASS" : "FAIL")) != std::string::npos);
+  const Json& summary = json.at("summary");
+  CHECK(std::stoll(attribute(junit, "testsuite", "tests")) == summary.at("runs").get<std::int64_t>());
+  CHECK(std::stoll(attribute(junit, "testsuite", "failures")) == summary.at("failed_runs").get<std::int64_t>());
+  CHECK(std::stoll(attribute(junit, "testsuite", "skipped")) ==
+        summary.at("refused_runs").get<std::int64_t>() + summary.at("skipped_runs").get<std::int64_t>());
+  CHECK(last_line(text).find(kvcheck::reports::run_counts_text(kvcheck::reports::run_counts(report))) !=
+        std::string::npos);
+  CHECK(html.find(kvcheck::reports::run_counts_text(kvcheck::reports::run_counts(report))) != std::string::npos);
+
+  const auto html_runs = table_rows(html, "runs");
+  REQUIRE(html_runs.size() == report.runs.size());
+  std::size_t run_section = 0;
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    const Json& run = json.at("runs").at(i);
+    const Json& totals = run.at("totals");
+    const std::string name = run.at("scenario");
+    INFO("run " << name);
+    const bool run_failed = run.at("verdict") == "fail";
+
+    // Text: the summary line.
+    const auto t = line_fields(text_line(text, name));
+    CHECK(t.at("verdict") == (run_failed ? "FAIL" : "PASS"));
+    CHECK(t.at("S") == std::to_string(run.at("ring_rows").get<std::int64_t>()));
+    const std::string window = std::to_string(run.at("window").at("parameter").get<std::int64_t>()) + "(" +
+                               run.at("window").at("convention").get<std::string>() + ")";
+    CHECK(t.at("W") == window);
+    CHECK(t.at("format") == run.at("format"));
+    for (const char* key : {"steps", "queries"}) CHECK(t.at(key) == std::to_string(totals.at(key).get<std::int64_t>()));
+    CHECK(t.at("lost") == std::to_string(totals.at("lost_rows").get<std::int64_t>()));
+    CHECK(t.at("extra") == std::to_string(totals.at("extra_reads").get<std::int64_t>()));
+    CHECK(t.at("collisions") == std::to_string(totals.at("collisions").get<std::int64_t>()));
+    CHECK(t.at("output_failures") == std::to_string(totals.at("output_failures").get<std::int64_t>()));
+    CHECK(std::strtod(t.at("max_eps").c_str(), nullptr) == number(totals.at("max_eps_units")));
+    const auto not_checked = totals.at("queries_not_output_checked").get<std::int64_t>();
+    CHECK((not_checked == 0 ? "0" : t.at("not_output_checked")) == std::to_string(not_checked));
+
+    // Steps: one definition. Every step of the scenario is observed (this
+    // run went to the end): the terminal's "N steps" is the reports' steps.
+    CHECK(totals.at("steps").get<std::size_t>() == scenario_steps[i]);
+    std::set<std::int64_t> step_indices;
+    std::int64_t output_failures = 0;
+    for (const Json& s : run.at("steps")) {
+      step_indices.insert(s.at("step").get<std::int64_t>());
+      for (const Json& q : s.at("queries")) output_failures += q.at("output").at("ok").get<bool>() ? 0 : 1;
+    }
+    CHECK(static_cast<std::int64_t>(step_indices.size()) == totals.at("steps").get<std::int64_t>());
+    CHECK(output_failures == totals.at("output_failures").get<std::int64_t>());
+
+    // HTML: the runs table row.
+    const auto& h = html_runs[i];
+    REQUIRE(h.size() == 15);
+    CHECK(h[0] == (run_failed ? "FAIL" : "PASS"));
+    CHECK(h[1] == name);
+    CHECK(h[4] == std::to_string(run.at("window").at("parameter").get<std::int64_t>()) + " " +
+                      run.at("window").at("convention").get<std::string>());
+    CHECK(h[5] == t.at("S"));
+    CHECK(h[6] == t.at("format"));
+    CHECK(h[7] == t.at("steps"));
+    CHECK(h[8] == t.at("queries"));
+    CHECK(h[9] == t.at("lost"));
+    CHECK(h[10] == t.at("extra"));
+    CHECK(h[11] == t.at("collisions"));
+    CHECK(h[12] == t.at("output_failures"));
+    CHECK(h[13] == t.at("max_eps"));
+    CHECK(h[14] == run.at("first_failure"));
+
+    // JUnit: the run's test case.
+    CHECK(junit_failed(junit, name) == run_failed);
+
+    // The HTML step table of a pictured run lists every observation the JSON
+    // has, every step kind included (finish and reset too), and no step's
+    // largest output error exceeds the run's (both over the queries that
+    // read their rows correctly).
+    const std::size_t section = html.find("<section class=\"run\" id=\"run-" + std::to_string(i) + "\"");
+    if (section != std::string::npos) {
+      ++run_section;
+      const auto steps = table_rows(html, "steps", section);
+      REQUIRE(steps.size() == run.at("steps").size());
+      for (std::size_t k = 0; k < steps.size(); ++k) {
+        const Json& s = run.at("steps").at(k);
+        CHECK(steps[k][0] == std::to_string(s.at("step").get<std::int64_t>()));
+        CHECK(steps[k][1].rfind(s.at("kind").get<std::string>(), 0) == 0);
+        CHECK(steps[k][6] == std::to_string(s.at("queries").size()));
+        if (!steps[k][11].empty() && steps[k][11] != "not judged")
+          CHECK(std::strtod(steps[k][11].c_str(), nullptr) <= number(totals.at("max_eps_units")));
+      }
+    }
+
+    // The text's explanation of a failing run: its step's largest output
+    // error is no larger than the run's, and f64 rows show no quantization.
+    if (run_failed) {
+      const std::size_t at = text.find("\nFAIL " + name + " (");
+      REQUIRE(at != std::string::npos);
+      const std::string explanation = text.substr(at, text.find("  seed: ", at) - at);
+      const std::size_t m = explanation.find("max output error in step: ");
+      if (m != std::string::npos) {
+        CHECK(std::strtod(explanation.c_str() + m + 26, nullptr) <= number(totals.at("max_eps_units")));
+      }
+      if (run.at("format") == "f64") CHECK(explanation.find("quantization") == std::string::npos);
+      CHECK((explanation.find("eps > tolerance") != std::string::npos) ==
+            (totals.at("output_failures").get<std::int64_t>() > 0));
+    }
+  }
+  CHECK(run_section > 0);
+}
+
+}  // namespace
+
+TEST_CASE("Reports agree: text, JSON, JUnit and HTML of replayed planted faults give the same counts") {
+  std::vector<std::size_t> steps;
+  const Report report = replay({{"regressions/fault-window-too-wide.json", "window-too-wide"},
+                                {"regressions/fault-freed-state-readable.json", "freed-state-readable"},
+                                {"regressions/fault-slot-no-state-offset.json", "slot-no-state-offset"},
+                                {"fast/state-reuse-after-finish.json", "none"}},
+                               &steps);
+  REQUIRE_FALSE(report.passed());
+  cross_check(report, steps);
+
+  // The contradictions this holds, on the runs themselves.
+  const auto& wide = report.runs[0];
+  REQUIRE_FALSE(wide.passed);
+  CHECK(wide.output_failures == 0);  // the wrong reads fail it, not the output
+  const auto& bad = wide.steps[static_cast<std::size_t>(wide.first_failing_step)];
+  const auto counts = kvcheck::reports::step_counts(bad);
+  CHECK(counts.wrong_reads > 0);
+  CHECK(counts.max_eps_units <= wide.max_eps_units);
+  bool huge = false;  // the wrong rows' error is there, per query, and judged nowhere
+  for (const auto& q : bad.queries) huge = huge || q.eps_units > 1e12;
+  CHECK(huge);
+  const std::string text = kvcheck::reports::report_text(report);
+  CHECK(text.find("queries read wrong rows: their output error is not judged") != std::string::npos);
+  // freed-state-readable: the finish that frees the state is in the reports.
+  const auto& freed = report.runs[1];
+  CHECK(std::any_of(freed.steps.begin(), freed.steps.end(), [](const auto& s) { return s.kind == "finish"; }));
+  CHECK(report.runs[2].window == 4);
+  CHECK(report.runs[2].window_keys == 5);
+  CHECK(text.find(" W=4(left) ") != std::string::npos);
+}
+
+TEST_CASE("Reports agree: text, JSON, JUnit and HTML of passing runs, two layers, finish and reset") {
+  std::vector<std::size_t> steps;
+  const Report report = replay({{"fast/gqa-bf16-interleaved-rope.json", "none"},
+                                {"fast/state-reuse-after-finish.json", "none"},
+                                {"fast/fp8-shared-row-neox.json", "none"}},
+                               &steps);
+  REQUIRE(report.passed());
+  cross_check(report, steps);
+  // Every step kind of the scenario appears in the step table (pictured: the
+  // first three runs when none failed).
+  const std::string html = kvcheck::reports::report_html(report);
+  const auto rows = table_rows(html, "steps", html.find("id=\"run-1\""));
+  std::set<std::string> kinds;
+  for (const auto& r : rows) kinds.insert(r[1].substr(0, r[1].find(' ')));  // "prefill store_then_load"
+  CHECK(kinds == std::set<std::string>{"prefill", "decode", "finish", "reset"});
+  CHECK(report.runs[0].steps.size() == 2 * steps[0]);  // two layers: two observations per step
+}
+
+TEST_CASE("Reports agree: a command of parts says in every format what it showed, a missed planted fault fails") {
+  std::vector<std::size_t> steps;
+  Report audit_like = replay({{"regressions/fault-freed-state-readable.json", "freed-state-readable"}}, &steps);
+  audit_like.context.command = "kvcheck replay scenarios/regressions/fault-freed-state-readable.json";
+
+  Report report;
+  report.context.command = "kvcheck demo";
+  kvcheck::reports::ReportPart fine;
+  fine.title = "1. A part that passes";
+  fine.text = "a table <of> values\n";
+  report.parts.push_back(fine);
+  kvcheck::reports::ReportPart planted;
+  planted.title = "2. A planted fault";
+  planted.planted_fault = true;
+  planted.context = audit_like.context;
+  planted.runs = audit_like.runs;
+  planted.failed = !kvcheck::reports::part_report(planted).passed();
+  planted.text = kvcheck::reports::report_text(kvcheck::reports::part_report(planted));
+  report.parts.push_back(planted);
+
+  for (const bool caught : {true, false}) {
+    INFO("planted fault caught: " << caught);
+    report.parts[1].failed = caught;
+    const std::string text = kvcheck::reports::report_text(report);
+    const Json json = Json::parse(kvcheck::reports::report_json_text(report));
+    const std::string junit = kvcheck::reports::report_junit(report);
+    const std::string html = kvcheck::reports::report_html(report);
+    const std::string counts = caught ? "2 parts: 2 showed what they should; 1 of 1 planted faults caught"
+                                      : "2 parts: 1 showed what they should; 0 of 1 planted faults caught";
+    CHECK(last_line(text) == std::string(caught ? "PASS: " : "FAIL: ") + counts);
+    CHECK(json.at("verdict") == (caught ? "pass" : "fail"));
+    CHECK(json.at("summary").at("parts_as_meant") == (caught ? 2 : 1));
+    CHECK(json.at("summary").at("planted_faults_caught") == (caught ? 1 : 0));
+    CHECK(json.at("parts").at(1).at("verdict") == (caught ? "CAUGHT" : "MISSED"));
+    CHECK(attribute(junit, "testsuite", "failures") == (caught ? "0" : "1"));
+    CHECK(junit_failed(junit, "2. A planted fault") == !caught);
+    CHECK_FALSE(junit_failed(junit, "1. A part that passes"));
+    CHECK(html.find(std::string("<title>kvcheck report: ") + (caught ? "PASS" : "FAIL")) != std::string::npos);
+    CHECK(html.find(caught ? ">CAUGHT</span> 2. A planted fault" : ">MISSED</span> 2. A planted fault") !=
+          std::string::npos);
+    CHECK(html.find(counts) != std::string::npos);
+    // Every part the terminal printed is in the HTML: its title and its text.
+    for (const auto& part : report.parts) {
+      CHECK(html.find(part.title) != std::string::npos);
+      CHECK(text.find("== " + part.title + " ==\n" + part.text) != std::string::npos);
+    }
+    CHECK(html.find("a table &lt;of&gt; values") != std::string::npos);
+    // The planted part's failing run is pictured, and its replay is its own command.
+    CHECK(html.find("id=\"part-1-run-0\"") != std::string::npos);
+    CHECK(text.find("replay: " + audit_like.context.command) != std::string::npos);
+    CHECK(text.find("replay: kvcheck demo") == std::string::npos);
+  }
+}
