@@ -53,16 +53,9 @@ struct TruthRow {
 
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
 
-/// Everything kvcheck keeps for one layer: the model's rows and the shadow map.
-template <class R>
-struct LayerTruth {
-  std::map<RowKey, TruthRow<R>> rows;
-  ShadowMap shadow;
-};
-
 /// Accumulation precision of the production kernels per format.
-inline double accumulation_epsilon(impl::ElementFormat f) {
-  return f == impl::ElementFormat::kF64 ? 0x1.0p-53 : 0x1.0p-24;
+inline double accumulation_epsilon(scenarios::Format f) {
+  return f == scenarios::Format::kF64 ? 0x1.0p-53 : 0x1.0p-24;
 }
 
 template <class R>

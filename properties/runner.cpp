@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "engines/factory.hpp"
-#include "engines/ring_pool_cache.hpp"
 #include "model/attention.hpp"
 #include "model/certified.hpp"
 #include "model/encoding.hpp"
@@ -55,13 +54,6 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
   return model::RopeStyle::kNone;
 }
 
-struct RequestState {
-  std::int64_t state = 0;
-  bool begun = false;
-  bool after_reset = false;  ///< the request's last step was a reset
-  scenarios::RequestProgress progress;
-};
-
 model::Encoding model_encoding(scenarios::Format f) {
   switch (f) {
     case scenarios::Format::kF64: return model::Encoding::kF64;
@@ -71,6 +63,13 @@ model::Encoding model_encoding(scenarios::Format f) {
   }
   return model::Encoding::kF64;
 }
+
+struct RequestState {
+  std::int64_t state = 0;
+  bool begun = false;
+  bool after_reset = false;  ///< the request's last step was a reset
+  scenarios::RequestProgress progress;
+};
 
 }  // namespace
 
@@ -132,31 +131,423 @@ engines::CacheSpec cache_spec(const Scenario& scenario) {
 
 namespace {
 
+/// The output judge of one run: the model's rows of every layer and, for
+/// each query a cache answered, the reference output, the difference and
+/// the tolerance the cache is held to (README "Tolerances"). It sees the
+/// cache only through its answers; for a bookkeeping-only engine it also
+/// computes the outputs over the rows the reads resolve to.
+template <class Real>
+class OutputJudge {
+ public:
+  OutputJudge(const Scenario& sc, const RunOptions& options, const engines::Capabilities& caps)
+      : sc_(sc),
+        cache_(sc.cache),
+        options_(options),
+        caps_(caps),
+        window_{cache_.window, to_model(cache_.convention)},
+        heads_{cache_.q_heads, cache_.kv_heads, cache_.head_dim, cache_.shared_row},
+        rope_{to_model(cache_.rope.style), cache_.rope.rotary_dims, cache_.rope.base},
+        scale_(softmax_scale(cache_)),
+        scale_d_(model::to_double(scale_)),
+        kv_width_(static_cast<std::int64_t>(cache_.kv_heads) * cache_.head_dim),
+        q_width_(static_cast<std::int64_t>(cache_.q_heads) * cache_.head_dim),
+        format_eps_(model::encoding_unit_roundoff(model_encoding(cache_.format))),
+        rope_eps_(caps.rope_unit_roundoff > 0 ? caps.rope_unit_roundoff
+                                              : accumulation_epsilon(cache_.format)),
+        ref_rows_{cache_,
+                  kv_width_,
+                  q_width_,
+                  cache_.q_heads / cache_.kv_heads,
+                  heads_,
+                  rope_,
+                  scale_,
+                  cache_.sink_logit ? std::optional<Real>(Real(*cache_.sink_logit)) : std::nullopt,
+                  model_encoding(cache_.format),
+                  rope_eps_,
+                  {},
+                  0},
+        rows_(static_cast<std::size_t>(cache_.layers)),
+        read_rows_(caps.computes_outputs ? 0 : static_cast<std::size_t>(cache_.layers)) {
+    arith_.u = caps.accumulation_epsilon(cache_.format);  // as the cache declares it computes
+    arith_.prob_u = caps.probability_epsilon();
+    arith_.rope_u = rope_eps_;  // the RoPE allowance: the cache's declared RoPE precision
+    // The certified reference (model/certified.hpp): double-double balls that
+    // contain MPFR's values; MPFR only where a ball does not pin a figure.
+    Certifier<Real>& cert = ref_rows_.cert;
+    cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
+    if (cert.on) {
+      cert.um = std::ldexp(1.0, -model::real_bits<Real>());
+      cert.set_rope(rope_);
+      cert.scale = model::certified::from_real(scale_);
+      if (cache_.sink_logit) cert.sink = *cache_.sink_logit;
+    }
+  }
+
+  /// A new step: the RoPE factors of the last one's positions are dropped.
+  void begin_step() { ref_rows_.cert.factors.clear(); }
+
+  /// Remembers the step's new rows (exact and reference-encoded) and judges
+  /// the rows the cache says it stored; for a bookkeeping-only engine also
+  /// the rows as written numbers, before `shadow` sees the step.
+  void write_rows(std::int32_t layer, std::int64_t request, std::int64_t first, std::int64_t n,
+                  const RowSet& in, const engines::StepAnswer& answer, const ShadowMap& shadow,
+                  StepObservation* obs) {
+    auto& rows = rows_[static_cast<std::size_t>(layer)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t p = first + i;
+      const double* k_row = in.k.data() + i * kv_width_;
+      const double* v_row = cache_.shared_row ? nullptr : in.v.data() + i * kv_width_;
+      rows[{request, p}] = ref_rows_.written_row(p, k_row, v_row, answer, i, obs);
+    }
+    // Bookkeeping-only: the rows as written numbers, and the slots' old rows.
+    replaced_seqs_.clear();
+    seq_base_ = shadow.write_count();
+    if (caps_.computes_outputs) return;
+    ReadRows& rr = read_rows_[static_cast<std::size_t>(layer)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const TruthRow<Real>& row = rows.at({request, first + i});
+      rr.remember(seq_base_ + static_cast<std::uint64_t>(i) + 1, row.key_encoding.values,
+                  cache_.shared_row ? std::vector<double>{} : row.value_encoding.values);
+      replaced_seqs_.push_back(shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq);
+    }
+  }
+
+  /// Judges the outputs of the step's `n` queries (their reads already in
+  /// `obs`); a bookkeeping-only engine's outputs are computed into `answer`
+  /// first.
+  void judge_outputs(std::int32_t layer, std::int64_t request, std::int64_t first, std::int64_t n,
+                     const RowSet& in, engines::StepAnswer& answer, StepObservation* obs) {
+    for (std::int64_t i = 0; i < n && options_.check_outputs; ++i) {
+      judge_query(layer, request, first + i, in.q.data() + i * q_width_, answer.out.data() + i * q_width_,
+                  &obs->queries[static_cast<std::size_t>(i)]);
+    }
+  }
+
+  /// Bookkeeping-only, after `shadow` saw the step: rows no slot holds any
+  /// more are never read again (the old occupants of the slots written, and
+  /// rows of this step a later row of it replaced).
+  void settle_reads(std::int32_t layer, std::int64_t n, const engines::StepAnswer& answer,
+                    const ShadowMap& shadow) {
+    if (caps_.computes_outputs) return;
+    ReadRows& rr = read_rows_[static_cast<std::size_t>(layer)];
+    for (const std::uint64_t seq : replaced_seqs_) rr.forget(seq);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint64_t seq = seq_base_ + static_cast<std::uint64_t>(i) + 1;
+      if (shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq != seq) rr.forget(seq);
+    }
+  }
+
+  /// Forgets the rows of `request` before `position` in every layer.
+  void forget_before(std::int64_t request, std::int64_t position) {
+    for (auto& rows : rows_)
+      rows.erase(rows.lower_bound({request, 0}), rows.lower_bound({request, position}));
+  }
+
+  std::int64_t mpfr_queries() const noexcept { return ref_rows_.mpfr_queries; }
+
+ private:
+  static Real softmax_scale(const scenarios::CacheConfig& cache) {
+    using std::sqrt;
+    return cache.softmax_scale ? Real(*cache.softmax_scale) : Real(1) / sqrt(Real(cache.head_dim));
+  }
+
+  /// One query at position `p`: its reference outputs, the difference of
+  /// `out` from them, and its tolerance (model::head_output_bound).
+  void judge_query(std::int32_t layer, std::int64_t request, std::int64_t p, const double* q_row, double* out,
+                   QueryObservation* query_obs) {
+    QueryObservation& q = *query_obs;
+    auto& rows = rows_[static_cast<std::size_t>(layer)];
+    const model::PositionRange visible = model::visible_range(p, window_);
+    std::vector<TruthRow<Real>*> visible_rows;
+    std::vector<KeyBounds> key_bounds;
+    for (std::int64_t j = visible.first; j <= visible.last; ++j) {
+      TruthRow<Real>& row = rows.at({request, j});
+      visible_rows.push_back(&row);
+      key_bounds.push_back({&row.key_encoding.values, &row.key_err,
+                            cache_.shared_row ? &row.key_encoding.values : &row.value_encoding.values});
+    }
+    // The reference outputs and the rotated query as the doubles MPFR's
+    // values round to: from balls when they pin them, else from MPFR.
+    std::vector<double> ref, ref_exact, query;
+    ref_rows_.query_reference(q_row, p, visible, visible_rows, &ref, &ref_exact, &query);
+    if (!caps_.computes_outputs) {
+      read_rows_[static_cast<std::size_t>(layer)].attend(query, q.reads, heads_, scale_d_, cache_.sink_logit,
+                                                         out);
+      if (!options_.record_reads) q.reads.clear();
+    }
+    for (std::int64_t d = 0; d < q_width_; ++d) {
+      const double r = ref[static_cast<std::size_t>(d)];
+      const double diff = std::fabs(out[d] - r);
+      q.reference_max = std::max(q.reference_max, std::fabs(r));
+      q.abs_diff = std::max(q.abs_diff, diff);
+      q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
+      q.quant_abs_diff =
+          std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
+      if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
+    }
+    q.eps_units = q.abs_diff / format_eps_;
+    // Kernel error bound (model::head_output_bound): this query's own
+    // scores, weights and values, with per-key score errors from the
+    // accumulation and from the RoPE angle error at the query's and keys'
+    // positions (and, for shared rows, the values' deviations).
+    const QueryTolerance tol = query_tolerance(query, key_bounds, heads_, scale_d_, cache_.sink_logit, p,
+                                               rope_, arith_, ref, &tol_scratch_);
+    q.rope_tolerance = tol.parts.rope;
+    const bool fixed = sc_.expect && sc_.expect->output_tolerance;
+    q.tolerance = fixed ? *sc_.expect->output_tolerance : tol.parts.total();
+    const bool reads_correct = properties::reads_correct(q);
+    q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
+    // Judged only where the reads were right and a wrong output could
+    // fail: a tolerance that reaches the values' size judges nothing.
+    q.output_checked = reads_correct && (q.tolerance < tol.value_max || tol.value_max == 0);
+  }
+
+  const Scenario& sc_;
+  const scenarios::CacheConfig& cache_;
+  const RunOptions& options_;
+  const engines::Capabilities& caps_;
+  const model::Window window_;
+  const model::Heads heads_;
+  const model::Rope rope_;
+  const Real scale_;
+  const double scale_d_;
+  const std::int64_t kv_width_, q_width_;
+  const double format_eps_, rope_eps_;
+  KernelArithmetic arith_;
+  ToleranceScratch tol_scratch_;
+  RowReference<Real> ref_rows_;
+  std::vector<std::map<RowKey, TruthRow<Real>>> rows_;  // [layers] by (request, position)
+  std::vector<ReadRows> read_rows_;                     // [layers] bookkeeping-only engines
+  std::vector<std::uint64_t> replaced_seqs_;            // this step's slots' old rows (bookkeeping-only)
+  std::uint64_t seq_base_ = 0;                          // write number before this step's rows
+};
+
+/// The step driver of one run: each step of the schedule, layer by layer,
+/// goes to the cache as begin (once per request and layer), a refusal probe,
+/// then the call; what the cache answered is observed through the shadow
+/// map, and its outputs go to the output judge. The first refusal or probe
+/// the cache gets wrong ends the run (stop).
+template <class Real>
+class StepDriver {
+ public:
+  StepDriver(const Scenario& sc, const RunOptions& options, const engines::Capabilities& caps,
+             engines::CacheUnderTest& cut, OutputJudge<Real>& judge, RunObservation& run)
+      : sc_(sc),
+        cache_(sc.cache),
+        options_(options),
+        caps_(caps),
+        cut_(cut),
+        judge_(judge),
+        run_(run),
+        keys_(window_keys(sc.cache)),
+        q_width_(static_cast<std::int64_t>(cache_.q_heads) * cache_.head_dim),
+        shadows_(static_cast<std::size_t>(cache_.layers)),
+        prober_{caps, cut} {
+    // A cache that reports no read slots, on position-coded rows: which rows
+    // each query read is decoded from its outputs (properties/position_code.hpp).
+    if (sc.data.profile == scenarios::ValueProfile::kPositionCode && !caps.reports_read_slots &&
+        position_code_layout(cache_).classes > 0) {
+      for (std::int32_t l = 0; l < cache_.layers; ++l) decoders_.emplace_back(cache_, l);
+      run_.observed += "+position-code";
+    }
+    for (const auto& r : sc.requests) requests_[r.id].state = r.state;
+  }
+
+  /// Runs every step until the schedule ends or the run stops.
+  void run() {
+    for (std::size_t step_index = 0; step_index < sc_.steps.size(); ++step_index) {
+      if (!run_step(step_index)) break;
+    }
+    run_.probes = prober_.sent;
+  }
+
+ private:
+  /// One step on every layer, then the model's bookkeeping; false: stopped.
+  bool run_step(std::size_t step_index) {
+    const scenarios::Step& step = sc_.steps[step_index];
+    RequestState& req = requests_.at(step.request);
+    judge_.begin_step();
+    const std::int64_t n = scenarios::step_rows(step);
+    const std::int64_t first = scenarios::step_first_position(req.progress);
+    const auto index = static_cast<std::int64_t>(step_index);
+    const RowSet rows = n > 0 ? make_rows(sc_, 0, step.request, first, n, index) : RowSet{};
+    for (std::int32_t l = 0; l < cache_.layers; ++l) {
+      const RowSet layer_rows =
+          l == 0 ? RowSet{} : (n > 0 ? make_rows(sc_, l, step.request, first, n, index) : RowSet{});
+      if (!run_layer(step_index, l, l == 0 ? rows : layer_rows)) return false;
+    }
+    // Rows no later query can see: every later query of this request sits at
+    // or after this writing step's first position (an accept keeps at least
+    // it; after a reset the positions are written again before they are
+    // read), so a window reaches back no further than first - keys + 1.
+    // Memory stays with the window, not the schedule's length.
+    if (n > 0 && first - keys_ > 0) judge_.forget_before(step.request, first - keys_);
+
+    // Model bookkeeping shared by all layers (scenarios/step_semantics.hpp).
+    req.begun = true;
+    req.after_reset = step.kind == StepKind::kReset;
+    const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
+    KVCHECK_ASSERT(refusal == scenarios::StepRefusal::kNone);  // scenarios are validated
+    return true;
+  }
+
+  /// Begin, probe and call for one layer of a step; false: stopped.
+  bool run_layer(std::size_t step_index, std::int32_t l, const RowSet& in) {
+    const scenarios::Step& step = sc_.steps[step_index];
+    const RequestState& req = requests_.at(step.request);
+    const std::int64_t n = scenarios::step_rows(step);
+    engines::StepCall call;
+    call.step = step;
+    call.layer = l;
+    call.state = req.state;
+    call.position = scenarios::step_first_position(req.progress);
+    call.rows = n;
+    call.step_index = static_cast<std::int64_t>(step_index);
+    if (n > 0) {
+      call.k = in.k.data();
+      call.v = cache_.shared_row ? nullptr : in.v.data();
+      call.q = in.q.data();
+    }
+    const std::string heading = "step " + std::to_string(step_index);
+    const std::string kind(scenarios::step_kind_name(step.kind));
+    if (!req.begun) {
+      engines::StepCall begin = call;
+      begin.op = engines::StepCall::Op::kBegin;
+      if (const auto st = cut_.call(begin, nullptr)) {
+        return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)), heading, "");
+      }
+    }
+    if (options_.probes) {
+      // One probe per step and layer, rotating through those that apply
+      // (right after a reset, the stale-revision probe first: Prober::choose).
+      const auto apply = prober_.applicable(step, req.progress);
+      if (!apply.empty()) {
+        const std::string name = prober_.choose(apply, call.step_index, req.after_reset);
+        const std::string problem = prober_.run(name, call, req.progress, in.k);
+        if (!problem.empty()) {
+          return stop(observed(step_index, l, problem),
+                      heading + " (" + kind + ") layer " + std::to_string(l), "");
+        }
+      }
+    }
+    if (n > 0) return call_with_rows(step_index, call, in);
+    if (const auto st = cut_.call(call, nullptr)) {
+      return stop(observed(step_index, l, "refused: " + refusal_text(*st)), heading + " (" + kind + ")", "");
+    }
+    // A step that writes no rows (accept, finish, reset) is observed too,
+    // with no error: every step kind appears in the reports.
+    run_.steps.push_back(observed(step_index, l, ""));
+    return true;
+  }
+
+  /// A step that writes rows: the call, the slots it reported, the outputs
+  /// judged; false: the cache refused it (stopped).
+  bool call_with_rows(std::size_t step_index, const engines::StepCall& call, const RowSet& in) {
+    const scenarios::Step& step = sc_.steps[step_index];
+    const std::int64_t n = call.rows;
+    const engines::StepStatus st = cut_.call(call, &answer_);
+    StepObservation obs = observed(step_index, call.layer, "");
+    if (step.kind == StepKind::kPrefill) obs.order = scenarios::order_name(step.order);
+    if (st) {
+      obs.error = refusal_text(*st);
+      const std::string heading = "step " + std::to_string(step_index) + " (" + obs.kind + ")";
+      return stop(std::move(obs), heading, "implementation refused: ");
+    }
+    KVCHECK_ASSERT(static_cast<std::int64_t>(answer_.out.size()) == n * q_width_);
+    const ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
+    judge_.write_rows(call.layer, step.request, call.position, n, in, answer_, shadow, &obs);
+    observe_slots(call, &obs);
+    judge_.judge_outputs(call.layer, step.request, call.position, n, in, answer_, &obs);
+    judge_.settle_reads(call.layer, n, answer_, shadow);
+    run_.steps.push_back(std::move(obs));
+    return true;
+  }
+
+  /// Slots: everything from what the cache reported, via the shadow map
+  /// (and, without read slots, from position-coded outputs).
+  void observe_slots(const engines::StepCall& call, StepObservation* obs) {
+    const std::int64_t n = call.rows;
+    StepFacts facts;
+    facts.request = call.step.request;
+    facts.state = call.state;
+    facts.first_position = call.position;
+    facts.rows = n;
+    facts.window_keys = keys_;
+    facts.has_written = answer_.has_written;
+    facts.written = answer_.written;
+    facts.has_reads = answer_.has_reads;
+    facts.read_offsets = answer_.read_offsets;
+    facts.read_slots = answer_.read_slots;
+    facts.view = answer_.view;
+    facts.duplicate_slots = answer_.duplicate_slots;
+    facts.ring = caps_.ring_addressing;
+    facts.ring_rows = cache_.ring_rows;
+    facts.record_reads = options_.record_reads || !caps_.computes_outputs;
+    facts.record_ring = options_.record_ring;
+    shadows_[static_cast<std::size_t>(call.layer)].observe(facts, obs);
+    if (decoders_.empty() || (facts.has_written && facts.has_reads)) return;
+    PositionDecoder& decoder = decoders_[static_cast<std::size_t>(call.layer)];
+    decoder.record_writes(call.step.request, call.position, n, call.step_index);
+    for (std::int64_t i = 0; i < n; ++i) {
+      decoder.decode(call.step.request, answer_.out.data() + i * q_width_,
+                     &obs->queries[static_cast<std::size_t>(i)]);
+    }
+  }
+
+  /// The observation of step `step_index` on `layer` before anything is
+  /// judged: which request, state and first position, and `error`.
+  StepObservation observed(std::size_t step_index, std::int32_t layer, const std::string& error) const {
+    const scenarios::Step& step = sc_.steps[step_index];
+    const RequestState& req = requests_.at(step.request);
+    StepObservation obs;
+    obs.step = static_cast<std::int64_t>(step_index);
+    obs.layer = layer;
+    obs.kind = std::string(scenarios::step_kind_name(step.kind));
+    obs.request = step.request;
+    obs.state = req.state;
+    obs.first_position = scenarios::step_first_position(req.progress);
+    obs.error = error;
+    return obs;
+  }
+
+  /// Ends the run at a step the cache got wrong (a refusal, a probe): the
+  /// failure "HEADING: PREFIX ERROR" and the step recorded as a failed
+  /// observation, so the verdict and the reports agree. Returns false.
+  bool stop(StepObservation obs, const std::string& heading, const std::string& prefix) {
+    mark_failed(&run_, heading + ": " + prefix + obs.error);
+    run_.steps.push_back(std::move(obs));
+    return false;
+  }
+
+  const Scenario& sc_;
+  const scenarios::CacheConfig& cache_;
+  const RunOptions& options_;
+  const engines::Capabilities& caps_;
+  engines::CacheUnderTest& cut_;
+  OutputJudge<Real>& judge_;
+  RunObservation& run_;
+  const std::int64_t keys_;
+  const std::int64_t q_width_;
+  std::vector<ShadowMap> shadows_;  // [layers] slot -> the row the cache last said it wrote there
+  std::vector<PositionDecoder> decoders_;
+  std::map<std::int64_t, RequestState> requests_;
+  Prober prober_;
+  engines::StepAnswer answer_;  // reused between calls
+};
+
 template <class Real>
 RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::CacheProvider& provider) {
   const auto& cache = sc.cache;
   const engines::CacheSpec spec = cache_spec(sc);
-  const std::int64_t keys = spec.window_keys;
-  const model::Window window{cache.window, to_model(cache.convention)};
-  const model::Heads heads{cache.q_heads, cache.kv_heads, cache.head_dim, cache.shared_row};
-  const model::Rope rope{to_model(cache.rope.style), cache.rope.rotary_dims, cache.rope.base};
-  using std::sqrt;
-  const Real scale = cache.softmax_scale ? Real(*cache.softmax_scale) : Real(1) / sqrt(Real(cache.head_dim));
-  const double scale_d = model::to_double(scale);
-  const std::optional<Real> sink =
-      cache.sink_logit ? std::optional<Real>(Real(*cache.sink_logit)) : std::nullopt;
-  const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
-  const std::int64_t q_width = static_cast<std::int64_t>(cache.q_heads) * cache.head_dim;
-  const impl::ElementFormat format = engines::impl_format(cache.format);
-
   RunObservation run;
   run.scenario_name = sc.name;
   run.backend = options.backend;
-  run.fault = std::string(impl::fault_name(options.fault));
-  run.window_convention = std::string(model::convention_name(window.convention));
-  run.window_keys = keys;
+  run.fault = options.fault;
+  run.window_convention = std::string(model::convention_name(to_model(cache.convention)));
+  run.window_keys = spec.window_keys;
+  run.window = cache.window;
   run.ring_rows = cache.ring_rows;
-  run.format = std::string(impl::format_name(format));
+  run.format = std::string(scenarios::format_name(cache.format));
   run.precision_bits = model::real_bits<Real>();
 
   const engines::Capabilities& caps = provider.capabilities();
@@ -177,288 +568,10 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     run.skip_reason = caps.name + " refused the configuration: " + refusal_text(refused);
     return run;
   }
-
-  const double format_eps = impl::format_epsilon(format);
-  const double rope_eps =
-      caps.rope_unit_roundoff > 0 ? caps.rope_unit_roundoff : accumulation_epsilon(format);
-  KernelArithmetic arith;  // as the cache declares it computes (Capabilities)
-  arith.u = caps.accumulation_epsilon(cache.format);
-  arith.prob_u = caps.probability_epsilon();
-  arith.rope_u = rope_eps;  // the RoPE allowance: the cache's declared RoPE precision
-  const std::optional<double> sink_d = cache.sink_logit;
-  ToleranceScratch tol_scratch;
-  const model::Encoding encoding = model_encoding(cache.format);
-  const std::int32_t group = cache.q_heads / cache.kv_heads;
-
-  // The certified reference (model/certified.hpp): double-double balls that
-  // contain MPFR's values; MPFR only where a ball does not pin a figure.
-  RowReference<Real> ref_rows{cache, kv_width, q_width,  group,    heads, rope,
-                              scale, sink,     encoding, rope_eps, {},    0};
-  Certifier<Real>& cert = ref_rows.cert;
-  cert.on = !std::is_same_v<Real, double> && options.reference == Reference::kCertified;
-  if (cert.on) {
-    cert.um = std::ldexp(1.0, -model::real_bits<Real>());
-    cert.set_rope(rope);
-    cert.scale = model::certified::from_real(scale);
-    if (cache.sink_logit) cert.sink = *cache.sink_logit;
-  }
-
-  std::vector<LayerTruth<Real>> layers(static_cast<std::size_t>(cache.layers));
-  // A bookkeeping-only engine: kvcheck computes its outputs over the rows
-  // its reads resolve to (properties/bookkeeping_outputs.hpp).
-  std::vector<ReadRows> read_rows(caps.computes_outputs ? 0 : static_cast<std::size_t>(cache.layers));
-  // A cache that reports no read slots, on position-coded rows: which rows
-  // each query read is decoded from its outputs (properties/position_code.hpp).
-  std::vector<PositionDecoder> decoders;
-  if (sc.data.profile == scenarios::ValueProfile::kPositionCode && !caps.reports_read_slots &&
-      position_code_layout(cache).classes > 0) {
-    for (std::int32_t l = 0; l < cache.layers; ++l) decoders.emplace_back(cache, l);
-    run.observed += "+position-code";
-  }
-  std::map<std::int64_t, RequestState> requests;
-  for (const auto& r : sc.requests) requests[r.id].state = r.state;
-  Prober prober{caps, *cut};
-
-  auto fail = [&run](const std::string& why) { mark_failed(&run, why); };
-  // A step that ended the run early (a refusal, a probe the cache got wrong):
-  // recorded as a failed observation so the verdict and the reports agree.
-  auto stop_at = [&](std::size_t step_index, std::int32_t layer, const scenarios::Step& step,
-                     const RequestState& req, const std::string& error) {
-    StepObservation obs;
-    obs.step = static_cast<std::int64_t>(step_index);
-    obs.layer = layer;
-    obs.kind = std::string(scenarios::step_kind_name(step.kind));
-    obs.request = step.request;
-    obs.state = req.state;
-    obs.first_position = scenarios::step_first_position(req.progress);
-    obs.error = error;
-    run.steps.push_back(std::move(obs));
-  };
-
-  engines::StepAnswer answer;
-  for (std::size_t step_index = 0; step_index < sc.steps.size(); ++step_index) {
-    const auto& step = sc.steps[step_index];
-    RequestState& req = requests.at(step.request);
-    cert.factors.clear();
-    const std::int64_t n = scenarios::step_rows(step);
-    const std::int64_t first = scenarios::step_first_position(req.progress);
-    bool stop = false;
-    const RowSet rows =
-        n > 0 ? make_rows(sc, 0, step.request, first, n, static_cast<std::int64_t>(step_index)) : RowSet{};
-
-    for (std::int32_t l = 0; l < cache.layers && !stop; ++l) {
-      LayerTruth<Real>& truth = layers[static_cast<std::size_t>(l)];
-      const RowSet layer_rows =
-          l == 0 ? RowSet{}
-                 : (n > 0 ? make_rows(sc, l, step.request, first, n, static_cast<std::int64_t>(step_index))
-                          : RowSet{});
-      const RowSet& in = l == 0 ? rows : layer_rows;
-      engines::StepCall call;
-      call.step = step;
-      call.layer = l;
-      call.state = req.state;
-      call.position = first;
-      call.rows = n;
-      call.step_index = static_cast<std::int64_t>(step_index);
-      if (n > 0) {
-        call.k = in.k.data();
-        call.v = cache.shared_row ? nullptr : in.v.data();
-        call.q = in.q.data();
-      }
-      if (!req.begun) {
-        engines::StepCall begin = call;
-        begin.op = engines::StepCall::Op::kBegin;
-        if (const auto st = cut->call(begin, nullptr)) {
-          const std::string e = "begin refused: " + refusal_text(*st);
-          fail("step " + std::to_string(step_index) + ": " + e);
-          stop_at(step_index, l, step, req, e);
-          stop = true;
-          break;
-        }
-      }
-      if (options.probes) {
-        // One probe per step and layer, rotating through those that apply
-        // (right after a reset, the stale-revision probe first: Prober::choose).
-        const auto apply = prober.applicable(step, req.progress);
-        if (!apply.empty()) {
-          const std::string name =
-              prober.choose(apply, static_cast<std::int64_t>(step_index), req.after_reset);
-          const std::string problem = prober.run(name, call, req.progress, in.k);
-          if (!problem.empty()) {
-            fail("step " + std::to_string(step_index) + " (" +
-                 std::string(scenarios::step_kind_name(step.kind)) + ") layer " + std::to_string(l) + ": " +
-                 problem);
-            stop_at(step_index, l, step, req, problem);
-            stop = true;
-            break;
-          }
-        }
-      }
-      if (n == 0) {
-        if (const auto st = cut->call(call, nullptr)) {
-          const std::string e = "refused: " + refusal_text(*st);
-          fail("step " + std::to_string(step_index) + " (" +
-               std::string(scenarios::step_kind_name(step.kind)) + "): " + e);
-          stop_at(step_index, l, step, req, e);
-          stop = true;
-        }
-        continue;
-      }
-
-      const engines::StepStatus st = cut->call(call, &answer);
-      StepObservation obs;
-      obs.step = static_cast<std::int64_t>(step_index);
-      obs.layer = l;
-      obs.kind = std::string(scenarios::step_kind_name(step.kind));
-      if (step.kind == StepKind::kPrefill) {
-        obs.order = scenarios::order_name(step.order);
-      }
-      obs.request = step.request;
-      obs.state = req.state;
-      obs.first_position = first;
-      if (st) {
-        obs.error = refusal_text(*st);
-        fail("step " + std::to_string(step_index) + " (" + obs.kind +
-             "): implementation refused: " + obs.error);
-        run.steps.push_back(std::move(obs));
-        stop = true;
-        break;
-      }
-      KVCHECK_ASSERT(static_cast<std::int64_t>(answer.out.size()) == n * q_width);
-
-      // Model: remember each row's exact and cached values.
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t p = first + i;
-        const double* k_row = in.k.data() + i * kv_width;
-        const double* v_row = cache.shared_row ? nullptr : in.v.data() + i * kv_width;
-        truth.rows[{step.request, p}] = ref_rows.written_row(p, k_row, v_row, answer, i, &obs);
-      }
-      // Bookkeeping-only: the rows as written numbers, and the slots' old rows.
-      std::vector<std::uint64_t> replaced_seqs;
-      const std::uint64_t seq_base = truth.shadow.write_count();
-      if (!caps.computes_outputs) {
-        ReadRows& rr = read_rows[static_cast<std::size_t>(l)];
-        for (std::int64_t i = 0; i < n; ++i) {
-          const TruthRow<Real>& row = truth.rows.at({step.request, first + i});
-          rr.remember(seq_base + static_cast<std::uint64_t>(i) + 1, row.key_encoding.values,
-                      cache.shared_row ? std::vector<double>{} : row.value_encoding.values);
-          replaced_seqs.push_back(truth.shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq);
-        }
-      }
-
-      // Slots: everything from what the cache reported, via the shadow map.
-      StepFacts facts;
-      facts.request = step.request;
-      facts.state = req.state;
-      facts.first_position = first;
-      facts.rows = n;
-      facts.window_keys = keys;
-      facts.has_written = answer.has_written;
-      facts.written = answer.written;
-      facts.has_reads = answer.has_reads;
-      facts.read_offsets = answer.read_offsets;
-      facts.read_slots = answer.read_slots;
-      facts.view = answer.view;
-      facts.duplicate_slots = answer.duplicate_slots;
-      facts.ring = caps.ring_addressing;
-      facts.ring_rows = cache.ring_rows;
-      facts.record_reads = options.record_reads || !caps.computes_outputs;
-      facts.record_ring = options.record_ring;
-      truth.shadow.observe(facts, &obs);
-      if (!decoders.empty() && !(facts.has_written && facts.has_reads)) {
-        PositionDecoder& decoder = decoders[static_cast<std::size_t>(l)];
-        decoder.record_writes(step.request, first, n, static_cast<std::int64_t>(step_index));
-        for (std::int64_t i = 0; i < n; ++i) {
-          decoder.decode(step.request, answer.out.data() + i * q_width,
-                         &obs.queries[static_cast<std::size_t>(i)]);
-        }
-      }
-
-      for (std::int64_t i = 0; i < n && options.check_outputs; ++i) {
-        QueryObservation& q = obs.queries[static_cast<std::size_t>(i)];
-        const std::int64_t p = first + i;
-        const model::PositionRange visible = model::visible_range(p, window);
-        std::vector<TruthRow<Real>*> visible_rows;
-        std::vector<KeyBounds> key_bounds;
-        for (std::int64_t j = visible.first; j <= visible.last; ++j) {
-          TruthRow<Real>& row = truth.rows.at({step.request, j});
-          visible_rows.push_back(&row);
-          key_bounds.push_back({&row.key_encoding.values, &row.key_err,
-                                cache.shared_row ? &row.key_encoding.values : &row.value_encoding.values});
-        }
-        // The reference outputs and the rotated query as the doubles MPFR's
-        // values round to: from balls when they pin them, else from MPFR.
-        std::vector<double> ref, ref_exact, query;
-        ref_rows.query_reference(in.q.data() + i * q_width, p, visible, visible_rows, &ref, &ref_exact,
-                                 &query);
-        if (!caps.computes_outputs) {
-          read_rows[static_cast<std::size_t>(l)].attend(query, q.reads, heads, scale_d, cache.sink_logit,
-                                                        answer.out.data() + i * q_width);
-          if (!options.record_reads) q.reads.clear();
-        }
-        const double* out = answer.out.data() + i * q_width;
-        for (std::int64_t d = 0; d < q_width; ++d) {
-          const double r = ref[static_cast<std::size_t>(d)];
-          const double diff = std::fabs(out[d] - r);
-          q.reference_max = std::max(q.reference_max, std::fabs(r));
-          q.abs_diff = std::max(q.abs_diff, diff);
-          q.rel_diff = std::max(q.rel_diff, diff / std::max(std::fabs(r), 1e-30));
-          q.quant_abs_diff =
-              std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
-          if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
-        }
-        q.eps_units = q.abs_diff / format_eps;
-        // Kernel error bound (model::head_output_bound): this query's own
-        // scores, weights and values, with per-key score errors from the
-        // accumulation and from the RoPE angle error at the query's and keys'
-        // positions (and, for shared rows, the values' deviations).
-        const QueryTolerance tol =
-            query_tolerance(query, key_bounds, heads, scale_d, sink_d, p, rope, arith, ref, &tol_scratch);
-        q.rope_tolerance = tol.parts.rope;
-        const bool fixed = sc.expect && sc.expect->output_tolerance;
-        q.tolerance = fixed ? *sc.expect->output_tolerance : tol.parts.total();
-        const bool reads_correct = q.overwritten.empty() && q.missing.empty() && q.extra.empty();
-        q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
-        // Judged only where the reads were right and a wrong output could
-        // fail: a tolerance that reaches the values' size judges nothing.
-        q.output_checked = reads_correct && (q.tolerance < tol.value_max || tol.value_max == 0);
-      }
-      if (!caps.computes_outputs) {
-        // Rows no slot holds any more are never read again: the old
-        // occupants of the slots written, and rows of this step a later row
-        // of it replaced.
-        ReadRows& rr = read_rows[static_cast<std::size_t>(l)];
-        for (const std::uint64_t seq : replaced_seqs) rr.forget(seq);
-        for (std::int64_t i = 0; i < n; ++i) {
-          const std::uint64_t seq = seq_base + static_cast<std::uint64_t>(i) + 1;
-          if (truth.shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq != seq) rr.forget(seq);
-        }
-      }
-      run.steps.push_back(std::move(obs));
-    }
-    if (stop) break;
-
-    // Rows no later query can see: every later query of this request sits at
-    // or after this writing step's first position (an accept keeps at least
-    // it; after a reset the positions are written again before they are
-    // read), so a window reaches back no further than first - keys + 1.
-    // Memory stays with the window, not the schedule's length.
-    if (n > 0 && first - keys > 0) {
-      for (LayerTruth<Real>& truth : layers) {
-        truth.rows.erase(truth.rows.lower_bound({step.request, 0}),
-                         truth.rows.lower_bound({step.request, first - keys}));
-      }
-    }
-
-    // Model bookkeeping shared by all layers (SPEC §3, scenarios/step_semantics.hpp).
-    req.begun = true;
-    req.after_reset = step.kind == StepKind::kReset;
-    const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
-    KVCHECK_ASSERT(refusal == scenarios::StepRefusal::kNone);  // scenarios are validated
-  }
-  run.probes = prober.sent;
-
-  run.mpfr_queries = ref_rows.mpfr_queries;
+  OutputJudge<Real> judge(sc, options, caps);
+  StepDriver<Real> driver(sc, options, caps, *cut, judge, run);
+  driver.run();
+  run.mpfr_queries = judge.mpfr_queries();
   judge_run(sc, &run);
   return run;
 }

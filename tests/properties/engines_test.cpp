@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engines/factory.hpp"
+#include "impl/kv_cache.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
@@ -67,7 +68,7 @@ class TwistedCache final : public engines::CacheUnderTest {
 class TwistedProvider final : public engines::CacheProvider {
  public:
   TwistedProvider(Twist twist, impl::Fault fault)
-      : inner_(engines::make_provider("cpu", fault)), twist_(twist) {
+      : inner_(engines::make_provider("cpu", std::string(impl::fault_name(fault)))), twist_(twist) {
     caps_ = inner_->capabilities();
     if (twist == Twist::kPermuteSlots || twist == Twist::kNoSlots) caps_.ring_addressing = false;
     if (twist == Twist::kNoSlots) caps_.reports_written_slots = caps_.reports_read_slots = false;
@@ -108,12 +109,12 @@ TEST_CASE("Shadow map: slots are opaque integers, permuting them changes no obse
        {impl::Fault::kNone, impl::Fault::kWindowTooNarrow, impl::Fault::kRingSizedWindow,
         impl::Fault::kAcceptNoRollback, impl::Fault::kStoreThenLoadPrefill}) {
     TwistedProvider permuted(Twist::kPermuteSlots, fault);
-    const auto plain = engines::make_provider("cpu", fault);
+    const auto plain = engines::make_provider("cpu", std::string(impl::fault_name(fault)));
     for (std::uint64_t seed = 1; seed <= 60; ++seed) {
       const auto sc = generate_scenario(case_seed(7, static_cast<std::int64_t>(seed)));
       RunOptions a;
       a.provider = plain.get();
-      a.fault = fault;
+      a.fault = impl::fault_name(fault);
       RunOptions b = a;
       b.provider = &permuted;
       const RunObservation ra = run_scenario(sc, a);
@@ -166,7 +167,7 @@ TEST_CASE("Verdict: stored once, the run fails exactly when a step failed") {
   std::int64_t failed = 0, passed = 0;
   for (int f = 0; f < impl::kFaultCount; ++f) {
     RunOptions o;
-    o.fault = static_cast<impl::Fault>(f);
+    o.fault = impl::fault_name(static_cast<impl::Fault>(f));
     const auto provider = make_provider(o);
     o.provider = provider.get();
     for (std::size_t i = 0; i < scenarios_in.size(); i += (f == 0 ? 1 : 7)) {
@@ -226,7 +227,7 @@ TEST_CASE("Refusal probes: a cache that accepts a bad accept, or changes while r
 }
 
 TEST_CASE("Layer-bound cache: random schedules pass, its probes are refused with storage unchanged") {
-  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  const auto provider = engines::make_provider("layer", "none");
   const auto caps = provider->capabilities();
   std::int64_t probes = 0, decodes = 0;
   for (std::int64_t i = 0; i < 150; ++i) {
@@ -275,7 +276,7 @@ TEST_CASE("Step semantics: one pure place for length and pending drafts") {
 
 TEST_CASE(
     "Layer-bound cache: a stale revision is refused unchanged, then the cache is rebuilt and replayed") {
-  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  const auto provider = engines::make_provider("layer", "none");
   scenarios::Scenario sc;
   sc.name = "layer-revision";
   sc.cache.window = sc.cache.ring_rows = 8;
@@ -393,7 +394,7 @@ class PlantedCache final : public engines::CacheUnderTest {
 class PlantedProvider final : public engines::CacheProvider {
  public:
   PlantedProvider(const std::string& impl, Planted bug)
-      : inner_(engines::make_provider(impl, impl::Fault::kNone)), bug_(bug) {}
+      : inner_(engines::make_provider(impl, "none")), bug_(bug) {}
   const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
   std::string name() const override { return "planted"; }
   std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
@@ -449,12 +450,12 @@ TEST_CASE(
   CHECK(h.first_failing < 40);
   CHECK(h.failing >= 5);
   CHECK(h.first_failure.find("verify-pending") != std::string::npos);
-  const auto correct = engines::make_provider("cpu", impl::Fault::kNone);
+  const auto correct = engines::make_provider("cpu", "none");
   CHECK(hunt(*correct, "cpu", 1, 100).failing == 0);
 }
 
 TEST_CASE("Layer-bound cache: the late-overflow probe fails after the projections and changes nothing") {
-  const auto provider = engines::make_provider("layer", impl::Fault::kNone);
+  const auto provider = engines::make_provider("layer", "none");
   scenarios::Scenario sc;
   sc.name = "layer-late-overflow";
   sc.cache.window = sc.cache.ring_rows = 8;
