@@ -10,6 +10,7 @@
 #include "impl/kv_cache.hpp"
 #include "properties/check.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "support/error.hpp"
 
 using namespace kvcheck;
 
@@ -157,4 +158,28 @@ TEST_CASE("Check: a failure that passes alone in a fresh cache is labelled with 
   CHECK(result.shrunk.steps.size() == result.original.steps.size());
   CHECK(result.shrink_runs == 0);
   CHECK_FALSE(properties::case_fails_alone(options, tally.first_failing_case));
+}
+
+TEST_CASE("Check: a fault travels by name, resolved by the provider that makes the cache") {
+  properties::RunOptions run;
+  run.fault = "no-such-fault";
+  try {
+    properties::make_provider(run);
+    FAIL("an unknown fault name made a provider");
+  } catch (const Error& e) {
+    CHECK(e.id() == ErrorId::kUsage);
+    CHECK(e.where() == "--fault");
+  }
+  run.backend = "layer";  // named faults belong to the ring pool
+  run.fault = impl::fault_name(impl::Fault::kWindowTooNarrow);
+  CHECK_THROWS_AS(properties::make_provider(run), Error);
+  run.fault = "none";
+  CHECK(properties::make_provider(run) != nullptr);
+  // The name goes into the run as given, and the named fault is the one that runs.
+  properties::CheckOptions options = faulted_options();
+  options.cases = 40;
+  const properties::CheckResult result = properties::run_check(options);
+  REQUIRE(result.found_failure);
+  CHECK(result.shrunk_run.fault == "accept-no-rollback");
+  CHECK(result.shrunk.name.find("accept-no-rollback") != std::string::npos);
 }
