@@ -71,12 +71,12 @@ struct CacheSpec;
 /// What a cache under test can run, and how it computes. Defaults: everything.
 struct Capabilities {
   std::string name;  ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
-  bool prefill_load_then_store = true;
-  bool prefill_store_then_load = true;
-  bool decode = true;
-  bool verify = true;  ///< verify(k) and accept(a)
-  bool finish = true;
-  bool reset = true;
+  // One bool per row of KVCHECK_STEP_CAPABILITIES (scenarios/step_kinds.hpp):
+  // prefill_load_then_store, prefill_store_then_load, decode, verify (verify(k)
+  // and accept(a)), finish, reset.
+#define KVCHECK_CAPABILITY_STEP_BOOL(id, member, kind, order) bool member = true;
+  KVCHECK_STEP_CAPABILITIES(KVCHECK_CAPABILITY_STEP_BOOL)
+#undef KVCHECK_CAPABILITY_STEP_BOOL
   std::vector<scenarios::Format> formats = {scenarios::Format::kF64, scenarios::Format::kF32,
                                             scenarios::Format::kBf16, scenarios::Format::kFp8};
   std::vector<scenarios::RopeStyle> rope_styles = {scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox,
@@ -133,6 +133,8 @@ struct Capabilities {
   /// Whether the cache runs this step kind (and prefill order).
   bool supports_step(const scenarios::Step& step) const noexcept;
   /// Whether a whole scenario fits (configuration and every step).
+  /// The bool of one capability row (KVCHECK_STEP_CAPABILITIES).
+  bool runs(scenarios::StepCapability capability) const noexcept;
   bool supports(const scenarios::Scenario& scenario, std::string* why) const;
   /// Unit roundoff of the accumulation for rows of `format` (2^-53 or 2^-24).
   double accumulation_epsilon(scenarios::Format format) const noexcept;

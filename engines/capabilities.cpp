@@ -167,15 +167,20 @@ bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_r
   return true;
 }
 
+bool Capabilities::runs(scenarios::StepCapability capability) const noexcept {
+  switch (capability) {
+#define KVCHECK_CAPABILITY_RUNS(id, member, kind, order) \
+  case scenarios::StepCapability::id: return member;
+    KVCHECK_STEP_CAPABILITIES(KVCHECK_CAPABILITY_RUNS)
+#undef KVCHECK_CAPABILITY_RUNS
+  }
+  return false;
+}
+
 bool Capabilities::supports_step(const scenarios::Step& s) const noexcept {
-  switch (s.kind) {
-    case scenarios::StepKind::kPrefill:
-      return s.order == scenarios::Order::kLoadThenStore ? prefill_load_then_store : prefill_store_then_load;
-    case scenarios::StepKind::kDecode: return decode;
-    case scenarios::StepKind::kVerify:
-    case scenarios::StepKind::kAccept: return verify;
-    case scenarios::StepKind::kFinish: return finish;
-    case scenarios::StepKind::kReset: return reset;
+  for (int i = 0; i < scenarios::kStepCapabilityCount; ++i) {
+    const auto capability = static_cast<scenarios::StepCapability>(i);
+    if (scenarios::step_capability_runs(capability, s.kind, s.order)) return runs(capability);
   }
   return false;
 }

@@ -17,7 +17,6 @@ namespace kvcheck::engines {
 namespace {
 
 using Json = nlohmann::json;
-using scenarios::StepKind;
 
 // ---- reading answers: every check names the JSON path -----------------------
 
@@ -218,18 +217,16 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
   const auto& cache = spec_.cache;
   const std::int64_t kv_width = static_cast<std::int64_t>(cache.kv_heads) * cache.head_dim;
   const std::int64_t q_width = static_cast<std::int64_t>(cache.q_heads) * cache.head_dim;
-  const bool writes =
-      c.op == StepCall::Op::kStep && (c.step.kind == StepKind::kPrefill || c.step.kind == StepKind::kDecode ||
-                                      c.step.kind == StepKind::kVerify);
+  const bool writes = c.op == StepCall::Op::kStep && scenarios::step_kind_writes_rows(c.step.kind);
   if (c.op == StepCall::Op::kStep) {
-    switch (c.step.kind) {
-      case StepKind::kPrefill:
+    switch (scenarios::step_kind_fields(c.step.kind)) {
+      case scenarios::StepFields::kRowsOrder:
         req["rows"] = c.rows;
         req["order"] = scenarios::order_name(c.step.order);
         break;
-      case StepKind::kVerify: req["drafts"] = c.step.drafts; break;
-      case StepKind::kAccept: req["accepted"] = c.step.accepted; break;
-      default: break;
+      case scenarios::StepFields::kDrafts: req["drafts"] = c.step.drafts; break;
+      case scenarios::StepFields::kAccepted: req["accepted"] = c.step.accepted; break;
+      case scenarios::StepFields::kNone: break;
     }
   }
   if (writes) {

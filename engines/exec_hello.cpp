@@ -125,8 +125,25 @@ SizeSet size_set(const Json& v, const std::string& path) {
   return set;
 }
 
-const std::vector<std::string> kSteps = {
-    "prefill_load_then_store", "prefill_store_then_load", "decode", "verify", "accept", "finish", "reset"};
+/// The hello's step names, from the tables of scenarios/step_kinds.hpp: each
+/// kind in table order, a kind with an order field as its capability rows
+/// ("prefill_load_then_store", ...), every other kind by its name.
+std::vector<std::string> hello_step_names() {
+  std::vector<std::string> out;
+  for (const scenarios::StepKind kind : scenarios::kStepKinds) {
+    if (scenarios::step_kind_fields(kind) != scenarios::StepFields::kRowsOrder) {
+      out.emplace_back(scenarios::step_kind_name(kind));
+      continue;
+    }
+    for (int i = 0; i < scenarios::kStepCapabilityCount; ++i) {
+      const auto& c = scenarios::step_capability_info(static_cast<scenarios::StepCapability>(i));
+      if (c.kind == kind) out.emplace_back(c.name);
+    }
+  }
+  return out;
+}
+
+const std::vector<std::string> kSteps = hello_step_names();
 const std::vector<std::string> kFormats = {"f64", "f32", "bf16", "fp8"};
 const std::vector<std::string> kRope = {"none", "neox", "interleaved"};
 const std::vector<std::string> kLayouts = {"mha", "gqa", "mqa", "shared"};
@@ -172,13 +189,13 @@ void read_capabilities(const Json& caps, Capabilities* out) {
   if (has(steps, "verify") != has(steps, "accept")) {
     bad(p + ".steps", "verify and accept come together (accept ends a verify): list both or neither");
   }
-  c.prefill_load_then_store = has(steps, "prefill_load_then_store");
-  c.prefill_store_then_load = has(steps, "prefill_store_then_load");
-  c.decode = has(steps, "decode");
-  c.verify = has(steps, "verify");
-  c.finish = has(steps, "finish");
-  c.reset = has(steps, "reset");
-  if (!c.prefill_load_then_store && !c.prefill_store_then_load && !c.decode && !c.verify) {
+  bool writes = false;  // some step that writes rows
+#define KVCHECK_HELLO_STEP(id, member, kind, order)                                         \
+  c.member = has(steps, #member);                                                          \
+  writes = writes || (c.member && scenarios::step_kind_writes_rows(scenarios::StepKind::kind));
+  KVCHECK_STEP_CAPABILITIES(KVCHECK_HELLO_STEP)
+#undef KVCHECK_HELLO_STEP
+  if (!writes) {
     bad(p + ".steps", "no step that writes rows (prefill, decode or verify)");
   }
   c.formats.clear();

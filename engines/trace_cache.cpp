@@ -76,12 +76,12 @@ class TraceCache final : public CacheUnderTest {
         agree(rec.position == c.position, "position", std::to_string(rec.position),
               std::to_string(c.position));
         agree(rec.rows == c.rows, "rows", std::to_string(rec.rows), std::to_string(c.rows));
-        if (kind == TraceKind::kPrefill) {
+        if (scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kRowsOrder) {
           agree(rec.order == c.step.order, "order", "'" + std::string(scenarios::order_name(rec.order)) + "'",
                 "'" + std::string(scenarios::order_name(c.step.order)) + "'");
         }
       }
-      if (kind == TraceKind::kAccept) {
+      if (scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kAccepted) {
         agree(rec.accepted == c.step.accepted, "accepted", std::to_string(rec.accepted),
               std::to_string(c.step.accepted));
       }
@@ -187,11 +187,6 @@ class RecordingCache final : public CacheUnderTest {
   }
 
  private:
-  struct Live {
-    std::int64_t state = 0;
-    bool finished = false;
-    scenarios::RequestProgress progress;
-  };
 
   std::int64_t kv_width() const { return std::int64_t{spec_.cache.kv_heads} * spec_.cache.head_dim; }
   std::int64_t q_width() const { return std::int64_t{spec_.cache.q_heads} * spec_.cache.head_dim; }
@@ -199,35 +194,29 @@ class RecordingCache final : public CacheUnderTest {
   /// A refusal probe: a call no valid schedule makes (SPEC §3 step
   /// semantics, one active request per state, finite rows).
   bool is_probe(const StepCall& c) const {
-    const auto it = live_.find({c.layer, c.step.request});
+    const auto it = layers_.find(c.layer);
+    static const scenarios::RequestLifecycle kNone;
+    const scenarios::RequestLifecycle& life = it == layers_.end() ? kNone : it->second;
     if (c.op == StepCall::Op::kBegin) {
-      if (it != live_.end() && !it->second.finished) return true;  // begins twice
-      const auto holder = holders_.find({c.layer, c.state});
-      return holder != holders_.end() && holder->second != c.step.request;  // a busy state
+      if (life.phase(c.step.request) == scenarios::RequestLifecycle::Phase::kActive) return true;  // begins twice
+      return !life.may_hold(c.step.request, c.state);                                              // a busy state
     }
     const std::int64_t n = c.rows;
     if (!all_finite(c.k, n * kv_width()) || !all_finite(c.v, n * kv_width()) ||
         !all_finite(c.q, n * q_width())) {
       return true;
     }
-    scenarios::RequestProgress progress =
-        it == live_.end() ? scenarios::RequestProgress{} : it->second.progress;
+    scenarios::RequestProgress progress = life.progress(c.step.request);
     return scenarios::advance(progress, c.step) != scenarios::StepRefusal::kNone;
   }
 
+  /// Keeps each layer's requests (a begin, or the first step, takes the state).
   void track(const StepCall& c) {
-    Live& r = live_[{c.layer, c.step.request}];
+    scenarios::RequestLifecycle& life = layers_[c.layer];
     if (c.op == StepCall::Op::kBegin) {
-      r = Live{c.state, false, {}};
-      holders_[{c.layer, c.state}] = c.step.request;
-      return;
-    }
-    r.state = c.state;
-    holders_[{c.layer, c.state}] = c.step.request;
-    scenarios::advance(r.progress, c.step);
-    if (c.step.kind == scenarios::StepKind::kFinish) {
-      r.finished = true;
-      holders_.erase({c.layer, c.state});
+      life.begin(c.step.request, c.state);
+    } else {
+      life.step(c.step.request, c.state, c.step);
     }
   }
 
@@ -239,7 +228,8 @@ class RecordingCache final : public CacheUnderTest {
     s.request = c.step.request;
     s.state = c.state;
     if (st) s.refused = refusal_text(*st);
-    if (s.kind == TraceKind::kAccept) s.accepted = c.step.accepted;
+    if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kAccepted)
+      s.accepted = c.step.accepted;
     if (scenarios::trace_kind_writes(s.kind)) {
       s.position = c.position;
       s.rows = c.rows;
@@ -274,8 +264,7 @@ class RecordingCache final : public CacheUnderTest {
   std::shared_ptr<scenarios::TraceWriter> writer_;
   CacheSpec spec_;
   std::string buffer_;
-  std::map<std::pair<std::int32_t, std::int64_t>, Live> live_;             // (layer, request)
-  std::map<std::pair<std::int32_t, std::int64_t>, std::int64_t> holders_;  // (layer, state) -> request
+  std::map<std::int32_t, scenarios::RequestLifecycle> layers_;  // layer -> its requests and state holders
 };
 
 class Recorder final : public RecordingProvider {

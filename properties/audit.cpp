@@ -185,16 +185,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
       has_record.push_back(false);
     }
     if (s.kind == TraceKind::kBegin || has_record[index]) continue;
-    scenarios::Step step;
-    step.kind = scenarios::trace_step_kind(s.kind);
-    step.request = s.request;
-    if (s.kind == TraceKind::kPrefill) {
-      step.rows = s.rows;
-      step.order = s.order;
-    }
-    if (s.kind == TraceKind::kVerify) step.drafts = s.drafts;
-    if (s.kind == TraceKind::kAccept) step.accepted = s.accepted;
-    sc.steps[index] = step;
+    sc.steps[index] = scenarios::trace_record_step(s);
     origins.step_lines[index] = s.line;
     has_record[index] = true;
   }

@@ -18,7 +18,29 @@ using scenarios::Scenario;
 using scenarios::Step;
 using scenarios::StepKind;
 
-enum Kind { kPrefillLts, kPrefillStl, kDecode, kVerify, kFinish, kReset, kKinds };
+// The swarm slots: one per row of KVCHECK_STEP_CAPABILITIES (scenarios/step_kinds.hpp),
+// in table order (the order their weights are drawn); the names below are the
+// slots the drawing policy treats specially.
+using scenarios::StepCapability;
+constexpr int kKinds = scenarios::kStepCapabilityCount;
+constexpr int kPrefillLts = static_cast<int>(StepCapability::kPrefillLoadThenStore);
+constexpr int kPrefillStl = static_cast<int>(StepCapability::kPrefillStoreThenLoad);
+constexpr int kDecode = static_cast<int>(StepCapability::kDecode);
+constexpr int kVerify = static_cast<int>(StepCapability::kVerify);
+constexpr int kFinish = static_cast<int>(StepCapability::kFinish);
+constexpr int kReset = static_cast<int>(StepCapability::kReset);
+
+/// Whether a slot's steps write rows.
+constexpr bool slot_writes(int slot) noexcept {
+  return scenarios::step_kind_writes_rows(scenarios::step_capability_info(static_cast<StepCapability>(slot)).kind);
+}
+
+/// Sum of the weights of the slots whose steps write rows.
+int writing_weight(const int (&weights)[kKinds]) {
+  int total = 0;
+  for (int i = 0; i < kKinds; ++i) total += slot_writes(i) ? weights[i] : 0;
+  return total;
+}
 
 /// Picks an index with probability proportional to its weight (sum > 0).
 int pick(Prng& rng, const int (&weights)[kKinds]) {
@@ -109,18 +131,15 @@ namespace {
 /// what the cache runs (no extra draws, so a full-featured cache keeps its cases).
 void draw_weights(Prng& rng, const engines::Capabilities& caps, int (&weights)[kKinds]) {
   for (int& w : weights) w = rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
-  if (weights[kPrefillLts] + weights[kPrefillStl] + weights[kDecode] + weights[kVerify] == 0) {
-    weights[kDecode] = 2;
+  if (writing_weight(weights) == 0) weights[kDecode] = 2;
+  // Steps that write nothing (finish, reset) at most weight 1, so rows get written.
+  for (int i = 0; i < kKinds; ++i) {
+    if (!slot_writes(i)) weights[i] = std::min(weights[i], 1);
   }
-  weights[kFinish] = std::min(weights[kFinish], 1);
-  weights[kReset] = std::min(weights[kReset], 1);
-  if (!caps.prefill_load_then_store) weights[kPrefillLts] = 0;
-  if (!caps.prefill_store_then_load) weights[kPrefillStl] = 0;
-  if (!caps.decode) weights[kDecode] = 0;
-  if (!caps.verify) weights[kVerify] = 0;
-  if (!caps.finish) weights[kFinish] = 0;
-  if (!caps.reset) weights[kReset] = 0;
-  if (weights[kPrefillLts] + weights[kPrefillStl] + weights[kDecode] + weights[kVerify] == 0) {
+  for (int i = 0; i < kKinds; ++i) {
+    if (!caps.runs(static_cast<StepCapability>(i))) weights[i] = 0;
+  }
+  if (writing_weight(weights) == 0) {
     if (caps.decode)
       weights[kDecode] = 2;
     else if (caps.prefill_load_then_store)
@@ -262,12 +281,9 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
     sc.requests.push_back({r, static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(c.states)))});
   }
 
-  struct Live {
-    bool started = false, finished = false;
-    scenarios::RequestProgress progress;
-  };
-  std::vector<Live> live(static_cast<std::size_t>(request_count));
-  std::map<std::int64_t, std::int64_t> holder;  // state -> active request
+  // Who has begun, finished and holds which state: scenarios::RequestLifecycle.
+  scenarios::RequestLifecycle lifecycle;
+  const auto state_of = [&](std::int64_t r) { return sc.requests[static_cast<std::size_t>(r)].state; };
   const std::int64_t budget = rng.range(min_steps, max_steps);
   // Decisions the schedule used to leave out, from their own stream so that a
   // case where none fires keeps its draws: another request steps while a
@@ -278,15 +294,12 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
     // Requests that may take a step now.
     std::vector<std::int64_t> ready;
     for (std::int64_t r = 0; r < request_count; ++r) {
-      const Live& l = live[static_cast<std::size_t>(r)];
-      if (l.finished) continue;
-      const std::int64_t state = sc.requests[static_cast<std::size_t>(r)].state;
-      const auto h = holder.find(state);
-      if (l.started || h == holder.end()) ready.push_back(r);
+      if (lifecycle.phase(r) == scenarios::RequestLifecycle::Phase::kFinished) continue;
+      if (lifecycle.may_hold(r, state_of(r))) ready.push_back(r);
     }
     if (ready.empty()) break;
     std::int64_t r = ready[static_cast<std::size_t>(rng.below(ready.size()))];
-    if (live[static_cast<std::size_t>(r)].progress.pending() && ready.size() > 1 && extra.chance(3, 4)) {
+    if (lifecycle.progress(r).pending() && ready.size() > 1 && extra.chance(3, 4)) {
       // Another request steps first; its verify stays pending.
       std::vector<std::int64_t> others;
       for (const std::int64_t o : ready) {
@@ -294,12 +307,13 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       }
       r = others[static_cast<std::size_t>(extra.below(others.size()))];
     }
-    Live& l = live[static_cast<std::size_t>(r)];
+    const scenarios::RequestProgress& progress = lifecycle.progress(r);
+    const bool started = lifecycle.phase(r) != scenarios::RequestLifecycle::Phase::kIdle;
     Step step;
     step.request = r;
-    if (l.progress.pending()) {
+    if (progress.pending()) {
       step.kind = StepKind::kAccept;
-      step.accepted = rng.range(0, l.progress.pending_drafts);  // drawn even when replaced: later draws stay
+      step.accepted = rng.range(0, progress.pending_drafts);  // drawn even when replaced: later draws stay
       if (end_pending && extra.chance(1, 4)) {
         // The request finishes or resets with its drafts pending (legal: they are dropped).
         const bool finish = weights[kFinish] > 0 && (weights[kReset] == 0 || extra.chance(1, 2));
@@ -307,28 +321,25 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
         step.accepted = 0;
       }
     } else {
-      const int kind = pick(rng, weights);
-      switch (kind) {
-        case kPrefillLts:
-        case kPrefillStl:
-          step.kind = StepKind::kPrefill;
-          step.order = kind == kPrefillLts ? Order::kLoadThenStore : Order::kStoreThenLoad;
+      const auto& slot = scenarios::step_capability_info(static_cast<StepCapability>(pick(rng, weights)));
+      step.kind = slot.kind;
+      switch (scenarios::step_kind_fields(slot.kind)) {
+        case scenarios::StepFields::kRowsOrder:
+          step.order = slot.order;
           // Long chunks are drawn often so windows fill and rings wrap.
           step.rows = rng.chance(1, 2) ? max_chunk : rng.range(1, max_chunk);
           break;
-        case kDecode: step.kind = StepKind::kDecode; break;
-        case kVerify:
-          step.kind = StepKind::kVerify;
-          step.drafts = rng.range(0, max_drafts);
-          break;
-        case kFinish: step.kind = l.started ? StepKind::kFinish : StepKind::kDecode; break;
-        default: step.kind = l.started ? StepKind::kReset : StepKind::kDecode; break;
+        case scenarios::StepFields::kDrafts: step.drafts = rng.range(0, max_drafts); break;
+        case scenarios::StepFields::kAccepted:
+        case scenarios::StepFields::kNone: break;
       }
+      // A finish or reset of a request that has not begun would do nothing: a decode instead.
+      if (scenarios::step_kind_needs_begun(step.kind) && !started) step = Step{StepKind::kDecode, r};
     }
     if (max_positions > 0 && scenarios::step_rows(step) > 0) {
       // The cache's longest request: a step is shortened to end there; a
       // request with no room left takes no more writing steps.
-      const std::int64_t room = max_positions - scenarios::step_first_position(l.progress);
+      const std::int64_t room = max_positions - scenarios::step_first_position(progress);
       if (room <= 0) {
         continue;
       } else if (step.kind == StepKind::kPrefill) {
@@ -338,7 +349,7 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       }
     }
     if (work) {
-      const std::int64_t first = scenarios::step_first_position(l.progress);
+      const std::int64_t first = scenarios::step_first_position(progress);
       const std::int64_t rows = scenarios::step_rows(step);
       const std::int64_t fits = rows > 0 ? work->fit(first, rows) : 0;
       if (rows > 0 && fits == 0) break;  // the budget is spent
@@ -346,31 +357,23 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       if (step.kind == StepKind::kVerify) step.drafts = fits - 1;
       work->charge(first, scenarios::step_rows(step));
     }
-    if (!l.started) {
-      l.started = true;
-      holder[sc.requests[static_cast<std::size_t>(r)].state] = r;
-    }
-    if (step.kind == StepKind::kFinish) {
-      l.finished = true;
-      holder.erase(sc.requests[static_cast<std::size_t>(r)].state);
-    }
-    scenarios::advance(l.progress, step);
+    lifecycle.step(r, state_of(r), step);  // begins the request, advances it, frees its state at finish
     sc.steps.push_back(step);
   }
   // Close a pending verify so every schedule ends in a committed state.
   for (std::int64_t r = 0; r < request_count; ++r) {
-    if (live[static_cast<std::size_t>(r)].progress.pending()) {
+    if (lifecycle.progress(r).pending()) {
       Step a;
       a.kind = StepKind::kAccept;
       a.request = r;
-      a.accepted = rng.range(0, live[static_cast<std::size_t>(r)].progress.pending_drafts);
+      a.accepted = rng.range(0, lifecycle.progress(r).pending_drafts);
       sc.steps.push_back(a);
     }
   }
   // Requests that never ran are dropped so the file stays minimal.
   std::vector<scenarios::Request> used;
   for (const auto& req : sc.requests) {
-    if (live[static_cast<std::size_t>(req.id)].started) used.push_back(req);
+    if (lifecycle.phase(req.id) != scenarios::RequestLifecycle::Phase::kIdle) used.push_back(req);
   }
   sc.requests = used;
 }

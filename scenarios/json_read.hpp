@@ -90,7 +90,6 @@ inline constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, 
 inline constexpr ValueProfile kValueProfiles[] = {ValueProfile::kUniform, ValueProfile::kLargeLogits,
                                                   ValueProfile::kFp8Outliers, ValueProfile::kPositionCode};
 inline constexpr Order kOrders[] = {Order::kLoadThenStore, Order::kStoreThenLoad};
-inline constexpr StepKind kStepKinds[] = {StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
-                                          StepKind::kAccept,  StepKind::kFinish, StepKind::kReset};
+// kStepKinds: scenarios/step_kinds.hpp, from the table of step kinds.
 
 }  // namespace kvcheck::scenarios::json_read

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "scenarios/step_kinds.hpp"
+
 namespace kvcheck::scenarios {
 
 /// Stored row format ("f64", "f32", "bf16", "fp8").
@@ -20,10 +22,7 @@ enum class Format : std::uint8_t { kF64, kF32, kBf16, kFp8 };
 enum class Convention : std::uint8_t { kKeys, kLeft, kOffByOne };
 /// RoPE pairing ("none", "neox", "interleaved").
 enum class RopeStyle : std::uint8_t { kNone, kNeox, kInterleaved };
-/// Prefill order ("load_then_store", "store_then_load").
-enum class Order : std::uint8_t { kLoadThenStore, kStoreThenLoad };
-/// Step kinds of SPEC §3 ("prefill", "decode", "verify", "accept", "finish", "reset").
-enum class StepKind : std::uint8_t { kPrefill, kDecode, kVerify, kAccept, kFinish, kReset };
+// Order and StepKind: scenarios/step_kinds.hpp, the table of step kinds.
 
 struct Rope {
   RopeStyle style = RopeStyle::kNone;
@@ -57,8 +56,8 @@ struct Request {
   bool operator==(const Request&) const = default;
 };
 
-/// One step. Which fields matter depends on `kind`:
-/// prefill: rows, order; verify: drafts; accept: accepted.
+/// One step. Which fields matter depends on `kind` (its StepFields in
+/// scenarios/step_kinds.hpp): prefill: rows, order; verify: drafts; accept: accepted.
 struct Step {
   StepKind kind = StepKind::kDecode;
   std::int64_t request = 0;
@@ -138,13 +137,6 @@ constexpr std::int64_t declared_window_keys(const CacheConfig& c) noexcept {
 }
 
 /// Rows a step writes (and queries it runs): prefill n, decode 1, verify k+1, else 0.
-constexpr std::int64_t step_rows(const Step& s) noexcept {
-  switch (s.kind) {
-    case StepKind::kPrefill: return s.rows;
-    case StepKind::kDecode: return 1;
-    case StepKind::kVerify: return s.drafts + 1;
-    default: return 0;
-  }
-}
+constexpr std::int64_t step_rows(const Step& s) noexcept { return step_kind_rows(s.kind, s.rows, s.drafts); }
 
 }  // namespace kvcheck::scenarios

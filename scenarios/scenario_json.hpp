@@ -46,7 +46,7 @@ std::string_view value_profile_name(ValueProfile p) noexcept;
 std::string_view convention_name(Convention c) noexcept;
 std::string_view rope_style_name(RopeStyle s) noexcept;
 std::string_view order_name(Order o) noexcept;
-std::string_view step_kind_name(StepKind k) noexcept;
+// step_kind_name: scenarios/step_kinds.hpp, from the table of step kinds.
 
 /// Parses and validates a scenario document. `source` (a file name, or empty)
 /// is appended to error messages; `where()` is the JSON path alone. Throws

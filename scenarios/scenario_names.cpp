@@ -50,16 +50,4 @@ std::string_view order_name(Order o) noexcept {
   return "?";
 }
 
-std::string_view step_kind_name(StepKind k) noexcept {
-  switch (k) {
-    case StepKind::kPrefill: return "prefill";
-    case StepKind::kDecode: return "decode";
-    case StepKind::kVerify: return "verify";
-    case StepKind::kAccept: return "accept";
-    case StepKind::kFinish: return "finish";
-    case StepKind::kReset: return "reset";
-  }
-  return "?";
-}
-
 }  // namespace kvcheck::scenarios

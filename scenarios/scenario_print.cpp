@@ -73,14 +73,14 @@ ojson to_document(const Scenario& s) {
     ojson step = ojson::object();
     step["kind"] = step_kind_name(st.kind);
     step["request"] = st.request;
-    switch (st.kind) {
-      case StepKind::kPrefill:
+    switch (step_kind_fields(st.kind)) {
+      case StepFields::kRowsOrder:
         step["rows"] = st.rows;
         step["order"] = order_name(st.order);
         break;
-      case StepKind::kVerify: step["drafts"] = st.drafts; break;
-      case StepKind::kAccept: step["accepted"] = st.accepted; break;
-      default: break;
+      case StepFields::kDrafts: step["drafts"] = st.drafts; break;
+      case StepFields::kAccepted: step["accepted"] = st.accepted; break;
+      case StepFields::kNone: break;
     }
     steps.push_back(std::move(step));
   }

@@ -110,23 +110,24 @@ Step read_step(const json& j, const std::string& p) {
   Step step;
   step.kind = get_enum(require(j, p, "kind"), join_key(p, "kind"), kStepKinds, step_kind_name);
   const std::string owner = "a " + std::string(step_kind_name(step.kind)) + " step";
-  switch (step.kind) {
-    case StepKind::kPrefill: check_keys(j, p, {"kind", "request", "rows", "order"}, owner); break;
-    case StepKind::kVerify: check_keys(j, p, {"kind", "request", "drafts"}, owner); break;
-    case StepKind::kAccept: check_keys(j, p, {"kind", "request", "accepted"}, owner); break;
-    default: check_keys(j, p, {"kind", "request"}, owner); break;
+  const StepFields fields = step_kind_fields(step.kind);
+  switch (fields) {
+    case StepFields::kRowsOrder: check_keys(j, p, {"kind", "request", "rows", "order"}, owner); break;
+    case StepFields::kDrafts: check_keys(j, p, {"kind", "request", "drafts"}, owner); break;
+    case StepFields::kAccepted: check_keys(j, p, {"kind", "request", "accepted"}, owner); break;
+    case StepFields::kNone: check_keys(j, p, {"kind", "request"}, owner); break;
   }
   step.request = get_i64(require(j, p, "request"), join_key(p, "request"));
-  switch (step.kind) {
-    case StepKind::kPrefill:
+  switch (fields) {
+    case StepFields::kRowsOrder:
       step.rows = get_i64(require(j, p, "rows"), join_key(p, "rows"));
       step.order = get_enum(require(j, p, "order"), join_key(p, "order"), kOrders, order_name);
       break;
-    case StepKind::kVerify: step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts")); break;
-    case StepKind::kAccept:
+    case StepFields::kDrafts: step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts")); break;
+    case StepFields::kAccepted:
       step.accepted = get_i64(require(j, p, "accepted"), join_key(p, "accepted"));
       break;
-    default: break;
+    case StepFields::kNone: break;
   }
   return step;
 }

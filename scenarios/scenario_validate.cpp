@@ -137,25 +137,25 @@ struct Simulation {
 void check_default_fields(const Step& step, const std::string& p) {
   const Step defaults;
   const std::string owner = "a " + std::string(step_kind_name(step.kind)) + " step";
-  if (step.kind != StepKind::kPrefill) {
+  const StepFields fields = step_kind_fields(step.kind);
+  if (fields != StepFields::kRowsOrder) {
     if (step.rows != defaults.rows)
       fail(ErrorId::kJsonValue, join_key(p, "rows"), "rows is not a field of " + owner);
     if (step.order != defaults.order)
       fail(ErrorId::kJsonValue, join_key(p, "order"), "order is not a field of " + owner);
   }
-  if (step.kind != StepKind::kVerify && step.drafts != defaults.drafts) {
+  if (fields != StepFields::kDrafts && step.drafts != defaults.drafts) {
     fail(ErrorId::kJsonValue, join_key(p, "drafts"), "drafts is not a field of " + owner);
   }
-  if (step.kind != StepKind::kAccept && step.accepted != defaults.accepted) {
+  if (fields != StepFields::kAccepted && step.accepted != defaults.accepted) {
     fail(ErrorId::kJsonValue, join_key(p, "accepted"), "accepted is not a field of " + owner);
   }
 }
 
 Simulation simulate(const Scenario& s) {
+  // Phase, state holders and progress: RequestLifecycle (step_semantics.hpp).
   struct Live {
     std::int64_t state = 0;
-    enum class Phase { kIdle, kActive, kFinished } phase = Phase::kIdle;
-    RequestProgress progress;              // logical length and pending drafts
     std::int64_t written = 0;              // rows written over the whole schedule
     std::optional<std::size_t> verify_at;  // step index of a pending verify
     std::size_t finished_at = 0;
@@ -178,7 +178,7 @@ Simulation simulate(const Scenario& s) {
   }
 
   Simulation sim;
-  std::map<std::int64_t, std::int64_t> holder;  // state -> active request
+  RequestLifecycle lifecycle;
   for (std::size_t i = 0; i < s.steps.size(); ++i) {
     const Step& step = s.steps[i];
     const std::string p = join_index("steps", i);
@@ -189,31 +189,29 @@ Simulation simulate(const Scenario& s) {
     }
     Live& r = it->second;
     const std::string name = "request " + std::to_string(step.request);
-    if (r.phase == Live::Phase::kFinished) {
+    const RequestLifecycle::Phase phase = lifecycle.phase(step.request);
+    if (phase == RequestLifecycle::Phase::kFinished) {
       fail(ErrorId::kJsonValue, join_key(p, "request"),
            name + " finished at steps[" + std::to_string(r.finished_at) + "]");
     }
-    if (r.phase == Live::Phase::kIdle) {
+    if (phase == RequestLifecycle::Phase::kIdle) {
       // A request starts at its first step and takes its state, which must be free.
-      if (const auto h = holder.find(r.state); h != holder.end()) {
+      if (const auto h = lifecycle.holder(r.state)) {
         fail(ErrorId::kJsonValue, join_key(p, "request"),
              name + " starts on state " + std::to_string(r.state) + ", still held by active request " +
-                 std::to_string(h->second));
+                 std::to_string(*h));
       }
-      holder[r.state] = step.request;
-      r.phase = Live::Phase::kActive;
     }
-    const bool writes =
-        step.kind == StepKind::kPrefill || step.kind == StepKind::kDecode || step.kind == StepKind::kVerify;
-    if (step.kind == StepKind::kPrefill) {
+    const bool writes = step_kind_writes_rows(step.kind);
+    if (step_kind_fields(step.kind) == StepFields::kRowsOrder) {
       check_count(step.rows, 1, kMaxPrefillRows, join_key(p, "rows"), "prefill rows");
     }
-    if (step.kind == StepKind::kVerify) {
+    if (step_kind_fields(step.kind) == StepFields::kDrafts) {
       check_count(step.drafts, 0, kMaxDrafts, join_key(p, "drafts"), "drafts");
     }
     // How the step changes the request: scenarios/step_semantics.hpp, the one place.
-    const std::int64_t first = step_first_position(r.progress);
-    switch (advance(r.progress, step)) {
+    const std::int64_t first = step_first_position(lifecycle.progress(step.request));
+    switch (lifecycle.step(step.request, r.state, step)) {
       case StepRefusal::kNone: break;
       case StepRefusal::kWriteWhileVerifyPending:
         fail(ErrorId::kJsonValue, join_key(p, "kind"),
@@ -233,29 +231,23 @@ Simulation simulate(const Scenario& s) {
         fail(ErrorId::kJsonValue, p, "prefill rows must be >= 1 and verify drafts >= 0");
     }
     sim.first_position.push_back(writes ? first : 0);
-    switch (step.kind) {
-      case StepKind::kPrefill:
-      case StepKind::kDecode:
-      case StepKind::kVerify: {
-        const std::int64_t rows = step_rows(step);
-        r.written += rows;
-        if (r.written >= kMaxRows) {
-          fail(ErrorId::kSize, p, name + " writes 2^40 rows or more over the schedule");
-        }
-        auto& end = sim.written_end[step.request];
-        end = std::max(end, first + rows);
-        if (step.kind == StepKind::kVerify) r.verify_at = i;
-        break;
+    if (writes) {
+      const std::int64_t rows = step_rows(step);
+      r.written += rows;
+      if (r.written >= kMaxRows) {
+        fail(ErrorId::kSize, p, name + " writes 2^40 rows or more over the schedule");
       }
-      case StepKind::kAccept: r.verify_at.reset(); break;
-      case StepKind::kFinish:
-        r.phase = Live::Phase::kFinished;
-        r.finished_at = i;
-        r.verify_at.reset();
-        holder.erase(r.state);
-        break;
-      case StepKind::kReset: r.verify_at.reset(); break;
+      auto& end = sim.written_end[step.request];
+      end = std::max(end, first + rows);
     }
+    // The pending verify named in messages: only a writing step (a verify)
+    // leaves drafts pending, and every other step that passes clears them.
+    if (!lifecycle.progress(step.request).pending()) {
+      r.verify_at.reset();
+    } else if (writes) {
+      r.verify_at = i;
+    }
+    if (step_kind_ends_request(step.kind)) r.finished_at = i;
   }
   return sim;
 }
@@ -301,7 +293,9 @@ void validate_data(const Scenario& s, const Simulation& sim) {
       const std::string at = "steps[" + std::to_string(index) + "]";
       if (step_rows(step) == 0) {
         fail(ErrorId::kJsonValue, sp,
-             at + (step.kind == StepKind::kAccept ? " is an " : " is a ") +
+             at + (std::string_view("aeiou").find(step_kind_name(step.kind)[0]) != std::string_view::npos
+                       ? " is an "
+                       : " is a ") +
                  std::string(step_kind_name(step.kind)) + " step, which writes no row");
       }
       if (step.request != row.request) {

@@ -1,7 +1,10 @@
 // How each step kind changes a request's logical length and pending drafts
 // (SPEC §3), written once, in integers only. Scenario validation, the
 // generator, the runner, the sweep engine and the step-level caches of
-// engines/ all advance requests through this one function.
+// engines/ all advance requests through this one function. The request
+// lifecycle (a request begins and takes its state, one active request per
+// state, finish frees it) is RequestLifecycle below, kept by scenario
+// validation, the generator and the trace recorder.
 //
 // Deliberately NOT used by the implementations under test (impl/ring_pool.cpp,
 // impl/cpu/layer_kv_cache.cpp, the adapters under adapters/) nor by the
@@ -12,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "scenarios/scenario.hpp"
@@ -99,6 +103,78 @@ inline std::int64_t schedule_end(const std::vector<Step>& steps) {
   }
   return end;
 }
+
+/// Where each request is in its life and which request holds which state:
+/// a request begins (explicitly, or at its first step) and takes its state,
+/// which must then be free or its own; it steps through advance(); a kind
+/// that ends a request (step_kind_ends_request: finish) frees the state, and
+/// the request is over until it begins again. The one copy of these rules:
+/// scenario validation, the generator and the trace recorder keep their
+/// requests here and each decides what a breach means (an error, a step not
+/// drawn, a refusal probe).
+class RequestLifecycle {
+ public:
+  enum class Phase : std::uint8_t {
+    kIdle,      ///< not begun
+    kActive,    ///< begun, holds its state
+    kFinished,  ///< ended; its state is free
+  };
+
+  /// The phase of `request` (kIdle when never seen).
+  Phase phase(std::int64_t request) const {
+    const auto it = requests_.find(request);
+    return it == requests_.end() ? Phase::kIdle : it->second.phase;
+  }
+
+  /// The progress of `request` (the empty progress when never begun).
+  const RequestProgress& progress(std::int64_t request) const {
+    static const RequestProgress kNone{};
+    const auto it = requests_.find(request);
+    return it == requests_.end() ? kNone : it->second.progress;
+  }
+
+  /// The active request holding `state`; nullopt when the state is free.
+  std::optional<std::int64_t> holder(std::int64_t state) const {
+    const auto it = holders_.find(state);
+    return it == holders_.end() ? std::nullopt : std::optional<std::int64_t>(it->second);
+  }
+
+  /// Whether `request` may hold `state` now: it is free or already its own.
+  bool may_hold(std::int64_t request, std::int64_t state) const {
+    const auto h = holder(state);
+    return !h || *h == request;
+  }
+
+  /// `request` begins on `state`: active with an empty progress, the state its own.
+  void begin(std::int64_t request, std::int64_t state) {
+    requests_[request] = Entry{Phase::kActive, state, RequestProgress{}};
+    holders_[state] = request;
+  }
+
+  /// One step of `request` on `state`: an idle request begins first; its
+  /// progress advances; a kind that ends the request frees the state. On a
+  /// refusal the progress is unchanged (the request has still begun).
+  StepRefusal step(std::int64_t request, std::int64_t state, const Step& step) {
+    if (phase(request) == Phase::kIdle) begin(request, state);
+    Entry& e = requests_[request];
+    const StepRefusal refusal = advance(e.progress, step);
+    if (refusal != StepRefusal::kNone) return refusal;
+    if (step_kind_ends_request(step.kind)) {
+      e.phase = Phase::kFinished;
+      holders_.erase(e.state);
+    }
+    return StepRefusal::kNone;
+  }
+
+ private:
+  struct Entry {
+    Phase phase = Phase::kIdle;
+    std::int64_t state = 0;
+    RequestProgress progress;
+  };
+  std::map<std::int64_t, Entry> requests_;       // request -> its life
+  std::map<std::int64_t, std::int64_t> holders_;  // state -> the active request holding it
+};
 
 inline const char* step_refusal_text(StepRefusal refusal) noexcept {
   switch (refusal) {

@@ -29,9 +29,15 @@ inline constexpr int kTraceVersion = 1;
 /// "ring" changes the audit: slots of state b are then [b*capacity, (b+1)*capacity).
 enum class Addressing : std::uint8_t { kRing, kPaged, kOpaque };
 
-/// Record kinds: the six step kinds of SPEC §3, and "begin" (a request takes
-/// its state; optional: the first step of a request begins it).
-enum class TraceKind : std::uint8_t { kPrefill, kDecode, kVerify, kAccept, kFinish, kReset, kBegin };
+/// Record kinds: the step kinds (scenarios/step_kinds.hpp, the same values in
+/// the same order), and "begin" (a request takes its state; optional: the
+/// first step of a request begins it).
+enum class TraceKind : std::uint8_t {
+#define KVCHECK_TRACE_KIND_ENUMERATOR(id, name, fields, rows, runs_with, ends, begun) id,
+  KVCHECK_STEP_KINDS(KVCHECK_TRACE_KIND_ENUMERATOR)
+#undef KVCHECK_TRACE_KIND_ENUMERATOR
+  kBegin,
+};
 
 /// How a writing step's reads relate to its own writes ("after_writes", "causal");
 /// the same two views as engines::ReadView (adapters/PROTOCOL.md, read_view).
@@ -119,41 +125,41 @@ struct TraceRun {
   bool operator==(const TraceRun&) const = default;
 };
 
-/// Whether a record kind writes rows (prefill, decode, verify).
+/// The StepKind of a record kind (kBegin has none: returns kDecode).
+constexpr StepKind trace_step_kind(TraceKind k) noexcept {
+  return k == TraceKind::kBegin ? StepKind::kDecode : static_cast<StepKind>(k);
+}
+
+/// The record kind of a step kind.
+constexpr TraceKind trace_kind(StepKind k) noexcept { return static_cast<TraceKind>(k); }
+
+/// Whether a record kind writes rows (prefill, decode, verify; never begin).
 constexpr bool trace_kind_writes(TraceKind k) noexcept {
-  return k == TraceKind::kPrefill || k == TraceKind::kDecode || k == TraceKind::kVerify;
+  return k != TraceKind::kBegin && step_kind_writes_rows(trace_step_kind(k));
+}
+
+/// The scenario step a step record stands for: its kind, request and the
+/// fields its kind carries (StepFields); a begin reads as a decode.
+inline Step trace_record_step(const TraceStep& s) noexcept {
+  Step step;
+  step.kind = trace_step_kind(s.kind);
+  step.request = s.request;
+  if (s.kind == TraceKind::kBegin) return step;
+  switch (step_kind_fields(step.kind)) {
+    case StepFields::kRowsOrder:
+      step.rows = s.rows;
+      step.order = s.order;
+      break;
+    case StepFields::kDrafts: step.drafts = s.drafts; break;
+    case StepFields::kAccepted: step.accepted = s.accepted; break;
+    case StepFields::kNone: break;
+  }
+  return step;
 }
 
 /// Keys a query sees under the header's window (keys: W; left, off-by-one: W + 1).
 constexpr std::int64_t trace_window_keys(const TraceHeader& h) noexcept {
   return h.convention == Convention::kKeys ? h.window : h.window + 1;
-}
-
-/// The StepKind of a record kind (kBegin has none: returns kDecode).
-constexpr StepKind trace_step_kind(TraceKind k) noexcept {
-  switch (k) {
-    case TraceKind::kPrefill: return StepKind::kPrefill;
-    case TraceKind::kDecode: return StepKind::kDecode;
-    case TraceKind::kVerify: return StepKind::kVerify;
-    case TraceKind::kAccept: return StepKind::kAccept;
-    case TraceKind::kFinish: return StepKind::kFinish;
-    case TraceKind::kReset: return StepKind::kReset;
-    case TraceKind::kBegin: return StepKind::kDecode;
-  }
-  return StepKind::kDecode;
-}
-
-/// The record kind of a step kind.
-constexpr TraceKind trace_kind(StepKind k) noexcept {
-  switch (k) {
-    case StepKind::kPrefill: return TraceKind::kPrefill;
-    case StepKind::kDecode: return TraceKind::kDecode;
-    case StepKind::kVerify: return TraceKind::kVerify;
-    case StepKind::kAccept: return TraceKind::kAccept;
-    case StepKind::kFinish: return TraceKind::kFinish;
-    case StepKind::kReset: return TraceKind::kReset;
-  }
-  return TraceKind::kDecode;
 }
 
 }  // namespace kvcheck::scenarios

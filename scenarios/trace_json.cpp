@@ -52,9 +52,17 @@ std::int64_t get_range(const json& j, const std::string& path, std::int64_t lo, 
 constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int64_t kSlotMax = std::numeric_limits<std::int64_t>::max();
 
-constexpr TraceKind kKinds[] = {TraceKind::kPrefill, TraceKind::kDecode, TraceKind::kVerify,
-                                TraceKind::kAccept,  TraceKind::kFinish, TraceKind::kReset,
-                                TraceKind::kBegin};
+// The step kinds in table order (scenarios/step_kinds.hpp), then begin.
+constexpr TraceKind kKinds[] = {
+#define KVCHECK_TRACE_KIND_VALUE(id, name, fields, rows, runs_with, ends, begun) TraceKind::id,
+    KVCHECK_STEP_KINDS(KVCHECK_TRACE_KIND_VALUE)
+#undef KVCHECK_TRACE_KIND_VALUE
+        TraceKind::kBegin};
+
+/// The parameter fields of a record kind (a begin has none).
+constexpr StepFields trace_kind_fields(TraceKind k) noexcept {
+  return k == TraceKind::kBegin ? StepFields::kNone : step_kind_fields(trace_step_kind(k));
+}
 constexpr Addressing kAddressings[] = {Addressing::kRing, Addressing::kPaged, Addressing::kOpaque};
 constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadView::kCausal};
 
@@ -255,9 +263,10 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
     allowed.insert(allowed.end(),
                    {"position", "rows", "written", "read", "block_table", "read_view", "k", "v", "q", "out"});
   }
-  if (s.kind == TraceKind::kPrefill) allowed.push_back("order");
-  if (s.kind == TraceKind::kVerify) allowed.push_back("drafts");
-  if (s.kind == TraceKind::kAccept) allowed.push_back("accepted");
+  const StepFields fields = trace_kind_fields(s.kind);
+  if (fields == StepFields::kRowsOrder) allowed.push_back("order");
+  if (fields == StepFields::kDrafts) allowed.push_back("drafts");
+  if (fields == StepFields::kAccepted) allowed.push_back("accepted");
   check_keys(j, "", allowed, owner);
 
   s.step = get_range(require(j, "", "step", owner), "step", 0, kMaxRows, "step");
@@ -275,28 +284,27 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
          "layer " + std::to_string(s.layer) + " is outside 0.." + std::to_string(*h.cache->layers - 1) +
              " (the header's cache.layers)");
   }
-  if (s.kind == TraceKind::kAccept) {
+  if (fields == StepFields::kAccepted) {
     s.accepted = get_range(require(j, "", "accepted", owner), "accepted", 0, kMaxDrafts, "accepted");
   }
   if (!writes) return s;
 
   s.position = get_range(require(j, "", "position", owner), "position", 0, kMaxRows - 1, "position");
-  switch (s.kind) {
-    case TraceKind::kPrefill:
-      s.rows = get_range(require(j, "", "rows", owner), "rows", 1, kMaxPrefillRows, "prefill rows");
-      s.order = get_enum(require(j, "", "order", owner), "order", kOrders, order_name);
-      break;
-    case TraceKind::kDecode: s.rows = 1; break;
-    default:  // verify
-      s.drafts = get_range(require(j, "", "drafts", owner), "drafts", 0, kMaxDrafts, "drafts");
-      s.rows = s.drafts + 1;
-      break;
+  if (fields == StepFields::kRowsOrder) {
+    s.rows = get_range(require(j, "", "rows", owner), "rows", 1, kMaxPrefillRows, "prefill rows");
+    s.order = get_enum(require(j, "", "order", owner), "order", kOrders, order_name);
   }
-  if (s.kind != TraceKind::kPrefill) {
+  if (fields == StepFields::kDrafts) {
+    s.drafts = get_range(require(j, "", "drafts", owner), "drafts", 0, kMaxDrafts, "drafts");
+  }
+  const StepRows rule = step_kind_info(trace_step_kind(s.kind)).rows;
+  if (rule != StepRows::kGiven) {
+    // Rows follow from the kind (decode 1, verify k + 1); a "rows" key must agree.
+    s.rows = step_kind_rows(trace_step_kind(s.kind), 0, s.drafts);
     if (const json* v = find(j, "rows"); v != nullptr && get_i64(*v, "rows") != s.rows) {
       fail(ErrorId::kJsonValue, "rows",
            "rows " + v->dump() + ", but a " + std::string(trace_kind_name(s.kind)) + " record writes " +
-               std::to_string(s.rows) + (s.kind == TraceKind::kVerify ? " (drafts + 1)" : ""));
+               std::to_string(s.rows) + (rule == StepRows::kDraftsPlusOne ? " (drafts + 1)" : ""));
     }
   }
   const std::int64_t n = s.rows;
@@ -485,16 +493,7 @@ std::string dump_line(const ojson& j) {
 // ---- public API ------------------------------------------------------------------------------
 
 std::string_view trace_kind_name(TraceKind k) noexcept {
-  switch (k) {
-    case TraceKind::kPrefill: return "prefill";
-    case TraceKind::kDecode: return "decode";
-    case TraceKind::kVerify: return "verify";
-    case TraceKind::kAccept: return "accept";
-    case TraceKind::kFinish: return "finish";
-    case TraceKind::kReset: return "reset";
-    case TraceKind::kBegin: return "begin";
-  }
-  return "?";
+  return k == TraceKind::kBegin ? std::string_view("begin") : step_kind_name(trace_step_kind(k));
 }
 
 std::string_view addressing_name(Addressing a) noexcept {
@@ -629,8 +628,8 @@ std::string trace_step_line(const TraceStep& s) {
   if (trace_kind_writes(s.kind)) {
     j["position"] = s.position;
     j["rows"] = s.rows;
-    if (s.kind == TraceKind::kPrefill) j["order"] = order_name(s.order);
-    if (s.kind == TraceKind::kVerify) j["drafts"] = s.drafts;
+    if (trace_kind_fields(s.kind) == StepFields::kRowsOrder) j["order"] = order_name(s.order);
+    if (trace_kind_fields(s.kind) == StepFields::kDrafts) j["drafts"] = s.drafts;
     if (!s.refused) {
       j["written"] = s.written;
       if (s.read_form == ReadForm::kBlockTable) {
@@ -651,7 +650,7 @@ std::string trace_step_line(const TraceStep& s) {
     if (!s.q.empty()) j["q"] = rows_json(s.q);
     if (!s.out.empty() && !s.refused) j["out"] = rows_json(s.out);
   }
-  if (s.kind == TraceKind::kAccept) j["accepted"] = s.accepted;
+  if (trace_kind_fields(s.kind) == StepFields::kAccepted) j["accepted"] = s.accepted;
   if (s.refused) j["refused"] = *s.refused;
   return dump_line(j);
 }

@@ -1,10 +1,12 @@
 // The exec handshake read strictly (engines/exec_hello.hpp) and the shape
 // space of Capabilities (SizeSet, supports): every misspelled key or name and
 // every out-of-range integer is an error naming its JSON path.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engines/cache_under_test.hpp"
 #include "engines/exec_hello.hpp"
@@ -242,4 +244,43 @@ TEST_CASE("Capabilities: a declared shape space refuses what lies outside it, na
   cfg.convention = kvcheck::scenarios::Convention::kLeft;  // 6 keys
   CHECK_FALSE(c.supports(cfg, 1, &why));
   CHECK(why == "a window of 6 keys (most 5)");
+}
+
+TEST_CASE("Capabilities: each hello step name sets exactly its row of the step-capability table") {
+  namespace sc = kvcheck::scenarios;
+  const auto all = ring_hello()["capabilities"]["steps"];
+  // The hello's names are the table's: the capability rows, and accept (which runs with verify).
+  std::vector<std::string> names;
+  for (int i = 0; i < sc::kStepCapabilityCount; ++i)
+    names.emplace_back(sc::step_capability_info(static_cast<sc::StepCapability>(i)).name);
+  names.emplace_back(sc::step_kind_name(sc::StepKind::kAccept));
+  REQUIRE(all.size() == names.size());
+  for (const auto& n : names) CHECK(std::find(all.begin(), all.end(), n) != all.end());
+
+  for (int dropped = 0; dropped < sc::kStepCapabilityCount; ++dropped) {
+    const auto row = static_cast<sc::StepCapability>(dropped);
+    const auto& info = sc::step_capability_info(row);
+    Json hello = ring_hello();
+    Json steps = Json::array();
+    for (const auto& n : all) {
+      const bool gone = n == std::string(info.name) ||
+                        (info.kind == sc::StepKind::kVerify && n == std::string(sc::step_kind_name(sc::StepKind::kAccept)));
+      if (!gone) steps.push_back(n);
+    }
+    hello["capabilities"]["steps"] = steps;
+    INFO(info.name);
+    const Capabilities c = parse_hello_answer(hello, "cmd");
+    for (int i = 0; i < sc::kStepCapabilityCount; ++i) {
+      CHECK(c.runs(static_cast<sc::StepCapability>(i)) == (i != dropped));
+    }
+    // supports_step asks that row for a step of its kind (accept: verify's row).
+    for (const sc::StepKind kind : sc::kStepKinds) {
+      for (const sc::Order order : {sc::Order::kLoadThenStore, sc::Order::kStoreThenLoad}) {
+        sc::Step s;
+        s.kind = kind;
+        s.order = order;
+        CHECK(c.supports_step(s) == !sc::step_capability_runs(row, kind, order));
+      }
+    }
+  }
 }

@@ -518,3 +518,59 @@ TEST_CASE("Layer-bound cache: planted binding bugs fail its probes within 60 gen
     CHECK(h.first_failure.find(row.what) != std::string::npos);
   }
 }
+
+TEST_CASE("StepKinds: a step of each kind writes the rows the table says, on the CPU pool and the layer cache") {
+  // prefill(3), verify(2), accept(1), decode, reset, decode, finish: every kind once at least.
+  const scenarios::StepKind kinds[] = {scenarios::StepKind::kPrefill, scenarios::StepKind::kVerify,
+                                       scenarios::StepKind::kAccept,  scenarios::StepKind::kDecode,
+                                       scenarios::StepKind::kReset,   scenarios::StepKind::kDecode,
+                                       scenarios::StepKind::kFinish};
+  std::set<scenarios::StepKind> seen(std::begin(kinds), std::end(kinds));
+  REQUIRE(seen.size() == std::size(scenarios::kStepKinds));
+  for (const char* impl : {"cpu", "layer"}) {
+    INFO(impl);
+    const auto provider = engines::make_provider(impl, "none");
+    scenarios::Scenario sc;
+    sc.name = "every-kind";
+    sc.cache.window = sc.cache.ring_rows = 16;
+    sc.cache.head_dim = 4;
+    sc.requests = {{0, 0}};
+    const auto& caps = provider->capabilities();
+    for (const auto kind : kinds) {
+      scenarios::Step s;
+      s.kind = kind;
+      if (kind == scenarios::StepKind::kPrefill) s.rows = 3;
+      if (kind == scenarios::StepKind::kVerify) s.drafts = 2;
+      if (kind == scenarios::StepKind::kAccept) s.accepted = 1;
+      // The steps the cache runs (the layer cache decodes one row at a time).
+      if (caps.supports_step(s) && (caps.max_step_rows == 0 || scenarios::step_rows(s) <= caps.max_step_rows)) {
+        sc.steps.push_back(s);
+      }
+    }
+    engines::Refusal refused;
+    auto cache = provider->open(cache_spec(sc), &refused);
+    INFO(refused.code + ": " + refused.detail);
+    REQUIRE(cache);
+    engines::StepCall call;
+    call.op = engines::StepCall::Op::kBegin;
+    REQUIRE_FALSE(cache->call(call, nullptr));
+    scenarios::RequestProgress progress;
+    std::vector<double> rows(64, 0.5);
+    int ran = 0;
+    for (const auto& s : sc.steps) {
+      INFO(scenarios::step_kind_name(s.kind));
+      call.op = engines::StepCall::Op::kStep;
+      call.step = s;
+      call.position = scenarios::step_first_position(progress);
+      call.rows = scenarios::step_rows(s);
+      call.k = call.v = call.q = rows.data();
+      engines::StepAnswer answer;
+      REQUIRE_FALSE(cache->call(call, &answer));
+      CHECK(static_cast<std::int64_t>(answer.written.size()) == scenarios::step_rows(s));
+      CHECK(!answer.written.empty() == scenarios::step_kind_writes_rows(s.kind));
+      REQUIRE(scenarios::advance(progress, s) == scenarios::StepRefusal::kNone);
+      ++ran;
+    }
+    CHECK(ran >= 4);
+  }
+}
