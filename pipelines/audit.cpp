@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "impl/kv_cache.hpp"
 #include "properties/audit.hpp"
 #include "properties/memory_estimate.hpp"
 #include "reports/report_text.hpp"

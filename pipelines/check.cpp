@@ -9,7 +9,6 @@
 
 #include "engines/factory.hpp"
 #include "engines/trace_cache.hpp"
-#include "impl/kv_cache.hpp"
 #include "pipelines/catalog.hpp"
 #include "properties/generator.hpp"
 #include "properties/option_table.hpp"
@@ -412,7 +411,7 @@ properties::CheckOptions check_options_of(const reports::ShardResult& shard) {
   options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
   options.min_run_share = o.min_run_share;
-  if (impl::Fault fault; !impl::parse_fault(o.fault, &fault)) {
+  if (!is_fault_name(o.fault)) {
     throw Error(ErrorId::kShard, shard.origin + ": options.fault", "unknown fault '" + o.fault + "'");
   }
   options.run.fault = o.fault;

@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "engines/cache_under_test.hpp"
-#include "impl/kv_cache.hpp"
 #include "model/real.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
