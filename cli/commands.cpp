@@ -24,7 +24,7 @@
 #include "properties/option_table.hpp"
 #include "properties/runner.hpp"
 #include "reports/output_set.hpp"
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 #include "reports/trace_table.hpp"
 #include "support/error.hpp"
 
@@ -150,7 +150,7 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
   }
   const std::vector<std::string> all = world.gather(mine);
   if (!root) return 0;
-  std::vector<reports::ShardResult> shards;
+  std::vector<pipelines::ShardResult> shards;
   for (std::size_t r = 0; r < all.size(); ++r) {
     const std::string origin = "rank " + std::to_string(r);
     if (all[r].rfind(kErrorMark, 0) == 0) {
@@ -158,9 +158,9 @@ int check_over_mpi(MpiWorld& world, properties::CheckOptions options, const std:
           ErrorId::kShard, origin + " of " + std::to_string(all.size()),
           "failed, so the run is incomplete and no report was written: " + all[r].substr(kErrorMark.size()));
     }
-    shards.push_back(reports::parse_shard(all[r], origin));
+    shards.push_back(pipelines::parse_shard(all[r], origin));
   }
-  return pipelines::merge_check(reports::order_shards(std::move(shards)), out,
+  return pipelines::merge_check(pipelines::order_shards(std::move(shards)), out,
                                 std::to_string(world.size()) + " MPI ranks", start, true, options.run.backend);
 }
 

@@ -7,7 +7,7 @@
 // equal the shards' recorded engine); every recorded option is read back
 // from the shard's recorded command line exactly as `kvcheck check` reads its
 // flags and must agree with it; and impossible tallies are refused
-// (reports/shard.hpp, pipelines::merge_check). Every refusal is
+// (pipelines/shard.hpp, pipelines::merge_check). Every refusal is
 // kvcheck::Error(kShard) naming the shard and the field.
 #include <chrono>
 #include <cstdint>
@@ -25,7 +25,7 @@
 #include "properties/check.hpp"
 #include "properties/memory_estimate.hpp"
 #include "properties/option_table.hpp"
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::cli {
@@ -48,7 +48,7 @@ std::vector<std::string> split_spaces(const std::string& text) {
   return out;
 }
 
-[[noreturn]] void refuse(const reports::ShardResult& shard, const std::string& field,
+[[noreturn]] void refuse(const pipelines::ShardResult& shard, const std::string& field,
                          const std::string& why) {
   throw Error(ErrorId::kShard, shard.origin + ": " + field, why);
 }
@@ -59,8 +59,8 @@ std::vector<std::string> split_spaces(const std::string& text) {
 /// recording does not quote), so the words after --impl are taken as the
 /// recorded engine where they spell it, and the engine is then compared like
 /// every other option.
-void cross_check_command(const reports::ShardResult& shard) {
-  const reports::CheckShardOptions o = reports::check_options_from_json(shard);
+void cross_check_command(const pipelines::ShardResult& shard) {
+  const pipelines::CheckShardOptions o = pipelines::check_options_from_json(shard);
   const std::vector<std::string> words = split_spaces(o.command);
   if (words.size() < 2 || words[0] != "kvcheck" || words[1] != "check") {
     refuse(shard, "options.command", "is not a `kvcheck check` command line");
@@ -140,9 +140,9 @@ int command_merge(int argc, char** argv) {
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
   // Every shard is read and checked before anything is written.
-  std::vector<reports::ShardResult> shards;
-  for (const auto& dir : args.positional()) shards.push_back(reports::read_shard_dir(dir));
-  shards = reports::order_shards(std::move(shards));
+  std::vector<pipelines::ShardResult> shards;
+  for (const auto& dir : args.positional()) shards.push_back(pipelines::read_shard_dir(dir));
+  shards = pipelines::order_shards(std::move(shards));
   const std::string workers = std::to_string(shards.size()) + " shards";
   {
     // Refused up front when the merge would not fit: a check's merge shrinks

@@ -182,9 +182,9 @@ std::string timing_text(std::int64_t cases, double seconds, const std::string& w
 }
 
 /// The options every shard of one check must share.
-reports::CheckShardOptions shard_options(const properties::CheckOptions& options,
+pipelines::CheckShardOptions shard_options(const properties::CheckOptions& options,
                                          const std::string& command) {
-  reports::CheckShardOptions o;
+  pipelines::CheckShardOptions o;
   o.impl = options.run.backend;
   o.fault = options.run.fault;
   o.cases = options.cases;
@@ -316,9 +316,9 @@ int run_check_into(const properties::CheckOptions& options, const fs::path& out_
 
 std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
                              const properties::CaseTally& tally) {
-  return reports::shard_text(
+  return pipelines::shard_text(
       "check", reports::ReportContext{}.tool_version, options.shard.index, options.shard.count,
-      reports::check_options_json(shard_options(options, command)), reports::tally_json(tally));
+      pipelines::check_options_json(shard_options(options, command)), pipelines::tally_json(tally));
 }
 
 void prepare_out_dir(const fs::path& dir) {
@@ -385,7 +385,7 @@ int run_check(const properties::CheckOptions& options, const std::string& comman
 int run_check_shard(const properties::CheckOptions& options, const std::string& command,
                     const fs::path& out_dir) {
   const auto start = std::chrono::steady_clock::now();
-  const fs::path file = out_dir / reports::kShardFileName;
+  const fs::path file = out_dir / pipelines::kShardFileName;
   // An earlier shard document goes before any case runs: a shard that dies
   // leaves no earlier tally for `merge` to take as this run's.
   reports::withdraw_output_files({file});
@@ -402,8 +402,8 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
   return 0;
 }
 
-properties::CheckOptions check_options_of(const reports::ShardResult& shard) {
-  const reports::CheckShardOptions o = reports::check_options_from_json(shard);
+properties::CheckOptions check_options_of(const pipelines::ShardResult& shard) {
+  const pipelines::CheckShardOptions o = pipelines::check_options_from_json(shard);
   properties::CheckOptions options;
   options.cases = o.cases;
   options.seed = o.seed;
@@ -421,11 +421,11 @@ properties::CheckOptions check_options_of(const reports::ShardResult& shard) {
   return options;
 }
 
-int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path& out_dir,
+int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::path& out_dir,
                 const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
                 const std::optional<std::string>& engine) {
-  const reports::ShardResult& front = shards.front();
-  const reports::CheckShardOptions o = reports::check_options_from_json(front);
+  const pipelines::ShardResult& front = shards.front();
+  const pipelines::CheckShardOptions o = pipelines::check_options_from_json(front);
   properties::CheckOptions options = check_options_of(front);
   // The engine comes from the merge's own command line, never from a shard
   // document: it must be the one the shards recorded.
@@ -436,7 +436,7 @@ int merge_check(const std::vector<reports::ShardResult>& shards, const fs::path&
   std::vector<properties::CaseTally> tallies;
   for (const auto& shard : shards) {
     tallies.push_back(
-        reports::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
+        pipelines::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
     if (tallies.back().reachable != tallies.front().reachable) {
       throw Error(ErrorId::kShard, shard.origin,
                   "its cache reaches other coverage classes than " + front.origin + "'s: not the same cache");

@@ -18,7 +18,7 @@
 #include "properties/runner.hpp"
 #include "reports/output_set.hpp"
 #include "reports/report.hpp"
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 #include "scenarios/scenario.hpp"
 #include "scenarios/trace_json.hpp"
 
@@ -122,13 +122,13 @@ int run_check_shard(const properties::CheckOptions& options, const std::string& 
 std::string check_shard_text(const properties::CheckOptions& options, const std::string& command,
                              const properties::CaseTally& tally);
 
-/// The options a check shard records (reports::check_options_from_json),
+/// The options a check shard records (pipelines::check_options_from_json),
 /// as the check's options: the inverse of what check_shard_text writes.
 /// Throws kvcheck::Error(kShard) naming the shard and field.
-properties::CheckOptions check_options_of(const reports::ShardResult& shard);
+properties::CheckOptions check_options_of(const pipelines::ShardResult& shard);
 
 /// The report of a whole check from its shards (already ordered by
-/// reports::order_shards): the tallies added, the lowest failing case shrunk
+/// pipelines::order_shards): the tallies added, the lowest failing case shrunk
 /// once here, the report written to `out_dir`. `workers` names what ran the
 /// shards; a merge that ran no case itself (`ran_cases` false) prints its
 /// own time from `start`. Returns the exit code.
@@ -142,7 +142,7 @@ properties::CheckOptions check_options_of(const reports::ShardResult& shard);
 /// classes the cache cannot or can reach recorded otherwise). Every refusal
 /// is kvcheck::Error(kShard) naming the shard and field, thrown before
 /// `out_dir` is touched.
-int merge_check(const std::vector<reports::ShardResult>& shards, const std::filesystem::path& out_dir,
+int merge_check(const std::vector<pipelines::ShardResult>& shards, const std::filesystem::path& out_dir,
                 const std::string& workers, std::chrono::steady_clock::time_point start, bool ran_cases,
                 const std::optional<std::string>& engine);
 

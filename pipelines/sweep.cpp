@@ -8,7 +8,7 @@
 #include "support/atomic_write.hpp"
 #include "support/error.hpp"
 #include "sweep/sweep_output.hpp"
-#include "sweep/sweep_shard.hpp"
+#include "pipelines/sweep_shard.hpp"
 
 namespace kvcheck::pipelines {
 
@@ -45,12 +45,12 @@ int run_capacity_sweep(const SweepRequest& request) {
   }
   // One shard of a split sweep: its rows and counterexamples in --out;
   // `kvcheck merge` writes the outputs of the whole sweep.
-  const std::filesystem::path file = options.out_dir / reports::kShardFileName;
+  const std::filesystem::path file = options.out_dir / pipelines::kShardFileName;
   const nlohmann::ordered_json rows =
-      sweep::sweep_shard_rows_json(result, options.shard_index, options.shard_count);
-  write_file_atomic(file, reports::shard_text("sweep", reports::ReportContext{}.tool_version,
+      pipelines::sweep_shard_rows_json(result, options.shard_index, options.shard_count);
+  write_file_atomic(file, pipelines::shard_text("sweep", reports::ReportContext{}.tool_version,
                                               options.shard_index, options.shard_count,
-                                              sweep::sweep_shard_options_json(request.grid, options), rows));
+                                              pipelines::sweep_shard_options_json(request.grid, options), rows));
   std::printf(
       "sweep shard %lld/%lld: %zu of %lld configurations, %.2f s on %d threads\nshard: %s (join the shards "
       "with kvcheck merge)\n",
@@ -60,10 +60,10 @@ int run_capacity_sweep(const SweepRequest& request) {
   return 0;
 }
 
-sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards,
+sweep::SweepResult merge_sweep(const std::vector<pipelines::ShardResult>& shards,
                                const std::filesystem::path& out_dir) {
-  sweep::SweepResult result = sweep::merge_sweep_shards(shards);
-  sweep::adopt_counterexamples(result, out_dir);
+  sweep::SweepResult result = pipelines::merge_sweep_shards(shards);
+  pipelines::adopt_counterexamples(result, out_dir);
   return result;
 }
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 #include "sweep/sweep.hpp"
 
 namespace kvcheck::pipelines {
@@ -39,8 +39,8 @@ struct SweepRequest {
 int run_capacity_sweep(const SweepRequest& request);
 
 /// The sweep of a whole run from its shard documents (ordered by
-/// reports::order_shards), its counterexample files moved into `out_dir`.
-sweep::SweepResult merge_sweep(const std::vector<reports::ShardResult>& shards,
+/// pipelines::order_shards), its counterexample files moved into `out_dir`.
+sweep::SweepResult merge_sweep(const std::vector<pipelines::ShardResult>& shards,
                                const std::filesystem::path& out_dir);
 
 /// Writes a finished sweep's outputs and its summary on stderr; `workers`

@@ -10,7 +10,7 @@
 // count), the options that must be equal in every shard of one run (the
 // seed, the case count, the cache, the command line apart from --shard,
 // --out and --threads), and the kind's own findings: a check shard its
-// CaseTally, a sweep shard its rows (sweep/sweep_shard.hpp). A set
+// CaseTally, a sweep shard its rows (pipelines/sweep_shard.hpp). A set
 // of shards that is not exactly one whole run (missing, duplicated, of
 // another kind, version or options) is refused with ErrorId::kShard naming
 // the shard.
@@ -26,7 +26,7 @@
 
 #include "properties/check.hpp"
 
-namespace kvcheck::reports {
+namespace kvcheck::pipelines {
 
 /// Version of the shard document layout.
 inline constexpr int kShardVersion = 1;
@@ -102,4 +102,4 @@ nlohmann::ordered_json tally_json(const properties::CaseTally& tally);
 /// above the cases that ran) is ErrorId::kShard naming the shard and field.
 properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes);
 
-}  // namespace kvcheck::reports
+}  // namespace kvcheck::pipelines

@@ -1,5 +1,5 @@
 // Sweep shard documents and their merge.
-#include "sweep/sweep_shard.hpp"
+#include "pipelines/sweep_shard.hpp"
 
 #include <string>
 #include <string_view>
@@ -10,7 +10,11 @@
 #include "support/atomic_write.hpp"
 #include "support/error.hpp"
 
-namespace kvcheck::sweep {
+namespace kvcheck::pipelines {
+
+// The sweep's own types and searches, by their names (this file reads and
+// writes its shards).
+using namespace kvcheck::sweep;
 
 namespace {
 
@@ -37,7 +41,7 @@ std::vector<std::int64_t> int_array(const nlohmann::json& object, const std::str
 }
 
 /// The grid, states and formula of a sweep shard's options.
-SweepResult frame_from(const reports::ShardResult& shard) {
+SweepResult frame_from(const pipelines::ShardResult& shard) {
   const auto& o = shard.options;
   jr::check_keys(o, "options",
                  {"grid", "states", "impl", "step_timeout_seconds", "formula", "counterexamples"});
@@ -162,10 +166,10 @@ Json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::i
   return Json{{"rows", std::move(rows)}};
 }
 
-SweepResult merge_sweep_shards(const std::vector<reports::ShardResult>& shards) {
+SweepResult merge_sweep_shards(const std::vector<ShardResult>& shards) {
   KVCHECK_ASSERT(!shards.empty());
   SweepResult result;
-  for (const reports::ShardResult& shard : shards) {
+  for (const pipelines::ShardResult& shard : shards) {
     try {
       if (&shard == &shards.front()) result = frame_from(shard);
       jr::check_keys(shard.result, "result", {"rows"});
@@ -219,4 +223,4 @@ void adopt_counterexamples(SweepResult& result, const std::filesystem::path& out
   }
 }
 
-}  // namespace kvcheck::sweep
+}  // namespace kvcheck::pipelines

@@ -6,15 +6,15 @@
 #include <functional>
 #include <string>
 
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 #include "support/error.hpp"
 
 using namespace kvcheck;
 
 namespace {
 
-reports::CheckShardOptions some_options() {
-  reports::CheckShardOptions o;
+pipelines::CheckShardOptions some_options() {
+  pipelines::CheckShardOptions o;
   o.impl = "cpu";
   o.fault = "none";
   o.cases = 10;
@@ -31,10 +31,10 @@ properties::CaseTally tally_of(std::int64_t index, std::int64_t count, std::int6
   return t;
 }
 
-reports::ShardResult shard(std::int64_t index, std::int64_t count, const reports::CheckShardOptions& o,
+pipelines::ShardResult shard(std::int64_t index, std::int64_t count, const pipelines::CheckShardOptions& o,
                            const properties::CaseTally& t) {
-  return reports::parse_shard(reports::shard_text("check", "0.1.0", index, count,
-                                                  reports::check_options_json(o), reports::tally_json(t)),
+  return pipelines::parse_shard(pipelines::shard_text("check", "0.1.0", index, count,
+                                                  pipelines::check_options_json(o), pipelines::tally_json(t)),
                               "dir" + std::to_string(index) + "/shard.json");
 }
 
@@ -54,12 +54,12 @@ TEST_CASE("Shard: a check shard's options and tally round-trip through its docum
   properties::CaseTally t = tally_of(1, 3, 10);
   t.failures = 2;
   t.first_failing_case = 4;
-  const reports::ShardResult s = shard(1, 3, some_options(), t);
+  const pipelines::ShardResult s = shard(1, 3, some_options(), t);
   CHECK(s.kind == "check");
   CHECK(s.index == 1);
   CHECK(s.count == 3);
-  CHECK(reports::tally_from_json(s, 10, 4) == t);
-  const reports::CheckShardOptions o = reports::check_options_from_json(s);
+  CHECK(pipelines::tally_from_json(s, 10, 4) == t);
+  const pipelines::CheckShardOptions o = pipelines::check_options_from_json(s);
   CHECK(o.seed == 7);
   CHECK(o.command == some_options().command);
 }
@@ -69,13 +69,13 @@ TEST_CASE("Shard: missing, duplicated and mismatched shards are refused naming t
   std::string what;
   CHECK(error_id(
             [&] {
-              reports::order_shards({shard(0, 3, o, tally_of(0, 3, 10)), shard(2, 3, o, tally_of(2, 3, 10))});
+              pipelines::order_shards({shard(0, 3, o, tally_of(0, 3, 10)), shard(2, 3, o, tally_of(2, 3, 10))});
             },
             &what) == 700);
   CHECK(what.find("at shard 1/3: missing") != std::string::npos);
   CHECK(error_id(
             [&] {
-              reports::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
+              pipelines::order_shards({shard(0, 2, o, tally_of(0, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
             },
             &what) == 700);
   CHECK(what.find("given twice") != std::string::npos);
@@ -83,13 +83,13 @@ TEST_CASE("Shard: missing, duplicated and mismatched shards are refused naming t
   other.seed = 8;
   CHECK(error_id(
             [&] {
-              reports::order_shards(
+              pipelines::order_shards(
                   {shard(0, 2, o, tally_of(0, 2, 10)), shard(1, 2, other, tally_of(1, 2, 10))});
             },
             &what) == 700);
   CHECK(what.find("dir1/shard.json: options.seed is 8") != std::string::npos);
   const auto ordered =
-      reports::order_shards({shard(1, 2, o, tally_of(1, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
+      pipelines::order_shards({shard(1, 2, o, tally_of(1, 2, 10)), shard(0, 2, o, tally_of(0, 2, 10))});
   REQUIRE(ordered.size() == 2);
   CHECK(ordered[0].index == 0);
 }
@@ -99,17 +99,17 @@ TEST_CASE("Shard: a tally that is not its shard's cases, or a stray key, is refu
   properties::CaseTally t = tally_of(1, 3, 10);
   t.cases += 1;
   std::string what;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("dir1/shard.json: result.cases") != std::string::npos);
   t = tally_of(1, 3, 10);
   t.failures = 1;
   t.first_failing_case = 3;  // 3 mod 3 is shard 0's
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("first_failing_case") != std::string::npos);
-  std::string text = reports::shard_text("check", "0.1.0", 0, 1, reports::check_options_json(o),
-                                         reports::tally_json(tally_of(0, 1, 10)));
+  std::string text = pipelines::shard_text("check", "0.1.0", 0, 1, pipelines::check_options_json(o),
+                                         pipelines::tally_json(tally_of(0, 1, 10)));
   text.insert(1, "\"extra\": 1,");
-  CHECK(error_id([&] { reports::parse_shard(text, "x/shard.json"); }, &what) == 202);
+  CHECK(error_id([&] { pipelines::parse_shard(text, "x/shard.json"); }, &what) == 202);
   CHECK(what.find("x/shard.json") != std::string::npos);
 }
 
@@ -119,42 +119,42 @@ TEST_CASE("Shard: impossible tallies are refused with error 700 naming shard and
   // A coverage class counted in more cases than the shard ran (3 of 10 in shard 1/3).
   properties::CaseTally t = tally_of(1, 3, 10);
   t.coverage_counts[1] = 4;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("dir1/shard.json: result.coverage_counts[1]") != std::string::npos);
   // ... or in more than ran: a skipped case counts no class.
   t = tally_of(1, 3, 10);
   t.skipped = 1;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("result.coverage_counts[3]") != std::string::npos);
   t = tally_of(1, 3, 10);
   t.coverage_counts[0] = -1;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("result.coverage_counts[0]") != std::string::npos);
   t = tally_of(1, 3, 10);
   t.failures = -1;
-  CHECK(error_id([&] { reports::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
+  CHECK(error_id([&] { pipelines::tally_from_json(shard(1, 3, o, t), 10, 4); }, &what) == 700);
   CHECK(what.find("result.failures") != std::string::npos);
   // Exactly as many as ran is a tally a run can have.
   t = tally_of(1, 3, 10);
   t.coverage_counts = {3, 3, 0, 3};
-  CHECK(reports::tally_from_json(shard(1, 3, o, t), 10, 4) == t);
+  CHECK(pipelines::tally_from_json(shard(1, 3, o, t), 10, 4) == t);
 }
 
 TEST_CASE("Shard: options no check run can have are refused with error 700 naming the field") {
-  const auto refused = [](const std::function<void(reports::CheckShardOptions&)>& edit,
+  const auto refused = [](const std::function<void(pipelines::CheckShardOptions&)>& edit,
                           const std::string& field) {
     auto o = some_options();
     edit(o);
     std::string what;
     const int id =
-        error_id([&] { reports::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))); }, &what);
+        error_id([&] { pipelines::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))); }, &what);
     CHECK(id == 700);
     CHECK(what.find("dir0/shard.json: " + field) != std::string::npos);
   };
   refused([](auto& o) { o.precision_requested = 7; }, "options.precision_requested");
   refused([](auto& o) { o.precision_requested = 114; }, "options.precision_requested");
   refused([](auto& o) { o.cases = INT64_MAX; }, "options.cases");
-  refused([](auto& o) { o.cases = reports::kMaxCheckCases + 1; }, "options.cases");
+  refused([](auto& o) { o.cases = pipelines::kMaxCheckCases + 1; }, "options.cases");
   refused([](auto& o) { o.seed = UINT64_MAX; }, "options.seed");
   refused([](auto& o) { o.step_timeout_seconds = 0; }, "options.step_timeout_seconds");
   refused([](auto& o) { o.impl = "sh -c true"; }, "options.impl");
@@ -162,6 +162,6 @@ TEST_CASE("Shard: options no check run can have are refused with error 700 namin
   for (const int bits : {53, 113, 169}) {
     auto o = some_options();
     o.precision_requested = bits;
-    CHECK(reports::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))).precision_requested == bits);
+    CHECK(pipelines::check_options_from_json(shard(0, 1, o, tally_of(0, 1, 10))).precision_requested == bits);
   }
 }

@@ -1,6 +1,6 @@
 // Shard documents: writing, strict reading, and the checks that a set of
 // shards is exactly one whole run.
-#include "reports/shard.hpp"
+#include "pipelines/shard.hpp"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,7 @@
 #include "scenarios/json_read.hpp"
 #include "support/error.hpp"
 
-namespace kvcheck::reports {
+namespace kvcheck::pipelines {
 
 namespace {
 
@@ -315,4 +315,4 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
   });
 }
 
-}  // namespace kvcheck::reports
+}  // namespace kvcheck::pipelines
