@@ -1,9 +1,12 @@
 // The table of step kinds (scenarios/step_kinds.hpp) is the single source:
 // every kind's name parses back, round-trips through the scenario file and a
-// trace record carrying exactly the fields the table gives it, and the
-// request lifecycle (RequestLifecycle) holds its rules.
+// trace record carrying exactly the fields the table gives it, the schemas
+// name every kind, and the request lifecycle (RequestLifecycle) holds its rules.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -208,4 +211,30 @@ TEST_CASE("RequestLifecycle: a request takes its state at its first step, finish
   life.begin(7, 1);  // and a finished request may begin again, afresh
   CHECK(life.phase(7) == Phase::kActive);
   CHECK(life.progress(7).length == 0);
+}
+
+TEST_CASE("StepKinds: the schemas name every step kind, and the exec schema every capability") {
+  // The schemas list the kinds by hand (grouped by their fields): a kind added
+  // to the table fails here until each schema names it.
+  for (const char* schema : {"scenario.schema.json", "trace.schema.json", "exec-protocol.schema.json"}) {
+    INFO(schema);
+    std::ifstream in(std::string(KVCHECK_SCENARIO_DIR) + "/schema/" + schema);
+    REQUIRE(in);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::set<std::string> strings;
+    const std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& j) {
+      if (j.is_string()) strings.insert(j.get<std::string>());
+      if (j.is_structured()) {
+        for (const auto& v : j) walk(v);
+      }
+    };
+    walk(nlohmann::json::parse(text.str()));
+    for (const StepKind kind : kStepKinds) CHECK(strings.count(std::string(step_kind_name(kind))) == 1);
+    if (std::string(schema) == "exec-protocol.schema.json") {
+      for (int i = 0; i < kStepCapabilityCount; ++i) {
+        CHECK(strings.count(std::string(step_capability_info(static_cast<StepCapability>(i)).name)) == 1);
+      }
+    }
+  }
 }
