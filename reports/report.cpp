@@ -165,11 +165,15 @@ std::int64_t focus_query(const properties::StepObservation& step) noexcept {
   return static_cast<std::int64_t>(step.queries.size()) - 1;
 }
 
-std::string overwritten_counts(const properties::StepObservation& step) {
+std::vector<std::int64_t> overwritten_per_query(const properties::StepObservation& step) {
   std::vector<std::int64_t> counts;
   counts.reserve(step.queries.size());
   for (const auto& q : step.queries) counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
-  return int_list(counts, 32);
+  return counts;
+}
+
+std::string overwritten_counts(const properties::StepObservation& step) {
+  return int_list(overwritten_per_query(step), 32);
 }
 
 std::string int_list(const std::vector<std::int64_t>& values, std::size_t limit) {

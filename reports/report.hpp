@@ -216,6 +216,10 @@ std::int64_t first_failing_step(const properties::RunObservation& run) noexcept;
 /// last one; -1 when the step has no queries.
 std::int64_t focus_query(const properties::StepObservation& step) noexcept;
 
+/// Per-query overwritten counts of a step, in query order (the JSON's
+/// `overwritten_counts`).
+std::vector<std::int64_t> overwritten_per_query(const properties::StepObservation& step);
+
 /// Per-query overwritten counts of a step, e.g. "[5,4,3,2,1,0]".
 std::string overwritten_counts(const properties::StepObservation& step);
 

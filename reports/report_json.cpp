@@ -81,9 +81,7 @@ Json step_json(const properties::StepObservation& s) {
                          {"outside_block", s.collisions.outside_block},
                          {"replaced_needed", s.collisions.replaced_needed},
                          {"total", s.collisions.total()}};
-  std::vector<std::int64_t> counts;
-  for (const auto& q : s.queries) counts.push_back(static_cast<std::int64_t>(q.overwritten.size()));
-  j["overwritten_counts"] = counts;
+  j["overwritten_counts"] = overwritten_per_query(s);
   Json queries = Json::array();
   for (const auto& q : s.queries) queries.push_back(query_json(q));
   j["queries"] = std::move(queries);

@@ -62,12 +62,12 @@ std::string run_explanation(const Report& report, const properties::RunObservati
            std::to_string(s.queries.size()) + " queries)\n";
     out += "  overwritten rows per query: " + overwritten_counts(s) + "\n";
 
+    // The step's counts (StepCounts), as every writer gives them.
+    const StepCounts counts = step_counts(s);
     std::size_t listed = 0;
-    std::size_t failing = 0;
     for (const auto& q : s.queries) {
       if (!query_failed(q)) continue;
-      ++failing;
-      if (listed == kQueriesShown) continue;
+      if (listed == kQueriesShown) break;
       ++listed;
       std::string line = "    query " + std::to_string(q.position) + " visible " +
                          std::to_string(q.visible_first) + ".." + std::to_string(q.position) + ":";
@@ -77,7 +77,10 @@ std::string run_explanation(const Report& report, const properties::RunObservati
       if (!q.output_ok) line += " output " + format_double(q.eps_units) + " eps > tolerance";
       out += line + "\n";
     }
-    if (failing > listed) out += "    \u2026 (" + std::to_string(failing - listed) + " more queries)\n";
+    if (counts.failing_queries > static_cast<std::int64_t>(listed)) {
+      out += "    \u2026 (" + std::to_string(counts.failing_queries - static_cast<std::int64_t>(listed)) +
+             " more queries)\n";
+    }
 
     const auto& c = s.collisions;
     if (c.total() != 0) {
@@ -88,7 +91,6 @@ std::string run_explanation(const Report& report, const properties::RunObservati
     // The step's largest output error is taken as the run's: over the
     // queries that read their rows correctly (StepCounts); an error over
     // wrong rows measures the rows, not the kernel, and fails nothing.
-    const StepCounts counts = step_counts(s);
     const auto queries = static_cast<std::int64_t>(s.queries.size());
     if (counts.worst_query >= 0 && counts.not_output_checked == queries) {
       out += "  outputs not judged in this step (" + std::to_string(queries) + " of " +
