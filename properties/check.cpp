@@ -318,7 +318,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
                                ? options.run.fault
                                : options.run.backend.substr(0, options.run.backend.find(':'));
   const std::string check_command =
-      "`kvcheck check " + replay_arguments(options.run) + " --seed " + std::to_string(options.seed) + "`";
+      "`kvcheck check " + case_arguments(options) + "`";
   result.shrunk.name = "counterexample-" + what + "-seed" + std::to_string(options.seed);
 
   // Every reported failure reproduces: the case as drawn is replayed alone

@@ -1,6 +1,8 @@
 #include "properties/option_table.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <cstdlib>
 
 #include "support/assert.hpp"
@@ -66,20 +68,45 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
   return std::nullopt;
 }
 
-std::string replay_arguments(const RunOptions& run) {
-  CheckOptions given;
-  given.run = run;
+namespace {
+
+/// "FLAG VALUE" of every row of `command` for which `wanted` holds, in
+/// table order: rows in `always` whatever their value, the rest where
+/// `given` differs from the default.
+std::string arguments(const CheckOptions& given, unsigned command, bool (*wanted)(const OptionRow&),
+                      std::initializer_list<CheckOption> always) {
   const CheckOptions defaults;
   std::string out;
   for (const OptionRow& row : kCheckOptions) {
-    if (!(row.commands & kForReplay) || row.effect != OptionEffect::kRun) continue;
+    if (!(row.commands & command) || !wanted(row)) continue;
     const auto text = option_text(row.id, given);
-    // The cache is always named; the rest only where the run left the default.
-    if (row.id != CheckOption::kImpl && text == option_text(row.id, defaults)) continue;
+    const bool named = std::find(always.begin(), always.end(), row.id) != always.end();
+    if (!named && text == option_text(row.id, defaults)) continue;
     if (!out.empty()) out += " ";
     out += std::string(row.flag) + " " + *text;
   }
   return out;
+}
+
+}  // namespace
+
+std::string replay_arguments(const RunOptions& run) {
+  CheckOptions given;
+  given.run = run;
+  // The cache is always named; the rest only where the run left the default.
+  return arguments(
+      given, kForReplay, [](const OptionRow& row) { return row.effect == OptionEffect::kRun; },
+      {CheckOption::kImpl});
+}
+
+std::string case_arguments(const CheckOptions& options) {
+  return arguments(
+      options, kForCheck,
+      [](const OptionRow& row) {
+        return row.id != CheckOption::kCases &&
+               (row.effect == OptionEffect::kRun || row.effect == OptionEffect::kCases);
+      },
+      {CheckOption::kImpl, CheckOption::kSeed});
 }
 
 }  // namespace kvcheck::properties

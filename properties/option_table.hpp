@@ -116,4 +116,11 @@ std::string decimal_text(double value);
 /// quoted for a shell. The replay command a failing check prints.
 std::string replay_arguments(const RunOptions& run);
 
+/// The options of `kvcheck check` that draw the same cases and run them
+/// the same way: "--impl NAME", then every check option that changes a run
+/// or which cases are drawn (OptionEffect::kRun, kCases) other than its
+/// default, "--seed" always, "--cases" never (a case's seed does not depend
+/// on how many cases run). The check a counterexample's description names.
+std::string case_arguments(const CheckOptions& options);
+
 }  // namespace kvcheck::properties

@@ -27,6 +27,20 @@ TEST_CASE("Option table: the replay command carries every run option other than 
   CHECK(p::replay_arguments(run) == "--impl cpu --precision 169");
 }
 
+TEST_CASE("Option table: the check a case came from names what draws and runs it, not the case count") {
+  p::CheckOptions options;
+  options.seed = 7;
+  options.cases = 50;
+  CHECK(p::case_arguments(options) == "--impl cpu --seed 7");
+  options.run.fault = "window-too-wide";
+  options.run.precision_bits = 53;
+  options.profile = p::Profile::kProduction;
+  options.min_run_share = 0.5;  // the check's gate, not how a case runs
+  options.threads = 1;
+  CHECK(p::case_arguments(options) ==
+        "--impl cpu --fault window-too-wide --precision 53 --seed 7 --profile production");
+}
+
 TEST_CASE("Option table: seconds and shares print as the flags read them, exactly") {
   for (const double v : {10.0, 2.5, 0.1, 1e-7, 86400.0, 1.0 / 3, 0.8, 0.0, 1.0}) {
     const std::string text = p::decimal_text(v);
