@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,8 +78,9 @@ struct Capabilities {
 #define KVCHECK_CAPABILITY_STEP_BOOL(id, member, kind, order) bool member = true;
   KVCHECK_STEP_CAPABILITIES(KVCHECK_CAPABILITY_STEP_BOOL)
 #undef KVCHECK_CAPABILITY_STEP_BOOL
-  std::vector<scenarios::Format> formats = {scenarios::Format::kF64, scenarios::Format::kF32,
-                                            scenarios::Format::kBf16, scenarios::Format::kFp8};
+  /// Every format of the table (support/formats.hpp) unless the cache says less.
+  std::vector<scenarios::Format> formats =
+      std::vector<scenarios::Format>(std::begin(kElementFormats), std::end(kElementFormats));
   std::vector<scenarios::RopeStyle> rope_styles = {scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox,
                                                    scenarios::RopeStyle::kInterleaved};
   bool gqa = true;            ///< q_heads a multiple > 1 of kv_heads (includes MQA)

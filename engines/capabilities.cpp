@@ -130,8 +130,7 @@ bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_r
     if (why) *why = std::move(text);
     return false;
   };
-  if (!contains(formats, c.format))
-    return no("element format " + std::string(scenarios::format_name(c.format)));
+  if (!contains(formats, c.format)) return no("element format " + std::string(format_name(c.format)));
   if (!contains(rope_styles, c.rope.style))
     return no("RoPE style " + std::string(scenarios::rope_style_name(c.rope.style)));
   if (!partial_rope && c.rope.style != scenarios::RopeStyle::kNone && c.rope.rotary_dims != c.head_dim) {

@@ -152,7 +152,7 @@ class ExecProvider final : public CacheProvider {
     s["kv_heads"] = c.kv_heads;
     s["head_dim"] = c.head_dim;
     s["shared_row"] = c.shared_row;
-    s["format"] = scenarios::format_name(c.format);
+    s["format"] = format_name(c.format);
     s["rope"] = {{"style", scenarios::rope_style_name(c.rope.style)},
                  {"rotary_dims", c.rope.rotary_dims},
                  {"base", c.rope.base}};

@@ -144,7 +144,14 @@ std::vector<std::string> hello_step_names() {
 }
 
 const std::vector<std::string> kSteps = hello_step_names();
-const std::vector<std::string> kFormats = {"f64", "f32", "bf16", "fp8"};
+/// The format names, from the table of support/formats.hpp.
+std::vector<std::string> hello_format_names() {
+  std::vector<std::string> out;
+  for (const ElementFormat f : kElementFormats) out.emplace_back(format_name(f));
+  return out;
+}
+
+const std::vector<std::string> kFormats = hello_format_names();
 const std::vector<std::string> kRope = {"none", "neox", "interleaved"};
 const std::vector<std::string> kLayouts = {"mha", "gqa", "mqa", "shared"};
 const std::vector<std::string> kAddressing = {"ring", "paged", "opaque"};
@@ -200,10 +207,9 @@ void read_capabilities(const Json& caps, Capabilities* out) {
   }
   c.formats.clear();
   for (const auto& f : names(caps["formats"], p + ".formats", kFormats, false)) {
-    c.formats.push_back(f == "f64"    ? scenarios::Format::kF64
-                        : f == "f32"  ? scenarios::Format::kF32
-                        : f == "bf16" ? scenarios::Format::kBf16
-                                      : scenarios::Format::kFp8);
+    ElementFormat format = ElementFormat::kF64;
+    parse_format(f, &format);  // a name of kFormats: always parses
+    c.formats.push_back(format);
   }
   c.rope_styles.clear();
   for (const auto& s : names(caps["rope"], p + ".rope", kRope, false)) {

@@ -122,7 +122,7 @@ class RingPoolCache final : public CacheUnderTest {
     const impl::KvBackend& backend = pool.backend_const();
     const impl::PoolSpec& spec = pool.spec();
     const std::int64_t width = static_cast<std::int64_t>(spec.kv_heads) * spec.head_dim;
-    const std::int64_t bytes = impl::format_row_bytes(spec.format, width);
+    const std::int64_t bytes = format_row_bytes(spec.format, width);
     const auto rows = static_cast<std::int64_t>(result.writes.size());
     answer->has_stored = true;
     answer->has_stored_bytes = true;
@@ -203,16 +203,6 @@ class RingPoolProvider final : public CacheProvider {
 
 }  // namespace
 
-impl::ElementFormat impl_format(scenarios::Format f) noexcept {
-  switch (f) {
-    case scenarios::Format::kF64: return impl::ElementFormat::kF64;
-    case scenarios::Format::kF32: return impl::ElementFormat::kF32;
-    case scenarios::Format::kBf16: return impl::ElementFormat::kBf16;
-    case scenarios::Format::kFp8: return impl::ElementFormat::kFp8E4m3;
-  }
-  return impl::ElementFormat::kF64;
-}
-
 impl::RopeStyle impl_rope_style(scenarios::RopeStyle s) noexcept {
   switch (s) {
     case scenarios::RopeStyle::kNone: return impl::RopeStyle::kNone;
@@ -232,7 +222,7 @@ impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
   p.kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.shared_row = c.shared_row;
-  p.format = impl_format(c.format);
+  p.format = c.format;  // one format type (support/formats.hpp)
   p.rope_style = impl_rope_style(c.rope.style);
   p.rope_dims = c.rope.rotary_dims;
   p.rope_base = c.rope.base;

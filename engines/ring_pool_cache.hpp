@@ -12,8 +12,8 @@
 
 namespace kvcheck::engines {
 
-/// The backend's element format and RoPE pairing of the scenario's spelling.
-impl::ElementFormat impl_format(scenarios::Format format) noexcept;
+/// The backend's RoPE pairing of the scenario's spelling (the element
+/// format is one type for both: support/formats.hpp).
 impl::RopeStyle impl_rope_style(scenarios::RopeStyle style) noexcept;
 
 /// The backend PoolSpec of a cache spec (what the ring pool is asked for).

@@ -5,7 +5,8 @@
 // only builtin arithmetic: no <cmath>, no std::bit_cast, no memcpy. Bit casts
 // go through unions (GCC, Clang and nvcc define this type punning).
 //
-// Row layouts (bytes of one stored row of n elements):
+// Row layouts (bytes of one stored row of n elements, format_row_bytes in
+// support/formats.hpp):
 //   f64   [n] doubles                       8n
 //   f32   [n] floats                        4n
 //   bf16  [n] uint16 (upper half of a float) 2n
@@ -16,11 +17,12 @@
 #include <cstdint>
 
 #include "impl/host_device.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::impl {
 
-/// Elements per fp8 scale block.
-inline constexpr std::int64_t kFp8BlockElements = 32;
+/// Elements per fp8 scale block (the format table's scale_block).
+inline constexpr std::int64_t kFp8BlockElements = format_scale_block(ElementFormat::kFp8);
 /// Largest finite e4m3 magnitude.
 inline constexpr double kFp8Max = 448.0;
 /// e4m3 code of +448 (0x7F is NaN and never produced).
@@ -192,11 +194,6 @@ KVCHECK_HOST_DEVICE double ue8m0_to_double(std::uint8_t s) {
 KVCHECK_HOST_DEVICE float ue8m0_to_float(std::uint8_t s) {
   if (s == 0) return format_bits_float(0x00400000u);
   return format_bits_float(static_cast<std::uint32_t>(s) << 23);
-}
-
-/// Bytes of one fp8 row of n elements: n codes + ceil(n / 32) scales.
-KVCHECK_HOST_DEVICE std::int64_t fp8_row_bytes(std::int64_t n) {
-  return n + (n + kFp8BlockElements - 1) / kFp8BlockElements;
 }
 
 /// Quantizes n values into one fp8 row (layout above). `in` must be finite.

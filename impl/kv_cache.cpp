@@ -9,6 +9,7 @@
 #include "impl/cpu/cpu_backend.hpp"
 #include "impl/element_format.hpp"
 #include "impl/ring_index.hpp"
+#include "impl/row_codec.hpp"
 #include "support/assert.hpp"
 
 #if KVCHECK_HAVE_CUDA
@@ -62,55 +63,12 @@ bool parse_fault(std::string_view name, Fault* out) noexcept {
   return false;
 }
 
-std::string_view format_name(ElementFormat format) noexcept {
-  switch (format) {
-    case ElementFormat::kF64: return "f64";
-    case ElementFormat::kF32: return "f32";
-    case ElementFormat::kBf16: return "bf16";
-    case ElementFormat::kFp8E4m3: return "fp8";
-  }
-  return "?";
-}
-
-std::int64_t format_row_bytes(ElementFormat format, std::int64_t elements) noexcept {
-  switch (format) {
-    case ElementFormat::kF64: return 8 * elements;
-    case ElementFormat::kF32: return 4 * elements;
-    case ElementFormat::kBf16: return 2 * elements;
-    case ElementFormat::kFp8E4m3: return fp8_row_bytes(elements);
-  }
-  return 0;
-}
-
-double format_epsilon(ElementFormat format) noexcept {
-  switch (format) {
-    case ElementFormat::kF64: return 0x1.0p-53;
-    case ElementFormat::kF32: return 0x1.0p-24;
-    case ElementFormat::kBf16: return 0x1.0p-8;
-    case ElementFormat::kFp8E4m3: return 0x1.0p-4;
-  }
-  return 1.0;
-}
-
 void format_round_trip(ElementFormat format, const double* in, double* out, std::int64_t n) {
-  switch (format) {
-    case ElementFormat::kF64:
-      for (std::int64_t i = 0; i < n; ++i) out[i] = in[i];
-      return;
-    case ElementFormat::kF32:
-      for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
-      return;
-    case ElementFormat::kBf16:
-      for (std::int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(bf16_from_double(in[i]));
-      return;
-    case ElementFormat::kFp8E4m3: {
-      std::vector<std::uint8_t> row(static_cast<std::size_t>(fp8_row_bytes(n)));
-      fp8_encode_row(in, n, row.data());
-      fp8_decode_row(row.data(), n, out);
-      return;
-    }
-  }
-  KVCHECK_ASSERT(false);
+  // Through the bytes a cache stores: the same encoder and decoder as the
+  // CPU backend's store and read_row.
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(format_row_bytes(format, n)));
+  encode_row(format, in, n, row.data());
+  decode_row(format, row.data(), n, out);
 }
 
 std::string_view cache_error_name(CacheError error) noexcept {

@@ -19,15 +19,14 @@
 #include <string>
 #include <string_view>
 
+#include "support/formats.hpp"
+
 namespace kvcheck::impl {
 
-/// How one cached row is laid out in bytes.
-enum class ElementFormat : std::uint8_t {
-  kF64,      ///< 8 bytes per element
-  kF32,      ///< 4 bytes per element
-  kBf16,     ///< 2 bytes per element, round to nearest even
-  kFp8E4m3,  ///< 1 byte per element + one ue8m0 scale byte per 32 elements
-};
+/// How one cached row is laid out in bytes: the one format type of
+/// support/formats.hpp (names, row bytes and unit roundoff come from its
+/// table; the byte layout is impl/element_format.hpp).
+using ElementFormat = kvcheck::ElementFormat;
 
 /// RoPE pairing of the rotary dimensions.
 enum class RopeStyle : std::uint8_t {
@@ -83,12 +82,8 @@ std::string_view fault_description(Fault fault) noexcept;
 /// Parses a fault name; returns false when unknown.
 bool parse_fault(std::string_view name, Fault* out) noexcept;
 
-/// Name of a format ("f64", "f32", "bf16", "fp8").
-std::string_view format_name(ElementFormat format) noexcept;
-/// Bytes of one stored row of `elements` elements (fp8: data + one scale per 32).
-std::int64_t format_row_bytes(ElementFormat format, std::int64_t elements) noexcept;
-/// Unit roundoff of the element type (2^-53, 2^-24, 2^-8, 2^-4).
-double format_epsilon(ElementFormat format) noexcept;
+// A format's name, row bytes and unit roundoff: format_name,
+// format_row_bytes and format_unit_roundoff in support/formats.hpp.
 /// Rounds `n` values through the format (fp8 with its per-32 block scale) and back.
 void format_round_trip(ElementFormat format, const double* in, double* out, std::int64_t n);
 

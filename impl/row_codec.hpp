@@ -30,7 +30,7 @@ inline void encode_row(ElementFormat f, const double* in, std::int64_t n, std::u
         std::memcpy(row + 2 * i, &h, sizeof h);
       }
       return;
-    case ElementFormat::kFp8E4m3: fp8_encode_row(in, n, row); return;
+    case ElementFormat::kFp8: fp8_encode_row(in, n, row); return;
   }
   KVCHECK_ASSERT(false);
 }
@@ -54,7 +54,7 @@ inline void decode_row(ElementFormat f, const std::uint8_t* row, std::int64_t n,
         out[i] = bf16_to_float(h);
       }
       return;
-    case ElementFormat::kFp8E4m3: fp8_decode_row(row, n, out); return;
+    case ElementFormat::kFp8: fp8_decode_row(row, n, out); return;
   }
   KVCHECK_ASSERT(false);
 }

@@ -22,11 +22,6 @@ std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t k
   return bytes;
 }
 
-std::int64_t shared_row_bytes(std::int64_t elements, std::int64_t block) {
-  KVCHECK_ASSERT(elements >= 0 && block > 0);
-  return elements + (elements + block - 1) / block;
-}
-
 std::optional<std::int64_t> rows_bytes(std::int64_t rows, std::int64_t bytes_per_row) {
   if (rows < 0 || bytes_per_row < 0) return std::nullopt;
   return checked_mul(rows, bytes_per_row);

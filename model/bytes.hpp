@@ -1,5 +1,6 @@
-// Byte accounting of SPEC §6: separate K/V payloads and the shared fp8 row
-// with one ue8m0 scale byte per 32 elements. Every product is checked.
+// Byte accounting of the golden values: separate K/V payloads and rows of a
+// given size (a row's own bytes come from the format table,
+// support/formats.hpp). Every product is checked.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,8 @@ namespace kvcheck::model {
 std::optional<std::int64_t> kv_payload_bytes(std::int64_t layers, std::int64_t kv_heads, std::int64_t width,
                                              std::int64_t rows, std::int64_t element_bytes);
 
-/// One shared row of `elements` one-byte values with one scale byte per
-/// `block` elements (rounded up): 512 elements, block 32 -> 528.
-std::int64_t shared_row_bytes(std::int64_t elements, std::int64_t block);
+// One stored row's bytes (the shared fp8 row: 512 elements -> 528):
+// format_row_bytes in support/formats.hpp.
 
 /// rows * bytes_per_row, or nullopt on overflow.
 std::optional<std::int64_t> rows_bytes(std::int64_t rows, std::int64_t bytes_per_row);

@@ -28,38 +28,20 @@
 
 #include "model/real.hpp"
 #include "support/assert.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::model {
 
-/// Element format of a stored row, in the model's own words.
-enum class Encoding : std::uint8_t { kF64, kF32, kBf16, kFp8 };
+/// Element format of a stored row: the one format type of
+/// support/formats.hpp, whose table gives its name, row bytes
+/// (format_row_bytes) and unit roundoff (format_unit_roundoff). How each
+/// format rounds and lays out its bytes is written here, from its definition.
+using Encoding = ElementFormat;
 
-/// Elements per fp8 scale block.
-inline constexpr std::int64_t kFp8ScaleBlock = 32;
+/// Elements per fp8 scale block (the format table's scale_block).
+inline constexpr std::int64_t kFp8ScaleBlock = format_scale_block(Encoding::kFp8);
 /// Largest finite e4m3 magnitude.
 inline constexpr double kE4m3Max = 448.0;
-
-/// Unit roundoff of a format (half its relative spacing): 2^-53, 2^-24, 2^-8, 2^-4.
-constexpr double encoding_unit_roundoff(Encoding f) noexcept {
-  switch (f) {
-    case Encoding::kF64: return 0x1.0p-53;
-    case Encoding::kF32: return 0x1.0p-24;
-    case Encoding::kBf16: return 0x1.0p-8;
-    case Encoding::kFp8: return 0x1.0p-4;
-  }
-  return 0x1.0p-53;
-}
-
-/// Bytes of one encoded row of n elements.
-constexpr std::int64_t encoded_row_bytes(Encoding f, std::int64_t n) noexcept {
-  switch (f) {
-    case Encoding::kF64: return 8 * n;
-    case Encoding::kF32: return 4 * n;
-    case Encoding::kBf16: return 2 * n;
-    case Encoding::kFp8: return n + (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-  }
-  return 0;
-}
 
 /// x rounded to `digits` significand bits, ties to even, with the exponent
 /// floored at `emin` (below 2^emin the quantum stays 2^(emin - digits + 1):
@@ -171,7 +153,7 @@ EncodedRow encode_row(Encoding f, const std::vector<R>& x) {
   EncodedRow out;
   const auto n = static_cast<std::int64_t>(x.size());
   out.values.resize(x.size());
-  out.bytes.reserve(static_cast<std::size_t>(encoded_row_bytes(f, n)));
+  out.bytes.reserve(static_cast<std::size_t>(format_row_bytes(f, n)));
   if (f == Encoding::kFp8) {
     std::vector<std::uint8_t> scales;
     for (std::int64_t b0 = 0; b0 < n; b0 += kFp8ScaleBlock) {

@@ -10,6 +10,7 @@
 #include "model/bytes.hpp"
 #include "model/layer_fixture.hpp"
 #include "model/trace.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::model {
 
@@ -68,7 +69,7 @@ std::vector<SpecLine> reproduce_spec() {
   add(out, "bytes", "full KV, 32x8x128, 4096 ctx, 2 B", opt(kv_payload_bytes(32, 8, 128, 4096, 2)),
       "536870912");
   add(out, "bytes", "window 128 KV", opt(kv_payload_bytes(32, 8, 128, 128, 2)), "16777216");
-  const std::int64_t row = shared_row_bytes(512, 32);
+  const std::int64_t row = format_row_bytes(ElementFormat::kFp8, 512);
   add(out, "bytes", "shared fp8 row, 512 + scales", std::to_string(row), "528");
   add(out, "bytes", "128 visible rows", opt(rows_bytes(128, row)), "67584");
   add(out, "bytes", "134 allocated rows", opt(rows_bytes(134, row)), "70752");

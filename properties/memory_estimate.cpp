@@ -18,8 +18,6 @@ namespace kvcheck::properties {
 
 namespace {
 
-using scenarios::Format;
-
 // Bytes per unit, measured with /usr/bin/time on replays of scenarios that
 // grow one dimension at a time (README "Memory"), rounded up.
 constexpr double kProcessBytes = 16.0 * 1024 * 1024;  // the executable, MPFR, the report
@@ -38,16 +36,6 @@ constexpr double kSweepProbeRowBytes = 64;  // one row of a sweep probe's tag bu
 /// The reference's reals are larger or smaller than at 113 bits.
 double precision_factor(int bits) {
   return bits <= 53 ? 0.4 : (bits > 113 ? 1.3 : 1.0);
-}
-
-double row_bytes(Format format, double elements) {
-  switch (format) {
-    case Format::kF64: return 8 * elements;
-    case Format::kF32: return 4 * elements;
-    case Format::kBf16: return 2 * elements;
-    case Format::kFp8: return elements + std::floor(elements / 32);
-  }
-  return 8 * elements;
 }
 
 /// Sum of min(p + 1, keys) over p in [first, first + n): the rows the
@@ -79,7 +67,7 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   const double keys = static_cast<double>(window_keys(c));
   const double kv_width = static_cast<double>(c.kv_heads) * c.head_dim;
   const double q_width = static_cast<double>(c.q_heads) * c.head_dim;
-  const double row = row_bytes(c.format, kv_width);
+  const double row = static_cast<double>(format_row_bytes(c.format, std::int64_t{c.kv_heads} * c.head_dim));
   const double slot = c.shared_row ? row : 2 * row;
   const double stride = std::fmod(slot, 4096) == 0 ? slot + 64 : slot;
 

@@ -30,13 +30,7 @@ PositionCodeLayout position_code_layout(const scenarios::CacheConfig& c) {
   }
   layout.elements.resize(layout.elements.size() / 2 * 2);
   layout.classes = static_cast<std::int64_t>(layout.elements.size() / 2);
-  int bits = 20;
-  switch (c.format) {
-    case scenarios::Format::kF64: bits = 20; break;
-    case scenarios::Format::kF32: bits = 12; break;
-    case scenarios::Format::kBf16: bits = 8; break;
-    case scenarios::Format::kFp8: bits = 4; break;
-  }
+  const int bits = format_info(c.format).code_bits;  // the format table's id bits (header)
   layout.id_max = (std::int64_t{1} << bits) - 1;
   layout.id_scale = std::ldexp(1.0, bits);
   return layout;

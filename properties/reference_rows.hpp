@@ -54,8 +54,8 @@ struct TruthRow {
 using RowKey = std::pair<std::int64_t, std::int64_t>;  // (request, position)
 
 /// Accumulation precision of the production kernels per format.
-inline double accumulation_epsilon(scenarios::Format f) {
-  return f == scenarios::Format::kF64 ? 0x1.0p-53 : 0x1.0p-24;
+inline double accumulation_epsilon(ElementFormat f) {
+  return f == ElementFormat::kF64 ? 0x1.0p-53 : 0x1.0p-24;
 }
 
 template <class R>
@@ -301,7 +301,7 @@ struct RowReference {
     // reference encoding (README "Stored rows").
     if (answer.has_stored && answer.stored_known[static_cast<std::size_t>(i)] != 0) {
       ++obs->stored_rows_checked;
-      const std::int64_t row_bytes = model::encoded_row_bytes(encoding, kv_width);
+      const std::int64_t row_bytes = format_row_bytes(encoding, kv_width);
       const std::vector<double> no_dev(static_cast<std::size_t>(kv_width), 0.0);
       std::string problem =
           key_problem(row, p, certified_row ? &k_pinned : nullptr, answer.stored_k.data() + i * kv_width,

@@ -54,16 +54,6 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
   return model::RopeStyle::kNone;
 }
 
-model::Encoding model_encoding(scenarios::Format f) {
-  switch (f) {
-    case scenarios::Format::kF64: return model::Encoding::kF64;
-    case scenarios::Format::kF32: return model::Encoding::kF32;
-    case scenarios::Format::kBf16: return model::Encoding::kBf16;
-    case scenarios::Format::kFp8: return model::Encoding::kFp8;
-  }
-  return model::Encoding::kF64;
-}
-
 struct RequestState {
   std::int64_t state = 0;
   bool begun = false;
@@ -151,7 +141,7 @@ class OutputJudge {
         scale_d_(model::to_double(scale_)),
         kv_width_(static_cast<std::int64_t>(cache_.kv_heads) * cache_.head_dim),
         q_width_(static_cast<std::int64_t>(cache_.q_heads) * cache_.head_dim),
-        format_eps_(model::encoding_unit_roundoff(model_encoding(cache_.format))),
+        format_eps_(format_unit_roundoff(cache_.format)),
         rope_eps_(caps.rope_unit_roundoff > 0 ? caps.rope_unit_roundoff
                                               : accumulation_epsilon(cache_.format)),
         ref_rows_{cache_,
@@ -162,7 +152,7 @@ class OutputJudge {
                   rope_,
                   scale_,
                   cache_.sink_logit ? std::optional<Real>(Real(*cache_.sink_logit)) : std::nullopt,
-                  model_encoding(cache_.format),
+                  cache_.format,
                   rope_eps_,
                   {},
                   0},
@@ -547,7 +537,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   run.window_keys = spec.window_keys;
   run.window = cache.window;
   run.ring_rows = cache.ring_rows;
-  run.format = std::string(scenarios::format_name(cache.format));
+  run.format = std::string(format_name(cache.format));
   run.precision_bits = model::real_bits<Real>();
 
   const engines::Capabilities& caps = provider.capabilities();

@@ -15,11 +15,9 @@
 #include <vector>
 
 #include "model/encoding.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::properties {
-
-/// "bf16", "fp8", ... for messages.
-const char* encoding_label(model::Encoding f) noexcept;
 
 /// Text of a double with all its digits (for mismatch messages).
 std::string exact_text(double x);
@@ -35,18 +33,19 @@ std::string check_stored_row(model::Encoding f, const std::vector<R>& exact, con
   const auto n = static_cast<std::int64_t>(exact.size());
   bool exact_only = true;
   for (double d : dev) exact_only = exact_only && d == 0;
-  const std::string label = encoding_label(f);
+  const std::string label(format_name(f));
   if (exact_only && stored_bytes != nullptr) {
     for (std::size_t b = 0; b < reference.bytes.size(); ++b) {
       if (stored_bytes[b] == reference.bytes[b]) continue;
-      const std::int64_t bytes_per = model::encoded_row_bytes(f, 1);
-      if (f == model::Encoding::kFp8 && static_cast<std::int64_t>(b) >= n) {
-        const std::int64_t block = static_cast<std::int64_t>(b) - n;
-        return "fp8 scale byte of block " + std::to_string(block) + " is " + std::to_string(stored_bytes[b]) +
-               ", the reference encoding has " + std::to_string(reference.bytes[b]);
+      // The row's element codes, then (a block-scaled format) its scale bytes.
+      const std::int64_t bytes_per = format_element_bytes(f);
+      if (static_cast<std::int64_t>(b) >= n * bytes_per) {
+        const std::int64_t block = static_cast<std::int64_t>(b) - n * bytes_per;
+        return label + " scale byte of block " + std::to_string(block) + " is " +
+               std::to_string(stored_bytes[b]) + ", the reference encoding has " +
+               std::to_string(reference.bytes[b]);
       }
-      const std::int64_t e = f == model::Encoding::kFp8 ? static_cast<std::int64_t>(b)
-                                                        : static_cast<std::int64_t>(b) / bytes_per;
+      const std::int64_t e = static_cast<std::int64_t>(b) / bytes_per;
       return "element " + std::to_string(e) + " of " +
              exact_text(model::to_double(exact[static_cast<std::size_t>(e)])) + " is stored as " +
              exact_text(stored_values[e]) + ", its " + label + " encoding is " +

@@ -84,7 +84,7 @@ E get_enum(const json& j, const std::string& path, const E (&values)[N],
   fail(ErrorId::kJsonValue, path, "unknown name '" + text + "' (one of " + choices + ")");
 }
 
-inline constexpr Format kFormats[] = {Format::kF64, Format::kF32, Format::kBf16, Format::kFp8};
+// Formats: kElementFormats in support/formats.hpp, from the table of formats.
 inline constexpr Convention kConventions[] = {Convention::kKeys, Convention::kLeft, Convention::kOffByOne};
 inline constexpr RopeStyle kRopeStyles[] = {RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved};
 inline constexpr ValueProfile kValueProfiles[] = {ValueProfile::kUniform, ValueProfile::kLargeLogits,

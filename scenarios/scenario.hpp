@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "scenarios/step_kinds.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::scenarios {
 
-/// Stored row format ("f64", "f32", "bf16", "fp8").
-enum class Format : std::uint8_t { kF64, kF32, kBf16, kFp8 };
+/// Stored row format: the one format type of support/formats.hpp, whose
+/// table gives its names, row bytes and unit roundoff.
+using Format = ElementFormat;
 /// Window convention ("keys", "left", "off-by-one"), see model/visible.hpp.
 enum class Convention : std::uint8_t { kKeys, kLeft, kOffByOne };
 /// RoPE pairing ("none", "neox", "interleaved").

@@ -41,7 +41,7 @@ inline constexpr int kMaxJsonDepth = 32;
 inline constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{1} << 28;
 
 /// Stable enum names used by the format.
-std::string_view format_name(Format f) noexcept;
+// format_name: support/formats.hpp, from the table of formats.
 std::string_view value_profile_name(ValueProfile p) noexcept;
 std::string_view convention_name(Convention c) noexcept;
 std::string_view rope_style_name(RopeStyle s) noexcept;

@@ -14,16 +14,6 @@ std::string_view value_profile_name(ValueProfile p) noexcept {
   return "?";
 }
 
-std::string_view format_name(Format f) noexcept {
-  switch (f) {
-    case Format::kF64: return "f64";
-    case Format::kF32: return "f32";
-    case Format::kBf16: return "bf16";
-    case Format::kFp8: return "fp8";
-  }
-  return "?";
-}
-
 std::string_view convention_name(Convention c) noexcept {
   switch (c) {
     case Convention::kKeys: return "keys";

@@ -48,7 +48,7 @@ CacheConfig read_cache(const json& j, const std::string& path) {
   if (const json* v = find(j, "head_dim")) c.head_dim = get_i32(*v, join_key(path, "head_dim"));
   if (const json* v = find(j, "shared_row")) c.shared_row = get_bool(*v, join_key(path, "shared_row"));
   if (const json* v = find(j, "format")) {
-    c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
+    c.format = get_enum(*v, join_key(path, "format"), kElementFormats, format_name);
   }
   if (const json* v = find(j, "rope")) c.rope = read_rope(*v, join_key(path, "rope"));
   if (const json* v = find(j, "layers")) c.layers = get_i32(*v, join_key(path, "layers"));

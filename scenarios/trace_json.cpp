@@ -86,7 +86,7 @@ TraceCache read_cache(const json& j, const std::string& path) {
   }
   if (const json* v = find(j, "shared_row")) c.shared_row = get_bool(*v, join_key(path, "shared_row"));
   if (const json* v = find(j, "format"))
-    c.format = get_enum(*v, join_key(path, "format"), kFormats, format_name);
+    c.format = get_enum(*v, join_key(path, "format"), kElementFormats, format_name);
   if (const json* v = find(j, "rope")) {
     const std::string rp = join_key(path, "rope");
     as_object(*v, rp);

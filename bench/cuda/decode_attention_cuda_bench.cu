@@ -224,13 +224,13 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   layout.kv_heads = shape.kv_heads;
   layout.head_dim = kHeadDim;
   layout.row_elements = static_cast<std::int64_t>(shape.kv_heads) * kHeadDim;
-  layout.row_bytes = kc::ring_row_bytes(F, layout.row_elements);
+  layout.row_bytes = kvcheck::format_row_bytes(F, layout.row_elements);
   layout.slot_bytes = 2 * layout.row_bytes;
   const std::int64_t ring = shape.window;  // decode only: no verify slack needed
   const std::int64_t slots = shape.batch * ring;
   const std::int64_t q_elements = shape.batch * shape.q_heads * kHeadDim;
   const std::int64_t head_row_bytes =
-      F == ElementFormat::kFp8E4m3 ? kHeadDim + (kHeadDim + 31) / 32 : 2 * kHeadDim;
+      F == ElementFormat::kFp8 ? kHeadDim + (kHeadDim + 31) / 32 : 2 * kHeadDim;
   const std::int64_t bytes = shape.batch * shape.window * shape.kv_heads * 2 * head_row_bytes;
 
   // Index rows from the shared host/device math: query b decodes state b.
@@ -301,17 +301,16 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
     const std::int32_t cap = slot_major(kind) ? kBenchMaxSplits : kMaxSplits;
     switch (kind) {
       case Kind::kBlock:
-        return launch_variant<F, kc::FastGeometry<F, 4, F == ElementFormat::kFp8E4m3 ? 4 : 3>>(a, sm_count,
-                                                                                               cap, choose);
+        return launch_variant<F, kc::FastGeometry<F, 4, F == ElementFormat::kFp8 ? 4 : 3>>(a, sm_count, cap,
+                                                                                           choose);
       case Kind::kW4S3: return launch_variant<F, kc::FastWarpGeometry<F, 4, 3>>(a, sm_count, cap, choose);
       case Kind::kW8S2: return launch_variant<F, kc::FastWarpGeometry<F, 8, 2>>(a, sm_count, cap, choose);
       case Kind::kW8S2B:
         return launch_variant<F, kc::FastWarpGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
       case Kind::kSlotB:  // FastAuto's slot-major configuration with the batched index preload
         return launch_variant<
-            F, kc::FastSlotGeometry<F, 8, F == ElementFormat::kFp8E4m3 ? 3 : 2, F != ElementFormat::kFp8E4m3,
-                                    1, F == ElementFormat::kFp8E4m3 ? 2 : 1, 1, true>>(a, sm_count, cap,
-                                                                                       choose);
+            F, kc::FastSlotGeometry<F, 8, F == ElementFormat::kFp8 ? 3 : 2, F != ElementFormat::kFp8, 1,
+                                    F == ElementFormat::kFp8 ? 2 : 1, 1, true>>(a, sm_count, cap, choose);
       case Kind::kS8S2C:
         return launch_variant<F, kc::FastSlotGeometry<F, 8, 2, true>>(a, sm_count, cap, choose);
       case Kind::kS8S3:
@@ -400,7 +399,7 @@ void register_all() {
   for (int s = 0; s < kShapeCount; ++s) {
     for (Kind k : kAllKinds) {
       if (!measured(s, k)) continue;
-      for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
+      for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8}) {
         const std::string name = "decode_attention_cuda/" + key(kShapes[s], f, k);
         auto* b = f == ElementFormat::kBf16
                       ? benchmark::RegisterBenchmark(name.c_str(),
@@ -408,7 +407,7 @@ void register_all() {
                                                        BM_decode_attention<ElementFormat::kBf16>(st, s, k);
                                                      })
                       : benchmark::RegisterBenchmark(name.c_str(), [s, k](benchmark::State& st) {
-                          BM_decode_attention<ElementFormat::kFp8E4m3>(st, s, k);
+                          BM_decode_attention<ElementFormat::kFp8>(st, s, k);
                         });
         b->UseManualTime()->Unit(benchmark::kMicrosecond);
       }
@@ -449,7 +448,7 @@ int main(int argc, char** argv) {
               "splits", "target");
   int missed = 0;
   for (const Shape& shape : kShapes) {
-    for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
+    for (ElementFormat f : {ElementFormat::kBf16, ElementFormat::kFp8}) {
       const auto copy = g_rates.find(key(shape, f, Kind::kCopy));
       for (Kind k : kAllKinds) {
         const auto it = g_rates.find(key(shape, f, k));

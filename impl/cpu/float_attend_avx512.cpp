@@ -112,15 +112,15 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
   constexpr int kRows = z_block_rows(F);
   // Scores four rows at a time for fp8 (measured faster there), two rows
   // otherwise; one accumulator per (row, head) either way.
-  constexpr bool kScore4 = F == ElementFormat::kFp8E4m3;
+  constexpr bool kScore4 = F == ElementFormat::kFp8;
   float* m = j.stats;
   float* l = j.stats + qh;
   online_softmax_start(j);
   const std::int64_t pf_lines = (j.slot_bytes + 63) / 64;
   const std::uint8_t* rows[kRows];
   // fp8 only: [row][K scales then V scales] scale exponents (byte - 7).
-  alignas(64) float fexp[F == ElementFormat::kFp8E4m3 ? kRows : 1]
-                        [F == ElementFormat::kFp8E4m3 ? 2 * kZMaxScales : 1];
+  alignas(
+      64) float fexp[F == ElementFormat::kFp8 ? kRows : 1][F == ElementFormat::kFp8 ? 2 * kZMaxScales : 1];
   // Softmax weights and rescale factors of two items in flight (see below).
   // [item parity][row / 4][4 * head + row % 4] weights, [item parity][4 * head] rescale factors.
   alignas(64) float pwb[2][kRows / 4][16];
@@ -138,7 +138,7 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
     // Rows past nb repeat row 0 (finite, read from cache) with weight 0.
     const int nb4 = (nb + 3) & ~3;
     for (int r = nb; r < kRows; ++r) rows[r] = rows[0];
-    if constexpr (F == ElementFormat::kFp8E4m3) {
+    if constexpr (F == ElementFormat::kFp8) {
       const __m512i seven = _mm512_set1_epi32(7);
       for (int r = 0; r < nb4; ++r) {
         for (int half = 0; half < 2; ++half) {
@@ -202,10 +202,10 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
               const std::int64_t el = g * hd + 32 * p;
               __m512 x[4], y[4];
               for (int i = 0; i < 4; ++i) {
-                z_decode32<F>(rows[r + i], el,
-                              fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] +
-                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
-                              x[i], y[i]);
+                z_decode32<F>(
+                    rows[r + i], el,
+                    fexp[F == ElementFormat::kFp8 ? r + i : 0] + (F == ElementFormat::kFp8 ? el / 32 : 0),
+                    x[i], y[i]);
               }
               for (int s = 0; s < 4; ++s) {
                 const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
@@ -234,14 +234,14 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
               for (int p = 0; p < kPairs; ++p) {
                 const std::int64_t el = g * hd + 32 * p;
                 __m512 x0, y0, x1, y1;
-                z_decode32<F>(k0, el,
-                              fexp[F == ElementFormat::kFp8E4m3 ? r + i : 0] +
-                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
-                              x0, y0);
-                z_decode32<F>(k1, el,
-                              fexp[F == ElementFormat::kFp8E4m3 ? r + i + 1 : 0] +
-                                  (F == ElementFormat::kFp8E4m3 ? el / 32 : 0),
-                              x1, y1);
+                z_decode32<F>(
+                    k0, el,
+                    fexp[F == ElementFormat::kFp8 ? r + i : 0] + (F == ElementFormat::kFp8 ? el / 32 : 0), x0,
+                    y0);
+                z_decode32<F>(
+                    k1, el,
+                    fexp[F == ElementFormat::kFp8 ? r + i + 1 : 0] + (F == ElementFormat::kFp8 ? el / 32 : 0),
+                    x1, y1);
                 for (int s = 0; s < 4; ++s) {
                   const __m512 qa = _mm512_loadu_ps(q0 + s * hs + 32 * p);
                   const __m512 qb = _mm512_loadu_ps(q0 + s * hs + 32 * p + 16);
@@ -330,10 +330,10 @@ KVCHECK_AVX512_TARGET void attend_query_z(const FloatJob& j) {
                 _mm_prefetch(reinterpret_cast<const char*>(pf_rows[r] + 64 * o), _MM_HINT_T1);
             }
             __m512 v[4];
-            const float* fe = fexp[F == ElementFormat::kFp8E4m3 ? r : 0] +
-                              (F == ElementFormat::kFp8E4m3 ? kZMaxScales + el / 32 : 0);
+            const float* fe = fexp[F == ElementFormat::kFp8 ? r : 0] +
+                              (F == ElementFormat::kFp8 ? kZMaxScales + el / 32 : 0);
             z_decode32<F>(val, el, fe, v[0], v[1]);
-            z_decode32<F>(val, el + 32, fe + (F == ElementFormat::kFp8E4m3 ? 1 : 0), v[2], v[3]);
+            z_decode32<F>(val, el + 32, fe + (F == ElementFormat::kFp8 ? 1 : 0), v[2], v[3]);
             for (int s = 0; s < 4; ++s) {
               const __m512 w = _mm512_set1_ps(pw[r / 4][4 * s + r % 4]);
               for (int k = 0; k < 4; ++k) acc[s][k] = _mm512_fmadd_ps(w, v[k], acc[s][k]);
@@ -363,11 +363,14 @@ KVCHECK_AVX512_TARGET void attend_query_z_format(const FloatJob& j) {
 }  // namespace
 
 bool fast_kernel_fits(const PoolSpec& spec, std::int64_t row_elements) {
-  if (spec.format == ElementFormat::kF64) return false;
+  // The formats attend_query_avx512 decodes; any other runs the portable kernel.
+  if (spec.format != ElementFormat::kF32 && spec.format != ElementFormat::kBf16 &&
+      spec.format != ElementFormat::kFp8)
+    return false;
   if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256) return false;
   if (spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0 || (spec.q_heads / spec.kv_heads) % 4 != 0)
     return false;
-  if (spec.format == ElementFormat::kFp8E4m3 && row_elements / 32 > kZMaxScales) return false;
+  if (spec.format == ElementFormat::kFp8 && row_elements / 32 > kZMaxScales) return false;
   return fast_kernel_available();
 }
 
@@ -399,8 +402,8 @@ void attend_query_avx512(const FloatJob& j) {
       attend_query_z_format<ElementFormat::kBf16>(j);
       permute(j.acc, qn, false);
       return;
-    case ElementFormat::kFp8E4m3: attend_query_z_format<ElementFormat::kFp8E4m3>(j); return;
-    case ElementFormat::kF64: break;
+    case ElementFormat::kFp8: attend_query_z_format<ElementFormat::kFp8>(j); return;
+    default: break;  // fast_kernel_fits admits no other format
   }
   KVCHECK_ASSERT(false);
 }

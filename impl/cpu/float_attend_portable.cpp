@@ -253,7 +253,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   switch (j.format) {
     case ElementFormat::kF32: attend_query_format<ElementFormat::kF32>(j); return;
     case ElementFormat::kBf16: attend_query_format<ElementFormat::kBf16>(j); return;
-    case ElementFormat::kFp8E4m3: attend_query_format<ElementFormat::kFp8E4m3>(j); return;
+    case ElementFormat::kFp8: attend_query_format<ElementFormat::kFp8>(j); return;
     case ElementFormat::kF64: break;
   }
   KVCHECK_ASSERT(false);

@@ -213,7 +213,7 @@ Status CudaBackend::configure(const PoolSpec& spec) {
       mul_overflows(step_q, spec.head_dim + 2, &per_split) || layout.row_elements > (std::int64_t{1} << 40)) {
     return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
   }
-  layout.row_bytes = ring_row_bytes(spec.format, layout.row_elements);
+  layout.row_bytes = format_row_bytes(spec.format, layout.row_elements);
   layout.slot_bytes = spec.shared_row ? layout.row_bytes : 2 * layout.row_bytes;
   index_cap = std::max(index_cap, item_cap);
   if (mul_overflows(slots, layout.slot_bytes, &pool_bytes) ||
@@ -422,7 +422,7 @@ Status CudaBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> 
 
 Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base, const std::int64_t* dest_rows,
                                 std::int64_t dest_first, std::int64_t dest_count, const int* winner) {
-  const std::int64_t units = spec_.format == ElementFormat::kFp8E4m3
+  const std::int64_t units = spec_.format == ElementFormat::kFp8
                                  ? (layout_.row_elements + kFp8BlockElements - 1) / kFp8BlockElements
                                  : layout_.row_elements;
   const unsigned grid = ring_grid(rows * (spec_.shared_row ? 1 : 2) * units);
@@ -441,8 +441,8 @@ Status CudaBackend::encode_rows(std::int64_t rows, std::uint8_t* base, const std
       ring_encode_rows_kernel<ElementFormat::kBf16><<<grid, kElementwiseThreads>>>(
           k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
       break;
-    case ElementFormat::kFp8E4m3:
-      ring_encode_rows_kernel<ElementFormat::kFp8E4m3><<<grid, kElementwiseThreads>>>(
+    case ElementFormat::kFp8:
+      ring_encode_rows_kernel<ElementFormat::kFp8><<<grid, kElementwiseThreads>>>(
           k, v, rows, layout_, dest_rows, dest_first, dest_count, winner, base);
       break;
   }
@@ -597,9 +597,7 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
     case ElementFormat::kF64: st = run(std::integral_constant<ElementFormat, ElementFormat::kF64>{}); break;
     case ElementFormat::kF32: st = run(std::integral_constant<ElementFormat, ElementFormat::kF32>{}); break;
     case ElementFormat::kBf16: st = run(std::integral_constant<ElementFormat, ElementFormat::kBf16>{}); break;
-    case ElementFormat::kFp8E4m3:
-      st = run(std::integral_constant<ElementFormat, ElementFormat::kFp8E4m3>{});
-      break;
+    case ElementFormat::kFp8: st = run(std::integral_constant<ElementFormat, ElementFormat::kFp8>{}); break;
   }
   if (!st.ok()) return st;
   const bool track = spec_.track_tags && read_tags != nullptr && read_slots != nullptr;

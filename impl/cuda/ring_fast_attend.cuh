@@ -94,8 +94,8 @@ namespace kvcheck::impl::cuda {
 template <ElementFormat F>
 struct FastAuto {
   static constexpr bool kAuto = true;
-  using Slot = FastSlotGeometry<F, 8, F == ElementFormat::kFp8E4m3 ? 3 : 2, F != ElementFormat::kFp8E4m3, 1,
-                                F == ElementFormat::kFp8E4m3 ? 2 : 1>;
+  using Slot = FastSlotGeometry<F, 8, F == ElementFormat::kFp8 ? 3 : 2, F != ElementFormat::kFp8, 1,
+                                F == ElementFormat::kFp8 ? 2 : 1>;
   using Warp = FastWarpGeometry<F, 8, 2>;
 };
 template <ElementFormat F>
@@ -105,7 +105,7 @@ using FastDefault = FastAuto<F>;
 /// 128, 16-byte aligned rows and slots (bulk copies), a counter buffer.
 template <ElementFormat F, class Args>
 inline bool ring_fast_attend_fits(const Args& a) {
-  if constexpr (F != ElementFormat::kBf16 && F != ElementFormat::kFp8E4m3) {
+  if constexpr (F != ElementFormat::kBf16 && F != ElementFormat::kFp8) {
     return false;
   } else {
     return a.counters != nullptr && a.layout.head_dim == kFastHeadDim && a.layout.row_bytes % 16 == 0 &&

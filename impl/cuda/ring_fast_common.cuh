@@ -30,7 +30,7 @@ template <ElementFormat F, int Warps, int Stages>
 struct FastGeometry {
   static constexpr bool kWarpPipe = false;  // the block-tile kernel (ring_fast_attend_kernel)
   static constexpr bool kSlotMajor = false;
-  static constexpr bool kFp8 = F == ElementFormat::kFp8E4m3;
+  static constexpr bool kFp8 = F == ElementFormat::kFp8;
   static constexpr int kWarps = Warps;
   static constexpr int kStages = Stages;
   static constexpr int kThreads = 32 * Warps;

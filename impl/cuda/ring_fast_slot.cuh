@@ -29,7 +29,7 @@ struct FastSlotGeometry {
   /// memory and writes one partial state (see ring_fast_slot_attend_kernel).
   static constexpr int kCluster = Cluster;
   static constexpr bool kCouple = Couple;
-  static constexpr bool kFp8 = F == ElementFormat::kFp8E4m3;
+  static constexpr bool kFp8 = F == ElementFormat::kFp8;
   static constexpr int kWarps = Warps;
   static constexpr int kStages = Stages;
   static constexpr int kThreads = 32 * Warps;

@@ -19,7 +19,7 @@ struct FastWarpGeometry {
   /// Index preload with every load issued first (fast_load_slots) instead
   /// of the load-then-store loop. Not measured on a device yet.
   static constexpr bool kBatchedIndex = BatchedIndex;
-  static constexpr bool kFp8 = F == ElementFormat::kFp8E4m3;
+  static constexpr bool kFp8 = F == ElementFormat::kFp8;
   static constexpr int kWarps = Warps;
   static constexpr int kStages = Stages;
   static constexpr int kThreads = 32 * Warps;

@@ -55,19 +55,7 @@ struct RopeParams {
   double base = 10000.0;
 };
 
-/// Bytes of one stored element, and of one row of n elements (element_format.hpp).
-KVCHECK_HOST_DEVICE std::int64_t ring_element_bytes(ElementFormat format) {
-  switch (format) {
-    case ElementFormat::kF64: return 8;
-    case ElementFormat::kF32: return 4;
-    case ElementFormat::kBf16: return 2;
-    case ElementFormat::kFp8E4m3: return 1;
-  }
-  return 0;
-}
-KVCHECK_HOST_DEVICE std::int64_t ring_row_bytes(ElementFormat format, std::int64_t n) {
-  return format == ElementFormat::kFp8E4m3 ? fp8_row_bytes(n) : ring_element_bytes(format) * n;
-}
+// Bytes of one stored row: format_row_bytes (support/formats.hpp), on the host.
 
 /// Accumulation type: double for f64 rows, float for everything else.
 template <ElementFormat F>
@@ -97,7 +85,7 @@ struct RingStore<ElementFormat::kBf16> {
   using type = std::uint16_t;
 };
 template <>
-struct RingStore<ElementFormat::kFp8E4m3> {
+struct RingStore<ElementFormat::kFp8> {
   using type = std::uint8_t;
 };
 template <ElementFormat F>
@@ -237,8 +225,7 @@ __global__ void ring_encode_rows_kernel(const double* k, const double* v, std::i
                                         const std::int64_t* dest_rows, std::int64_t dest_first,
                                         std::int64_t dest_count, const int* winner, std::uint8_t* base) {
   const std::int64_t e = layout.row_elements;
-  const std::int64_t units =
-      F == ElementFormat::kFp8E4m3 ? (e + kFp8BlockElements - 1) / kFp8BlockElements : e;
+  const std::int64_t units = F == ElementFormat::kFp8 ? (e + kFp8BlockElements - 1) / kFp8BlockElements : e;
   const int parts = layout.shared_row ? 1 : 2;
   const std::int64_t total = n * parts * units;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -250,7 +237,7 @@ __global__ void ring_encode_rows_kernel(const double* k, const double* v, std::i
     if (row < 0) continue;
     const double* src = (part == 0 ? k : v) + r * e;
     std::uint8_t* dst = base + row * layout.slot_bytes + part * layout.row_bytes;
-    if constexpr (F == ElementFormat::kFp8E4m3) {
+    if constexpr (F == ElementFormat::kFp8) {
       const std::int64_t b0 = u * kFp8BlockElements;
       const std::int64_t len = b0 + kFp8BlockElements < e ? kFp8BlockElements : e - b0;
       std::uint8_t block[kFp8BlockElements + 1];  // len codes, then the block's scale
@@ -374,7 +361,7 @@ struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) RingVec {
 /// scales follow the row_elements codes).
 template <ElementFormat F, class Acc>
 __device__ inline Acc ring_decode(const std::uint8_t* row, std::int64_t j, std::int64_t row_elements) {
-  if constexpr (F == ElementFormat::kFp8E4m3) {
+  if constexpr (F == ElementFormat::kFp8) {
     return static_cast<Acc>(fp8_e4m3_decode(row[j]) *
                             ue8m0_to_float(row[row_elements + j / kFp8BlockElements]));
   } else if constexpr (F == ElementFormat::kBf16) {
@@ -400,7 +387,7 @@ __device__ inline void ring_load_chunk(const std::uint8_t* row, std::int64_t row
       return;
     }
     const RingVec<S, E> chunk = *reinterpret_cast<const RingVec<S, E>*>(row + j0 * sizeof(S));
-    if constexpr (F == ElementFormat::kFp8E4m3) {
+    if constexpr (F == ElementFormat::kFp8) {
       const float scale = ue8m0_to_float(row[row_elements + j0 / kFp8BlockElements]);
 #pragma unroll
       for (int t = 0; t < E; ++t) out[t] = static_cast<Acc>(fp8_e4m3_decode(chunk.v[t]) * scale);
@@ -731,7 +718,7 @@ cudaError_t ring_attend_launch_shape(const AttendArgs<RingAccT<F>>& a, cudaStrea
 template <ElementFormat F>
 std::int32_t ring_attend_choose_splits(const AttendArgs<RingAccT<F>>& a, int sm_count,
                                        std::int32_t max_splits) {
-  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8E4m3) {
+  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8) {
     if (ring_fast_attend_fits<F>(a)) {
       const std::int32_t splits = ring_fast_choose_splits<F, FastDefault<F>>(a, sm_count, max_splits);
       if (splits > 0) return splits;
@@ -750,7 +737,7 @@ template <ElementFormat F>
 cudaError_t ring_attend_launch(const AttendArgs<RingAccT<F>>& a, cudaStream_t stream) {
   const AttendShape shape = ring_attend_shape(a.layout.head_dim);
   if (a.q_heads % a.layout.kv_heads != 0) return cudaErrorInvalidValue;
-  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8E4m3) {
+  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8) {
     if (ring_fast_attend_fits<F>(a) &&
         (a.width + a.splits - 1) / (a.splits > 0 ? a.splits : 1) <= kFastMaxSplitColumns &&
         ring_fast_blocks_per_sm<F, FastDefault<F>, AttendArgs<RingAccT<F>>>() > 0) {

@@ -77,13 +77,35 @@ TEST_CASE("Encoding: fp8 e4m3 with one ue8m0 scale per 32 elements") {
   CHECK(tiny.values[0] == 0.0);
 }
 
-TEST_CASE("Encoding: decode_row inverts every format's bytes exactly") {
-  std::vector<double> x;
-  for (int i = 0; i < 70; ++i) x.push_back(std::ldexp(std::sin(i * 1.7), (i % 9) - 4));
-  for (Encoding f : {Encoding::kF64, Encoding::kF32, Encoding::kBf16, Encoding::kFp8}) {
-    const EncodedRow r = encode_row(f, x);
-    CHECK(static_cast<std::int64_t>(r.bytes.size()) == encoded_row_bytes(f, 70));
-    CHECK(decode_row(f, r.bytes.data(), 70) == r.values);
+TEST_CASE("Encoding: decode_row inverts every format's bytes exactly, rows of the table's row bytes") {
+  // The reference encoder appends bytes one element and one scale at a time,
+  // so its length is counted, not computed: it must be the table's
+  // format_row_bytes (fp8: ceil(n / 32) scales) for every format and size.
+  for (const std::int64_t n : {1, 31, 32, 33, 70}) {
+    std::vector<double> x;
+    for (std::int64_t i = 0; i < n; ++i)
+      x.push_back(std::ldexp(std::sin(static_cast<double>(i) * 1.7), (i % 9) - 4));
+    for (const Encoding f : kvcheck::kElementFormats) {
+      INFO(kvcheck::format_name(f) << " row of " << n);
+      const EncodedRow r = encode_row(f, x);
+      CHECK(static_cast<std::int64_t>(r.bytes.size()) == kvcheck::format_row_bytes(f, n));
+      CHECK(decode_row(f, r.bytes.data(), n) == r.values);
+    }
+  }
+}
+
+TEST_CASE("Encoding: the table's unit roundoff is half the spacing the reference encoder rounds to at 1") {
+  // Near 1 a format with unit roundoff u stores 1 and 1 + 2u and nothing in
+  // between: 1 + u is a tie (to even: 1), just above it rounds up, just below down.
+  for (const Encoding f : kvcheck::kElementFormats) {
+    INFO(kvcheck::format_name(f));
+    const double u = kvcheck::format_unit_roundoff(f);
+    const Real one(1);
+    CHECK(encode_value(f, one + Real(2 * u)) == 1 + 2 * u);
+    CHECK(encode_value(f, one + Real(u)) == 1.0);
+    CHECK(encode_value(f, one + Real(1.5 * u)) == 1 + 2 * u);
+    CHECK(encode_value(f, one + Real(0.5 * u)) == 1.0);
+    CHECK(encode_value(f, one - Real(0.75 * u)) == 1 - u);  // below 1 the spacing is u
   }
 }
 

@@ -5,6 +5,7 @@
 #include "model/attention_lab.hpp"
 #include "model/bytes.hpp"
 #include "model/layer_fixture.hpp"
+#include "support/formats.hpp"
 
 using namespace kvcheck::model;
 
@@ -57,9 +58,9 @@ TEST_CASE("Bytes: full and window KV payloads and the shared fp8 row") {
   CHECK(*kv_payload_bytes(32, 8, 128, 4096, 2) == 512LL * 1024 * 1024);
   CHECK(kv_payload_bytes(32, 8, 128, 128, 2) == 16777216);
   CHECK(*kv_payload_bytes(32, 8, 128, 128, 2) == 16LL * 1024 * 1024);
-  CHECK(shared_row_bytes(512, 32) == 528);
-  CHECK(rows_bytes(128, shared_row_bytes(512, 32)) == 67584);
-  CHECK(rows_bytes(134, shared_row_bytes(512, 32)) == 70752);
+  CHECK(kvcheck::format_row_bytes(kvcheck::ElementFormat::kFp8, 512) == 528);
+  CHECK(rows_bytes(128, kvcheck::format_row_bytes(kvcheck::ElementFormat::kFp8, 512)) == 67584);
+  CHECK(rows_bytes(134, kvcheck::format_row_bytes(kvcheck::ElementFormat::kFp8, 512)) == 70752);
   CHECK_FALSE(kv_payload_bytes(1LL << 40, 1LL << 20, 128, 4096, 2).has_value());
 }
 

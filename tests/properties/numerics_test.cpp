@@ -34,10 +34,6 @@ namespace {
 /// What the test-only cache gets wrong (kCorrect: nothing).
 enum class Flaw { kCorrect, kBf16Truncate, kFp8ScaleTwice, kF32AngleTable, kNoMaxSubtraction };
 
-impl::ElementFormat impl_of(scenarios::Format f) {
-  return engines::impl_format(f);
-}
-
 /// Encodes one row the way a cache with `flaw` does.
 void flawed_encode(Flaw flaw, impl::ElementFormat f, const double* in, std::int64_t n, std::uint8_t* row) {
   if (flaw == Flaw::kBf16Truncate && f == impl::ElementFormat::kBf16) {
@@ -47,7 +43,7 @@ void flawed_encode(Flaw flaw, impl::ElementFormat f, const double* in, std::int6
     }
     return;
   }
-  if (flaw == Flaw::kFp8ScaleTwice && f == impl::ElementFormat::kFp8E4m3) {
+  if (flaw == Flaw::kFp8ScaleTwice && f == impl::ElementFormat::kFp8) {
     for (std::int64_t b0 = 0; b0 < n; b0 += 32) {
       const std::int64_t b1 = std::min(n, b0 + 32);
       double amax = 0;
@@ -93,9 +89,9 @@ class NaiveCache final : public engines::CacheUnderTest {
     if (answer) answer->clear();
     if (c.op == engines::StepCall::Op::kBegin || c.rows == 0 || answer == nullptr) return {};
     const auto& cc = spec_.cache;
-    const impl::ElementFormat f = impl_of(cc.format);
+    const impl::ElementFormat f = cc.format;
     const std::int64_t width = static_cast<std::int64_t>(cc.kv_heads) * cc.head_dim;
-    const std::int64_t bytes = impl::format_row_bytes(f, width);
+    const std::int64_t bytes = format_row_bytes(f, width);
     answer->has_written = answer->has_reads = answer->has_stored = true;
     answer->has_stored_bytes = report_bytes_;
     answer->stored_known.assign(static_cast<std::size_t>(c.rows), 1);
@@ -316,7 +312,7 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
     ps.states = 1;
     ps.ring_rows = ps.window_keys = keys;
     ps.head_dim = d;
-    ps.format = impl_of(format);
+    ps.format = format;
     ps.rope_style = impl::RopeStyle::kNeox;
     ps.rope_dims = d;
     ps.rope_base = base;
@@ -343,14 +339,14 @@ TEST_CASE("Numerics: a correct cache is within tolerance at any position up to 2
 
     // The reference: exact rotation, reference encoding, 113-bit attention.
     const model::Rope rope{model::RopeStyle::kNeox, d, base};
-    const model::Encoding enc = static_cast<model::Encoding>(static_cast<int>(format));
+    const model::Encoding enc = format;  // one format type: scenario, model and cache
     const double u = format == scenarios::Format::kF64 ? 0x1.0p-53 : 0x1.0p-24;
     std::vector<model::Projected<model::Real>> rows(static_cast<std::size_t>(keys));
     std::vector<model::EncodedRow> kenc(rows.size()), venc(rows.size());
     std::vector<std::vector<double>> kdev(rows.size()), kerr(rows.size());
     std::vector<const model::Projected<model::Real>*> ptrs;
     std::vector<KeyBounds> bounds;
-    const std::int64_t bytes = impl::format_row_bytes(ps.format, d);
+    const std::int64_t bytes = format_row_bytes(ps.format, d);
     for (std::size_t j = 0; j < rows.size(); ++j) {
       model::Row<model::Real> exact_k(k.begin() + static_cast<std::ptrdiff_t>(j) * d,
                                       k.begin() + static_cast<std::ptrdiff_t>(j + 1) * d);
@@ -432,8 +428,8 @@ TEST_CASE("Numerics: the model's encoder and the CPU cache's agree byte for byte
     for (auto f : {scenarios::Format::kF64, scenarios::Format::kF32, scenarios::Format::kBf16,
                    scenarios::Format::kFp8}) {
       const model::Encoding enc = static_cast<model::Encoding>(static_cast<int>(f));
-      std::vector<std::uint8_t> theirs(static_cast<std::size_t>(impl::format_row_bytes(impl_of(f), n)));
-      impl::encode_row(impl_of(f), x.data(), n, theirs.data());
+      std::vector<std::uint8_t> theirs(static_cast<std::size_t>(format_row_bytes(f, n)));
+      impl::encode_row(f, x.data(), n, theirs.data());
       INFO("row " << c << " format " << static_cast<int>(f));
       CHECK(model::encode_row(enc, x).bytes == theirs);
       ++rows;

@@ -8,6 +8,7 @@
 
 #include <rapidcheck.h>
 #include <rapidcheck/catch.h>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "support/error.hpp"
+#include "support/formats.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -107,6 +109,51 @@ TEST_CASE("Scenarios: the base document of the error table is valid") {
   CHECK(s.steps.size() == 5);
   REQUIRE(s.expect);
   CHECK(s.expect->output_tolerance == 1e-6);
+}
+
+TEST_CASE(
+    "Scenarios: every format of the table round-trips through its name, a scenario file and the schemas") {
+  std::vector<std::string> names;
+  for (const Format f : kvcheck::kElementFormats) {
+    const std::string name(kvcheck::format_name(f));
+    INFO(name);
+    Format back = f == Format::kF64 ? Format::kF32 : Format::kF64;
+    CHECK(kvcheck::parse_format(name, &back));
+    CHECK(back == f);
+    json doc = base();
+    doc["cache"]["format"] = name;
+    const Scenario s = parse_scenario(doc.dump(), "format");
+    CHECK(s.cache.format == f);
+    CHECK(json::parse(save_scenario(s))["cache"]["format"] == name);
+    names.push_back(name);
+  }
+  CHECK(static_cast<int>(names.size()) == kvcheck::kElementFormatCount);
+  Format untouched = Format::kBf16;
+  CHECK_FALSE(kvcheck::parse_format("fp16", &untouched));
+  CHECK(untouched == Format::kBf16);
+  // The schemas list the formats by hand: every list that names three or
+  // more formats (not "accumulation": f32, f64) names them all, in table
+  // order (a new format is added there too).
+  for (const char* schema : {"scenario.schema.json", "trace.schema.json", "exec-protocol.schema.json"}) {
+    INFO(schema);
+    int lists = 0;
+    const std::function<void(const json&)> walk = [&](const json& j) {
+      const auto named = [&j] {
+        return std::count_if(j.begin(), j.end(), [](const json& e) {
+          Format f = Format::kF64;
+          return e.is_string() && kvcheck::parse_format(e.get<std::string>(), &f);
+        });
+      };
+      if (j.is_array() && named() >= 3) {
+        ++lists;
+        CHECK(j.get<std::vector<std::string>>() == names);
+      }
+      if (j.is_structured())
+        for (const json& child : j) walk(child);
+    };
+    walk(json::parse(read_text(fs::path(KVCHECK_SCENARIO_DIR) / "schema" / schema)));
+    CHECK(lists >= 1);
+  }
 }
 
 TEST_CASE("Scenarios: every bundled file loads, is canonical and carries expectations") {
@@ -676,7 +723,8 @@ Scenario gen_scenario() {
   c.q_heads = c.kv_heads * *rc::gen::inRange(1, 4);
   c.head_dim = *rc::gen::inRange(1, 9);
   c.shared_row = c.kv_heads == 1 && *rc::gen::arbitrary<bool>();
-  c.format = *rc::gen::element(Format::kF64, Format::kF32, Format::kBf16, Format::kFp8);
+  c.format = *rc::gen::elementOf(
+      std::vector<Format>(std::begin(kvcheck::kElementFormats), std::end(kvcheck::kElementFormats)));
   c.rope.style = c.head_dim >= 2
                      ? *rc::gen::element(RopeStyle::kNone, RopeStyle::kNeox, RopeStyle::kInterleaved)
                      : RopeStyle::kNone;

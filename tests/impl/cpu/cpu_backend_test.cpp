@@ -10,6 +10,7 @@
 #include "impl/cpu/cpu_backend.hpp"
 #include "impl/kv_cache.hpp"
 #include "impl/ring_pool.hpp"
+#include "impl/row_codec.hpp"
 #include "model/address.hpp"
 
 using namespace kvcheck::impl;
@@ -90,6 +91,50 @@ TEST_CASE("CpuBackend: store reports same-step write-write collisions") {
   CHECK(std::vector<std::uint8_t>(b.pool_bytes().begin(), b.pool_bytes().end()) == before);
 }
 
+TEST_CASE("CpuBackend: a stored row takes the format table's row bytes in the pool, for every format") {
+  // The encoder writes exactly format_row_bytes bytes (fp8: a scale byte for
+  // every block begun, the last one short), and the pool lays the key and
+  // value rows of a slot end to end at that size: a floor(n / 32) scale
+  // count would cut the last block's scale off rows of 33 or 70 elements.
+  for (const ElementFormat f : kvcheck::kElementFormats) {
+    for (const std::int32_t n : {1, 31, 32, 33, 70}) {
+      INFO(format_name(f) << " row of " << n);
+      const std::int64_t row_bytes = format_row_bytes(f, n);
+      std::vector<double> k(static_cast<std::size_t>(n)), v(k.size());
+      for (std::int32_t i = 0; i < n; ++i) {
+        k[static_cast<std::size_t>(i)] = 0.75 + 0.01 * i;
+        v[static_cast<std::size_t>(i)] = -0.5 - 0.02 * i;
+      }
+      constexpr std::uint8_t kUnwritten = 0xA5;
+      std::vector<std::uint8_t> key(static_cast<std::size_t>(row_bytes) + 8, kUnwritten), value(key);
+      encode_row(f, k.data(), n, key.data());
+      encode_row(f, v.data(), n, value.data());
+      CHECK(key[static_cast<std::size_t>(row_bytes) - 1] != kUnwritten);  // the row's last byte is its own
+      CHECK(std::vector<std::uint8_t>(key.begin() + row_bytes, key.end()) ==
+            std::vector<std::uint8_t>(8, kUnwritten));  // and nothing past it
+      cpu::CpuBackend b;
+      PoolSpec spec;
+      spec.format = f;
+      spec.states = 1;
+      spec.window_keys = 2;
+      spec.ring_rows = 2;
+      spec.head_dim = n;
+      spec.max_step_rows = 1;
+      REQUIRE(b.configure(spec).ok());
+      CHECK(b.slot_bytes() == 2 * row_bytes);
+      const std::int64_t slot = 1, position = 0;
+      const Tag tag{1, position, 1};
+      REQUIRE(b.store({&slot, 1}, {&position, 1}, k.data(), v.data(), {&tag, 1}, nullptr).ok());
+      const auto pool = b.pool_bytes();
+      const auto at = pool.begin() + b.slot_stride();
+      CHECK(std::vector<std::uint8_t>(at, at + row_bytes) ==
+            std::vector<std::uint8_t>(key.begin(), key.begin() + row_bytes));
+      CHECK(std::vector<std::uint8_t>(at + row_bytes, at + 2 * row_bytes) ==
+            std::vector<std::uint8_t>(value.begin(), value.begin() + row_bytes));
+    }
+  }
+}
+
 TEST_CASE("CpuBackend: names of faults, formats and errors are unique and parse back") {
   std::set<std::string> names;
   for (int i = 0; i < kFaultCount; ++i) {
@@ -105,7 +150,7 @@ TEST_CASE("CpuBackend: names of faults, formats and errors are unique and parse 
   Fault f = Fault::kNone;
   CHECK(!parse_fault("no-such-fault", &f));
   CHECK(fault_name(Fault::kRingSizedWindow) == "ring-sized-window");
-  CHECK(format_name(ElementFormat::kFp8E4m3) == "fp8");
+  CHECK(format_name(ElementFormat::kFp8) == "fp8");
   CHECK(cache_error_name(CacheError::kStateOutOfRange) == "state-out-of-range");
   std::set<std::string> errors;
   for (int e = 0; e <= static_cast<int>(CacheError::kBadArgument); ++e) {

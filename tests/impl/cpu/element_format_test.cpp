@@ -109,7 +109,7 @@ TEST_CASE("element format: fp8 rows pick the smallest power-of-two scale that fi
     const int e = static_cast<int>(prng.range(-20, 20));
     std::vector<double> x(static_cast<std::size_t>(n)), y(x.size());
     for (auto& v : x) v = std::ldexp(prng.signed_unit(), e);
-    std::vector<std::uint8_t> row(static_cast<std::size_t>(fp8_row_bytes(n)));
+    std::vector<std::uint8_t> row(static_cast<std::size_t>(format_row_bytes(ElementFormat::kFp8, n)));
     fp8_encode_row(x.data(), n, row.data());
     fp8_decode_row(row.data(), n, y.data());
     for (std::int64_t b0 = 0; b0 < n; b0 += 32) {
@@ -130,20 +130,20 @@ TEST_CASE("element format: fp8 rows pick the smallest power-of-two scale that fi
 }
 
 TEST_CASE("element format: row bytes and epsilons (SPEC: 512 fp8 elements are 528 bytes)") {
-  CHECK(format_row_bytes(ElementFormat::kFp8E4m3, 512) == 528);
-  CHECK(format_row_bytes(ElementFormat::kFp8E4m3, 512) * 128 == 67584);
-  CHECK(format_row_bytes(ElementFormat::kFp8E4m3, 512) * 134 == 70752);
-  CHECK(format_row_bytes(ElementFormat::kFp8E4m3, 33) == 35);
+  CHECK(format_row_bytes(ElementFormat::kFp8, 512) == 528);
+  CHECK(format_row_bytes(ElementFormat::kFp8, 512) * 128 == 67584);
+  CHECK(format_row_bytes(ElementFormat::kFp8, 512) * 134 == 70752);
+  CHECK(format_row_bytes(ElementFormat::kFp8, 33) == 35);
   CHECK(format_row_bytes(ElementFormat::kBf16, 128) == 256);
   CHECK(format_row_bytes(ElementFormat::kF32, 3) == 12);
   CHECK(format_row_bytes(ElementFormat::kF64, 3) == 24);
-  CHECK(format_epsilon(ElementFormat::kBf16) == std::ldexp(1.0, -8));
-  CHECK(format_epsilon(ElementFormat::kFp8E4m3) == std::ldexp(1.0, -4));
+  CHECK(format_unit_roundoff(ElementFormat::kBf16) == std::ldexp(1.0, -8));
+  CHECK(format_unit_roundoff(ElementFormat::kFp8) == std::ldexp(1.0, -4));
 }
 
 TEST_CASE("element format: round trip is idempotent and within the format's epsilon") {
   kvcheck::Prng prng(11);
-  for (auto f : {ElementFormat::kF64, ElementFormat::kF32, ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
+  for (auto f : {ElementFormat::kF64, ElementFormat::kF32, ElementFormat::kBf16, ElementFormat::kFp8}) {
     std::vector<double> x(70), y(70), z(70);
     for (auto& v : x) v = prng.signed_unit() * 3;
     format_round_trip(f, x.data(), y.data(), 70);
@@ -154,7 +154,7 @@ TEST_CASE("element format: round trip is idempotent and within the format's epsi
     for (std::size_t i = 0; i < x.size(); ++i) {
       // fp8 errors scale with the block's scale, not the element.
       const double bound =
-          f == ElementFormat::kFp8E4m3 ? std::ldexp(amax, -4) : std::fabs(x[i]) * format_epsilon(f);
+          f == ElementFormat::kFp8 ? std::ldexp(amax, -4) : std::fabs(x[i]) * format_unit_roundoff(f);
       CHECK(std::fabs(y[i] - x[i]) <= bound);
     }
   }

@@ -59,7 +59,7 @@ struct Layout {
 constexpr Layout kLayouts[] = {
     {"mha", 2, 2, false}, {"gqa", 8, 2, false}, {"mqa", 6, 1, false}, {"shared-row", 4, 1, true}};
 constexpr ElementFormat kFormats[] = {ElementFormat::kF64, ElementFormat::kF32, ElementFormat::kBf16,
-                                      ElementFormat::kFp8E4m3};
+                                      ElementFormat::kFp8};
 
 /// A CPU and a CUDA backend configured with the same spec.
 struct Pair {
@@ -120,7 +120,7 @@ double row_tolerance(ElementFormat f, double x, bool rotated) {
   if (f == ElementFormat::kF64) {
     return rotated ? rope_difference(2.0 * kRowMagnitude, kMaxStorePosition) : 0.0;
   }
-  return 2.0 * kvcheck::impl::format_epsilon(f) * std::fabs(x) + 1e-300;
+  return 2.0 * kvcheck::format_unit_roundoff(f) * std::fabs(x) + 1e-300;
 }
 
 /// Inputs of an attention comparison, for its error bound.
@@ -236,7 +236,7 @@ TEST_CASE("CudaBackend: stored rows and tags equal the CPU backend's in every fo
   for (const auto& l : kLayouts) {
     for (const auto f : kFormats) {
       for (std::int32_t hd : {1, 7, 32, 64}) {
-        INFO(l.name << " " << kvcheck::impl::format_name(f) << " head_dim " << hd);
+        INFO(l.name << " " << kvcheck::format_name(f) << " head_dim " << hd);
         const PoolSpec spec = make_spec(f, l, hd);
         Pair p(spec);
         kvcheck::Prng prng(17 + hd);
@@ -284,7 +284,7 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
     for (const auto f : kFormats) {
       for (std::int32_t hd : {2, 7, 64, 96, 128, 200}) {
         for (const bool sink : {false, true}) {
-          INFO(l.name << " " << kvcheck::impl::format_name(f) << " head_dim " << hd << " sink " << sink);
+          INFO(l.name << " " << kvcheck::format_name(f) << " head_dim " << hd << " sink " << sink);
           PoolSpec spec = make_spec(f, l, hd);
           spec.has_sink = sink;
           spec.sink_logit = 0.25;
@@ -357,7 +357,7 @@ TEST_CASE("CudaBackend: attention over pool and scratch equals the CPU backend's
 }
 
 TEST_CASE("CudaBackend: refused calls answer like the CPU backend and change nothing", "[cuda]") {
-  const PoolSpec spec = make_spec(ElementFormat::kFp8E4m3, kLayouts[2], 32);
+  const PoolSpec spec = make_spec(ElementFormat::kFp8, kLayouts[2], 32);
   Pair p(spec);
   kvcheck::Prng prng(9);
   std::uint64_t seq = 0;
@@ -476,9 +476,9 @@ TEST_CASE("CudaBackend: production shapes (head_dim 128 and W = 4096) count ever
   // sum is exact in f32 on both sides, so the output is the exact mean of
   // the values read, and a column dropped or read twice moves it by at
   // least 1/(8 * 4096) of the range, far past the 2^-20 allowed here.
-  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3, ElementFormat::kF32}) {
+  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8, ElementFormat::kF32}) {
     for (const auto& [qh, kvh] : {std::pair{32, 8}, std::pair{24, 2}, std::pair{8, 8}, std::pair{32, 4}}) {
-      INFO(kvcheck::impl::format_name(f) << " q_heads " << qh << " kv_heads " << kvh);
+      INFO(kvcheck::format_name(f) << " q_heads " << qh << " kv_heads " << kvh);
       const PoolSpec spec = production_spec(f, qh, kvh, true);
       Pair p(spec);
       fill_both(
@@ -526,10 +526,10 @@ TEST_CASE(
     "CudaBackend: production shapes (head_dim 128 and W = 4096) attend within the error "
     "bound of the CPU backend",
     "[cuda]") {
-  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8E4m3}) {
+  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8}) {
     for (const auto& [qh, kvh] : {std::pair{32, 8}, std::pair{24, 2}, std::pair{32, 4}}) {
       for (const bool sink : {false, true}) {
-        INFO(kvcheck::impl::format_name(f) << " q_heads " << qh << " kv_heads " << kvh << " sink " << sink);
+        INFO(kvcheck::format_name(f) << " q_heads " << qh << " kv_heads " << kvh << " sink " << sink);
         PoolSpec spec = production_spec(f, qh, kvh, true);
         spec.has_sink = sink;
         spec.sink_logit = 1.5;
