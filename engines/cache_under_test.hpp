@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
