@@ -120,7 +120,6 @@ struct Capabilities {
   bool ring_addressing = false;
   /// Refusal probes the cache supports (see properties/probes.hpp).
   std::vector<std::string> probes;
-
   /// The cache's own fast kernel, when it has one it can run here (the CPU
   /// ring pool's AVX-512 block kernel on a CPU that has AVX-512): whether a
   /// run of `spec` attends through it. The checker counts coverage class
@@ -128,14 +127,15 @@ struct Capabilities {
   /// knows no cache by name, a cache declares what it can reach. Empty: no
   /// such kernel (the class is not reachable and counts no case).
   std::function<bool(const CacheSpec& spec)> fast_kernel_runs;
+
   /// Whether `cache` (with steps of at most `max_step_rows` rows) fits; on
   /// false `why` names the first thing that does not.
   bool supports(const scenarios::CacheConfig& cache, std::int64_t max_step_rows, std::string* why) const;
   /// Whether the cache runs this step kind (and prefill order).
   bool supports_step(const scenarios::Step& step) const noexcept;
-  /// Whether a whole scenario fits (configuration and every step).
   /// The bool of one capability row (KVCHECK_STEP_CAPABILITIES).
   bool runs(scenarios::StepCapability capability) const noexcept;
+  /// Whether a whole scenario fits (configuration and every step).
   bool supports(const scenarios::Scenario& scenario, std::string* why) const;
   /// Unit roundoff of the accumulation for rows of `format` (2^-53 or 2^-24).
   double accumulation_epsilon(scenarios::Format format) const noexcept;
