@@ -6,6 +6,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/usage.hpp"
 #include "pipelines/audit.hpp"
 #include "reports/output_set.hpp"
 #include "support/error.hpp"
@@ -13,7 +14,7 @@
 namespace kvcheck::cli {
 
 int command_audit(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--report", "--junit", "--html", "--text", "--precision", "--memory-limit"}, {});
+  Args args = command_args(argc, argv, "audit");
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "TRACE", "audit needs trace files (*.jsonl) or directories");
   pipelines::AuditRequest request;

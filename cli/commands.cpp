@@ -13,6 +13,7 @@
 #include "cli/args.hpp"
 #include "cli/mpi_world.hpp"
 #include "cli/progress.hpp"
+#include "cli/usage.hpp"
 #include "engines/factory.hpp"
 #include "pipelines/catalog.hpp"
 #include "pipelines/check.hpp"
@@ -227,7 +228,7 @@ std::int64_t memory_limit_flag(const Args& args, std::string* source) {
 }
 
 int command_spec(int argc, char** argv) {
-  Args args(argc, argv, 2, {}, {});
+  Args args = command_args(argc, argv, "spec");
   args.no_positional("spec");
   bool all_match = true;
   std::fputs(pipelines::spec_table(&all_match).c_str(), stdout);
@@ -235,14 +236,14 @@ int command_spec(int argc, char** argv) {
 }
 
 int command_faults(int argc, char** argv) {
-  Args args(argc, argv, 2, {}, {});
+  Args args = command_args(argc, argv, "faults");
   args.no_positional("faults");
   std::fputs(pipelines::fault_table().c_str(), stdout);
   return 0;
 }
 
 int command_trace(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--window", "--ring", "--state", "--positions"}, {"--json"});
+  Args args = command_args(argc, argv, "trace");
   args.no_positional("trace");
   for (const char* required : {"--window", "--ring", "--state", "--positions"}) {
     if (!args.get(required)) throw Error(ErrorId::kUsage, required, "is required");
@@ -263,7 +264,7 @@ int command_trace(int argc, char** argv) {
 }
 
 int command_check(int argc, char** argv) {
-  Args args(argc, argv, 2, properties::option_flags(properties::kForCheck), {});
+  Args args = command_args(argc, argv, "check");
   args.no_positional("check");
   properties::CheckOptions options = read_check_options(args, true);
   options.progress = progress_bar("check");
@@ -308,7 +309,7 @@ int command_check(int argc, char** argv) {
 // command_merge: cli/merge_command.cpp.
 
 int command_replay(int argc, char** argv) {
-  Args args(argc, argv, 2, properties::option_flags(properties::kForReplay), {});
+  Args args = command_args(argc, argv, "replay");
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   pipelines::ReplayRequest request;
@@ -333,7 +334,7 @@ int command_replay(int argc, char** argv) {
 }
 
 int command_demo(int argc, char** argv) {
-  Args args(argc, argv, 2, {"--cases", "--out", "--scenarios", "--seed"}, {});
+  Args args = command_args(argc, argv, "demo");
   args.no_positional("demo");
   pipelines::DemoOptions demo;
   demo.out_dir = args.get_or("--out", "kvcheck-out");

@@ -18,6 +18,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/usage.hpp"
 #include "engines/factory.hpp"
 #include "pipelines/catalog.hpp"
 #include "pipelines/check.hpp"
@@ -136,7 +137,7 @@ std::string merge_impl_flag(const std::string& name) {
 
 int command_merge(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  Args args(argc, argv, 2, {"--out", "--json", "--csv", "--svg", "--impl", "--memory-limit"}, {});
+  Args args = command_args(argc, argv, "merge");
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "SHARD_DIR", "merge needs the shard directories");
   // Every shard is read and checked before anything is written.

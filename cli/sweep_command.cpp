@@ -26,6 +26,7 @@
 #include "cli/mpi_world.hpp"
 #include "cli/progress.hpp"
 #include "cli/sweep_flags.hpp"
+#include "cli/usage.hpp"
 #include "pipelines/sweep.hpp"
 #include "properties/memory_estimate.hpp"
 #include "reports/output_set.hpp"
@@ -46,11 +47,7 @@ constexpr std::int64_t kMaxChunkRows = std::int64_t{1} << 16;
 }  // namespace
 
 int command_sweep(int argc, char** argv) {
-  const Args args(
-      argc, argv, 2,
-      {"--window", "--drafts", "--chunk", "--order", "--states", "--json", "--csv", "--svg", "--formula",
-       "--out", "--counterexamples", "--threads", "--impl", "--step-timeout", "--shard", "--memory-limit"},
-      {});
+  const Args args = command_args(argc, argv, "sweep");
   args.no_positional("sweep");
   if (launched_by_mpi()) {
     // Every rank would sweep the whole grid; a sweep splits with --shard.

@@ -428,6 +428,39 @@ TEST_CASE("CLI: COMMAND --help prints that command's usage, --version the versio
   CHECK(v.code == 0);
   CHECK(v.out.rfind("kvcheck ", 0) == 0);
   CHECK(run("nope --help").code == 2);
+  CHECK(run("help check").out == run("check --help").out);
+  CHECK(run("help nope").code == 2);
+
+  // docs/usage.md's usage block is what `kvcheck help` prints as its usage
+  // lines (both come from cli/usage.cpp's command table).
+  const Outcome help = run("help");
+  CHECK(help.code == 0);
+  const std::size_t from = help.out.find("\nusage:\n");
+  REQUIRE(from != std::string::npos);
+  const std::string printed = help.out.substr(from + 8, help.out.find("\n\n", from + 8) + 1 - (from + 8));
+  const std::string doc = slurp(fs::path(KVCHECK_SOURCE_DIR) / "docs/usage.md");
+  const std::size_t block = doc.find("```text\n");
+  REQUIRE(block != std::string::npos);
+  const std::string documented = doc.substr(block + 8, doc.find("```", block + 8) - (block + 8));
+  CHECK(documented == printed);
+  CHECK(run("").out.empty());  // no arguments: the usage on stderr, exit 2
+  CHECK(run("").err == help.out);
+  CHECK(run("").code == 2);
+
+  // The man page: man(7) macros, and groff (when installed) reads it without a warning.
+  const Outcome man = run("help --man");
+  CHECK(man.code == 0);
+  CHECK(man.out.rfind(".TH KVCHECK 1 ", 0) == 0);
+  if (std::system("command -v groff >/dev/null 2>&1") == 0) {
+    const fs::path dir = temp_dir("man");
+    std::ofstream(dir / "kvcheck.1") << man.out;
+    const std::string cmd = "groff -man -Tutf8 -ww " + (dir / "kvcheck.1").string() + " >" +
+                            (dir / "out").string() + " 2>" + (dir / "err").string();
+    CHECK(std::system(cmd.c_str()) == 0);
+    CHECK(slurp(dir / "err").empty());
+    CHECK(slurp(dir / "out").find("--step-timeout") != std::string::npos);
+    fs::remove_all(dir);
+  }
 }
 
 TEST_CASE(
