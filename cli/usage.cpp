@@ -11,7 +11,7 @@ namespace kvcheck::cli {
 
 namespace {
 
-constexpr std::size_t kWidth = 110;  // columns of the usage text
+constexpr std::size_t kWidth = 110;    // columns of the usage text
 constexpr std::size_t kNameWidth = 7;  // "replay" and a blank: arguments start in one column
 
 constexpr const char* kTitle = "verify LLM attention KV caches against a high-precision reference";
@@ -48,7 +48,8 @@ std::vector<FlagSpec> option_table_flags(unsigned command) {
 
 std::vector<CommandSpec> make_table() {
   return {
-      {"demo", "",
+      {"demo",
+       "",
        {{"--cases", "N"}, {"--seed", "X"}, {"--out", "DIR"}, {"--scenarios", "DIR"}},
        "the main job: golden values, bundled scenarios, a check, a sweep, a live adapter and an audit; "
        "writes report.html"},
@@ -57,7 +58,8 @@ std::vector<CommandSpec> make_table() {
        "randomized schedules on one cache; a shrunk counterexample on failure"},
       {"replay", "FILE|DIR...", option_table_flags(properties::kForReplay),
        "run scenario files (a counterexample, the bundled ones)"},
-      {"audit", "TRACE|DIR...",
+      {"audit",
+       "TRACE|DIR...",
        {{"--report", "FILE"},
         {"--junit", "FILE"},
         {"--html", "FILE"},
@@ -65,11 +67,16 @@ std::vector<CommandSpec> make_table() {
         {"--precision", "53|113|169"},
         {"--memory-limit", "BYTES"}},
        "judge the recorded traces of an engine"},
-      {"trace", "",
-       {{"--window", "W", true}, {"--ring", "S", true}, {"--state", "B", true}, {"--positions", "P1,P2,...", true},
+      {"trace",
+       "",
+       {{"--window", "W", true},
+        {"--ring", "S", true},
+        {"--state", "B", true},
+        {"--positions", "P1,P2,...", true},
         {"--json", ""}},
        "print the ring addressing table"},
-      {"sweep", "",
+      {"sweep",
+       "",
        {{"--window", "A[:B[:STEP]]"},
         {"--drafts", "K1[:K2]"},
         {"--chunk", "C1[:C2]"},
@@ -87,7 +94,8 @@ std::vector<CommandSpec> make_table() {
         {"--shard", "I/N"},
         {"--memory-limit", "BYTES"}},
        "find the smallest safe ring per configuration"},
-      {"merge", "SHARD_DIR...",
+      {"merge",
+       "SHARD_DIR...",
        {{"--impl", "IMPL"},
         {"--out", "DIR"},
         {"--json", "FILE"},
@@ -149,7 +157,9 @@ std::vector<std::string> split_words(const std::string& text) {
   return words;
 }
 
-std::string paragraph(const std::string& text) { return wrap(split_words(text), "", ""); }
+std::string paragraph(const std::string& text) {
+  return wrap(split_words(text), "", "");
+}
 
 std::string exit_code_line() {
   std::string line = "exit codes:";
@@ -169,9 +179,12 @@ bool takes(const CommandSpec& command, const std::string& flag) {
 std::string roff(const std::string& text) {
   std::string out;
   for (const char c : text) {
-    if (c == '\\') out += "\\e";
-    else if (c == '-') out += "\\-";
-    else out += c;
+    if (c == '\\')
+      out += "\\e";
+    else if (c == '-')
+      out += "\\-";
+    else
+      out += c;
   }
   if (!out.empty() && (out[0] == '.' || out[0] == '\'')) out = "\\&" + out;
   return out;
@@ -262,9 +275,11 @@ std::string man_page(std::string_view version) {
   }
   out += ".SH NOTES\n" + roff(kImplNote) + "\n.PP\n" + roff(kShardNote) + "\n.PP\n" + roff(kHelpNote) + "\n";
   out += ".SH EXIT STATUS\n";
-  for (const auto& [code, meaning] : kExitCodes) out += ".TP\n.B " + std::to_string(code) + "\n" + roff(meaning) + "\n";
-  out += ".SH SEE ALSO\nThe documents of the kvcheck source tree: README.md, docs/usage.md (this usage with "
-         "examples), adapters/PROTOCOL.md (the exec protocol).\n";
+  for (const auto& [code, meaning] : kExitCodes)
+    out += ".TP\n.B " + std::to_string(code) + "\n" + roff(meaning) + "\n";
+  out +=
+      ".SH SEE ALSO\nThe documents of the kvcheck source tree: README.md, docs/usage.md (this usage with "
+      "examples), adapters/PROTOCOL.md (the exec protocol).\n";
   return out;
 }
 

@@ -23,9 +23,9 @@ namespace kvcheck::cli {
 
 /// One flag of a command.
 struct FlagSpec {
-  std::string flag;      ///< "--window"
-  std::string value;     ///< what the usage shows as its value ("W"); empty: a boolean flag
-  bool required = false; ///< shown without brackets: the command refuses to run without it
+  std::string flag;       ///< "--window"
+  std::string value;      ///< what the usage shows as its value ("W"); empty: a boolean flag
+  bool required = false;  ///< shown without brackets: the command refuses to run without it
 };
 
 /// One command of the executable.
@@ -33,7 +33,7 @@ struct CommandSpec {
   std::string name;        ///< "check"
   std::string positional;  ///< "FILE|DIR..."; empty: the command takes none
   std::vector<FlagSpec> flags;
-  std::string summary;     ///< one line: what the command does
+  std::string summary;  ///< one line: what the command does
 
   std::set<std::string> value_flags() const;  ///< the flags that take a value
   std::set<std::string> bool_flags() const;   ///< the flags that take none

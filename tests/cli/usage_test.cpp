@@ -52,7 +52,7 @@ std::set<std::string> usage_flags(const std::string& help) {
 }  // namespace
 
 TEST_CASE("Usage: each command's --help lists exactly the flags its parser accepts") {
-  const std::vector<std::string> names = {"demo", "spec", "check", "replay", "audit",
+  const std::vector<std::string> names = {"demo",  "spec",  "check", "replay", "audit",
                                           "trace", "sweep", "merge", "faults"};
   REQUIRE(command_table().size() == names.size());
   for (const std::string& name : names) {
@@ -102,7 +102,8 @@ TEST_CASE("Usage: the help text fits 110 columns and keeps its notes, the man pa
     synopsis_lines += line.rfind("  kvcheck ", 0) == 0;
   }
   CHECK(synopsis_lines == command_table().size());
-  for (const char* note : {"\nIMPL: cpu (default)", "\n--shard I/N runs", "\nexit codes: 0 all properties hold"}) {
+  for (const char* note :
+       {"\nIMPL: cpu (default)", "\n--shard I/N runs", "\nexit codes: 0 all properties hold"}) {
     CHECK(help.find(note) != std::string::npos);
   }
   CHECK(command_usage_text(*find_command("check")).find("\n--shard I/N") != std::string::npos);
@@ -119,7 +120,8 @@ TEST_CASE("Usage: the help text fits 110 columns and keeps its notes, the man pa
        at = man.find(".TP\n.B kvcheck ", at + 1))
     ++entries;
   CHECK(entries == command_table().size());
-  CHECK(man.find("[\\-\\-step\\-timeout\\ S]") != std::string::npos);  // hyphens escaped, the blank unbreakable
+  CHECK(man.find("[\\-\\-step\\-timeout\\ S]") !=
+        std::string::npos);  // hyphens escaped, the blank unbreakable
   std::istringstream lines(man);
   while (std::getline(lines, line)) {
     INFO(line);
