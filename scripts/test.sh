@@ -46,8 +46,11 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # set's full-disk and concurrent-run cases (the atomic writer:
   # support_test), the usage and --help text (its table: cli_flags_test),
   # the production-shape draws and their all-MPFR comparison (the 8
-  # production cases and the 113- and 169-bit comparisons stay). Under ASan
-  # they cost ~11 minutes of CI's 25.
+  # production cases and the 113- and 169-bit comparisons stay); the
+  # Python drivers of the report counts, the misbehaving adapter and the
+  # reproduce labels (their C++ paths: counts_test and reports_test, the
+  # hostile-adapter test, properties_test's reproduce cases). Under ASan
+  # they cost ~12 minutes of CI's 25.
   release_only=(
     'every named fault fails check at 2000'
     'full default grid'
@@ -66,6 +69,9 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     'COMMAND --help prints'
     'production cases draw production shapes'
     'on production shapes'
+    'reports: counts in every report'
+    'a misbehaving adapter ends the run'
+    'reproduce: a failure that passes alone'
   )
   exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
