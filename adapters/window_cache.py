@@ -206,6 +206,35 @@ class WindowCache(kp.Cache):
     def reserve(self, layer, st, b, first, n, load_then_store):
         pass
 
+    def _store(self, lay, st, state, first, stored, pool, hook):
+        """Writes the step's rows; `hook`: call before_store before each."""
+        written = []
+        for j, row in enumerate(stored):
+            if hook:
+                self.before_store(lay, st, state, first, j)
+            s = self.write_slot(lay, st, state, first + j)
+            pool[s] = row
+            written.append(s)
+        return written
+
+    def _attend_all(self, queries, first, lookup, spec):
+        """Each query's read slots (-1: nothing there) and output; lookup(x)
+        gives position x's (slot, stored row or None)."""
+        reads, out = [], []
+        for i, query in enumerate(queries):
+            p = first + i
+            slots, entries = [], []
+            for x in range(self.visible_first(p), p + 1):
+                s, e = lookup(x)
+                if e is None:
+                    s = -1
+                else:
+                    entries.append(e)
+                slots.append(s)
+            reads.append(slots)
+            out.append(attend(query, entries, spec) if self.outputs else None)
+        return reads, out
+
     def before_store(self, layer, st, b, first, j):
         pass
 
@@ -323,8 +352,6 @@ class WindowCache(kp.Cache):
             stored.append((key, key if v is None else rnd(v[i])))
         queries = [rotate_heads(q[i], spec.q_heads, hd, first + i, rope) for i in range(n)]
         pool = lay.rows
-        out = []
-        reads = []
         if lts:
             # Copy the old rows any query of the step sees out of the pool,
             # then store the chunk; each query reads the copies and the
@@ -334,51 +361,22 @@ class WindowCache(kp.Cache):
             for x in range(lo, first):
                 s = self.read_slot(lay, st, state, x)
                 old.append((s, pool.get(s) if s >= 0 else None))
-            written = []
-            for j in range(n):
-                self.before_store(lay, st, state, first, j)
-                s = self.write_slot(lay, st, state, first + j)
-                pool[s] = stored[j]
-                written.append(s)
-            for i in range(n):
-                p = first + i
-                slots = []
-                entries = []
-                for x in range(self.visible_first(p), p + 1):
-                    if x < first:
-                        s, e = old[x - lo]
-                    else:
-                        s, e = written[x - first], stored[x - first]
-                    if e is None:
-                        s = -1
-                    else:
-                        entries.append(e)
-                    slots.append(s)
-                reads.append(slots)
-                out.append(attend(queries[i], entries, spec) if self.outputs else None)
+            written = self._store(lay, st, state, first, stored, pool, True)
+
+            def lookup(x):
+                return old[x - lo] if x < first else (written[x - first], stored[x - first])
+
             view = "causal"
         else:
             # Store every row of the step, then every query reads the pool.
-            written = []
-            for j in range(n):
-                s = self.write_slot(lay, st, state, first + j)
-                pool[s] = stored[j]
-                written.append(s)
-            for i in range(n):
-                p = first + i
-                slots = []
-                entries = []
-                for x in range(self.visible_first(p), p + 1):
-                    s = self.read_slot(lay, st, state, x)
-                    e = pool.get(s) if s >= 0 else None
-                    if e is None:
-                        s = -1
-                    else:
-                        entries.append(e)
-                    slots.append(s)
-                reads.append(slots)
-                out.append(attend(queries[i], entries, spec) if self.outputs else None)
+            written = self._store(lay, st, state, first, stored, pool, False)
+
+            def lookup(x):
+                s = self.read_slot(lay, st, state, x)
+                return s, (pool.get(s) if s >= 0 else None)
+
             view = "after_writes"
+        reads, out = self._attend_all(queries, first, lookup, spec)
 
         if kind == "verify":
             st.pending_first = first
