@@ -29,11 +29,15 @@ of the request's blocks. A position whose block was freed reads as -1.
 default cache passes every case kvcheck generates.
 """
 
+import os
 import sys
 
 sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
+# The kvcheck package: the repository's python/ when run from the repository,
+# else the installed one.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import kvcheck_protocol as kp  # noqa: E402
+from kvcheck import protocol as kp  # noqa: E402
 import window_cache  # noqa: E402
 
 

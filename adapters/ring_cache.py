@@ -19,12 +19,16 @@ default cache passes every case kvcheck generates.
 """
 
 import math
+import os
 import struct
 import sys
 
 sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
+# The kvcheck package: the repository's python/ when run from the repository,
+# else the installed one.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import kvcheck_protocol as kp  # noqa: E402
+from kvcheck import protocol as kp  # noqa: E402
 import window_cache  # noqa: E402
 
 

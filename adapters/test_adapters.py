@@ -39,7 +39,8 @@ PAGED = os.path.join(HERE, "paged_cache.py")
 SCHEMA_PATH = os.path.join(ROOT, "scenarios", "schema", "exec-protocol.schema.json")
 
 sys.path.insert(0, HERE)
-import kvcheck_protocol  # noqa: E402  (the library an engine's adapter imports, on its own)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from kvcheck import protocol as kvcheck_protocol  # noqa: E402  (the library an engine's adapter imports, on its own)
 import window_cache  # noqa: E402  (only for unit tests of its rounding)
 
 try:
@@ -707,7 +708,7 @@ class ProtocolTest(AdapterTest):
 
 
 class ProtocolLibraryTest(unittest.TestCase):
-    """kvcheck_protocol.py on its own, as an engine's adapter uses it: a cache
+    """kvcheck.protocol on its own, as an engine's adapter uses it: a cache
     that writes only through the library's public names."""
 
     class Cache(kvcheck_protocol.Cache):
@@ -796,7 +797,7 @@ class ProtocolLibraryTest(unittest.TestCase):
 
     def test_the_library_stands_alone(self):
         # Standard library only, and nothing of the bundled caches in it.
-        with open(os.path.join(HERE, "kvcheck_protocol.py")) as f:
+        with open(os.path.join(ROOT, "python", "kvcheck", "protocol.py")) as f:
             text = f.read()
         imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
         self.assertEqual(imports, {"argparse", "json", "math", "sys"})

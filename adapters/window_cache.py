@@ -1,7 +1,7 @@
 """The sliding-window caches the bundled adapters are built on (ring_cache.py,
 paged_cache.py): the math, the step semantics both share, and the adapter
 switches the tests use. Standard library only; the protocol itself is
-kvcheck_protocol.py.
+the kvcheck package's kvcheck.protocol (python/kvcheck/protocol.py).
 
 * the math: RoPE, rounding of stored rows through f32/bf16, attention with an
   optional sink logit (`rotate_heads`, `ROUNDERS`, `attend`);
@@ -20,12 +20,16 @@ under test, and a mistake shared with kvcheck would hide itself.
 """
 
 import math
+import os
 import sys
 from array import array
 
-import kvcheck_protocol as kp
+# The kvcheck package: the repository's python/ when run from the repository,
+# else the installed one.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from kvcheck import protocol as kp  # noqa: E402
 
-# The formats these caches store (a subset of kvcheck_protocol.FORMATS).
+# The formats these caches store (a subset of kvcheck.protocol.FORMATS).
 FORMATS = ["f64", "f32", "bf16"]
 
 # Slots are JSON integers that kvcheck reads as int64; keep every id well inside.
@@ -323,7 +327,7 @@ class WindowCache(kp.Cache):
         return answer
 
     def write_step(self, step):
-        """prefill / decode / verify (a kvcheck_protocol.WriteStep): step.rows
+        """prefill / decode / verify (a kvcheck.protocol.WriteStep): step.rows
         rows at step.position. Returns the answer with every field."""
         kind, layer, state, request = step.kind, step.layer, step.state, step.request
         position, n, order, drafts = step.position, step.rows, step.order, step.drafts

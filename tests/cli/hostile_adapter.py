@@ -29,8 +29,9 @@ import time
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "adapters"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))  # the kvcheck package
 
-import kvcheck_protocol as kp  # noqa: E402
+from kvcheck import protocol as kp  # noqa: E402
 import ring_cache  # noqa: E402
 
 MODE = sys.argv[1]

@@ -25,8 +25,9 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # the kvcheck package
 
-import kvcheck_protocol as kp  # noqa: E402
+from kvcheck import protocol as kp  # noqa: E402
 import ring_cache  # noqa: E402
 
 TWIST = sys.argv[1]

@@ -1,4 +1,5 @@
-"""kvcheck exec protocol v1, for Python: the library an engine's adapter imports.
+"""kvcheck exec protocol v1, for Python: the library an engine's adapter imports
+(`kvcheck.protocol`, part of the `kvcheck` package in python/).
 
 kvcheck starts an adapter with `--impl exec:'COMMAND ARGS'` and speaks JSON
 Lines to it: one request per line on stdin, exactly one answer line per
@@ -6,7 +7,7 @@ request on stdout (adapters/PROTOCOL.md is the whole protocol). This module
 does the protocol and nothing else, standard library only, so that wrapping
 an engine's cache is writing the cache's side:
 
-    import kvcheck_protocol as kp
+    from kvcheck import protocol as kp
 
     class MyCache(kp.Cache):            # one per `open` (one case)
         def __init__(self, spec):       # kp.Spec: the validated `open` spec
