@@ -49,7 +49,8 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # production cases and the 113- and 169-bit comparisons stay); the
   # Python drivers of the report counts, the misbehaving adapter and the
   # reproduce labels (their C++ paths: counts_test and reports_test, the
-  # hostile-adapter test, properties_test's reproduce cases). Under ASan
+  # hostile-adapter test, properties_test's reproduce cases); the Python
+  # package's venv install and pytest suite (its C++ path: the exec tests). Under ASan
   # they cost ~12 minutes of CI's 25.
   release_only=(
     'every named fault fails check at 2000'
@@ -72,6 +73,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     'reports: counts in every report'
     'a misbehaving adapter ends the run'
     'reproduce: a failure that passes alone'
+    'python: pip install ./python'
   )
   exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

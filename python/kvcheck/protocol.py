@@ -41,6 +41,9 @@ What it does for the adapter:
   `{"ok":false,"error":"bad-request","detail":...}` before the cache sees
   the request; a well-formed request the cache refuses (`Refusal`) with its
   code, and an answer that would hold NaN or Infinity with "non-finite";
+* rows as numpy arrays for an adapter that sets `rows = "numpy"` (float64,
+  [rows, width]; numpy is imported only then), and answers holding numpy
+  arrays or scalars or torch tensors (anything with `tolist()`);
 * the field readers it uses (`decode_line`, `encode`, `check_keys`,
   `get_int`, `get_number`, `get_bool`, `get_str`, `get_object`, `get_rows`),
   for an adapter that reads more.
@@ -59,7 +62,7 @@ __all__ = [
     "BadRequest", "Refusal", "OpenRefused",
     "decode_line", "encode", "check_keys", "get_int", "get_number", "get_bool", "get_str", "get_object",
     "get_rows",
-    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run",
+    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run", "ROW_TYPES",
 ]
 
 PROTOCOL = "kvcheck-exec"
@@ -77,6 +80,9 @@ ORDERS = ["load_then_store", "store_then_load"]
 ADDRESSING = ["ring", "paged", "opaque"]
 PROBES = ["accept-without-verify", "accept-too-many", "begin-busy-state"]
 READ_VIEWS = ["after_writes", "causal"]
+# How WriteStep rows reach the cache (Adapter.rows): lists of floats, or
+# numpy float64 arrays of shape [rows, width] (numpy needed only then).
+ROW_TYPES = ["lists", "numpy"]
 
 # ---------------------------------------------------------------------------
 # Errors
@@ -135,9 +141,19 @@ def decode_line(raw):
     return msg
 
 
+def _plain(x):
+    # numpy arrays and scalars, torch tensors: anything with tolist() is
+    # written as the numbers it holds (and NaN/Infinity still raise).
+    tolist = getattr(x, "tolist", None)
+    if tolist is None:
+        raise TypeError(f"an answer holds a {type(x).__name__}, which is not JSON")
+    return tolist()
+
+
 def encode(answer):
-    """One answer line (no newline). NaN/Infinity raise ValueError."""
-    return json.dumps(answer, allow_nan=False, separators=(",", ":"))
+    """One answer line (no newline). NaN/Infinity raise ValueError. Arrays
+    (numpy, torch: anything with tolist()) are written as nested lists."""
+    return json.dumps(answer, allow_nan=False, separators=(",", ":"), default=_plain)
 
 
 def _type_name(x):
@@ -315,7 +331,9 @@ class WriteStep:
     "load_then_store" or "store_then_load", else None; drafts: a verify's k,
     else None; k, v: `rows` key and value rows of kv_width numbers each (v is
     None when the spec's rows are shared: the key row is the value row); q:
-    `rows` query rows of q_width numbers each. Rows are lists of floats."""
+    `rows` query rows of q_width numbers each. Rows are lists of floats, or
+    numpy float64 arrays of shape [rows, width] when the adapter's `rows` is
+    "numpy"."""
 
     __slots__ = ("kind", "layer", "state", "request", "position", "rows", "order", "drafts", "k", "v", "q")
 
@@ -331,6 +349,11 @@ class WriteStep:
         self.k = k
         self.v = v
         self.q = q
+
+    @property
+    def positions(self):
+        """The positions the step writes, one per row: position .. position + rows - 1."""
+        return range(self.position, self.position + self.rows)
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +399,8 @@ class Adapter:
     (argparse)."""
 
     name = "adapter"
+    # "lists" or "numpy": how a WriteStep's k, v and q reach the cache.
+    rows = "lists"
 
     def add_arguments(self, parser):
         pass
@@ -430,6 +455,10 @@ class Session:
         self.cache = None
         self.spec = None
         self.done = False
+        rows = getattr(adapter, "rows", "lists")
+        if rows not in ROW_TYPES:
+            raise ValueError(f"{type(adapter).__name__}.rows: one of {ROW_TYPES}, got {rows!r}")
+        self.to_rows = _numpy_rows if rows == "numpy" else None
         self.ops = {
             "hello": self.op_hello, "open": self.op_open, "close": self.op_close,
             "bye": self.op_bye, "begin": self.op_begin, "prefill": self.op_write,
@@ -571,7 +600,18 @@ class Session:
         k = get_rows(msg, "k", op, n, spec.kv_width)
         v = None if shared else get_rows(msg, "v", op, n, spec.kv_width)
         q = get_rows(msg, "q", op, n, spec.q_width)
+        if self.to_rows is not None:
+            k = self.to_rows(k, spec.kv_width)
+            v = None if v is None else self.to_rows(v, spec.kv_width)
+            q = self.to_rows(q, spec.q_width)
         return self.cache.write(WriteStep(op, layer, state, request, position, n, order, drafts, k, v, q))
+
+
+def _numpy_rows(rows, width):
+    # Rows already read strictly (types, counts, finiteness) as floats: the
+    # array holds exactly those binary64 values.
+    import numpy  # only adapters that ask for arrays need numpy
+    return numpy.array(rows, dtype=numpy.float64).reshape(len(rows), width)
 
 
 def run(adapter_class):

@@ -1,0 +1,14 @@
+import importlib.util
+import os
+import sys
+
+import pytest
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_paged_cache.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="PyTorch is not installed (Debian: python3-torch): the torch example is not checked")
+def test_torch_paged_cache(check_engine):
+    # The adapter as a command: torch is imported in the adapter's process only.
+    check_engine(f"{sys.executable} {EXAMPLE}", cases=50)

@@ -1,0 +1,201 @@
+"""The base class an engine's adapter subclasses: one method per step.
+
+    import kvcheck
+
+    class MyCache(kvcheck.Engine):          # one instance per case (`open`)
+        formats = ["f32"]                   # what the hello declares ...
+        outputs = False                     # ... a block manager without a kernel
+        def __init__(self, spec):           # kvcheck.Spec; raise kvcheck.OpenRefused(why)
+            super().__init__(spec)
+        def decode(self, step):             # kvcheck.WriteStep
+            return kvcheck.answer(written=[...], read=[[...]])
+
+    if __name__ == "__main__":
+        kvcheck.serve(MyCache)
+
+The steps a subclass defines are the steps its hello declares: `prefill`
+(in the orders of `prefill_orders`), `decode`, `verify` with `accept`,
+`finish`, `reset`; `begin` is always there (by default it does nothing).
+Class attributes say the rest of the hello: `name`, `formats`, `rope`,
+`layouts`, `addressing`, `outputs`, `slots`, `rows` and `capabilities` (any
+other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
+`probes`, ...; it wins over what the attributes say).
+
+The helpers build what an answer reports: `answer` (the dict a writing step
+returns), `ring_slot` and `block_slot` (slot ids from a ring or a block
+table), `window` (the positions a query sees), `stored_rows`.
+"""
+
+import sys
+
+from . import protocol
+
+__all__ = ["Engine", "answer", "ring_slot", "block_slot", "window", "stored_rows", "EngineAdapter"]
+
+_ORDERS = {"store_then_load": "prefill_store_then_load", "load_then_store": "prefill_load_then_store"}
+
+
+class Engine:
+    """One case of an engine's cache, made at `open` with the case's Spec and
+    dropped at `close`. Subclass it and define one method per step the cache
+    runs; each may raise `Refusal(code, detail)` and must then change nothing.
+
+    * `begin(layer, state, request)`, `accept(layer, state, request,
+      accepted)`, `finish(layer, state, request)`, `reset(layer, state,
+      request)`: return nothing;
+    * `prefill(step)`, `decode(step)`, `verify(step)` (a WriteStep): return
+      the answer, built with `answer(...)`."""
+
+    name = None                     # hello's "name"; default: the class name
+    formats = ["f32"]
+    rope = ["none", "neox", "interleaved"]
+    layouts = ["mha", "gqa", "mqa", "shared"]
+    prefill_orders = ["store_then_load"]  # the orders `prefill` runs
+    addressing = None               # "ring", "paged" or "opaque" (the protocol's default)
+    outputs = True                  # False: no `out`; kvcheck computes outputs over the slots read
+    slots = None                    # answers carry `written` and `read` (default: when outputs is False)
+    rows = "lists"                  # "numpy": step.k, .v, .q as float64 arrays [rows, width]
+    capabilities = {}               # any other hello key; wins over the attributes
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def begin(self, layer, state, request):
+        pass
+
+    @classmethod
+    def hello_capabilities(cls):
+        """The hello answer's "capabilities", from the attributes and the
+        step methods the class defines."""
+        steps = []
+        if getattr(cls, "prefill", None) is not None:
+            for order in cls.prefill_orders:
+                if order not in _ORDERS:
+                    raise TypeError(f"{cls.__name__}.prefill_orders: one of {list(_ORDERS)}, got {order!r}")
+                steps.append(_ORDERS[order])
+        for kind in ("decode", "verify", "accept", "finish", "reset"):
+            if getattr(cls, kind, None) is not None:
+                steps.append(kind)
+        if ("verify" in steps) != ("accept" in steps):
+            raise TypeError(f"{cls.__name__}: verify and accept go together (define both or neither)")
+        if not any(s in steps for s in ("decode", "verify") + tuple(_ORDERS.values())):
+            raise TypeError(f"{cls.__name__}: define at least one of prefill, decode, verify")
+        caps = {"steps": steps, "formats": list(cls.formats), "rope": list(cls.rope), "layouts": list(cls.layouts)}
+        slots = (not cls.outputs) if cls.slots is None else cls.slots
+        if slots:
+            caps["reports"] = {"written_slots": True, "read_slots": True}
+        if not cls.outputs:
+            caps["outputs"] = False
+        if cls.addressing is not None:
+            caps["addressing"] = cls.addressing
+        caps.update(cls.capabilities)
+        return caps
+
+
+class _Case(protocol.Cache):
+    # One open case: the protocol's Cache over an Engine instance.
+    def __init__(self, engine):
+        self.engine = engine
+
+    def begin(self, layer, state, request):
+        self.engine.begin(layer, state, request)
+
+    def accept(self, layer, state, request, accepted):
+        self.engine.accept(layer, state, request, accepted)
+
+    def finish(self, layer, state, request):
+        self.engine.finish(layer, state, request)
+
+    def reset(self, layer, state, request):
+        self.engine.reset(layer, state, request)
+
+    def write(self, step):
+        result = getattr(self.engine, step.kind)(step)
+        return {"ok": True} if result is None else result
+
+
+class EngineAdapter(protocol.Adapter):
+    """The adapter program serving an Engine subclass (what `serve` runs)."""
+
+    def __init__(self, engine_class):
+        if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
+            raise TypeError(f"{engine_class!r} is not a kvcheck.Engine subclass")
+        self.engine_class = engine_class
+        self.name = engine_class.name or engine_class.__name__
+        self.rows = engine_class.rows
+        self.__doc__ = engine_class.__doc__
+        self.caps = engine_class.hello_capabilities()  # errors show at start, not at hello
+
+    def capabilities(self):
+        return self.caps
+
+    def make_cache(self, spec):
+        return _Case(self.engine_class(spec))
+
+
+def serve(engine_class, argv=None):
+    """Serves kvcheck's exec protocol on stdin/stdout for an Engine subclass
+    (or a protocol.Adapter subclass) and exits with its code. While it
+    serves, print() and anything else written to sys.stdout goes to stderr:
+    stdout carries only answers."""
+    answers = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    if isinstance(engine_class, type) and issubclass(engine_class, protocol.Adapter):
+        adapter = engine_class()
+    else:
+        adapter = EngineAdapter(engine_class)
+    adapter.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        code = protocol.Session(adapter).serve(sys.stdin.buffer, answers)
+    except BrokenPipeError:
+        code = 0  # kvcheck went away without bye
+    raise SystemExit(code)
+
+
+def answer(out=None, written=None, read=None, stored=None, causal=False):
+    """A writing step's answer: `out` (one output row per new row), `written`
+    (one slot per new row), `read` (one list of slots per query; -1 entries
+    are ignored), `stored` (from `stored_rows`), `causal` (True for a
+    load_then_store prefill whose queries read the pool as it was before the
+    step: read_view "causal"). Lists, numpy arrays or tensors."""
+    result = {"ok": True}
+    if out is not None:
+        result["out"] = out
+    if written is not None:
+        result["written"] = written
+    if read is not None:
+        result["read"] = read
+    result["read_view"] = "causal" if causal else "after_writes"
+    if stored is not None:
+        result["stored"] = stored
+    return result
+
+
+def ring_slot(spec, state, position):
+    """The slot of `position` in a ring of spec.capacity rows per state:
+    state * capacity + position mod capacity (addressing "ring")."""
+    return state * spec.capacity + position % spec.capacity
+
+
+def block_slot(block_table, position, block_size):
+    """The slot of `position` through a block table (block index ->
+    block id; a list, array or tensor row): block_id * block_size +
+    position mod block_size, or -1 when the table has no block there (a
+    negative id or past its end: the read is then reported as missing)."""
+    index = position // block_size
+    if index >= len(block_table):
+        return -1
+    block = int(block_table[index])
+    return -1 if block < 0 else block * block_size + position % block_size
+
+
+def window(spec, position):
+    """The positions a query at `position` sees: max(0, position - keys + 1)
+    .. position (spec.keys, the window in keys, itself included)."""
+    return range(max(0, position - spec.keys + 1), position + 1)
+
+
+def stored_rows(k, v=None):
+    """The `stored` of an answer: each new row as the cache stored it (keys
+    after RoPE), decoded to numbers; no `v` for shared rows."""
+    return {"k": k} if v is None else {"k": k, "v": v}

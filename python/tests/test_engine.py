@@ -1,0 +1,170 @@
+"""kvcheck.Engine, its helpers, `python3 -m kvcheck` and numpy rows, over the
+protocol session (no kvcheck executable needed)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kvcheck
+from kvcheck import protocol, testing
+
+SPEC = {"states": 2, "capacity": 5, "window": {"param": 3, "convention": "keys", "keys": 3},
+        "q_heads": 2, "kv_heads": 1, "head_dim": 2, "shared_row": False, "format": "f32",
+        "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "softmax_scale": 0.5,
+        "sink_logit": None, "layers": 1, "max_step_rows": 4}
+
+
+class Ring(kvcheck.Engine):
+    outputs = False
+    addressing = "ring"
+    seen = []
+
+    def decode(self, step):
+        Ring.seen.append(step)
+        if step.position > 100:
+            raise kvcheck.Refusal("too-long", "position past 100")
+
+        def slot(p): return kvcheck.ring_slot(self.spec, step.state, p)
+        return kvcheck.answer(written=[slot(p) for p in step.positions],
+                              read=[[slot(j) for j in kvcheck.window(self.spec, p)] for p in step.positions])
+
+    prefill = decode
+
+    def finish(self, layer, state, request):
+        pass
+
+
+class NumpyOut(kvcheck.Engine):
+    rows = "numpy"
+    formats = ["f64", "f32"]
+    seen = []
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        if spec.format != "f64":
+            raise kvcheck.OpenRefused("f64 only")
+
+    def decode(self, step):
+        NumpyOut.seen.append(step)
+        return kvcheck.answer(out=step.q * 2, stored=kvcheck.stored_rows(step.k, step.v))
+
+
+def session(engine_class, spec=SPEC):
+    s = protocol.Session(kvcheck.EngineAdapter(engine_class))
+    hello = json.loads(s.handle(b'{"op":"hello","protocol":"kvcheck-exec","version":1}'))
+    opened = json.loads(s.handle(json.dumps({"op": "open", "spec": spec}).encode()))
+    return s, hello, opened
+
+
+def ask(s, msg):
+    return json.loads(s.handle(json.dumps(msg).encode()))
+
+
+def decode(position, q=((1.0, 2.0, 3.0, 4.0),), k=((1.0, -1.0),), v=((0.5, 0.25),)):
+    return {"op": "decode", "layer": 0, "request": 7, "state": 1, "position": position,
+            "k": [list(r) for r in k], "v": [list(r) for r in v], "q": [list(r) for r in q]}
+
+
+def test_the_hello_is_what_the_class_defines():
+    s, hello, opened = session(Ring)
+    assert hello["name"] == "Ring"
+    assert hello["capabilities"] == {
+        "steps": ["prefill_store_then_load", "decode", "finish"], "formats": ["f32"],
+        "rope": ["none", "neox", "interleaved"], "layouts": ["mha", "gqa", "mqa", "shared"],
+        "reports": {"written_slots": True, "read_slots": True}, "outputs": False, "addressing": "ring"}
+    assert opened == {"ok": True}
+
+
+def test_a_write_step_answers_slots_and_a_refusal_is_typed():
+    s, _, _ = session(Ring)
+    assert ask(s, {"op": "begin", "layer": 0, "request": 7, "state": 1}) == {"ok": True}
+    # state 1 of capacity 5: slots 5..9; position 6 -> slot 6; window of 3 keys: positions 4, 5, 6.
+    assert ask(s, decode(6)) == {"ok": True, "written": [6], "read": [[9, 5, 6]], "read_view": "after_writes"}
+    assert list(Ring.seen[-1].positions) == [6]
+    assert isinstance(Ring.seen[-1].k, list)
+    assert ask(s, decode(101)) == {"ok": False, "error": "too-long", "detail": "position past 100"}
+    # Strict as ever: a bool among the numbers never reaches the engine.
+    bad = ask(s, decode(3, k=((True, 1.0),)))
+    assert bad["error"] == "bad-request" and "decode.k[0][0]" in bad["detail"]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_numpy_rows_in_and_arrays_out():
+    np = pytest.importorskip("numpy")
+    spec = dict(SPEC, format="f64")
+    s, hello, opened = session(NumpyOut, spec)
+    assert hello["capabilities"]["steps"] == ["decode"] and "outputs" not in hello["capabilities"]
+    assert ask(s, decode(0, q=((0.1, 2.0, 1e300, -4.5),))) == {
+        "ok": True, "out": [[0.2, 4.0, 2e300, -9.0]], "read_view": "after_writes",
+        "stored": {"k": [[1.0, -1.0]], "v": [[0.5, 0.25]]}}
+    step = NumpyOut.seen[-1]
+    assert isinstance(step.q, np.ndarray) and step.q.dtype == np.float64 and step.q.shape == (1, 4)
+    assert step.k.shape == (1, 2) and step.q[0, 0] == 0.1  # exactly the binary64 sent
+    # An output that overflows to infinity is never sent.
+    assert ask(s, decode(1, q=((1.0, 2.0, 1e308, 0.0),)))["error"] == "non-finite"
+    assert ask(s, decode(2, q=((1.0, 2.0, 3.0, 1e999),)))["error"] == "bad-request"
+    # numpy scalars encode as numbers.
+    assert protocol.encode({"x": np.float32(0.5), "n": np.int64(3)}) == '{"x":0.5,"n":3}'
+    assert json.loads(s.handle(json.dumps({"op": "open", "spec": SPEC}).encode())) == {
+        "ok": False, "refused": "f64 only"}
+
+
+def test_a_class_that_declares_nonsense_is_refused_at_start():
+    class VerifyOnly(kvcheck.Engine):
+        def verify(self, step):
+            pass
+
+    class NoWrites(kvcheck.Engine):
+        def finish(self, layer, state, request):
+            pass
+
+    class BadOrder(kvcheck.Engine):
+        prefill_orders = ["load_first"]
+
+        def prefill(self, step):
+            pass
+
+    for cls, words in ((VerifyOnly, "verify and accept"), (NoWrites, "at least one of prefill"),
+                       (BadOrder, "prefill_orders")):
+        with pytest.raises(TypeError, match=words):
+            kvcheck.EngineAdapter(cls)
+    with pytest.raises(TypeError, match="not a kvcheck.Engine"):
+        kvcheck.EngineAdapter(object)
+
+
+def test_slot_helpers():
+    table = [3, -1, 7]
+    assert [kvcheck.block_slot(table, p, 4) for p in (0, 1, 5, 9, 11, 12)] == [12, 13, -1, 29, 31, -1]
+    spec = protocol.Spec(SPEC)
+    assert list(kvcheck.window(spec, 1)) == [0, 1] and list(kvcheck.window(spec, 5)) == [3, 4, 5]
+    assert [kvcheck.ring_slot(spec, 1, p) for p in (0, 4, 5, 12)] == [5, 9, 5, 7]
+
+
+def test_python_m_kvcheck_serves_a_file_and_keeps_prints_off_stdout(tmp_path):
+    module = tmp_path / "printing_cache.py"
+    module.write_text("import kvcheck\nprint('imported')\n\n"
+                      "class Printing(kvcheck.Engine):\n"
+                      "    def decode(self, step):\n"
+                      "        print('decoding')\n"
+                      "        return kvcheck.answer(out=[[0.0] * self.spec.q_width])\n")
+    requests = [{"op": "hello", "protocol": "kvcheck-exec", "version": 1}, {"op": "open", "spec": SPEC},
+                {"op": "begin", "layer": 0, "request": 7, "state": 1}, decode(0), {"op": "bye"}]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(kvcheck.__file__)))
+    done = subprocess.run([sys.executable, "-m", "kvcheck", f"{module}:Printing"], env=env, text=True,
+                          input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["ok"] for a in answers] == [True] * 5
+    assert answers[0]["name"] == "Printing" and answers[3]["out"] == [[0.0, 0.0, 0.0, 0.0]]
+    assert "imported" in done.stderr and "decoding" in done.stderr
+
+
+def test_a_class_kvcheck_cannot_reach_is_named():
+    class Local(kvcheck.Engine):
+        def decode(self, step):
+            pass
+    with pytest.raises(TypeError, match="top level of a module"):
+        testing.adapter_command(Local, "/nonexistent")
+    assert testing.adapter_command("python3 my_adapter.py", "/nonexistent") == "python3 my_adapter.py"

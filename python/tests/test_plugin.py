@@ -1,0 +1,63 @@
+"""The pytest plugin as an engine developer meets it: the ten-line toy test
+passes, the same test with a planted bug fails with the first failure, the
+shrunk counterexample and a replay command that reproduces it."""
+import os
+import re
+import subprocess
+
+import pytest
+
+import kvcheck
+from kvcheck import testing
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(PYTHON_DIR, "examples", "test_toy_cache.py"), encoding="utf-8") as f:
+    TOY = f.read()
+
+
+# Installed (pip install ./python), the plugin loads through its pytest11
+# entry point; from a checkout, through -p with python/ on PYTHONPATH.
+INSTALLED = not os.path.abspath(kvcheck.__file__).startswith(os.path.join(PYTHON_DIR, ""))
+
+
+@pytest.fixture
+def run_toy(pytester, monkeypatch, request):
+    binary = testing.find_binary(request.config.getoption("--kvcheck-binary"))
+    plugin = []
+    if not INSTALLED:
+        monkeypatch.setenv("PYTHONPATH", PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        plugin = ["-p", "kvcheck.pytest_plugin"]
+
+    def run(source, *args):
+        pytester.makepyfile(test_toy=source)
+        result = pytester.runpytest_subprocess(*plugin, f"--kvcheck-binary={binary}", *args)
+        return binary, result
+    return run
+
+
+def test_the_toy_test_passes(run_toy):
+    _, result = run_toy(TOY)
+    result.assert_outcomes(passed=1)
+
+
+def test_a_planted_bug_fails_with_the_counterexample_and_replay(run_toy, pytester):
+    # The bug: every state's rows go to the first state's ring.
+    buggy = TOY.replace("kvcheck.ring_slot(self.spec, step.state, p)", "p % self.spec.capacity")
+    assert buggy != TOY
+    binary, result = run_toy(buggy, "--kvcheck-seed", "1")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "kvcheck found a failing case: check: 100 cases" in out
+    assert re.search(r"first failure: step \d+ \((prefill|decode)\)", out), out
+    # The shrunk counterexample itself, shown and written under the test's tmp_path.
+    assert '"schema_version": 1' in out and '"requests": [' in out and '"steps": [' in out
+    m = re.search(r"replay: (\S+) replay (\S+/counterexample-exec-seed1\.json) --impl '(exec:[^']+)'", out)
+    assert m, out
+    assert m.group(1) == binary
+    assert m.group(2).startswith(str(pytester.path)) and os.path.isfile(m.group(2))
+    assert "rerun: pytest test_toy.py::test_toy_ring --kvcheck-seed 1 --kvcheck-cases 100" in out
+    # The replay command, run from a shell, fails the same way.
+    replay = subprocess.run(m.group(0)[len("replay: "):], shell=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=str(pytester.path))
+    assert replay.returncode == 1, replay.stdout
+    assert "FAIL" in replay.stdout or "fail" in replay.stdout, replay.stdout
