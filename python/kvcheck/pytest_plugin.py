@@ -7,10 +7,12 @@
 
 A failing check fails the test with the first-failure line, the shrunk
 counterexample (written under the test's tmp_path) and the exact replay
-command. Options: --kvcheck-cases N and --kvcheck-seed X (over every
-check_engine call; X may be "random", then the seed drawn is shown),
+command. Options: --kvcheck-cases N, --kvcheck-seed X (X may be "random":
+the seed drawn is shown with the failure) and --kvcheck-profile NAME (over
+every check_engine call, as Hypothesis profiles set a budget per run),
 --kvcheck-binary PATH (default: $KVCHECK, else kvcheck on PATH). The marker
-`@pytest.mark.kvcheck(cases=N, seed=X)` sets a test's own defaults.
+`@pytest.mark.kvcheck(cases=N, seed=X, profile=NAME)` sets a test's own
+defaults.
 
 Loaded by the package's `pytest11` entry point once installed; from a
 checkout, `pytest -p kvcheck.pytest_plugin` with python/ on PYTHONPATH.
@@ -36,12 +38,15 @@ def pytest_addoption(parser):
     group.addoption("--kvcheck-seed", default=None, metavar="X",
                     help=f"seed of every check_engine call, or 'random' (default: the call's or the kvcheck "
                          f"marker's, else {DEFAULT_SEED})")
+    group.addoption("--kvcheck-profile", default=None, metavar="NAME",
+                    help="kvcheck's --profile for every check_engine call: default or production (default: the "
+                         "call's or the kvcheck marker's, else kvcheck's own)")
     group.addoption("--kvcheck-binary", default=None, metavar="PATH",
                     help="the kvcheck executable (default: $KVCHECK, else kvcheck on PATH)")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kvcheck(cases=N, seed=X): this test's check_engine defaults")
+    config.addinivalue_line("markers", "kvcheck(cases=N, seed=X, profile=NAME): this test's check_engine defaults")
     seed = config.getoption("--kvcheck-seed")
     if seed is not None and seed != "random":
         try:
@@ -81,7 +86,10 @@ class EngineChecker:
             failure = str(e)
         pytest.fail(failure, pytrace=False)
 
-    def __call__(self, engine, cases=None, seed=None, args=(), python=None, timeout=None):
+    def __call__(self, engine, cases=None, seed=None, profile=None, args=(), python=None, timeout=None):
+        profile = self.config.getoption("--kvcheck-profile") or profile or self.marker.get("profile")
+        if profile is not None:
+            args = ["--profile", profile] + list(args)
         option_cases = self.config.getoption("--kvcheck-cases")
         option_seed = self.config.getoption("--kvcheck-seed")
         cases = option_cases or cases or self.marker.get("cases") or DEFAULT_CASES
@@ -91,6 +99,8 @@ class EngineChecker:
             seed = random.SystemRandom().randrange(1, 2 ** 63)
         seed = int(seed)
         rerun = f"pytest {shlex.quote(self.nodeid)} --kvcheck-seed {seed} --kvcheck-cases {cases}"
+        if profile is not None:
+            rerun += f" --kvcheck-profile {shlex.quote(profile)}"
         try:
             return testing.check(engine, cases=cases, seed=seed, args=args, binary=self._find_binary(),
                                  out=self._out(), python=python, timeout=timeout, rerun=rerun)

@@ -191,7 +191,8 @@ def replay(path, engine, args=(), binary=None, out=None, python=None, timeout=No
     out = out or tempfile.mkdtemp(prefix="kvcheck-")
     os.makedirs(out, exist_ok=True)
     impl = "exec:" + adapter_command(engine, out, python)
-    argv = [binary, "replay", str(path), "--impl", impl, "--out", str(out)]
+    argv = [binary, "replay", str(path), "--impl", impl, "--report", os.path.join(out, "report.json"),
+            "--junit", os.path.join(out, "junit.xml")]
     result = _run(argv + list(args), out, timeout)
     if not result.passed:
         raise CheckFailed(result.failure_message(), result)

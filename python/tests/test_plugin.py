@@ -4,6 +4,7 @@ shrunk counterexample and a replay command that reproduces it."""
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -61,3 +62,8 @@ def test_a_planted_bug_fails_with_the_counterexample_and_replay(run_toy, pyteste
                             stderr=subprocess.STDOUT, text=True, cwd=str(pytester.path))
     assert replay.returncode == 1, replay.stdout
     assert "FAIL" in replay.stdout or "fail" in replay.stdout, replay.stdout
+    # And testing.replay: the same counterexample passes on the correct toy.
+    toy = os.path.join(PYTHON_DIR, "examples", "toy_ring_cache.py")
+    passed = testing.replay(m.group(2), f"{sys.executable} -m kvcheck {toy}:ToyRing", binary=binary,
+                            out=str(pytester.path / "replay-ok"))
+    assert passed.exit_code == 0 and os.path.isfile(str(pytester.path / "replay-ok" / "report.json"))
