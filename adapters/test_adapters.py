@@ -800,7 +800,7 @@ class ProtocolLibraryTest(unittest.TestCase):
         with open(os.path.join(ROOT, "python", "kvcheck", "protocol.py")) as f:
             text = f.read()
         imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
-        self.assertEqual(imports, {"argparse", "json", "math", "sys"})
+        self.assertEqual(imports, {"argparse", "array", "json", "math", "sys"})
         for name in kvcheck_protocol.__all__:
             self.assertTrue(hasattr(kvcheck_protocol, name), name)
 

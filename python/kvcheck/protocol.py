@@ -41,6 +41,12 @@ What it does for the adapter:
   `{"ok":false,"error":"bad-request","detail":...}` before the cache sees
   the request; a well-formed request the cache refuses (`Refusal`) with its
   code, and an answer that would hold NaN or Infinity with "non-finite";
+* binary frames (adapters/PROTOCOL.md "Binary frames") when kvcheck offers
+  them at hello (`kvcheck check --exec-encoding binary`): rows arrive as
+  little-endian f64 and outputs and stored rows leave as one, read as
+  strictly as JSON; numpy packs and unpacks them when the adapter uses numpy,
+  the standard library's `array` otherwise. An adapter that sets
+  `encodings = ("json",)` declines them;
 * rows as numpy arrays for an adapter that sets `rows = "numpy"` (float64,
   [rows, width]; numpy is imported only then), and answers holding numpy
   arrays or scalars or torch tensors (anything with `tolist()`);
@@ -52,6 +58,7 @@ The public names are listed in `__all__`; everything else may change.
 """
 
 import argparse
+import array
 import json
 import math
 import sys
@@ -62,7 +69,7 @@ __all__ = [
     "BadRequest", "Refusal", "OpenRefused",
     "decode_line", "encode", "check_keys", "get_int", "get_number", "get_bool", "get_str", "get_object",
     "get_rows",
-    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run", "ROW_TYPES",
+    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run", "ROW_TYPES", "ENCODINGS", "MAX_FRAME_BYTES",
 ]
 
 PROTOCOL = "kvcheck-exec"
@@ -83,6 +90,11 @@ READ_VIEWS = ["after_writes", "causal"]
 # How WriteStep rows reach the cache (Adapter.rows): lists of floats, or
 # numpy float64 arrays of shape [rows, width] (numpy needed only then).
 ROW_TYPES = ["lists", "numpy"]
+# How rows travel after hello (Adapter.encodings): JSON numbers, or binary
+# frames when kvcheck offers them (adapters/PROTOCOL.md "Binary frames").
+ENCODINGS = ["binary", "json"]
+# The largest frame read or written (bytes), as kvcheck's own guard.
+MAX_FRAME_BYTES = 1 << 30
 
 # ---------------------------------------------------------------------------
 # Errors
@@ -401,6 +413,9 @@ class Adapter:
     name = "adapter"
     # "lists" or "numpy": how a WriteStep's k, v and q reach the cache.
     rows = "lists"
+    # The encodings this adapter takes when kvcheck offers them, preferred
+    # first; ("json",) declines binary frames.
+    encodings = ("binary", "json")
 
     def add_arguments(self, parser):
         pass
@@ -459,6 +474,10 @@ class Session:
         if rows not in ROW_TYPES:
             raise ValueError(f"{type(adapter).__name__}.rows: one of {ROW_TYPES}, got {rows!r}")
         self.to_rows = _numpy_rows if rows == "numpy" else None
+        self.numpy_rows = rows == "numpy"
+        self.binary = False  # binary frames negotiated at hello
+        self.frame = None    # the current request's frame: (arrays, payload)
+        self.write_shape = None  # (rows, q_width, kv_width, shared) of the write being answered
         self.ops = {
             "hello": self.op_hello, "open": self.op_open, "close": self.op_close,
             "bye": self.op_bye, "begin": self.op_begin, "prefill": self.op_write,
@@ -468,8 +487,46 @@ class Session:
 
     def handle(self, raw):
         """One request line (bytes) -> one answer line (str, no newline)."""
+        return self._encode(self._answer(raw, None))
+
+    def respond(self, raw, read):
+        """One request (its line; `read(n)` gives the next n bytes of input,
+        for its frame) -> the answer's bytes: its line, b"\\n", and its frame
+        in a binary session; None at end of input inside a frame."""
+        answer = self._answer(raw, read)
+        if answer is None:
+            return None
+        frame = b""
+        if self.binary and self.write_shape is not None and answer.get("ok") is True:
+            answer, frame = _frame_answer(answer, self.write_shape)
+        self.write_shape = None
+        return self._encode(answer).encode("utf-8") + b"\n" + frame
+
+    def _encode(self, answer):
+        try:
+            return encode(answer)
+        except ValueError:
+            # An output overflowed (e.g. a row rounded to inf): never send NaN.
+            return encode({"ok": False, "error": "non-finite",
+                           "detail": "the answer would contain NaN or Infinity"})
+
+    def _answer(self, raw, read):
+        # The answer dict of one request; None at end of input inside a frame.
+        self.frame = None
+        self.write_shape = None
         try:
             msg = decode_line(raw)
+            if "frame" in msg:
+                if read is None:
+                    raise BadRequest("frame: a frame's bytes come with the session's input (Session.serve)")
+                # The frame's bytes follow the line whatever else is wrong
+                # with it: read them first, or the stream loses its place.
+                arrays, size = _frame_header(msg, self.binary)
+                payload = read(size)
+                if len(payload) < size:
+                    self.done = True
+                    return None
+                self.frame = (arrays, payload)
             op = msg.get("op")
             if type(op) is not str:
                 raise BadRequest("op: missing or not a string")
@@ -478,16 +535,16 @@ class Session:
                 answer = {"ok": False, "error": "unknown-op", "detail": f"unknown op {json.dumps(op)[:60]}"}
             else:
                 answer = handler(msg)
+        except _LostPlace as e:
+            # A frame header that does not say how many bytes follow: the
+            # input cannot be followed past it.
+            self.done = True
+            answer = {"ok": False, "error": "bad-request", "detail": str(e)}
         except BadRequest as e:
             answer = {"ok": False, "error": "bad-request", "detail": str(e)}
         except Refusal as e:
             answer = {"ok": False, "error": e.code, "detail": e.detail}
-        try:
-            return encode(answer)
-        except ValueError:
-            # An output overflowed (e.g. a row rounded to inf): never send NaN.
-            return encode({"ok": False, "error": "non-finite",
-                           "detail": "the answer would contain NaN or Infinity"})
+        return answer
 
     def serve(self, stdin, stdout):
         """Answers every line of `stdin` (binary) on `stdout` (binary) until
@@ -496,20 +553,36 @@ class Session:
             raw = stdin.readline()
             if not raw:
                 break  # end of input means bye
-            stdout.write(self.handle(raw).encode("utf-8") + b"\n")
+            answer = self.respond(raw, stdin.read)
+            if answer is None:
+                break  # end of input inside a frame
+            stdout.write(answer)
             stdout.flush()
         return 0
 
     # -- session ops ------------------------------------------------------------
     def op_hello(self, msg):
-        check_keys(msg, "hello", ("op", "protocol", "version"))
+        check_keys(msg, "hello", ("op", "protocol", "version"), ("encodings",))
         protocol = get_str(msg, "protocol", "hello")
         version = get_int(msg, "version", "hello")
         if protocol != PROTOCOL or version != VERSION:
             raise Refusal("unsupported-version",
                           f"this adapter speaks {PROTOCOL} version {VERSION}, not {protocol} {version}")
-        return {"ok": True, "protocol": PROTOCOL, "version": VERSION,
-                "name": self.adapter.display_name(), "capabilities": self.adapter.capabilities()}
+        answer = {"ok": True, "protocol": PROTOCOL, "version": VERSION,
+                  "name": self.adapter.display_name(), "capabilities": self.adapter.capabilities()}
+        self.binary = False
+        if "encodings" in msg:
+            offered = msg["encodings"]
+            if type(offered) is not list or not offered or any(type(e) is not str for e in offered):
+                raise BadRequest("hello.encodings: expected a non-empty array of strings")
+            for name in offered:
+                if name not in ENCODINGS:
+                    raise BadRequest(f"hello.encodings: unknown encoding {json.dumps(name)[:40]} (one of {ENCODINGS})")
+            # The adapter's first preference that kvcheck offered.
+            chosen = next((e for e in getattr(self.adapter, "encodings", ENCODINGS) if e in offered), "json")
+            answer["encoding"] = chosen
+            self.binary = chosen == "binary"
+        return answer
 
     def op_open(self, msg):
         check_keys(msg, "open", ("op", "spec"))
@@ -578,6 +651,8 @@ class Session:
             extra = ("position", "k", "v", "q")
         spec = self.spec
         shared = spec.shared_row
+        if self.frame is not None:
+            extra = tuple(x for x in extra if x not in ("k", "v", "q")) + ("frame",)
         # `v` is absent exactly when the rows are shared (key row = value row).
         required = _STEP_COMMON + tuple(x for x in extra if x != "v" or not shared)
         check_keys(msg, op, required)
@@ -597,9 +672,14 @@ class Session:
             n = drafts + 1
         else:
             n = 1
+        if self.frame is not None:
+            k, v, q = _frame_rows(self.frame, op, n, spec, self.numpy_rows)
+            self.write_shape = (n, spec.q_width, spec.kv_width, shared)
+            return self.cache.write(WriteStep(op, layer, state, request, position, n, order, drafts, k, v, q))
         k = get_rows(msg, "k", op, n, spec.kv_width)
         v = None if shared else get_rows(msg, "v", op, n, spec.kv_width)
         q = get_rows(msg, "q", op, n, spec.q_width)
+        self.write_shape = (n, spec.q_width, spec.kv_width, shared)
         if self.to_rows is not None:
             k = self.to_rows(k, spec.kv_width)
             v = None if v is None else self.to_rows(v, spec.kv_width)
@@ -612,6 +692,151 @@ def _numpy_rows(rows, width):
     # array holds exactly those binary64 values.
     import numpy  # only adapters that ask for arrays need numpy
     return numpy.array(rows, dtype=numpy.float64).reshape(len(rows), width)
+
+
+# ---------------------------------------------------------------------------
+# Binary frames (adapters/PROTOCOL.md "Binary frames")
+#
+# A line may announce a frame: "frame": {"dtype": "f64", "bytes": B,
+# "arrays": [[name, rows, width], ...]}; exactly B bytes follow its newline:
+# the arrays in the order listed, row-major, little-endian.
+
+class _LostPlace(BadRequest):
+    """A frame whose length cannot be read: the input cannot be followed."""
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _numpy():
+    # numpy when the adapter already uses it (rows = "numpy", arrays in its
+    # answers): frames are then read and written as arrays. Never imported
+    # here: an adapter of lists keeps its start-up time (an import of numpy
+    # costs more than the frames of a small case) and uses `array`.
+    return sys.modules.get("numpy")
+
+
+def _frame_header(msg, negotiated):
+    """(arrays, bytes) of a request's frame, read strictly; _LostPlace when
+    the byte count itself is unusable, BadRequest (after the bytes are read)
+    for anything else."""
+    frame = msg["frame"]
+    if type(frame) is not dict or type(frame.get("bytes")) is not int:
+        raise _LostPlace("frame.bytes: missing or not an integer")
+    size = frame["bytes"]
+    if size < 0 or size > MAX_FRAME_BYTES:
+        raise _LostPlace(f"frame.bytes: {size} is outside 0 .. {MAX_FRAME_BYTES}")
+    arrays = frame.get("arrays")
+    problem = None
+    if not negotiated:
+        problem = "frame: binary frames were not negotiated at hello"
+    elif sorted(frame) != ["arrays", "bytes", "dtype"]:
+        problem = "frame: expected the keys dtype, bytes and arrays"
+    elif frame["dtype"] != "f64":
+        problem = f"frame.dtype: kvcheck sends f64, got {json.dumps(frame['dtype'])[:40]}"
+    elif (type(arrays) is not list or
+          any(type(a) is not list or len(a) != 3 or type(a[0]) is not str or type(a[1]) is not int or
+              type(a[2]) is not int or a[1] < 0 or a[2] < 0 for a in arrays)):
+        problem = "frame.arrays: expected an array of [name, rows, width]"
+    elif sum(a[1] * a[2] * 8 for a in arrays) != size:
+        problem = f"frame.bytes: {size} disagrees with the arrays' shapes"
+    return (problem or arrays), size
+
+
+def _frame_rows(frame, op, n, spec, numpy_rows):
+    """k, v, q of a write from its frame: [["k", n, kv_width], ["v", n,
+    kv_width] unless rows are shared, ["q", n, q_width]] in that order."""
+    arrays, payload = frame
+    if type(arrays) is str:
+        raise BadRequest(f"{op}.{arrays}")
+    expected = [["k", n, spec.kv_width]] + ([] if spec.shared_row else [["v", n, spec.kv_width]]) + \
+        [["q", n, spec.q_width]]
+    if arrays != expected:
+        raise BadRequest(f"{op}.frame.arrays: expected {json.dumps(expected)}, got {json.dumps(arrays)[:120]}")
+    np = _numpy()
+    rows = []
+    offset = 0
+    for name, count, width in arrays:
+        size = count * width
+        if np is not None:
+            x = np.frombuffer(payload, dtype="<f8", count=size, offset=offset).reshape(count, width)
+            if not np.isfinite(x).all():
+                raise BadRequest(f"{op}.{name}: not finite")
+            rows.append(x.copy() if numpy_rows else x.tolist())
+        else:
+            x = array.array("d", payload[offset:offset + size * 8])
+            if not _LITTLE:
+                x.byteswap()
+            if not all(map(math.isfinite, x)):
+                raise BadRequest(f"{op}.{name}: not finite")
+            flat = x.tolist()
+            rows.append([flat[i * width:(i + 1) * width] for i in range(count)])
+            if numpy_rows:
+                rows[-1] = _numpy_rows(rows[-1], width)
+        offset += size * 8
+    k = rows[0]
+    v = None if spec.shared_row else rows[1]
+    q = rows[-1]
+    return k, v, q
+
+
+def _pack(value, count, width):
+    """The little-endian f64 bytes of `value` ([count, width] finite numbers:
+    lists, numpy arrays, tensors), or None when it is not exactly that (the
+    answer then carries it as JSON, and kvcheck judges it as it would)."""
+    np = _numpy()
+    try:
+        if np is not None:
+            if hasattr(value, "detach"):  # a torch tensor: its CPU values
+                value = value.detach().cpu().numpy()
+            x = np.asarray(value, dtype=np.float64)
+            if x.shape != (count, width) or not np.isfinite(x).all():
+                return None
+            return x.astype("<f8", copy=False).tobytes()
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if type(value) is not list or len(value) != count:
+            return None
+        flat = array.array("d")
+        for row in value:
+            if type(row) is not list or len(row) != width:
+                return None
+            flat.extend(row)
+        if not all(map(math.isfinite, flat)):
+            return None
+        if not _LITTLE:
+            flat.byteswap()
+        return flat.tobytes()
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _frame_answer(answer, shape):
+    """An ok write answer with out and stored rows moved into a frame, and
+    the frame's bytes; what does not have its exact shape stays JSON."""
+    count, q_width, kv_width, shared = shape
+    listed = []
+    chunks = []
+    answer = dict(answer)
+    if "out" in answer:
+        packed = _pack(answer["out"], count, q_width)
+        if packed is not None:
+            del answer["out"]
+            listed.append(["out", count, q_width])
+            chunks.append(packed)
+    stored = answer.get("stored")
+    if type(stored) is dict and set(stored) == ({"k"} if shared else {"k", "v"}):
+        packed = [(key, _pack(stored[key], count, kv_width)) for key in ("k", "v") if key in stored]
+        if all(p is not None for _, p in packed):
+            del answer["stored"]
+            for key, p in packed:
+                listed.append(["stored." + key, count, kv_width])
+                chunks.append(p)
+    if not listed:
+        return answer, b""
+    payload = b"".join(chunks)
+    answer["frame"] = {"dtype": "f64", "bytes": len(payload), "arrays": listed}
+    return answer, payload
 
 
 def run(adapter_class):
