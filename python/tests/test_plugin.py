@@ -67,3 +67,9 @@ def test_a_planted_bug_fails_with_the_counterexample_and_replay(run_toy, pyteste
     passed = testing.replay(m.group(2), f"{sys.executable} -m kvcheck {toy}:ToyRing", binary=binary,
                             out=str(pytester.path / "replay-ok"))
     assert passed.exit_code == 0 and os.path.isfile(str(pytester.path / "replay-ok" / "report.json"))
+
+
+def test_a_bad_option_is_a_usage_error_naming_it(run_toy):
+    _, result = run_toy(TOY, "--kvcheck-seed", "one")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kvcheck-seed: an integer or 'random', got 'one'" in result.stderr.str()
