@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -21,7 +22,56 @@ std::string flag_of(const CLI::ParseError& e, const std::string& fallback) {
   return what.substr(dash, stop == std::string::npos ? std::string::npos : stop - dash);
 }
 
+/// Edits (insert, delete, replace) that turn `a` into `b`.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+/// " (did you mean NAME?)" for the nearest of `names`, or "".
+std::string suggestion(const std::string& word, const std::vector<std::string>& names) {
+  const std::string near = closest_name(word, names);
+  return near.empty() ? std::string() : "; did you mean " + near + "?";
+}
+
 }  // namespace
+
+std::string closest_name(const std::string& word, const std::vector<std::string>& names) {
+  const std::size_t letters = word.size() - std::min<std::size_t>(word.find_first_not_of('-'), word.size());
+  const std::size_t most = letters <= 4 ? 1 : 2;
+  std::string best;
+  std::size_t best_distance = most + 1;
+  bool tie = false;
+  for (const std::string& name : names) {
+    const std::size_t d = edit_distance(word, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+      tie = false;
+    } else if (d == best_distance) {
+      tie = true;
+    }
+  }
+  if (!best.empty() && !tie) return best;
+  if (letters < 4) return "";
+  std::string only;
+  for (const std::string& name : names) {
+    if (name.rfind(word, 0) != 0) continue;
+    if (!only.empty()) return "";
+    only = name;
+  }
+  return only;
+}
 
 // CLI11 does the matching (`--flag value`, `--flag=value`, boolean flags,
 // arguments in any order); what it accepts that kvcheck does not (a flag
@@ -32,6 +82,34 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& value_
            const std::set<std::string>& bool_flags) {
   std::vector<std::string> tokens;
   for (int i = argc - 1; i >= first; --i) tokens.emplace_back(argv[i]);  // CLI11 takes them reversed
+  // `--impl exec:python3 adapter.py --bug x`: the words after an exec
+  // command, up to the next flag of the command, were meant to be part of it.
+  for (int i = first; i < argc; ++i) {
+    const std::string t = argv[i];
+    std::string command;
+    if (t == "--impl" && i + 1 < argc && std::string(argv[i + 1]).rfind("exec:", 0) == 0) {
+      command = argv[++i];
+    } else if (t.rfind("--impl=exec:", 0) == 0) {
+      command = t.substr(7);
+    } else {
+      continue;
+    }
+    for (int j = i + 1; j < argc; ++j) {
+      const std::string w = argv[j];
+      const std::string flag = w.substr(0, w.find('='));
+      if (value_flags.count(flag) || bool_flags.count(flag)) break;
+      impl_tail_.push_back(w);
+    }
+    if (impl_tail_.empty()) break;
+    for (const auto& w : impl_tail_) command += " " + w;
+    std::string quoted = "'";
+    for (const char c : command) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    quoted_impl_ = "--impl " + quoted + "'";
+    break;
+  }
+  const std::string unquoted_hint =
+      quoted_impl_.empty() ? std::string()
+                           : " (the adapter command looks unquoted: give it as one argument, " + quoted_impl_ + ")";
   // A value for a boolean flag, which CLI11 would read as true/false.
   for (const auto& t : tokens) {
     const auto eq = t.find('=');
@@ -68,10 +146,16 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& value_
     if (options[f]->count() > 1) throw Error(ErrorId::kUsage, f, "given twice");
     if (options[f]->count() == 1) bools_.insert(f);
   }
+  std::vector<std::string> known(value_flags.begin(), value_flags.end());
+  known.insert(known.end(), bool_flags.begin(), bool_flags.end());
   for (const auto& a : app.remaining()) {
     if (a.rfind("--", 0) == 0 && a != "--") {
-      throw Error(ErrorId::kUsage, a.substr(0, a.find('=')),
-                  "unknown flag for this command (see `kvcheck help`)");
+      const std::string flag = a.substr(0, a.find('='));
+      if (!unquoted_hint.empty()) throw Error(ErrorId::kUsage, flag, "unknown flag for this command" + unquoted_hint);
+      const std::string hint = flag == "--exec" && value_flags.count("--impl")
+                                   ? std::string("; an adapter is given as --impl 'exec:COMMAND ARGS'")
+                                   : suggestion(flag, known);
+      throw Error(ErrorId::kUsage, flag, "unknown flag for this command (see `kvcheck help`)" + hint);
     }
     positional_.push_back(a);
   }
@@ -163,9 +247,19 @@ std::optional<ShardFlag> Args::shard(const std::string& flag) const {
 }
 
 void Args::no_positional(const std::string& command) const {
-  if (!positional_.empty()) {
-    throw Error(ErrorId::kUsage, positional_.front(), command + " takes no positional arguments");
+  if (positional_.empty()) return;
+  const std::string& first = positional_.front();
+  if (!impl_tail_.empty()) {
+    throw Error(ErrorId::kUsage, first,
+                command + " takes no positional arguments: the adapter command looks unquoted; give it as one "
+                          "argument: " + quoted_impl_);
   }
+  if (first.size() > 1 && first[0] == '-') {
+    throw Error(ErrorId::kUsage, first,
+                command + " takes no positional arguments, and kvcheck's flags are long ones (`kvcheck " +
+                    command + " --help` lists them)");
+  }
+  throw Error(ErrorId::kUsage, first, command + " takes no positional arguments");
 }
 
 int precision_flag(const Args& args) {

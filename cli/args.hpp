@@ -48,7 +48,18 @@ class Args {
   std::map<std::string, std::string> values_;
   std::set<std::string> bools_;
   std::vector<std::string> positional_;
+  /// The words after an exec --impl value up to the next flag the command
+  /// takes: an adapter command that was not quoted whole.
+  std::vector<std::string> impl_tail_;
+  /// "--impl 'exec:...'" with impl_tail_ joined in (empty when impl_tail_ is).
+  std::string quoted_impl_;
 };
+
+/// The one name of `names` that `word` most likely misspells: within two
+/// edits (one for words of four letters or fewer), or the only name that
+/// begins with `word` (four letters or more); "" when there is none or no
+/// single nearest one. What "did you mean" suggests for flags and commands.
+std::string closest_name(const std::string& word, const std::vector<std::string>& names);
 
 /// Parses one decimal integer for `flag`, in [lo, hi].
 std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t lo,

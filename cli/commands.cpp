@@ -1,5 +1,6 @@
 #include "cli/commands.hpp"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +121,25 @@ double min_run_share_flag(const Args& args) {
   return share;
 }
 
+/// --case-seed X: one case, the one case seed X draws (0 .. 2^64 - 1, as a
+/// failing check prints it); not with --cases, and without the coverage gate
+/// (one case reaches few classes).
+void case_seed_flag(const Args& args, properties::CheckOptions* options) {
+  const auto text = args.get("--case-seed");
+  if (!text) return;
+  if (args.has("--cases")) throw Error(ErrorId::kUsage, "--case-seed", "runs one case: not with --cases");
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long seed = std::strtoull(text->c_str(), &end, 10);
+  if (text->empty() || text->find_first_not_of("0123456789") != std::string::npos || errno == ERANGE) {
+    throw Error(ErrorId::kUsage, "--case-seed",
+                "expects a case seed, a decimal integer in 0..18446744073709551615, got '" + *text + "'");
+  }
+  options->only_case_seed = static_cast<std::uint64_t>(seed);
+  options->cases = 1;
+  options->coverage_gate = false;
+}
+
 double step_timeout_flag(const Args& args) {
   return args.seconds("--step-timeout", 10.0, 86400);
 }
@@ -193,11 +213,17 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
       case CheckOption::kSeed:
         options.seed = static_cast<std::uint64_t>(args.integer("--seed", 1, 0, INT64_MAX));
         break;
+      case CheckOption::kCaseSeed:
+        case_seed_flag(args, &options);
+        break;
       case CheckOption::kProfile:
         options.profile = profile_flag(args);
         break;
       case CheckOption::kMinRunShare:
         options.min_run_share = min_run_share_flag(args);
+        break;
+      case CheckOption::kNoCoverageGate:
+        if (args.has("--no-coverage-gate")) options.coverage_gate = false;
         break;
       case CheckOption::kThreads:
         options.threads = threads_flag(args);
@@ -268,6 +294,7 @@ int command_check(int argc, char** argv) {
   args.no_positional("check");
   properties::CheckOptions options = read_check_options(args, true);
   options.progress = progress_bar("check");
+  options.activity = activity_line("check");
   {
     std::string limit_source;
     const std::int64_t limit = memory_limit_flag(args, &limit_source);

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
@@ -66,7 +67,12 @@ int main(int argc, char** argv) {
     if (command == "faults") return cli::command_faults(argc, argv);
     if (command == "audit") return cli::command_audit(argc, argv);
     if (command == "merge") return cli::command_merge(argc, argv);
-    throw Error(ErrorId::kUsage, command, "unknown command (try `kvcheck help`)");
+    if (command == "completion") return cli::command_completion(argc, argv);
+    std::vector<std::string> names;
+    for (const cli::CommandSpec& c : cli::command_table()) names.push_back(c.name);
+    const std::string near = cli::closest_name(command, names);
+    throw Error(ErrorId::kUsage, command,
+                "unknown command (try `kvcheck help`)" + (near.empty() ? "" : "; did you mean " + near + "?"));
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return e.id() == ErrorId::kInternal || e.id() == ErrorId::kOutOfMemory ? 3 : 2;

@@ -99,7 +99,8 @@ void cross_check_command(const pipelines::ShardResult& shard) {
     // The flags a check's command line records (--out, --threads, --shard
     // and --reference never change a result and are not recorded).
     const Args args(static_cast<int>(argv.size()), argv.data(), 2,
-                    properties::option_flags(properties::kForCheck | properties::kRecorded), {});
+                    properties::option_flags(properties::kForCheck | properties::kRecorded, false),
+                    properties::option_flags(properties::kForCheck | properties::kRecorded, true));
     args.no_positional("check");
     if (args.has("--record")) {
       refuse(shard, "options.command", "holds --record, which a shard's run never takes");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <string_view>
 #include <utility>
 
 #include "properties/option_table.hpp"
@@ -37,6 +39,78 @@ constexpr std::pair<int, const char*> kExitCodes[] = {
     {3, "an internal error"},
 };
 
+/// What each flag does, with its default and values: {command, flag, help},
+/// command "" for every command that takes the flag (a command's own row
+/// comes first). Every flag of the table has a row (tests/cli/usage_test.cpp).
+struct FlagHelp {
+  const char* command;
+  const char* flag;
+  const char* help;
+};
+constexpr FlagHelp kFlagHelp[] = {
+    {"", "--impl", "the cache under test (default cpu; IMPL below)"},
+    {"", "--fault", "a named fault planted in the cache (default none; `kvcheck faults` lists them)"},
+    {"", "--precision", "significand bits of the reference: 53, 113 (default) or 169"},
+    {"", "--step-timeout", "seconds an exec adapter has for each answer (default 10)"},
+    {"", "--reference",
+     "how the 113- and 169-bit reference is computed: certified (default; MPFR only where needed) or mpfr "
+     "(every query); the same figures either way"},
+    {"", "--cases", "generated cases to run (default 200)"},
+    {"", "--seed", "the run's seed: the same seed draws the same cases (default 1)"},
+    {"", "--case-seed",
+     "run only the one case this case seed draws (a failing check prints it), with no coverage gate; not "
+     "with --cases"},
+    {"", "--profile", "the distribution cases are drawn from: default (small shapes) or production"},
+    {"", "--min-run-share",
+     "the share of cases that must run (neither refused nor skipped) for a pass, 0..1 (default 0.8)"},
+    {"", "--no-coverage-gate",
+     "a coverage class no case reached does not fail the check (a small run meant as such); the summary "
+     "says the gate is off"},
+    {"", "--memory-limit",
+     "refuse to start when the estimated memory exceeds BYTES (K, M, G suffixes; default: the memory "
+     "available)"},
+    {"check", "--record", "also write the trace of one run (the counterexample, else case 0) to TRACE"},
+    {"replay", "--record", "also write the runs as a trace to TRACE"},
+    {"", "--threads", "worker threads (default 2)"},
+    {"", "--shard", "run only the cases whose index is I mod N and write DIR/shard.json (below)"},
+    {"check", "--out", "where the report set and the counterexample go (default kvcheck-out)"},
+    {"demo", "--out", "where report.html and the other reports go (default kvcheck-out)"},
+    {"sweep", "--out", "where counterexamples go (default kvcheck-out/sweep)"},
+    {"merge", "--out", "where the merged reports go (default kvcheck-out; a sweep's: kvcheck-out/sweep)"},
+    {"", "--report", "write the JSON report to FILE"},
+    {"", "--junit", "write the JUnit XML report to FILE"},
+    {"", "--html", "write the HTML report to FILE"},
+    {"", "--text", "write the text report to FILE"},
+    {"demo", "--cases", "cases of its randomized check (default 300)"},
+    {"demo", "--scenarios", "the scenario files it replays (default the bundled scenarios/fast)"},
+    {"trace", "--window", "visible keys per query"},
+    {"trace", "--ring", "ring rows per state"},
+    {"trace", "--state", "the state id whose rows are shown"},
+    {"trace", "--positions", "the query positions, comma-separated"},
+    {"trace", "--json", "print JSON instead of the table"},
+    {"sweep", "--window", "the windows swept: A, A:B or A:B:STEP, or a comma list (default: the built-in grid)"},
+    {"sweep", "--drafts", "the drafts per verify swept (default: the built-in grid)"},
+    {"sweep", "--chunk", "the prefill chunk sizes swept (default: the built-in grid)"},
+    {"sweep", "--order", "the prefill orders: store-then-load, load-then-store or both (default both)"},
+    {"sweep", "--states", "states in the pool (default 2)"},
+    {"", "--json", "write the table as JSON to FILE (- for stdout)"},
+    {"", "--csv", "write the table as CSV to FILE"},
+    {"", "--svg", "draw the minimum safe ring per configuration as SVG to FILE"},
+    {"sweep", "--formula", "a bound to compare with the minimum found, e.g. W+max(k+1,C)"},
+    {"sweep", "--counterexamples", "which counterexamples are written: auto (default), all or none"},
+    {"sweep", "--impl", "the cache swept: cpu (default, the tag engine), layer or exec:'COMMAND ARGS'"},
+    {"merge", "--impl", "the engine a check's failing case is re-run on: the one the shards ran"},
+};
+
+/// The help of `flag` for `command`: its own row, else the common one.
+std::string flag_help(const std::string& command, const std::string& flag) {
+  for (const FlagHelp& h : kFlagHelp)
+    if (command == h.command && flag == h.flag) return h.help;
+  for (const FlagHelp& h : kFlagHelp)
+    if (std::string_view(h.command).empty() && flag == h.flag) return h.help;
+  return "";
+}
+
 /// The flags of check (kForCheck) or replay (kForReplay): the option table's rows.
 std::vector<FlagSpec> option_table_flags(unsigned command) {
   std::vector<FlagSpec> flags;
@@ -44,6 +118,13 @@ std::vector<FlagSpec> option_table_flags(unsigned command) {
     if (row.commands & command) flags.push_back({std::string(row.flag), std::string(row.value)});
   }
   return flags;
+}
+
+/// The table with each flag's help filled in.
+std::vector<CommandSpec> with_help(std::vector<CommandSpec> table) {
+  for (CommandSpec& c : table)
+    for (FlagSpec& f : c.flags) f.help = flag_help(c.name, f.flag);
+  return table;
 }
 
 std::vector<CommandSpec> make_table() {
@@ -104,6 +185,7 @@ std::vector<CommandSpec> make_table() {
         {"--memory-limit", "BYTES"}},
        "join the shards of a check or sweep into its report"},
       {"faults", "", {}, "list the named faults"},
+      {"completion", "bash", {}, "print a bash completion script: `source <(kvcheck completion bash)`"},
   };
 }
 
@@ -207,7 +289,7 @@ std::set<std::string> CommandSpec::bool_flags() const {
 }
 
 const std::vector<CommandSpec>& command_table() {
-  static const std::vector<CommandSpec> table = make_table();
+  static const std::vector<CommandSpec> table = with_help(make_table());
   return table;
 }
 
@@ -247,6 +329,23 @@ std::string usage_text() {
 
 std::string command_usage_text(const CommandSpec& command) {
   std::string out = "usage:\n" + command_synopsis(command) + "\n" + paragraph(command.summary) + "\n";
+  if (!command.flags.empty()) {
+    // "  --flag VALUE   help", the help wrapped in its own column.
+    std::size_t column = 0;
+    for (const FlagSpec& f : command.flags) column = std::max(column, f.flag.size() + 1 + f.value.size());
+    column = std::min<std::size_t>(column, 28) + 4;
+    out += "flags:\n";
+    for (const FlagSpec& f : command.flags) {
+      std::string head = "  " + (f.value.empty() ? f.flag : f.flag + " " + f.value) + "  ";
+      if (head.size() > column) {
+        out += head.substr(0, head.size() - 2) + "\n";
+        head.clear();
+      }
+      head.resize(column, ' ');
+      out += wrap(split_words(f.help), head, std::string(column, ' '));
+    }
+    out += "\n";
+  }
   if (takes(command, "--impl")) out += paragraph(kImplNote) + "\n";
   if (takes(command, "--shard")) out += paragraph(kShardNote) + "\n";
   return out + paragraph(exit_code_line());
@@ -272,6 +371,13 @@ std::string man_page(std::string_view version) {
     }
     if (!args.empty()) out += args + "\n.br\n";
     out += roff(c.summary) + "\n";
+    // Its flags, each with what it does, its default and its values.
+    if (!c.flags.empty()) out += ".RS\n";
+    for (const FlagSpec& f : c.flags) {
+      out += ".TP\n.B " + roff(f.flag) + (f.value.empty() ? "" : " \\fI" + roff(f.value) + "\\fR") + "\n" +
+             roff(f.help) + "\n";
+    }
+    if (!c.flags.empty()) out += ".RE\n";
   }
   out += ".SH NOTES\n" + roff(kImplNote) + "\n.PP\n" + roff(kShardNote) + "\n.PP\n" + roff(kHelpNote) + "\n";
   out += ".SH EXIT STATUS\n";
@@ -281,6 +387,72 @@ std::string man_page(std::string_view version) {
       ".SH SEE ALSO\nThe documents of the kvcheck source tree: README.md, docs/usage.md (this usage with "
       "examples), adapters/PROTOCOL.md (the exec protocol).\n";
   return out;
+}
+
+std::string bash_completion() {
+  // Per command, its flags; per command and flag, what its value completes
+  // to: the listed values (A|B|C in lower case), directories, or files.
+  std::string commands = "help";
+  std::string flag_cases, value_cases;
+  for (const CommandSpec& c : command_table()) {
+    commands += " " + c.name;
+    std::string flags = "--help";
+    for (const FlagSpec& f : c.flags) {
+      flags += " " + f.flag;
+      if (f.value.empty()) continue;
+      std::string words;
+      const bool listed = f.value.find('|') != std::string::npos &&
+                          f.value.find_first_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ:") == std::string::npos;
+      if (listed) {
+        words = f.value;
+        std::replace(words.begin(), words.end(), '|', ' ');
+        value_cases += "    " + c.name + ":" + f.flag + ") COMPREPLY=($(compgen -W '" + words + "' -- \"$cur\"));;\n";
+      } else if (f.value == "DIR") {
+        value_cases += "    " + c.name + ":" + f.flag + ") COMPREPLY=($(compgen -d -- \"$cur\"));;\n";
+      } else if (f.value == "FILE" || f.value == "TRACE") {
+        value_cases += "    " + c.name + ":" + f.flag + ") COMPREPLY=($(compgen -f -- \"$cur\"));;\n";
+      } else {
+        value_cases += "    " + c.name + ":" + f.flag + ") COMPREPLY=();;\n";
+      }
+    }
+    if (c.name == "completion") flags += " bash";
+    flag_cases += "    " + c.name + ") flags='" + flags + "';;\n";
+  }
+  return "# bash completion for kvcheck, written by `kvcheck completion bash` from its table of commands.\n"
+         "# Load it with: source <(kvcheck completion bash)\n"
+         "_kvcheck() {\n"
+         "  local cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\" flags=''\n"
+         "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
+         "    COMPREPLY=($(compgen -W '" +
+         commands +
+         "' -- \"$cur\"))\n"
+         "    return 0\n"
+         "  fi\n"
+         "  case \"${COMP_WORDS[1]}:$prev\" in\n" +
+         value_cases +
+         "    *)\n"
+         "      case \"${COMP_WORDS[1]}\" in\n" +
+         flag_cases +
+         "      esac\n"
+         "      if [[ \"$cur\" == -* || \"${COMP_WORDS[1]}\" == completion ]]; then\n"
+         "        COMPREPLY=($(compgen -W \"$flags\" -- \"$cur\"))\n"
+         "      else\n"
+         "        COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+         "      fi;;\n"
+         "  esac\n"
+         "  return 0\n"
+         "}\n"
+         "complete -F _kvcheck kvcheck\n";
+}
+
+int command_completion(int argc, char** argv) {
+  const Args args = command_args(argc, argv, "completion");
+  if (args.positional().size() != 1 || args.positional().front() != "bash") {
+    throw Error(ErrorId::kUsage, args.positional().empty() ? std::string("SHELL") : args.positional().back(),
+                "completion takes one shell: bash");
+  }
+  std::fputs(bash_completion().c_str(), stdout);
+  return 0;
 }
 
 }  // namespace kvcheck::cli

@@ -26,6 +26,9 @@ struct FlagSpec {
   std::string flag;       ///< "--window"
   std::string value;      ///< what the usage shows as its value ("W"); empty: a boolean flag
   bool required = false;  ///< shown without brackets: the command refuses to run without it
+  /// What it does, its default and its values: `kvcheck COMMAND --help` and
+  /// the man page print it (from the help table of cli/usage.cpp).
+  std::string help = "";
 };
 
 /// One command of the executable.
@@ -64,5 +67,12 @@ std::string command_usage_text(const CommandSpec& command);
 /// `kvcheck help --man`: the man page (man(7) macros), the same table and
 /// notes as the usage.
 std::string man_page(std::string_view version);
+
+/// `kvcheck completion bash`: a bash completion script for the commands,
+/// their flags and the flags' listed values, from the same table.
+std::string bash_completion();
+
+/// `kvcheck completion SHELL` (bash only): prints the script; exit 0.
+int command_completion(int argc, char** argv);
 
 }  // namespace kvcheck::cli

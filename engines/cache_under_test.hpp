@@ -21,9 +21,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scenarios/scenario.hpp"
+#include "support/error.hpp"
 
 namespace kvcheck::engines {
 
@@ -224,6 +226,26 @@ struct Refusal {
 
 /// The result of a call: nullopt when it went through.
 using StepStatus = std::optional<Refusal>;
+
+/// The cache under test crashed during a run: an exec adapter's process
+/// ended (it exited, or closed its stdout), or a C++ cache threw from a call
+/// or from open (the runner turns what it threw into this). A finding of the
+/// run, never bad input: the run fails at its step with this message and is
+/// shrunk like any other failure. It is an Error (kAdapter for an adapter)
+/// so that where no run is going on (an adapter that dies at hello) it stays
+/// the one-line error it always was.
+class CacheCrash : public Error {
+ public:
+  /// `spent`: the provider's process is gone; the provider starts a new one
+  /// at its next open (an exec adapter), or the caller makes a new provider.
+  CacheCrash(ErrorId id, std::string where, const std::string& rule, bool spent)
+      : Error(id, std::move(where), rule), spent_(spent) {}
+  /// Whether the provider's process ended with the crash.
+  bool spent() const noexcept { return spent_; }
+
+ private:
+  bool spent_;
+};
 
 /// One cache instance for one run (all layers of it).
 class CacheUnderTest {

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -132,8 +133,11 @@ class ExecCache final : public CacheUnderTest {
 
 class ExecProvider final : public CacheProvider {
  public:
-  ExecProvider(const std::string& command, std::unique_ptr<ExecTransport> transport)
-      : command_(command), transport_(std::move(transport)) {
+  /// `restart`: how to start the adapter again after it crashed (empty for
+  /// a transport handed in, which cannot be restarted).
+  ExecProvider(const std::string& command, std::unique_ptr<ExecTransport> transport,
+               std::function<std::unique_ptr<ExecTransport>()> restart = {})
+      : command_(command), transport_(std::move(transport)), restart_(std::move(restart)) {
     hello();
   }
 
@@ -141,6 +145,16 @@ class ExecProvider final : public CacheProvider {
   std::string name() const override { return "exec:" + command_; }
 
   std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) override {
+    if (spent_ && restart_) {
+      // The adapter crashed in an earlier run (a finding of that run): this
+      // run gets a new process. The capabilities stay those of the first
+      // hello, which the check's cases were drawn from.
+      const Capabilities first = caps_;
+      transport_ = restart_();
+      spent_ = false;
+      hello();
+      caps_ = first;
+    }
     const auto& c = spec.cache;
     Json s;
     s["states"] = c.states;
@@ -161,7 +175,7 @@ class ExecProvider final : public CacheProvider {
     s["layers"] = c.layers;
     s["max_step_rows"] = spec.max_step_rows;
     const Json answer = exchange(Json{{"op", "open"}, {"spec", s}}, "open");
-    Reader r{child_, "open"};
+    Reader r{child(), "open"};
     if (auto refusal = r.status(answer)) {
       *refused = *refusal;
       return nullptr;
@@ -171,31 +185,37 @@ class ExecProvider final : public CacheProvider {
 
   /// Sends one request, returns its parsed answer.
   Json exchange(const Json& request, const std::string& where) {
-    child_.send(request.dump() + "\n", where);
-    return Reader{child_, where}.parse(child_.receive(where));
+    try {
+      child().send(request.dump() + "\n", where);
+      return Reader{child(), where}.parse(child().receive(where));
+    } catch (const CacheCrash&) {
+      spent_ = true;  // the next open starts the adapter again
+      throw;
+    }
   }
 
-  ExecTransport& child() { return child_; }
+  ExecTransport& child() { return *transport_; }
 
  private:
   void hello() {
     const Json answer = exchange(
         Json{{"op", "hello"}, {"protocol", kExecProtocolName}, {"version", kExecProtocolVersion}}, "hello");
-    Reader r{child_, "hello"};
+    Reader r{child(), "hello"};
     if (auto refusal = r.status(answer)) {
-      child_.fail("hello", "the adapter refused the handshake: " + refusal->code + " " + refusal->detail);
+      child().fail("hello", "the adapter refused the handshake: " + refusal->code + " " + refusal->detail);
     }
     // Strict (engines/exec_hello.hpp): an unknown key or name is an error.
     try {
       caps_ = parse_hello_answer(answer, command_);
     } catch (const Error& e) {
-      child_.fail(e.where(), e.rule());
+      child().fail(e.where(), e.rule());
     }
   }
 
   std::string command_;
   std::unique_ptr<ExecTransport> transport_;
-  ExecTransport& child_ = *transport_;
+  std::function<std::unique_ptr<ExecTransport>()> restart_;
+  bool spent_ = false;  // the adapter crashed; started again at the next open
   Capabilities caps_;
 };
 
@@ -333,7 +353,9 @@ std::unique_ptr<CacheProvider> make_exec_provider(const std::string& command, co
   if (command.empty())
     throw Error(ErrorId::kUsage, "--impl",
                 "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
-  return std::make_unique<ExecProvider>(command, start_exec_child(command, options.step_timeout_seconds));
+  const double timeout = options.step_timeout_seconds;
+  return std::make_unique<ExecProvider>(command, start_exec_child(command, timeout),
+                                        [command, timeout] { return start_exec_child(command, timeout); });
 }
 
 std::unique_ptr<CacheProvider> make_exec_provider(std::unique_ptr<ExecTransport> transport, const std::string& name) {

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engines/cache_under_test.hpp"
 #include "support/error.hpp"
 
 extern char** environ;
@@ -368,11 +369,15 @@ class ChildTransport final : public ExecTransport {
       if (rc < 0) continue;
       if (fds[2].revents) read_stderr();
       if (fds[1].revents) {
-        if (!read_stdout()) fail(where, "the adapter closed its stdout" + exit_text());
+        if (!read_stdout()) crashed(where, "the adapter closed its stdout" + exit_text());
         if (!buffer_.empty()) unrequested_line(where);
       }
       if (fds[0].revents) {
         const ssize_t n = ::write(to_child_, line.data() + done, line.size() - done);
+        if (n < 0 && errno == EPIPE) {
+          crashed(where, "the adapter stopped taking requests (" + std::string(std::strerror(errno)) + ")" +
+                             exit_text());
+        }
         if (n < 0 && errno != EAGAIN && errno != EINTR) {
           fail(where,
                "cannot write to the adapter (" + std::string(std::strerror(errno)) + ")" + exit_text());
@@ -410,7 +415,11 @@ class ChildTransport final : public ExecTransport {
       }
       if (buffer_.size() > kExecMaxLineBytes) fail(where, "an answer line longer than 1 GiB");
       if (Clock::now() >= deadline) {
-        fail(where, "no answer within " + format_seconds(timeout_seconds_) + " s (--step-timeout)");
+        // The process is alive (else stdout would have closed): the usual
+        // cause is an answer written into a buffer and never flushed.
+        fail(where, "no answer within " + format_seconds(timeout_seconds_) +
+                        " s (--step-timeout); the adapter is still running: if it wrote its answer, flush "
+                        "stdout after each line (Python: print(..., flush=True) or sys.stdout.flush())");
       }
       pollfd fds[2] = {{from_child_, POLLIN, 0}, {err_child_, POLLIN, 0}};
       const int rc = ::poll(fds, 2, poll_ms(deadline));
@@ -419,7 +428,7 @@ class ChildTransport final : public ExecTransport {
       if (fds[1].revents) read_stderr();
       if (fds[0].revents && !read_stdout()) {
         read_stderr();
-        fail(where, "the adapter closed its stdout" + exit_text());
+        crashed(where, "the adapter closed its stdout" + exit_text());
       }
     }
   }
@@ -461,7 +470,7 @@ class ChildTransport final : public ExecTransport {
       if (::poll(&fd, 1, 0) <= 0 || fd.revents == 0) return;
       if (!read_stdout()) {
         if (!buffer_.empty()) return;  // reported as an unrequested line
-        fail(where, "the adapter closed its stdout" + exit_text());
+        crashed(where, "the adapter closed its stdout" + exit_text());
       }
     }
   }
@@ -600,6 +609,10 @@ class ChildTransport final : public ExecTransport {
 
 void ExecTransport::fail(const std::string& where, const std::string& what) {
   throw Error(ErrorId::kAdapter, where, on_failure(what));
+}
+
+void ExecTransport::crashed(const std::string& where, const std::string& what) {
+  throw CacheCrash(ErrorId::kAdapter, where, on_failure(what), true);
 }
 
 std::unique_ptr<ExecTransport> start_exec_child(const std::string& command, double step_timeout_seconds) {

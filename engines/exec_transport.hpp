@@ -35,6 +35,11 @@ class ExecTransport {
   virtual std::string receive(const std::string& where) = 0;
   /// Stops the adapter and throws Error(kAdapter, where, what + stderr tail).
   [[noreturn]] void fail(const std::string& where, const std::string& what);
+  /// The adapter's process ended (it closed its stdout, or stopped taking
+  /// requests because it exited): stops what is left of it and throws
+  /// CacheCrash(kAdapter, where, what + stderr tail, spent), a finding of the
+  /// run that was going on (engines/cache_under_test.hpp).
+  [[noreturn]] void crashed(const std::string& where, const std::string& what);
 
  protected:
   /// Ends the exchange for fail(): stops the adapter; returns `what` with

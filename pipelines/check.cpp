@@ -48,7 +48,9 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   const auto names = properties::coverage_names(options.profile);
   for (std::size_t i = 0; i < names.size(); ++i) {
     // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
-    summary.coverage.push_back({names[i], result.coverage_counts[i], result.reachable[i] ? 1 : 0});
+    // Without the gate (--no-coverage-gate, --case-seed) every minimum is 0.
+    summary.coverage.push_back(
+        {names[i], result.coverage_counts[i], result.reachable[i] && options.coverage_gate ? 1 : 0});
   }
   summary.failing_case_seed = result.failing_case_seed;
   if (result.found_failure) {
@@ -126,6 +128,16 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                 result.reachable[i] ? "" : "(n/a)");
   }
   std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
+  if (!options.coverage_gate) {
+    std::printf("coverage gate: off (%s): a class no case reached does not fail this check\n",
+                options.only_case_seed ? "--case-seed runs one case" : "--no-coverage-gate");
+  }
+  if (result.crashes_not_reproduced > 0) {
+    std::printf(
+        "crashed once, not again: %lld cases whose cache crashed passed when run again alone in a fresh "
+        "cache (not failures; the cache is not deterministic)\n",
+        static_cast<long long>(result.crashes_not_reproduced));
+  }
   if (result.found_failure && !result.reproduces_alone) {
     // Never an empty "first failure:": say what is known, and how to get it back.
     const auto& earlier = *summary.depends_on_earlier;
@@ -163,6 +175,9 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
     std::printf("  written to %s\n  replay: %s\n", summary.counterexample_file.c_str(),
                 summary.replay_command.c_str());
+    properties::CheckOptions one = options;
+    one.only_case_seed = result.failing_case_seed;
+    std::printf("  rerun the case as drawn: kvcheck check %s\n", properties::case_arguments(one).c_str());
   }
   std::printf("time: %s\n", timing.c_str());
   return result.found_failure || !result.coverage_ok || !result.run_share_ok ? 1 : 0;
@@ -194,6 +209,8 @@ pipelines::CheckShardOptions shard_options(const properties::CheckOptions& optio
   o.command = command;
   o.profile = properties::profile_name(options.profile);
   o.min_run_share = options.min_run_share;
+  o.case_seed = options.only_case_seed;
+  o.coverage_gate = options.coverage_gate;
   return o;
 }
 
@@ -294,7 +311,7 @@ void record_check_run(const properties::CheckOptions& options, const reports::Re
   }
   const scenarios::Scenario sc =
       counterexample ? *counterexample
-                     : properties::generate_scenario(properties::case_seed(options.seed, 0),
+                     : properties::generate_scenario(properties::check_case_seed(options, 0),
                                                      properties::make_provider(options.run)->capabilities(),
                                                      options.profile);
   record_runs({sc}, options.run, trace);
@@ -411,6 +428,8 @@ properties::CheckOptions check_options_of(const pipelines::ShardResult& shard) {
   options.run.precision_bits = o.precision_requested;
   options.run.step_timeout_seconds = o.step_timeout_seconds;
   options.min_run_share = o.min_run_share;
+  options.only_case_seed = o.case_seed;
+  options.coverage_gate = o.coverage_gate;
   if (!is_fault_name(o.fault)) {
     throw Error(ErrorId::kShard, shard.origin + ": options.fault", "unknown fault '" + o.fault + "'");
   }
@@ -486,7 +505,7 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
     if (!properties::case_fails_alone(options, failing)) {
       throw Error(ErrorId::kShard, shards[s].origin + ": result.first_failing_case",
                   "case " + std::to_string(failing) + " (case seed " +
-                      std::to_string(properties::case_seed(options.seed, failing)) +
+                      std::to_string(properties::check_case_seed(options, failing)) +
                       ") passes when re-run alone in a fresh cache on --impl " +
                       properties::shell_quote(*engine) +
                       ": the shard's failure does not reproduce (it may depend on the cases before it in the "

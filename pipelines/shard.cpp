@@ -187,6 +187,8 @@ Json check_options_json(const CheckShardOptions& o) {
   j["command"] = o.command;
   if (o.profile != "default") j["profile"] = o.profile;
   if (o.min_run_share != CheckShardOptions{}.min_run_share) j["min_run_share"] = o.min_run_share;
+  if (o.case_seed) j["case_seed"] = *o.case_seed;
+  if (!o.coverage_gate) j["coverage_gate"] = false;
   return j;
 }
 
@@ -195,7 +197,7 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
     const auto& j = shard.options;
     jr::check_keys(j, "options",
                    {"impl", "fault", "cases", "seed", "precision_requested", "step_timeout_seconds",
-                    "command", "profile", "min_run_share"});
+                    "command", "profile", "min_run_share", "case_seed", "coverage_gate"});
     CheckShardOptions o;
     o.impl = jr::get_string(jr::require(j, "options", "impl"), "options.impl");
     o.fault = jr::get_string(jr::require(j, "options", "fault"), "options.fault");
@@ -233,6 +235,8 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
       if (!(o.min_run_share >= 0 && o.min_run_share <= 1))
         jr::fail(ErrorId::kJsonValue, "options.min_run_share", "must be in 0..1");
     }
+    if (const auto* p = jr::find(j, "case_seed")) o.case_seed = jr::get_u64(*p, "options.case_seed");
+    if (const auto* p = jr::find(j, "coverage_gate")) o.coverage_gate = jr::get_bool(*p, "options.coverage_gate");
     return o;
   });
 }

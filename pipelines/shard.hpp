@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +86,8 @@ struct CheckShardOptions {
   std::string command;              ///< the report's command line (without --shard, --out, --threads)
   std::string profile = "default";  ///< --profile; written only when not "default"
   double min_run_share = 0.8;       ///< --min-run-share; written only when not the default
+  std::optional<std::uint64_t> case_seed;  ///< --case-seed; written only when given
+  bool coverage_gate = true;               ///< false: --no-coverage-gate (or --case-seed); written only then
 };
 
 nlohmann::ordered_json check_options_json(const CheckShardOptions& options);

@@ -134,6 +134,10 @@ std::uint64_t case_seed(std::uint64_t seed, std::int64_t index) {
   return mix_seed(seed, static_cast<std::uint64_t>(index));
 }
 
+std::uint64_t check_case_seed(const CheckOptions& options, std::int64_t index) {
+  return options.only_case_seed ? *options.only_case_seed : case_seed(options.seed, index);
+}
+
 Scenario shrink_scenario(const Scenario& failing, const std::function<bool(const Scenario&)>& fails,
                          std::int64_t* runs) {
   Scenario best = failing;
@@ -182,7 +186,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
 
   // Results are added up as cases finish (sums commute, so the tally does
   // not depend on which worker ran what): nothing is sized by the case count.
-  std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0};
+  std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0},
+      not_reproduced{0};
   std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
@@ -214,7 +219,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           provider = new_provider(options);
           run.provider = provider.get();
         }
-        const Scenario sc = generate_scenario(case_seed(options.seed, i), caps, options.profile);
+        const Scenario sc = generate_scenario(check_case_seed(options, i), caps, options.profile);
         RunObservation obs;
         try {
           obs = run_scenario(sc, run);
@@ -222,7 +227,23 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           // Name the case, so the failing schedule can be regenerated.
           throw Error(e.id(), e.where(),
                       e.rule() + "\n(check case " + std::to_string(i) + ", case seed " +
-                          std::to_string(case_seed(options.seed, i)) + ")");
+                          std::to_string(check_case_seed(options, i)) + ")");
+        }
+        if (obs.crashed) {
+          // A crash is a failure only if the case fails again: it runs once
+          // more alone, on a fresh provider (a new adapter process), which
+          // the cases after it then share.
+          provider = new_provider(options);
+          run.provider = provider.get();
+          earlier.clear();
+          earlier_run = 0;
+          RunObservation again = run_scenario(sc, run);
+          if (again.passed || again.skipped) {
+            not_reproduced.fetch_add(1);
+            obs = std::move(again);
+          } else if (again.crashed) {
+            provider.reset();  // spent: the next case starts a new one
+          }
         }
         if (obs.skipped) {
           (obs.refused ? refused : skipped).fetch_add(1);
@@ -268,6 +289,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   if (options.progress) options.progress(mine, mine);
 
   tally.failures = failures.load();
+  tally.crashes_not_reproduced = not_reproduced.load();
   tally.skipped = skipped.load();
   tally.refused = refused.load();
   tally.queries = queries.load();
@@ -291,6 +313,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.refused = tally.refused;
   result.queries = tally.queries;
   result.queries_not_output_checked = tally.queries_not_output_checked;
+  result.crashes_not_reproduced = tally.crashes_not_reproduced;
   // A check where most cases never ran judged little: it fails (README
   // "Counts"). Compared in doubles: min_run_share is a fraction in [0, 1].
   result.run_share_ok =
@@ -298,13 +321,14 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.coverage_counts = tally.coverage_counts;
   result.reachable = tally.reachable;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
-    if (result.reachable[k]) result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
+    if (result.reachable[k] && options.coverage_gate)
+      result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
   }
   if (tally.first_failing_case < 0) return result;
 
   engines::CacheProvider& provider = main_provider();
   result.found_failure = true;
-  result.failing_case_seed = case_seed(options.seed, tally.first_failing_case);
+  result.failing_case_seed = check_case_seed(options, tally.first_failing_case);
   const engines::Capabilities caps = provider.capabilities();
   result.original = generate_scenario(result.failing_case_seed, caps, options.profile);
   // Runs as the check's workers ran them (no reads or ring kept), and as
@@ -324,6 +348,18 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   // Every reported failure reproduces: the case as drawn is replayed alone
   // in a fresh cache (a new provider: a new adapter process for exec)
   // before anything is shrunk or reported.
+  const auto say = [&options](const std::string& what) {
+    if (options.activity) options.activity(what);
+  };
+  // The activity ends with the work, however it returns: "" says so.
+  struct EndActivity {
+    const CheckOptions& options;
+    ~EndActivity() {
+      if (options.activity) options.activity("");
+    }
+  } end_activity{options};
+  const std::string seed_text = "case seed " + std::to_string(result.failing_case_seed);
+  say("running " + seed_text + " again alone in a fresh cache");
   RunObservation alone;
   {
     const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
@@ -333,8 +369,14 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   if (fails(alone)) {
     quiet.provider = &provider;
     Scenario shrunk = shrink_scenario(
-        result.original, [&](const Scenario& s) { return fails(run_scenario(s, quiet)); },
+        result.original,
+        [&](const Scenario& s) {
+          say("shrinking " + seed_text + ": " + std::to_string(result.shrink_runs) + " runs, " +
+              std::to_string(s.steps.size()) + " steps");
+          return fails(run_scenario(s, quiet));
+        },
         &result.shrink_runs);
+    say("running the shrunk case again in a fresh cache");
     shrunk.name = result.shrunk.name;
     shrunk.description =
         "Shrunk from case seed " + std::to_string(result.failing_case_seed) + " of " + check_command;
@@ -377,11 +419,12 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   std::size_t tail = 0;
   for (std::size_t length = 1; !kept.empty(); length *= 2) {
     length = std::min(length, kept.size());
+    say(seed_text + " passes alone: running it after the " + std::to_string(length) + " case(s) before it");
     const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
     quiet.provider = fresh.get();
     final_run.provider = fresh.get();
     for (std::size_t j = kept.size() - length; j < kept.size(); ++j) {
-      run_scenario(generate_scenario(case_seed(options.seed, kept[j]), caps, options.profile), quiet);
+      run_scenario(generate_scenario(check_case_seed(options, kept[j]), caps, options.profile), quiet);
     }
     RunObservation after = run_scenario(result.shrunk, final_run);
     tail = length;
@@ -393,7 +436,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
     if (length == kept.size()) break;
   }
   for (std::size_t j = kept.size() - tail; j < kept.size(); ++j) {
-    const std::uint64_t seed = case_seed(options.seed, kept[j]);
+    const std::uint64_t seed = check_case_seed(options, kept[j]);
     Scenario earlier = generate_scenario(seed, caps, options.profile);
     earlier.description = "Case seed " + std::to_string(seed) + " of " + check_command +
                           ", which ran before case seed " + std::to_string(result.failing_case_seed) +
@@ -425,6 +468,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.refused += t.refused;
     total.queries += t.queries;
     total.queries_not_output_checked += t.queries_not_output_checked;
+    total.crashes_not_reproduced += t.crashes_not_reproduced;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
     if (t.first_failing_case >= 0 &&
@@ -445,7 +489,7 @@ bool case_fails_alone(const CheckOptions& options, std::int64_t case_index) {
   run.record_ring = false;
   run.provider = fresh.get();
   const Scenario sc =
-      generate_scenario(case_seed(options.seed, case_index), fresh->capabilities(), options.profile);
+      generate_scenario(check_case_seed(options, case_index), fresh->capabilities(), options.profile);
   const RunObservation obs = run_scenario(sc, run);
   return !obs.passed && !obs.skipped;
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,16 @@ struct CheckOptions {
   std::function<std::unique_ptr<engines::CacheProvider>()> provider_factory;
   /// Called from the coordinating thread with cases finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
+  /// Called from the coordinating thread, after the cases, with what the
+  /// check is doing ("shrinking case seed 42: 17 runs"), at every run, and
+  /// with "" when it is done.
+  std::function<void(const std::string& what)> activity;
+  /// `--case-seed X`: every case is the one case seed X draws (a check of it
+  /// runs `cases` = 1), whatever `seed`: one generated case run again.
+  std::optional<std::uint64_t> only_case_seed;
+  /// `--no-coverage-gate` false: a coverage class no case reached does not
+  /// fail the check (a small run meant as such); the counts are still shown.
+  bool coverage_gate = true;
 };
 
 /// Result of a check run.
@@ -89,6 +100,10 @@ struct CheckResult {
   bool reproduces_after_earlier = false;  ///< whether running earlier_cases first reproduced the failure
   std::int64_t earlier_cases_run = 0;     ///< cases that ran before it in its process in all
   std::string first_failure_there;        ///< its first failure as it happened in that process
+  /// Cases whose cache crashed once but passed when run again alone in a
+  /// fresh cache: not failures (a failure is reported only if it happens
+  /// again), counted and said.
+  std::int64_t crashes_not_reproduced = 0;
 };
 
 /// How many of the cases that ran before the lowest failing case in its
@@ -113,6 +128,9 @@ struct CaseTally {
   std::vector<std::int64_t> earlier_cases;
   std::int64_t earlier_cases_run = 0;  ///< how many ran before it there in all
   std::string first_failure;           ///< the failing case's first failure there
+  /// Cases whose cache crashed, then passed run again alone in a fresh cache
+  /// (not failures). Kept in memory only (not in a shard document).
+  std::int64_t crashes_not_reproduced = 0;
   bool operator==(const CaseTally&) const = default;
 };
 
@@ -122,6 +140,10 @@ std::string shell_quote(const std::string& text);
 
 /// Seed of case `index` of a check run with `seed`.
 std::uint64_t case_seed(std::uint64_t seed, std::int64_t index);
+
+/// Seed of case `index` of the check `options` describes: its only case
+/// seed when it has one (`--case-seed`), else case_seed(options.seed, index).
+std::uint64_t check_case_seed(const CheckOptions& options, std::int64_t index);
 
 /// Runs the cases; on failure shrinks the first failing case (lowest index).
 /// Ignores `options.shard` (runs every case).

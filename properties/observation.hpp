@@ -126,6 +126,10 @@ struct RunObservation {
   /// writing step: slots judged, outputs not).
   std::string observed = "slots+outputs";
   std::int64_t probes = 0;  ///< refusal probes sent (each must be refused, cache unchanged)
+  /// The cache crashed during the run (engines::CacheCrash: an adapter's
+  /// process ended, or a C++ cache threw): the run failed at that step with
+  /// the crash's message as its first failure.
+  bool crashed = false;
 };
 
 }  // namespace kvcheck::properties

@@ -17,6 +17,14 @@ std::set<std::string> option_flags(unsigned commands) {
   return flags;
 }
 
+std::set<std::string> option_flags(unsigned commands, bool bool_flags) {
+  std::set<std::string> flags;
+  for (const OptionRow& row : kCheckOptions) {
+    if ((row.commands & commands) == commands && row.value.empty() == bool_flags) flags.emplace(row.flag);
+  }
+  return flags;
+}
+
 const OptionRow& option_row(CheckOption id) {
   const auto index = static_cast<std::size_t>(id);
   KVCHECK_ASSERT(index < std::size(kCheckOptions) && kCheckOptions[index].id == id);
@@ -50,10 +58,16 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
       return std::to_string(options.cases);
     case CheckOption::kSeed:
       return std::to_string(options.seed);
+    case CheckOption::kCaseSeed:
+      // "none" when every case has its own seed: compared, never printed
+      // (a run without --case-seed leaves it at its default).
+      return options.only_case_seed ? std::to_string(*options.only_case_seed) : std::string("none");
     case CheckOption::kProfile:
       return profile_name(options.profile);
     case CheckOption::kMinRunShare:
       return decimal_text(options.min_run_share);
+    case CheckOption::kNoCoverageGate:
+      return std::string(options.coverage_gate ? "on" : "off");
     case CheckOption::kThreads:
       return std::to_string(options.threads);
     case CheckOption::kMemoryLimit:

@@ -23,6 +23,8 @@
 
 namespace kvcheck::properties {
 
+// An option whose value is "" in the table is a boolean flag (given or not).
+
 /// Which commands take an option (bits).
 enum OptionCommands : unsigned {
   kForCheck = 1u,   ///< `kvcheck check`
@@ -54,8 +56,10 @@ enum class OptionEffect : std::uint8_t {
   X(kReference, "--reference", "certified|mpfr", kForCheck | kForReplay, kNothing, "")                  \
   X(kCases, "--cases", "N", kForCheck | kRecorded, kCases, "cases")                                      \
   X(kSeed, "--seed", "X", kForCheck | kRecorded, kCases, "seed")                                         \
+  X(kCaseSeed, "--case-seed", "X", kForCheck | kRecorded, kCases, "case_seed")                           \
   X(kProfile, "--profile", "default|production", kForCheck | kRecorded, kCases, "profile")               \
   X(kMinRunShare, "--min-run-share", "F", kForCheck | kRecorded, kVerdict, "min_run_share")              \
+  X(kNoCoverageGate, "--no-coverage-gate", "", kForCheck | kRecorded, kVerdict, "coverage_gate")         \
   X(kMemoryLimit, "--memory-limit", "BYTES", kForCheck | kForReplay | kRecorded, kNothing, "")           \
   X(kRecord, "--record", "TRACE", kForCheck | kForReplay | kRecorded, kNothing, "")                      \
   X(kThreads, "--threads", "T", kForCheck, kNothing, "")                                                 \
@@ -94,6 +98,9 @@ inline constexpr OptionRow kCheckOptions[] = {
 /// (kForCheck: what `kvcheck check` takes; kForCheck | kRecorded: what a
 /// check's recorded command line may hold).
 std::set<std::string> option_flags(unsigned commands);
+/// Of those, the boolean flags (an empty value in the table), or the ones
+/// that take a value: `bool_flags` false.
+std::set<std::string> option_flags(unsigned commands, bool bool_flags);
 
 /// The row of `id`.
 const OptionRow& option_row(CheckOption id);

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <exception>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "engines/factory.hpp"
@@ -351,6 +353,18 @@ class StepDriver {
     run_.probes = prober_.sent;
   }
 
+  /// Ends the run at the step and layer under way, which the cache crashed
+  /// in (`what`: the crash's message, with an adapter's stderr tail).
+  void crashed(const std::string& what) {
+    run_.probes = prober_.sent;
+    run_.crashed = true;
+    const scenarios::Step& step = sc_.steps[current_step_];
+    const std::string heading = "step " + std::to_string(current_step_) + " (" +
+                                std::string(scenarios::step_kind_name(step.kind)) + ") layer " +
+                                std::to_string(current_layer_);
+    stop(observed(current_step_, current_layer_, "the cache crashed: " + what), heading, "");
+  }
+
  private:
   /// One step on every layer, then the model's bookkeeping; false: stopped.
   bool run_step(std::size_t step_index) {
@@ -383,6 +397,8 @@ class StepDriver {
 
   /// Begin, probe and call for one layer of a step; false: stopped.
   bool run_layer(std::size_t step_index, std::int32_t l, const RowSet& in) {
+    current_step_ = step_index;
+    current_layer_ = l;
     const scenarios::Step& step = sc_.steps[step_index];
     const RequestState& req = requests_.at(step.request);
     const std::int64_t n = scenarios::step_rows(step);
@@ -522,7 +538,59 @@ class StepDriver {
   std::vector<PositionDecoder> decoders_;
   std::map<std::int64_t, RequestState> requests_;
   Prober prober_;
-  engines::StepAnswer answer_;  // reused between calls
+  engines::StepAnswer answer_;    // reused between calls
+  std::size_t current_step_ = 0;  // the step and layer under way (crashed())
+  std::int32_t current_layer_ = 0;
+};
+
+/// What a C++ cache threw, as the crash of the run it threw in: a
+/// kvcheck::Error (bad input, a broken provider, a crash already) and an
+/// allocation failure pass through unchanged.
+[[noreturn]] void rethrow_as_crash(const std::string& where) {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw engines::CacheCrash(ErrorId::kAdapter, where, std::string("the cache threw: ") + e.what(), false);
+  } catch (...) {
+    throw engines::CacheCrash(ErrorId::kAdapter, where, "the cache threw something that is not a std::exception",
+                              false);
+  }
+}
+
+/// The cache under test as the driver and the prober call it: whatever a
+/// call throws that is not kvcheck's own error becomes a CacheCrash, so
+/// only the cache's exceptions (never the checker's) are findings.
+class CrashGuard final : public engines::CacheUnderTest {
+ public:
+  explicit CrashGuard(engines::CacheUnderTest& inner) : inner_(inner) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    try {
+      return inner_.call(c, answer);
+    } catch (...) {
+      rethrow_as_crash("call");
+    }
+  }
+  engines::StepStatus probe(const std::string& name, const engines::StepCall& context) override {
+    try {
+      return inner_.probe(name, context);
+    } catch (...) {
+      rethrow_as_crash("probe " + name);
+    }
+  }
+  std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+    try {
+      return inner_.fingerprint(layer);
+    } catch (...) {
+      rethrow_as_crash("fingerprint");
+    }
+  }
+
+ private:
+  engines::CacheUnderTest& inner_;
 };
 
 template <class Real>
@@ -551,7 +619,19 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     return run;
   }
   engines::Refusal refused;
-  std::unique_ptr<engines::CacheUnderTest> cut = provider.open(spec, &refused);
+  std::unique_ptr<engines::CacheUnderTest> cut;
+  try {
+    try {
+      cut = provider.open(spec, &refused);
+    } catch (...) {
+      rethrow_as_crash("open");
+    }
+  } catch (const engines::CacheCrash& e) {
+    // A crash at open is a finding of the run, as one at a step is.
+    run.crashed = true;
+    mark_failed(&run, "open: the cache crashed: " + e.rule());
+    return run;
+  }
   if (!cut) {
     run.skipped = true;
     run.refused = true;
@@ -559,8 +639,13 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
     return run;
   }
   OutputJudge<Real> judge(sc, options, caps);
-  StepDriver<Real> driver(sc, options, caps, *cut, judge, run);
-  driver.run();
+  CrashGuard guarded(*cut);
+  StepDriver<Real> driver(sc, options, caps, guarded, judge, run);
+  try {
+    driver.run();
+  } catch (const engines::CacheCrash& e) {
+    driver.crashed(e.rule());
+  }
   run.mpfr_queries = judge.mpfr_queries();
   judge_run(sc, &run);
   return run;

@@ -1,11 +1,14 @@
 // kvcheck::api (api/kvcheck.hpp) in the source tree, on our own caches: the
 // installed package runs the same calls in examples/engine-test.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "api/kvcheck.hpp"
@@ -78,6 +81,62 @@ TEST_CASE("api::check on a borrowed provider finds, shrinks and writes the count
   CHECK_FALSE(api::all_passed(again));
   const auto fixed = cpu();
   CHECK(api::all_passed(api::replay(*fixed, {dir})));
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+/// A C++ engine whose caches throw at every verify.
+class VerifyThrowingProvider : public engines::CacheProvider {
+ public:
+  const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto cache = inner_->open(spec, refused);
+    return cache ? std::make_unique<Cache>(std::move(cache)) : nullptr;
+  }
+  std::string name() const override { return "verify-throwing"; }
+
+ private:
+  class Cache : public engines::CacheUnderTest {
+   public:
+    explicit Cache(std::unique_ptr<engines::CacheUnderTest> inner) : inner_(std::move(inner)) {}
+    engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+      if (c.op == engines::StepCall::Op::kStep && c.step.kind == scenarios::StepKind::kVerify)
+        throw std::out_of_range("draft index past the block table");
+      return inner_->call(c, answer);
+    }
+
+   private:
+    std::unique_ptr<engines::CacheUnderTest> inner_;
+  };
+  std::unique_ptr<engines::CacheProvider> inner_ = cpu();
+};
+
+}  // namespace
+
+TEST_CASE("api::check: an exception from the cache is a failing case, shrunk, never an escape") {
+  VerifyThrowingProvider provider;
+  api::CheckOptions options;
+  options.cases = 20;
+  api::CheckResult r;
+  REQUIRE_NOTHROW(r = api::check(provider, options));
+  INFO(api::summary(r));
+  REQUIRE(r.found_failure);
+  CHECK_FALSE(r.passed);
+  CHECK(r.counterexample_run.crashed);
+  CHECK(r.counterexample_run.first_failure.find("the cache threw: draft index past the block table") !=
+        std::string::npos);
+  CHECK(r.counterexample.steps.size() == 1);  // one verify of a new request
+  CHECK(api::summary(r).find("draft index past the block table") != std::string::npos);
+  // Replayed, it fails the same way: a run, not an exception.
+  const auto dir = std::filesystem::temp_directory_path() / ("kvcheck-api-throw-" + std::to_string(::getpid()));
+  const auto file = dir / "ce.json";
+  std::filesystem::create_directories(dir);
+  scenarios::write_scenario_file(file, r.counterexample);
+  const auto again = api::replay(provider, {file});
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].first_failure == r.counterexample_run.first_failure);
   std::filesystem::remove_all(dir);
 }
 

@@ -304,12 +304,13 @@ TEST_CASE(
   const std::string marker = "kvcheck-marker-" + std::to_string(::getpid());
   const std::string script = std::string(KVCHECK_SOURCE_DIR) + "/tests/cli/misbehaving_adapter.py";
   const std::pair<const char*, const char*> modes[] = {
-      {"crash", "steps[0] (prefill, layer 0): the adapter closed its stdout (adapter exited with status 3)"},
       {"not-json", "steps[0] (prefill, layer 0) answer: the line is not JSON"},
       {"missing-field", "steps[0] (prefill, layer 0) answer.out: missing field"},
       {"wrong-shape", "steps[0] (prefill, layer 0) answer.out[0]: expected"},
       {"nan", "steps[0] (prefill, layer 0) answer: the line is not JSON (NaN and Infinity are not JSON;"},
-      {"hang", "steps[0] (prefill, layer 0): no answer within 3 s (--step-timeout)"},
+      {"hang",
+       "steps[0] (prefill, layer 0): no answer within 3 s (--step-timeout); the adapter is still running: if "
+       "it wrote its answer, flush stdout"},
       {"bad-version", "hello answer.version: protocol version 2, kvcheck speaks 1"}};
   for (const auto& [mode, expected] : modes) {
     INFO(mode);
@@ -329,14 +330,81 @@ TEST_CASE(
       CHECK(o.code == 2);
       CHECK(o.err.rfind("kvcheck error 600 at ", 0) == 0);
       CHECK(o.err.find(expected) != std::string::npos);
-      if (std::string(mode) == "crash")
-        CHECK(o.err.find("boom: simulated crash in the adapter") != std::string::npos);
       if (std::string(mode) == "hang") CHECK(o.err.find("adapter: thinking forever") != std::string::npos);
     }
   }
   // The hanging adapter started a grandchild: the whole process group is gone.
   // ("[k]" keeps pgrep from matching its own shell's command line.)
   CHECK(std::system(("pgrep -f '[k]" + marker.substr(1) + "' >/dev/null").c_str()) != 0);
+}
+
+TEST_CASE(
+    "CLI exec: an adapter that crashes is a failing case, shrunk, its message in report.json, --case-seed "
+    "reruns it, no child left") {
+  const std::string marker = "kvcheck-crash-marker-" + std::to_string(::getpid());
+  const fs::path dir = temp_dir("crash");
+  const std::string impl = " --impl 'exec:python3 " + std::string(KVCHECK_SOURCE_DIR) +
+                           "/tests/cli/misbehaving_adapter.py crash " + marker + "'";
+  const Outcome o = run("check --cases 3 --out " + (dir / "a").string() + impl);
+  INFO(o.out + o.err);
+  REQUIRE(o.code == 1);
+  const auto report = nlohmann::json::parse(slurp(dir / "a" / "report.json"));
+  REQUIRE(report["runs"].size() == 1);
+  const std::string failure = report["runs"][0]["first_failure"];
+  CHECK(failure.find("layer 0: the cache crashed: the adapter closed its stdout (adapter exited with status 3)") !=
+        std::string::npos);
+  CHECK(failure.find("boom: simulated crash in the adapter") != std::string::npos);
+  // Shrunk: the adapter crashes at the first step that writes rows, so one step is left.
+  CHECK(report["runs"][0]["steps"].size() == 1);
+  CHECK(o.out.find("(shrunk from ") != std::string::npos);
+  // The printed rerun of the case as drawn fails the same way first.
+  const std::string mark = "rerun the case as drawn: kvcheck check ";
+  const std::size_t at = o.out.find(mark);
+  REQUIRE(at != std::string::npos);
+  const std::string rerun = o.out.substr(at + mark.size(), o.out.find('\n', at) - at - mark.size());
+  CHECK(rerun.find("--case-seed " + std::to_string(report["check"]["failing_case_seed"].get<std::uint64_t>())) !=
+        std::string::npos);
+  const Outcome again = run("check " + rerun + " --out " + (dir / "b").string());
+  INFO(again.out + again.err);
+  CHECK(again.code == 1);
+  CHECK(again.out.find("check: 1 cases") != std::string::npos);
+  CHECK(again.out.find("coverage gate: off (--case-seed runs one case)") != std::string::npos);
+  const auto second = nlohmann::json::parse(slurp(dir / "b" / "report.json"));
+  CHECK(second["runs"][0]["first_failure"] == report["runs"][0]["first_failure"]);
+  CHECK(second["check"]["failing_case_seed"] == report["check"]["failing_case_seed"]);
+  CHECK(std::system(("pgrep -f '[k]" + marker.substr(1) + "' >/dev/null").c_str()) != 0);
+  // --case-seed runs one case: not with --cases.
+  CHECK(run("check --case-seed 5 --cases 3").code == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: a small run without the coverage gate passes and says so, bash completes a flag") {
+  const fs::path dir = temp_dir("small");
+  CHECK(run("check --cases 1 --out " + (dir / "a").string()).code == 1);  // a class not reached
+  const Outcome small = run("check --cases 1 --no-coverage-gate --out " + (dir / "b").string());
+  CHECK(small.code == 0);
+  CHECK(small.out.find("coverage gate: off (--no-coverage-gate)") != std::string::npos);
+  const Outcome typo = run("chek --cases 1");
+  CHECK(typo.code == 2);
+  CHECK(typo.err.find("unknown command (try `kvcheck help`); did you mean check?") != std::string::npos);
+  // The completion script loads in bash and completes a flag, a command and a listed value.
+  const std::string script = (dir / "kvcheck.bash").string();
+  const Outcome completion = run("completion bash");
+  REQUIRE(completion.code == 0);
+  std::ofstream(script) << completion.out;
+  const auto complete = [&](const std::string& words, int cword) {
+    const std::string cmd = "bash -c 'source " + script + " && COMP_WORDS=(" + words + ") && COMP_CWORD=" +
+                            std::to_string(cword) + " && _kvcheck && echo \"${COMPREPLY[*]}\"' > " +
+                            (dir / "reply").string();
+    CHECK(std::system(cmd.c_str()) == 0);
+    std::string reply = slurp(dir / "reply");
+    while (!reply.empty() && reply.back() == '\n') reply.pop_back();
+    return reply;
+  };
+  CHECK(complete("kvcheck check --no-cov", 2) == "--no-coverage-gate");
+  CHECK(complete("kvcheck chec", 1) == "check");
+  CHECK(complete("kvcheck check --profile prod", 3) == "production");
+  fs::remove_all(dir);
 }
 
 TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {

@@ -114,9 +114,9 @@ try:
     out = os.path.join(work, "withdrawn")
     code, _, _ = run(["check", "--cases", "20", "--out", out])
     expect(code == 0 and present(out) == sorted(REPORTS), "a PASS set is written")
-    code, _, stderr = run(["check", "--impl", exec_impl("misbehaving_adapter.py", "crash"), "--cases", "20",
+    code, _, stderr = run(["check", "--impl", exec_impl("misbehaving_adapter.py", "not-json"), "--cases", "20",
                            "--out", out])
-    expect(code == 2, f"a run whose adapter dies exits 2 (got {code})")
+    expect(code == 2, f"a run whose adapter breaks the protocol exits 2 (got {code})")
     expect(present(out) == [], f"... and leaves no earlier report in --out (found {present(out)})")
 
     code, _, _ = run(["check", "--cases", "20", "--out", out])
@@ -139,9 +139,9 @@ try:
     code, _, _ = run(["replay", os.path.join(fast, "verify-s128.json")] + args)
     expect(code == 0 and all(os.path.exists(f) for f in files), "replay writes its report files")
     code, _, _ = run(["replay", os.path.join(fast, "verify-s128.json"), "--impl",
-                      exec_impl("misbehaving_adapter.py", "crash")] + args)
+                      exec_impl("misbehaving_adapter.py", "not-json")] + args)
     expect(code == 2 and not any(os.path.exists(f) for f in files),
-           f"a replay whose adapter dies (exit {code}) leaves none of the earlier files")
+           f"a replay whose adapter breaks the protocol (exit {code}) leaves none of the earlier files")
 
     # A shard that dies leaves no earlier shard document for merge to take.
     shard_out = os.path.join(work, "shard")
@@ -149,9 +149,9 @@ try:
     code, _, _ = run(["check", "--cases", "20", "--shard", "0/2", "--out", shard_out])
     expect(code == 0 and os.path.exists(shard_doc), f"a shard writes shard.json (exit {code})")
     code, _, _ = run(["check", "--cases", "20", "--shard", "0/2", "--out", shard_out, "--impl",
-                      exec_impl("misbehaving_adapter.py", "crash")])
+                      exec_impl("misbehaving_adapter.py", "not-json")])
     expect(code == 2 and not os.path.exists(shard_doc),
-           f"a shard whose adapter dies (exit {code}) leaves no earlier shard.json")
+           f"a shard whose adapter breaks the protocol (exit {code}) leaves no earlier shard.json")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 

@@ -4,6 +4,7 @@
 // page carries the man(7) sections, one .TP per command.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 #include <sstream>
@@ -53,7 +54,7 @@ std::set<std::string> usage_flags(const std::string& help) {
 
 TEST_CASE("Usage: each command's --help lists exactly the flags its parser accepts") {
   const std::vector<std::string> names = {"demo",  "spec",  "check", "replay", "audit",
-                                          "trace", "sweep", "merge", "faults"};
+                                          "trace", "sweep", "merge", "faults", "completion"};
   REQUIRE(command_table().size() == names.size());
   for (const std::string& name : names) {
     INFO(name);
@@ -79,10 +80,12 @@ TEST_CASE("Usage: each command's --help lists exactly the flags its parser accep
       CHECK(e.where() == "--no-such-flag");
     }
   }
-  // check and replay: the option table's flags, all of them taking a value.
-  CHECK(find_command("check")->value_flags() == properties::option_flags(properties::kForCheck));
-  CHECK(find_command("replay")->value_flags() == properties::option_flags(properties::kForReplay));
-  CHECK(find_command("check")->bool_flags().empty());
+  // check and replay: the option table's flags, a value or none as it says.
+  CHECK(find_command("check")->value_flags() == properties::option_flags(properties::kForCheck, false));
+  CHECK(find_command("check")->bool_flags() == properties::option_flags(properties::kForCheck, true));
+  CHECK(find_command("replay")->value_flags() == properties::option_flags(properties::kForReplay, false));
+  CHECK(find_command("replay")->bool_flags() == properties::option_flags(properties::kForReplay, true));
+  CHECK(find_command("check")->bool_flags() == std::set<std::string>{"--no-coverage-gate"});
   // A required flag is shown bare, an optional one in brackets.
   const std::string trace = command_synopsis(*find_command("trace"));
   CHECK(trace.find(" --window W ") != std::string::npos);
@@ -131,4 +134,89 @@ TEST_CASE("Usage: the help text fits 110 columns and keeps its notes, the man pa
       if (line[i] == '-') CHECK((i > 0 && line[i - 1] == '\\'));
     }
   }
+}
+
+TEST_CASE("Usage: every flag has its help, printed under the command's --help and in the man page") {
+  for (const CommandSpec& c : command_table()) {
+    INFO(c.name);
+    const std::string help = command_usage_text(c);
+    if (!c.flags.empty()) CHECK(help.find("\nflags:\n") != std::string::npos);
+    for (const FlagSpec& f : c.flags) {
+      INFO(f.flag);
+      CHECK_FALSE(f.help.empty());
+      // "  --flag VALUE" starts a line of the flags section, its help beside it.
+      const std::string head = "\n  " + (f.value.empty() ? f.flag : f.flag + " " + f.value);
+      const std::size_t at = help.find(head + " ");
+      const std::size_t wrapped = help.find(head + "\n");
+      CHECK((at != std::string::npos || wrapped != std::string::npos));
+      const std::string first_word = f.help.substr(0, f.help.find(' '));
+      CHECK(help.find(first_word, std::min(at, wrapped)) != std::string::npos);
+    }
+    std::istringstream in(help);
+    std::string line;
+    while (std::getline(in, line)) {
+      INFO(line);
+      CHECK(line.size() <= 110);
+    }
+  }
+  const std::string check = command_usage_text(*find_command("check"));
+  CHECK(check.find("--cases N") != std::string::npos);
+  CHECK(check.find("(default 200)") != std::string::npos);
+  CHECK(check.find("53, 113 (default) or 169") != std::string::npos);
+  CHECK(man_page("1").find(".B \\-\\-no\\-coverage\\-gate\n") != std::string::npos);
+}
+
+TEST_CASE("Usage: did you mean names the one nearest flag or command, and nothing when none is near") {
+  const std::vector<std::string> flags = {"--cases", "--case-seed", "--seed", "--no-coverage-gate", "--out"};
+  CHECK(closest_name("--cses", flags) == "--cases");
+  CHECK(closest_name("--seeds", flags) == "--seed");
+  CHECK(closest_name("--no-cov", flags) == "--no-coverage-gate");  // the only one it begins
+  CHECK(closest_name("--case", flags) == "--cases");              // one edit beats a prefix
+  CHECK(closest_name("--xyzzy", flags).empty());
+  CHECK(closest_name("chek", {"check", "spec", "sweep"}) == "check");
+  try {
+    parse("check", {"--cses", "3"});
+    FAIL("accepted --cses");
+  } catch (const Error& e) {
+    CHECK(e.where() == "--cses");
+    CHECK(e.rule().find("did you mean --cases?") != std::string::npos);
+  }
+  // An adapter command that was not quoted: the fix is in the message.
+  for (const std::vector<std::string>& words :
+       {std::vector<std::string>{"--impl", "exec:python3", "adapters/ring_cache.py", "--cases", "3"},
+        std::vector<std::string>{"--impl=exec:python3", "adapters/ring_cache.py"}}) {
+    try {
+      parse("check", words).no_positional("check");
+      FAIL("accepted an unquoted adapter command");
+    } catch (const Error& e) {
+      CHECK(e.where() == "adapters/ring_cache.py");
+      CHECK(e.rule().find("looks unquoted") != std::string::npos);
+      CHECK(e.rule().find("--impl 'exec:python3 adapters/ring_cache.py'") != std::string::npos);
+    }
+  }
+  try {
+    parse("check", {"--impl", "exec:python3", "adapters/paged_cache.py", "--bug", "free-early"});
+    FAIL("accepted --bug");
+  } catch (const Error& e) {
+    CHECK(e.where() == "--bug");
+    CHECK(e.rule().find("--impl 'exec:python3 adapters/paged_cache.py --bug free-early'") != std::string::npos);
+  }
+  try {
+    parse("check", {"-n", "5"}).no_positional("check");
+    FAIL("accepted -n");
+  } catch (const Error& e) {
+    CHECK(e.where() == "-n");
+    CHECK(e.rule().find("long ones") != std::string::npos);
+  }
+}
+
+TEST_CASE("Usage: the bash completion lists every command and each command's flags and listed values") {
+  const std::string script = bash_completion();
+  CHECK(script.find("complete -F _kvcheck kvcheck\n") != std::string::npos);
+  for (const CommandSpec& c : command_table()) {
+    INFO(c.name);
+    CHECK(script.find(" " + c.name) != std::string::npos);
+    for (const FlagSpec& f : c.flags) CHECK(script.find(" " + f.flag) != std::string::npos);
+  }
+  CHECK(script.find("check:--profile) COMPREPLY=($(compgen -W 'default production'") != std::string::npos);
 }

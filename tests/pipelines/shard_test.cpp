@@ -62,6 +62,16 @@ TEST_CASE("Shard: a check shard's options and tally round-trip through its docum
   const pipelines::CheckShardOptions o = pipelines::check_options_from_json(s);
   CHECK(o.seed == 7);
   CHECK(o.command == some_options().command);
+  // --case-seed and --no-coverage-gate: written only when given, read back.
+  CHECK_FALSE(o.case_seed);
+  CHECK(o.coverage_gate);
+  CHECK_FALSE(pipelines::check_options_json(some_options()).contains("case_seed"));
+  pipelines::CheckShardOptions one = some_options();
+  one.case_seed = 18446744073709551615ull;
+  one.coverage_gate = false;
+  const pipelines::CheckShardOptions back = pipelines::check_options_from_json(shard(0, 1, one, tally_of(0, 1, 1)));
+  CHECK(back.case_seed == one.case_seed);
+  CHECK_FALSE(back.coverage_gate);
 }
 
 TEST_CASE("Shard: missing, duplicated and mismatched shards are refused naming the shard") {

@@ -3,7 +3,9 @@
 // lowest failing case and shrunk counterexample, whatever the shard count.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "engines/cache_under_test.hpp"
@@ -158,6 +160,90 @@ TEST_CASE("Check: a failure that passes alone in a fresh cache is labelled with 
   CHECK(result.shrunk.steps.size() == result.original.steps.size());
   CHECK(result.shrink_runs == 0);
   CHECK_FALSE(properties::case_fails_alone(options, tally.first_failing_case));
+}
+
+namespace {
+
+/// A C++ engine whose caches throw at decode: always, or only the first
+/// time any of them decodes (`once`, shared by every provider of a run).
+class DecodeThrowingProvider : public engines::CacheProvider {
+ public:
+  explicit DecodeThrowingProvider(std::shared_ptr<std::atomic<bool>> once)
+      : inner_(properties::make_provider(properties::RunOptions{})), once_(std::move(once)) {}
+  const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto cache = inner_->open(spec, refused);
+    return cache ? std::make_unique<Cache>(std::move(cache), once_) : nullptr;
+  }
+  std::string name() const override { return "decode-throwing"; }
+
+ private:
+  class Cache : public engines::CacheUnderTest {
+   public:
+    Cache(std::unique_ptr<engines::CacheUnderTest> inner, std::shared_ptr<std::atomic<bool>> once)
+        : inner_(std::move(inner)), once_(std::move(once)) {}
+    engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+      const bool decode = c.op == engines::StepCall::Op::kStep && c.step.kind == scenarios::StepKind::kDecode;
+      if (decode && (!once_ || !once_->exchange(true))) throw std::runtime_error("decode kernel exploded");
+      return inner_->call(c, answer);
+    }
+    engines::StepStatus probe(const std::string& name, const engines::StepCall& context) override {
+      return inner_->probe(name, context);
+    }
+    std::optional<std::uint64_t> fingerprint(std::int32_t layer) const override {
+      return inner_->fingerprint(layer);
+    }
+
+   private:
+    std::unique_ptr<engines::CacheUnderTest> inner_;
+    std::shared_ptr<std::atomic<bool>> once_;
+  };
+  std::unique_ptr<engines::CacheProvider> inner_;
+  std::shared_ptr<std::atomic<bool>> once_;
+};
+
+}  // namespace
+
+TEST_CASE("Check: a cache that throws is a failing case, shrunk, with what it threw as its first failure") {
+  properties::CheckOptions options;
+  options.cases = 30;
+  options.provider_factory = [] { return std::make_unique<DecodeThrowingProvider>(nullptr); };
+  const properties::CheckResult result = properties::run_check(options);
+  REQUIRE(result.found_failure);
+  CHECK(result.reproduces_alone);
+  CHECK(result.shrunk_run.crashed);
+  CHECK_FALSE(result.shrunk_run.passed);
+  CHECK(result.shrunk_run.first_failure.find("(decode) layer 0: the cache crashed: the cache threw: decode "
+                                             "kernel exploded") != std::string::npos);
+  CHECK(result.shrunk.steps.size() < result.original.steps.size());
+  CHECK(result.shrunk.steps.back().kind == scenarios::StepKind::kDecode);
+  CHECK(result.crashes_not_reproduced == 0);
+
+  // --case-seed: the failing case alone, drawn from its case seed; it fails
+  // the same way first and shrinks to the same counterexample.
+  properties::CheckOptions one = options;
+  one.only_case_seed = result.failing_case_seed;
+  one.cases = 1;
+  const properties::CheckResult again = properties::run_check(one);
+  REQUIRE(again.found_failure);
+  CHECK(again.failing_case_seed == result.failing_case_seed);
+  CHECK(again.original == result.original);
+  CHECK(again.shrunk.steps == result.shrunk.steps);
+  CHECK(again.shrunk_run.first_failure == result.shrunk_run.first_failure);
+}
+
+TEST_CASE("Check: a crash that does not happen again when its case runs alone is no failure, and is counted") {
+  properties::CheckOptions options;
+  options.cases = 30;
+  options.threads = 1;
+  const auto once = std::make_shared<std::atomic<bool>>(false);
+  options.provider_factory = [once] { return std::make_unique<DecodeThrowingProvider>(once); };
+  const properties::CheckResult result = properties::run_check(options);
+  CHECK(once->load());  // it did throw, once
+  CHECK_FALSE(result.found_failure);
+  CHECK(result.failures == 0);
+  CHECK(result.crashes_not_reproduced == 1);
 }
 
 TEST_CASE("Check: a fault travels by name, resolved by the provider that makes the cache") {
