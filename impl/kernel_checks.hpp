@@ -13,42 +13,13 @@ namespace kvcheck::impl {
 
 /// The sizes a backend's kernels are checked against.
 struct KernelBounds {
-  std::int64_t states = 0;         ///< state ids
-  std::int64_t slots = 0;          ///< states * ring_rows
+  std::int64_t slots = 0;          ///< pool slots (pool_slot_count)
   std::int64_t scratch_rows = 0;   ///< rows of the assembled-input scratch
   std::int64_t max_step_rows = 0;  ///< most queries one attend takes
   std::int64_t width_max = 0;      ///< widest index row attend takes
   std::int64_t q_elements = 0;     ///< q_heads * head_dim
   bool track_tags = false;
 };
-
-/// metadata(): one output per query, states in range, positions >= 0.
-inline Status check_metadata(const KernelBounds& b, std::span<const QueryRef> queries,
-                             std::span<ReadMeta> out) {
-  if (out.size() != queries.size())
-    return Status::fail(CacheError::kBadArgument, "metadata: out size != queries");
-  for (const auto& q : queries) {
-    if (q.state < 0 || q.state >= b.states) {
-      return Status::fail(CacheError::kStateOutOfRange, "metadata: state out of range");
-    }
-    if (q.position < 0) return Status::fail(CacheError::kNegativePosition, "metadata: negative position");
-  }
-  return {};
-}
-
-/// expand_index(): index is [meta, width], read offsets inside the pool.
-inline Status check_expand_index(const KernelBounds& b, std::span<const ReadMeta> meta, std::int64_t width,
-                                 std::span<std::int64_t> index) {
-  if (width < 0 || index.size() != meta.size() * static_cast<std::size_t>(width)) {
-    return Status::fail(CacheError::kBadArgument, "expand_index: index size != queries * width");
-  }
-  for (const auto& m : meta) {
-    if (m.read_offset < 0 || m.read_offset >= b.slots || m.length < 0) {
-      return Status::fail(CacheError::kSlotOutOfRange, "expand_index: read offset outside the pool");
-    }
-  }
-  return {};
-}
 
 /// store(): slots inside the pool, one tag per slot when tracking.
 inline Status check_store(const KernelBounds& b, std::span<const std::int64_t> slots,

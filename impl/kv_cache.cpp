@@ -95,10 +95,15 @@ std::string_view cache_error_name(CacheError error) noexcept {
   return "?";
 }
 
+std::int64_t pool_slot_count(const PoolSpec& spec) noexcept {
+  return spec.pool_slots > 0 ? spec.pool_slots : spec.states * spec.ring_rows;
+}
+
 Status validate_pool_spec(const PoolSpec& spec) {
   if (spec.states <= 0 || spec.ring_rows <= 0) {
     return Status::fail(CacheError::kZeroRing, "states and ring_rows must be positive");
   }
+  if (spec.pool_slots < 0) return Status::fail(CacheError::kZeroRing, "pool_slots must be >= 0");
   if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.head_dim <= 0 || spec.window_keys <= 0 ||
       spec.max_step_rows <= 0) {
     return Status::fail(CacheError::kZeroShape,
@@ -128,7 +133,8 @@ Status validate_pool_spec(const PoolSpec& spec) {
   std::int64_t slots = 0, row_elements = 0, pool_bytes = 0, q_elements = 0, out_elements = 0,
                index_elements = 0;
   const bool overflows =
-      mul_overflows(spec.states, ring_rows, &slots) ||
+      (spec.pool_slots > 0 ? (slots = spec.pool_slots, false)
+                           : mul_overflows(spec.states, ring_rows, &slots)) ||
       mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
       row_elements > std::numeric_limits<std::int64_t>::max() / 16 ||
       mul_overflows(slots, format_row_bytes(spec.format, row_elements) * (spec.shared_row ? 1 : 2),

@@ -1,13 +1,15 @@
 // The one interface every cache backend implements (CPU now, CUDA beside it).
 //
-// A backend owns one ring-addressed pool for one layer: `states * ring_rows`
-// rows, each row stored in an ElementFormat, plus a tag per slot (request,
+// A backend owns one pool of slots for one layer (pool_slot_count(spec)
+// rows), each row stored in an ElementFormat, plus a tag per slot (request,
 // position, write sequence) kept beside the data so a checker can see exactly
-// what every read returned. It exposes the kernels an engine runs per step:
-// decode metadata, index expansion with -1 padding, store, load (gather into a
-// scratch "assembled input"), and attention over index rows. The step
+// what every read returned. It exposes the data kernels an engine runs per
+// step: store at a list of slots, load (gather into a scratch "assembled
+// input"), and attention over index rows (-1 padded). The kernels compute no
+// address: which slot holds (state, position) and which slots a window reads
+// is a slot map (impl/slot_map.hpp: a ring, a block table). The step
 // semantics (prefill orders, verify, accept, finish, reset) are composed from
-// these kernels once, in impl/ring_pool.hpp, for every backend.
+// these kernels and a slot map once, in impl/ring_pool.hpp, for every backend.
 //
 // Nothing here includes model/: the implementations under test never share a
 // layout struct with the reference.
@@ -110,7 +112,7 @@ enum class CacheError : std::uint8_t {
   kBadSpec,           ///< a pool spec field breaks a rule: q_heads not a multiple of
                       ///< kv_heads, shared rows with several KV heads, RoPE width odd or
                       ///< wider than head_dim, RoPE base <= 0, negative softmax scale
-  kSlotOutOfRange,    ///< a pool slot, read offset or scratch row outside its buffer
+  kSlotOutOfRange,    ///< a pool slot or scratch row outside its buffer, or a position with no slot
   kBadArgument,       ///< a null row pointer or a span whose length does not match the call
 };
 
@@ -137,7 +139,8 @@ struct Tag {
 /// Everything a backend needs to allocate one layer's pool.
 struct PoolSpec {
   std::int64_t states = 1;       ///< state ids (requests resident at once)
-  std::int64_t ring_rows = 0;    ///< S: physical rows per state block
+  std::int64_t ring_rows = 0;    ///< S: physical rows per state (the ring's block; a paged pool's reach)
+  std::int64_t pool_slots = 0;   ///< slots the kernels allocate; 0: states * ring_rows (the ring)
   std::int64_t window_keys = 0;  ///< W: keys visible to a query, itself included
   std::int32_t q_heads = 1;      ///< query heads
   std::int32_t kv_heads = 1;     ///< stored KV heads (q_heads % kv_heads == 0)
@@ -155,25 +158,16 @@ struct PoolSpec {
   Fault fault = Fault::kNone;
 };
 
+/// Slots of the pool the kernels allocate: pool_slots, or states * ring_rows
+/// when it is 0 (the ring's one block per state). Assumes a valid spec.
+std::int64_t pool_slot_count(const PoolSpec& spec) noexcept;
+
 /// The rules every pool spec obeys, whatever the backend: positive sizes
-/// (kZeroRing, kZeroShape), the field relations of kBadSpec, a finite scale
+/// (kZeroRing, kZeroShape; pool_slots >= 0), the field relations of kBadSpec, a finite scale
 /// and sink (kNonFinite), and sizes whose products fit in int64 and size_t
 /// (kSizeOverflow). RingPool::create and every backend's configure() call
 /// this one function; a backend's supports() answers only its own limits.
 Status validate_pool_spec(const PoolSpec& spec);
-
-/// Decode metadata for one query (SPEC §2).
-struct ReadMeta {
-  std::int64_t read_offset = 0;  ///< first read slot
-  std::int64_t length = 0;       ///< valid index columns
-  std::int64_t write_slot = 0;   ///< slot of the query's own row
-};
-
-/// One query to compute metadata for.
-struct QueryRef {
-  std::int64_t state = 0;
-  std::int64_t position = 0;
-};
 
 /// Where attend() takes its rows from.
 enum class KvSource : std::uint8_t {
@@ -199,11 +193,6 @@ class KvBackend {
   /// Allocates the pool and scratch (window_keys + max_step_rows rows) for `spec`.
   virtual Status configure(const PoolSpec& spec) = 0;
 
-  /// SPEC §2 decode metadata for each query. `out` has queries.size() entries.
-  virtual Status metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) = 0;
-  /// Index expansion: `index` is [meta.size(), width]; columns >= length get -1.
-  virtual Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
-                              std::span<std::int64_t> index) = 0;
   /// RoPE (keys, at `rope_positions`), quantize and store rows at `slots`.
   /// k, v: [slots.size(), kv_heads, head_dim]; v is ignored for shared rows.
   virtual Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,

@@ -1,7 +1,8 @@
-// Ring index math of the implementations (SPEC §2), shared by the CPU backend
-// and the CUDA kernels. Faults that live in address math are applied here, so
-// CPU and GPU break the same way. The reference model has its own, separate
-// oracle in model/address.hpp.
+// Ring index math of the implementations: the ring kind of the slot map
+// (impl/slot_map.hpp), host and device, so the CPU test suite exercises what
+// the CUDA code compiles. Faults that live in address math are applied here,
+// so every backend breaks the same way. The reference model has its own,
+// separate oracle in model/address.hpp.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,14 @@
 #include "impl/kv_cache.hpp"
 
 namespace kvcheck::impl {
+
+/// Decode metadata of one query on the ring: where its window starts, how
+/// many columns are valid, and where its own row goes.
+struct ReadMeta {
+  std::int64_t read_offset = 0;  ///< first read slot
+  std::int64_t length = 0;       ///< valid index columns
+  std::int64_t write_slot = 0;   ///< slot of the query's own row
+};
 
 /// Positive modulo for non-negative a and positive m.
 KVCHECK_HOST_DEVICE std::int64_t ring_mod(std::int64_t a, std::int64_t m) {
@@ -33,7 +42,7 @@ KVCHECK_HOST_DEVICE std::int64_t ring_slot(std::int64_t state, std::int64_t posi
   return state * ring_rows + ring_mod(position, ring_rows);
 }
 
-/// Decode metadata of one query (SPEC §2).
+/// Decode metadata of one query.
 KVCHECK_HOST_DEVICE ReadMeta ring_metadata(std::int64_t state, std::int64_t position,
                                            std::int64_t window_keys, std::int64_t ring_rows,
                                            std::int64_t states, Fault fault) {

@@ -1,4 +1,5 @@
-// RingPool: SPEC §3 step semantics composed from a KvBackend's kernels.
+// RingPool: the step semantics composed from a KvBackend's data kernels and a
+// slot map (addresses come only from impl/slot_map.hpp).
 // Every step validates everything it can before the first kernel that writes
 // the pool (store), so a refused step leaves pool bytes, tags and logical
 // state exactly as they were; the kernels themselves validate again.
@@ -25,6 +26,18 @@ bool all_finite(const double* x, std::int64_t n) {
   return true;
 }
 
+/// The ring's addressing: a fixed slot map, every position always addressable.
+class RingAddressing final : public PoolAddressing {
+ public:
+  explicit RingAddressing(const SlotMap& map) : map_(map) {}
+  const SlotMap& slot_map() const noexcept override { return map_; }
+  Status reserve(std::int64_t, std::int64_t, std::int64_t) override { return {}; }
+  void release(std::int64_t) override {}
+
+ private:
+  SlotMap map_;
+};
+
 }  // namespace
 
 Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec_in,
@@ -32,8 +45,31 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
   if (!backend) return Status::fail(CacheError::kUnsupported, "no backend");
   if (out == nullptr) return Status::fail(CacheError::kUnsupported, "no output pointer");
   if (auto st = validate_pool_spec(spec_in); !st.ok()) return st;
+  // The ring-sized-window fault shrinks the ring before it is addressed.
+  const std::int64_t ring_rows =
+      spec_in.fault == Fault::kRingSizedWindow ? spec_in.window_keys : spec_in.ring_rows;
+  std::unique_ptr<PoolAddressing> ring;
+  try {
+    ring = std::make_unique<RingAddressing>(ring_slot_map(spec_in.states, ring_rows, spec_in.fault));
+  } catch (const std::bad_alloc&) {
+    return Status::fail(CacheError::kAllocation, "step buffers could not be allocated");
+  }
+  return create(std::move(backend), spec_in, std::move(ring), out);
+}
+
+Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec_in,
+                        std::unique_ptr<PoolAddressing> addressing, std::unique_ptr<RingPool>* out) {
+  if (!backend) return Status::fail(CacheError::kUnsupported, "no backend");
+  if (out == nullptr) return Status::fail(CacheError::kUnsupported, "no output pointer");
+  if (!addressing) return Status::fail(CacheError::kUnsupported, "no addressing");
+  if (auto st = validate_pool_spec(spec_in); !st.ok()) return st;
   PoolSpec spec = spec_in;
   if (spec.fault == Fault::kRingSizedWindow) spec.ring_rows = spec.window_keys;
+  const SlotMap& map = addressing->slot_map();
+  if (map.states != spec.states || map.pool_slots != pool_slot_count(spec)) {
+    return Status::fail(CacheError::kBadSpec,
+                        "the slot map's states or pool slots differ from the pool spec's");
+  }
   const std::int64_t keys = ring_window_keys(spec.window_keys, spec.fault);
   const std::int64_t q_elements = static_cast<std::int64_t>(spec.q_heads) * spec.head_dim;
   std::string why;
@@ -44,6 +80,7 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
   try {
     pool->spec_ = spec;
     pool->backend_ = std::move(backend);
+    pool->addressing_ = std::move(addressing);
     const auto states = static_cast<std::size_t>(spec.states);
     const auto rows = static_cast<std::size_t>(spec.max_step_rows);
     const auto width = static_cast<std::size_t>(keys);
@@ -51,8 +88,6 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
     pool->high_water_.assign(states, 0);
     pool->occupant_high_.assign(states, 0);
     pool->reused_.assign(states, false);
-    pool->queries_.resize(rows);
-    pool->meta_.resize(rows);
     pool->index_.resize(rows * width);
     pool->slots_.resize(rows);
     pool->rope_positions_.resize(rows);
@@ -120,22 +155,27 @@ Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRow
   return {};
 }
 
-// Computes write slots, rope positions and tags of `rows` rows at
-// first_position.. and stores them; fills writes_ with the replaced tags.
+Status RingPool::prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in) {
+  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+  return addressing_->reserve(state, states_[static_cast<std::size_t>(state)].length, rows);
+}
+
+// Computes write slots (from the slot map), rope positions and tags of `rows`
+// rows at first_position.. and stores them; fills writes_ with the replaced tags.
 Status RingPool::run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                            const StepRows& in, StoreReport* report) {
   const auto n = static_cast<std::size_t>(rows);
   const std::int64_t request = states_[static_cast<std::size_t>(state)].request;
+  const SlotMap& map = addressing_->slot_map();
   for (std::size_t i = 0; i < n; ++i) {
-    queries_[i] = QueryRef{state, first_position + static_cast<std::int64_t>(i)};
-  }
-  std::span<const QueryRef> qs(queries_.data(), n);
-  std::span<ReadMeta> ms(meta_.data(), n);
-  if (auto st = backend_->metadata(qs, ms); !st.ok()) return st;
-  for (std::size_t i = 0; i < n; ++i) {
-    slots_[i] = meta_[i].write_slot;
-    rope_positions_[i] = ring_rope_position(queries_[i].position, spec_.ring_rows, spec_.fault);
-    if (spec_.track_tags) tags_[i] = Tag{request, queries_[i].position, write_seq_ + 1 + i};
+    const std::int64_t p = first_position + static_cast<std::int64_t>(i);
+    slots_[i] = slot_map_slot(map, state, p);
+    if (slots_[i] < 0) {
+      return Status::fail(CacheError::kSlotOutOfRange,
+                          "step: the slot map holds no slot for a written position");
+    }
+    rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
+    if (spec_.track_tags) tags_[i] = Tag{request, p, write_seq_ + 1 + i};
   }
   writes_.clear();
   if (spec_.track_tags) {
@@ -155,33 +195,26 @@ Status RingPool::run_store(std::int64_t state, std::int64_t first_position, std:
   return {};
 }
 
-// Every query of the step reads the pool through metadata + index expansion.
+// Every query of the step reads the pool through the slot map's index rows:
+// query p reads the min(p + 1, width) positions ending at p.
 Status RingPool::run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                                 const StepRows& in) {
   const auto n = static_cast<std::size_t>(rows);
   const std::int64_t width = read_width();
-  for (std::size_t i = 0; i < n; ++i) {
-    queries_[i] = QueryRef{state, first_position + static_cast<std::int64_t>(i)};
-    rope_positions_[i] = ring_rope_position(queries_[i].position, spec_.ring_rows, spec_.fault);
-  }
-  if (auto st = backend_->metadata(std::span<const QueryRef>(queries_.data(), n),
-                                   std::span<ReadMeta>(meta_.data(), n));
-      !st.ok()) {
-    return st;
-  }
+  const SlotMap& map = addressing_->slot_map();
   const auto b = static_cast<std::size_t>(state);
-  if (spec_.fault == Fault::kFreedStateReadable && reused_[b]) {
-    // The freed-state fault: the new occupant's index columns run over the
-    // old occupant's (stale) rows up to its high-water length.
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::int64_t p = queries_[i].position;
-      meta_[i].length = std::min(std::max(p + 1, high_water_[b]), width);
-    }
+  // The freed-state fault: the new occupant's index columns run over the
+  // old occupant's (stale) rows up to its high-water length.
+  const bool stale_reads = spec_.fault == Fault::kFreedStateReadable && reused_[b];
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = first_position + static_cast<std::int64_t>(i);
+    const std::int64_t len = std::min(p + 1, width);
+    const std::int64_t length = stale_reads ? std::min(std::max(p + 1, high_water_[b]), width) : len;
+    slot_map_index_row(map, state, p - len + 1, length, width,
+                       index_.data() + i * static_cast<std::size_t>(width));
+    rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
   }
-  std::span<std::int64_t> index(index_.data(), n * static_cast<std::size_t>(width));
-  if (auto st = backend_->expand_index(std::span<const ReadMeta>(meta_.data(), n), width, index); !st.ok()) {
-    return st;
-  }
+  std::span<const std::int64_t> index(index_.data(), n * static_cast<std::size_t>(width));
   return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n), in.q,
                           index, width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
                           spec_.track_tags ? read_slots_.data() : nullptr);
@@ -222,7 +255,7 @@ Status RingPool::after_failed_read(std::int64_t state, std::int64_t first_positi
 
 Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in, PrefillOrder order,
                          StepResult* result) {
-  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+  if (auto st = prepare_step(state, rows, in); !st.ok()) return st;
   if (spec_.fault == Fault::kStoreThenLoadPrefill) order = PrefillOrder::kStoreThenLoad;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
@@ -239,17 +272,9 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
   // load_then_store: the old window (first query's index row minus its own
   // column) goes to scratch rows [0, m) before the chunk is stored.
   const std::int64_t width = read_width();
-  QueryRef q0{state, first};
-  ReadMeta m0;
-  if (auto st = backend_->metadata(std::span<const QueryRef>(&q0, 1), std::span<ReadMeta>(&m0, 1));
-      !st.ok()) {
-    return st;
-  }
-  const std::int64_t m = m0.length - 1;  // old rows: positions first - m .. first - 1
-  std::span<std::int64_t> old_index(index_.data(), static_cast<std::size_t>(width));
-  if (auto st = backend_->expand_index(std::span<const ReadMeta>(&m0, 1), width, old_index); !st.ok()) {
-    return st;
-  }
+  const std::int64_t len0 = std::min(first + 1, width);
+  const std::int64_t m = len0 - 1;  // old rows: positions first - m .. first - 1
+  slot_map_index_row(addressing_->slot_map(), state, first - m, len0, width, index_.data());
   if (auto st = backend_->load(std::span<const std::int64_t>(index_.data(), static_cast<std::size_t>(m)), 0);
       !st.ok()) {
     return st;
@@ -284,7 +309,7 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
 }
 
 Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* result) {
-  if (auto st = check_step(state, 1, in); !st.ok()) return st;
+  if (auto st = prepare_step(state, 1, in); !st.ok()) return st;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
   StoreReport report;
@@ -302,7 +327,7 @@ Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows&
     return Status::fail(CacheError::kTooManyRows, "verify: k + 1 rows exceed max_step_rows");
   }
   const std::int64_t rows = drafts + 1;
-  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+  if (auto st = prepare_step(state, rows, in); !st.ok()) return st;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
   StoreReport report;
@@ -341,6 +366,7 @@ Status RingPool::finish(std::int64_t state) {
   note_length(state);
   s.busy = false;
   s.pending_drafts = -1;
+  addressing_->release(state);
   return {};
 }
 

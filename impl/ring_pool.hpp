@@ -1,9 +1,11 @@
-// RingPool: the step semantics of SPEC §3 composed once from a KvBackend's
-// kernels, so the CPU and CUDA backends run identical schedules.
+// RingPool: the step semantics composed once from a KvBackend's data kernels
+// and a slot map (impl/slot_map.hpp), so the CPU and CUDA backends run
+// identical schedules and a ring and a block table run the same steps.
 //
 // One RingPool is one layer's sliding-window pool. A request is bound to a
 // state id by begin(); steps then write rows at the request's logical length
-// and read windows through decode metadata and index expansion:
+// (at the slot map's write slots) and read windows through the slot map's
+// index rows:
 //   prefill(n, order)  n rows; load_then_store copies the old window to scratch
 //                      first, store_then_load stores first and reads the pool
 //   decode             1 row, store then read
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "impl/kv_cache.hpp"
+#include "impl/slot_map.hpp"
 
 namespace kvcheck::impl {
 
@@ -67,10 +70,18 @@ class RingPool {
   /// fault shrinks ring_rows to window_keys here.
   static Status create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec,
                        std::unique_ptr<RingPool>* out);
+  /// The same steps over another addressing (a block table): its slot map
+  /// must address spec.states states in pool_slot_count(spec) slots
+  /// (kBadSpec otherwise). Named faults keep their step-level effects; the
+  /// address faults belong to the ring's slot map.
+  static Status create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec,
+                       std::unique_ptr<PoolAddressing> addressing, std::unique_ptr<RingPool>* out);
 
   const PoolSpec& spec() const noexcept { return spec_; }
   KvBackend& backend() noexcept { return *backend_; }
   const KvBackend& backend_const() const noexcept { return *backend_; }
+  /// The slot map the next step reads.
+  const SlotMap& slot_map() const noexcept { return addressing_->slot_map(); }
   const StateInfo& state(std::int64_t state) const;
 
   /// Binds `request` to a free state id at length 0.
@@ -87,10 +98,9 @@ class RingPool {
   RingPool() = default;
   PoolSpec spec_;
   std::unique_ptr<KvBackend> backend_;
+  std::unique_ptr<PoolAddressing> addressing_;
   std::vector<StateInfo> states_;
   // Preallocated step buffers (sized from max_step_rows and window_keys).
-  std::vector<QueryRef> queries_;
-  std::vector<ReadMeta> meta_;
   std::vector<std::int64_t> index_;
   std::vector<std::int64_t> slots_;
   std::vector<std::int64_t> rope_positions_;
@@ -109,6 +119,8 @@ class RingPool {
   std::vector<bool> reused_;
 
   Status check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const;
+  /// check_step, then the addressing makes the step's positions addressable.
+  Status prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in);
   Status run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows, const StepRows& in,
                    StoreReport* report);
   Status run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,

@@ -1,6 +1,6 @@
 // The tag engine of the capacity sweep: a tag-checking driver of the CPU
-// backend's kernels (metadata, expand_index, store, load, scratch_store,
-// attend, slot_tag). It runs the worst-case schedules of one configuration
+// backend's kernels (store, load, scratch_store, attend, slot_tag) at ring
+// addresses from impl/ring_index.hpp. It runs the worst-case schedules of one configuration
 // at one ring size (probe_ring), any schedule of one request
 // (run_schedule), and turns an unsafe probe into a counterexample scenario
 // (make_counterexample). Why these schedules are the worst cases, and how a
@@ -12,6 +12,7 @@
 #include <span>
 
 #include "impl/kv_cache.hpp"
+#include "impl/ring_index.hpp"
 #include "scenarios/step_semantics.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -76,7 +77,11 @@ class TagEngine {
  public:
   TagEngine(const SweepConfig& config, std::int64_t ring_rows, std::int64_t states,
             impl::Fault fault = impl::Fault::kNone)
-      : config_(config), ring_rows_(ring_rows), window_(config.window_keys) {
+      : config_(config),
+        ring_rows_(ring_rows),
+        window_(config.window_keys),
+        states_count_(states),
+        fault_(fault) {
     std::string why;
     backend_ = impl::make_backend("cpu", &why);
     KVCHECK_ASSERT(backend_ != nullptr);
@@ -188,11 +193,21 @@ class TagEngine {
 
  private:
   void compute_meta(std::int64_t b, std::int64_t first, std::int64_t n) {
-    queries_.resize(static_cast<std::size_t>(n));
+    // The ring's address math on the host (the kernel table takes slots, not addresses).
     meta_.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) queries_[static_cast<std::size_t>(i)] = impl::QueryRef{b, first + i};
-    const impl::Status st = backend_->metadata(queries_, meta_);
-    KVCHECK_ASSERT(st.ok());
+    for (std::int64_t i = 0; i < n; ++i) {
+      meta_[static_cast<std::size_t>(i)] =
+          impl::ring_metadata(b, first + i, window_, ring_rows_, states_count_, fault_);
+    }
+  }
+
+  void expand_index(std::span<const impl::ReadMeta> meta) {
+    for (std::size_t i = 0; i < meta.size(); ++i) {
+      for (std::int64_t c = 0; c < window_; ++c) {
+        index_[i * static_cast<std::size_t>(window_) + static_cast<std::size_t>(c)] =
+            impl::ring_index_column(meta[i], c, ring_rows_, fault_);
+      }
+    }
   }
 
   void ensure_positions(StateRun& s, std::int64_t end) {
@@ -300,8 +315,7 @@ class TagEngine {
     anchor_meta_.clear();
     for (auto a : anchors_) anchor_meta_.push_back(meta_[static_cast<std::size_t>(a)]);
     index_.resize(anchors_.size() * static_cast<std::size_t>(window_));
-    const impl::Status st = backend_->expand_index(anchor_meta_, window_, index_);
-    KVCHECK_ASSERT(st.ok());
+    expand_index(anchor_meta_);
     const std::int64_t block = b * ring_rows_;
     for (std::size_t ai = 0; ai < anchors_.size(); ++ai) {
       const std::int64_t p = first + anchors_[ai];
@@ -357,10 +371,10 @@ class TagEngine {
     const std::int64_t len0 = std::min(first + 1, window_);
     if (m0.length != len0) ++out->extra_reads;
     index_.resize(static_cast<std::size_t>(window_));
-    impl::Status st = backend_->expand_index(std::span<const impl::ReadMeta>(&m0, 1), window_, index_);
-    KVCHECK_ASSERT(st.ok());
+    expand_index(std::span<const impl::ReadMeta>(&m0, 1));
     const std::int64_t m = len0 - 1;  // old rows: positions first - m .. first - 1
-    st = backend_->load(std::span<const std::int64_t>(index_.data(), static_cast<std::size_t>(m)), 0);
+    impl::Status st =
+        backend_->load(std::span<const std::int64_t>(index_.data(), static_cast<std::size_t>(m)), 0);
     KVCHECK_ASSERT(st.ok());
     compute_meta(b, first, n);
     write_rows(b, first, n, /*log=*/true, out, nullptr);
@@ -411,13 +425,14 @@ class TagEngine {
   SweepConfig config_;
   std::int64_t ring_rows_;
   std::int64_t window_;
+  std::int64_t states_count_;
+  impl::Fault fault_;
   std::int64_t max_rows_ = 1;
   std::unique_ptr<impl::KvBackend> backend_;
   std::vector<StateRun> states_;
   std::uint64_t write_seq_ = 0;
   // Step buffers, reused.
   std::vector<double> zeros_;
-  std::vector<impl::QueryRef> queries_;
   std::vector<impl::ReadMeta> meta_, anchor_meta_;
   std::vector<std::int64_t> slots_, sorted_, rope_, anchors_, anchor_rope_, index_, union_slot_;
   std::vector<std::int64_t> restore_slots_, prefix_, read_slots_, first_lost_;

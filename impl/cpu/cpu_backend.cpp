@@ -1,5 +1,4 @@
-// CpuBackend: the kernel table's bookkeeping (configure, metadata, index
-// expansion, store, load, reads) and the f64 attention path, which runs in two
+// CpuBackend: the kernel table's bookkeeping (configure, store, load, reads) and the f64 attention path, which runs in two
 // passes in double (scores, then a weighted sum of values). f32, bf16 and fp8
 // pools (the production kernel) decode to float and run one of the float
 // kernels of float_kernel.hpp per query: the AVX-512 block kernel
@@ -65,8 +64,8 @@ Status CpuBackend::configure(const PoolSpec& spec) {
   }
   const std::int64_t scratch_rows = keys + spec.max_step_rows;
   std::int64_t scratch_bytes = 0, staging_bytes = 0;
-  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
-      mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
+  slots = pool_slot_count(spec);
+  if (mul_overflows(spec.kv_heads, spec.head_dim, &row_elements) ||
       mul_overflows(slots, slot_stride, &pool_bytes) ||
       mul_overflows(scratch_rows, slot_stride, &scratch_bytes) ||
       mul_overflows(spec.max_step_rows, slot_bytes, &staging_bytes) ||
@@ -138,9 +137,11 @@ Status CpuBackend::check_configured() const {
 }
 
 KernelBounds CpuBackend::bounds() const {
-  return KernelBounds{spec_.states,    slots_,
-                      scratch_rows_,   spec_.max_step_rows,
-                      scratch_rows_,   static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
+  return KernelBounds{slots_,
+                      scratch_rows_,
+                      spec_.max_step_rows,
+                      scratch_rows_,
+                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
                       spec_.track_tags};
 }
 
@@ -157,29 +158,6 @@ void CpuBackend::rotate(double* head, std::int64_t position) const {
     head[a] = x * c - y * s;
     head[b] = x * s + y * c;
   }
-}
-
-Status CpuBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
-  if (auto st = check_configured(); !st.ok()) return st;
-  if (auto st = check_metadata(bounds(), queries, out); !st.ok()) return st;
-  for (std::size_t i = 0; i < queries.size(); ++i) {
-    out[i] = ring_metadata(queries[i].state, queries[i].position, spec_.window_keys, spec_.ring_rows,
-                           spec_.states, spec_.fault);
-  }
-  return {};
-}
-
-Status CpuBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
-                                std::span<std::int64_t> index) {
-  if (auto st = check_configured(); !st.ok()) return st;
-  if (auto st = check_expand_index(bounds(), meta, width, index); !st.ok()) return st;
-  for (std::size_t i = 0; i < meta.size(); ++i) {
-    for (std::int64_t c = 0; c < width; ++c) {
-      index[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(c)] =
-          ring_index_column(meta[i], c, spec_.ring_rows, spec_.fault);
-    }
-  }
-  return {};
 }
 
 Status CpuBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,

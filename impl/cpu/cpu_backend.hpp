@@ -1,12 +1,13 @@
 // CpuBackend: the production CPU implementation of the KvBackend kernel table
-// (impl/kv_cache.hpp). One contiguous pool of `states * ring_rows` slots (spaced
+// (impl/kv_cache.hpp). One contiguous pool of pool_slot_count(spec) slots (spaced
 // slot_stride() apart: 4 KiB-multiple slots get 64 zero padding bytes), each
 // slot a key row followed by a value row (or one shared row) in the pool's
 // element format, with a Tag array beside it. All buffers are allocated in
 // configure(); no kernel allocates. Every kernel validates all of its inputs
 // (and stages quantized rows) before it writes anything, so a refused call
-// leaves the pool byte-identical. Index math comes from impl/ring_index.hpp,
-// format math from impl/element_format.hpp (both shared with CUDA).
+// leaves the pool byte-identical. The kernels take slot lists and index rows
+// made from a slot map (impl/slot_map.hpp) and compute no address; format
+// math comes from impl/element_format.hpp (shared with CUDA).
 #pragma once
 
 #include <cstdint>
@@ -36,9 +37,6 @@ class CpuBackend final : public KvBackend {
   bool supports(const PoolSpec& spec, std::string* why) const override;
   Status configure(const PoolSpec& spec) override;
 
-  Status metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) override;
-  Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
-                      std::span<std::int64_t> index) override;
   Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
                const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) override;
   Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) override;
@@ -57,7 +55,7 @@ class CpuBackend final : public KvBackend {
   /// Bytes from one slot's start to the next in the pool (slot_bytes, plus
   /// 64 zero padding bytes when slot_bytes is a multiple of 4 KiB).
   std::int64_t slot_stride() const noexcept { return slot_stride_; }
-  /// Raw pool bytes [states * ring_rows, slot_stride] (for byte-identity tests),
+  /// Raw pool bytes [pool slots, slot_stride] (for byte-identity tests),
   /// padding included.
   std::span<const std::uint8_t> pool_bytes() const noexcept { return pool_; }
 
@@ -76,7 +74,7 @@ class CpuBackend final : public KvBackend {
 
   PoolSpec spec_;
   bool configured_ = false;
-  std::int64_t slots_ = 0;         // states * ring_rows
+  std::int64_t slots_ = 0;         // pool_slot_count(spec)
   std::int64_t row_elements_ = 0;  // kv_heads * head_dim
   std::int64_t row_bytes_ = 0;     // format_row_bytes(format, row_elements)
   std::int64_t slot_bytes_ = 0;    // row_bytes (shared) or 2 * row_bytes

@@ -109,8 +109,6 @@ struct DeviceState {
   DeviceBuffer counts;          // [slots] uint32 writes per slot in one store, 0 between
   DeviceBuffer winner;          // [slots] int32 last row writing a slot, -1 between
   DeviceBuffer flags;           // [2] u64 duplicates, then u32 out-of-range flag
-  DeviceBuffer queries;         // [item_cap] QueryRef
-  DeviceBuffer meta;            // [item_cap] ReadMeta
   DeviceBuffer slots;           // [item_cap] int64 store slots / scratch origins
   DeviceBuffer positions;       // [item_cap] int64 rope positions
   DeviceBuffer tags_in;         // [item_cap] Tag
@@ -134,9 +132,6 @@ class CudaBackend final : public KvBackend {
   std::string_view name() const noexcept override { return "cuda"; }
   bool supports(const PoolSpec& spec, std::string* why) const override;
   Status configure(const PoolSpec& spec) override;
-  Status metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) override;
-  Status expand_index(std::span<const ReadMeta> meta, std::int64_t width,
-                      std::span<std::int64_t> index) override;
   Status store(std::span<const std::int64_t> slots, std::span<const std::int64_t> rope_positions,
                const double* k, const double* v, std::span<const Tag> tags, StoreReport* report) override;
   Status load(std::span<const std::int64_t> index, std::int64_t scratch_first) override;
@@ -166,7 +161,7 @@ class CudaBackend final : public KvBackend {
   bool configured_ = false;
   SlotLayout layout_;
   RopeParams rope_;
-  std::int64_t slots_ = 0;         // states * ring_rows
+  std::int64_t slots_ = 0;         // pool_slot_count(spec)
   std::int64_t scratch_rows_ = 0;  // window keys + max_step_rows
   std::int64_t item_cap_ = 0;      // entries of the per-row staging arrays
   std::int64_t index_cap_ = 0;     // entries of the index staging array
@@ -204,8 +199,8 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   const std::int64_t item_cap = std::max(spec.max_step_rows, scratch_rows);
   std::int64_t slots = 0, pool_bytes = 0, scratch_bytes = 0, q_elements = 0, step_q = 0, step_kv = 0,
                index_cap = 0, per_split = 0;
-  if (mul_overflows(spec.states, spec.ring_rows, &slots) ||
-      mul_overflows(spec.kv_heads, spec.head_dim, &layout.row_elements) ||
+  slots = pool_slot_count(spec);
+  if (mul_overflows(spec.kv_heads, spec.head_dim, &layout.row_elements) ||
       mul_overflows(spec.q_heads, spec.head_dim, &q_elements) ||
       mul_overflows(spec.max_step_rows, q_elements, &step_q) ||
       mul_overflows(spec.max_step_rows, layout.row_elements, &step_kv) ||
@@ -244,10 +239,6 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   KVCHECK_CUDA_TRY("cudaMalloc(counts)", d.counts.allocate(slots * 4));
   KVCHECK_CUDA_TRY("cudaMalloc(winner)", d.winner.allocate(slots * 4));
   KVCHECK_CUDA_TRY("cudaMalloc(flags)", d.flags.allocate(16));
-  KVCHECK_CUDA_TRY("cudaMalloc(queries)",
-                   d.queries.allocate(item_cap * static_cast<std::int64_t>(sizeof(QueryRef))));
-  KVCHECK_CUDA_TRY("cudaMalloc(meta)",
-                   d.meta.allocate(item_cap * static_cast<std::int64_t>(sizeof(ReadMeta))));
   KVCHECK_CUDA_TRY("cudaMalloc(slots)", d.slots.allocate(item_cap * 8));
   KVCHECK_CUDA_TRY("cudaMalloc(positions)", d.positions.allocate(item_cap * 8));
   KVCHECK_CUDA_TRY("cudaMalloc(tags in)", d.tags_in.allocate(item_cap * tag_bytes));
@@ -322,53 +313,16 @@ Status CudaBackend::check_configured() const {
 }
 
 KernelBounds CudaBackend::bounds() const {
-  return KernelBounds{spec_.states,    slots_,
-                      scratch_rows_,   spec_.max_step_rows,
-                      scratch_rows_,   static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
+  return KernelBounds{slots_,
+                      scratch_rows_,
+                      spec_.max_step_rows,
+                      scratch_rows_,
+                      static_cast<std::int64_t>(spec_.q_heads) * spec_.head_dim,
                       spec_.track_tags};
 }
 
 Status CudaBackend::sync(const char* what) const {
   return device_status(what, cudaDeviceSynchronize());
-}
-
-Status CudaBackend::metadata(std::span<const QueryRef> queries, std::span<ReadMeta> out) {
-  if (auto st = check_configured(); !st.ok()) return st;
-  if (auto st = check_metadata(bounds(), queries, out); !st.ok()) return st;
-  const auto n = static_cast<std::int64_t>(queries.size());
-  if (n == 0) return {};
-  if (n > item_cap_) {
-    return Status::fail(CacheError::kTooManyRows, "metadata: more queries than the device staging holds");
-  }
-  KVCHECK_CUDA_TRY("cudaMemcpy(queries)", cudaMemcpy(d_.queries.as<void>(), queries.data(),
-                                                     queries.size_bytes(), cudaMemcpyHostToDevice));
-  ring_metadata_kernel<<<ring_grid(n), kElementwiseThreads>>>(d_.queries.as<QueryRef>(), n, spec_.window_keys,
-                                                              spec_.ring_rows, spec_.states, spec_.fault,
-                                                              d_.meta.as<ReadMeta>());
-  KVCHECK_CUDA_TRY("launch ring_metadata_kernel", cudaGetLastError());
-  KVCHECK_CUDA_TRY("cudaMemcpy(meta)",
-                   cudaMemcpy(out.data(), d_.meta.as<void>(), out.size_bytes(), cudaMemcpyDeviceToHost));
-  return {};
-}
-
-Status CudaBackend::expand_index(std::span<const ReadMeta> meta, std::int64_t width,
-                                 std::span<std::int64_t> index) {
-  if (auto st = check_configured(); !st.ok()) return st;
-  if (auto st = check_expand_index(bounds(), meta, width, index); !st.ok()) return st;
-  const auto n = static_cast<std::int64_t>(meta.size());
-  const auto total = static_cast<std::int64_t>(index.size());
-  if (total == 0) return {};
-  if (n > item_cap_ || total > index_cap_) {
-    return Status::fail(CacheError::kTooManyRows, "expand_index: larger than the device staging holds");
-  }
-  KVCHECK_CUDA_TRY("cudaMemcpy(meta)",
-                   cudaMemcpy(d_.meta.as<void>(), meta.data(), meta.size_bytes(), cudaMemcpyHostToDevice));
-  ring_expand_index_kernel<<<ring_grid(total), kElementwiseThreads>>>(
-      d_.meta.as<ReadMeta>(), n, width, spec_.ring_rows, spec_.fault, d_.index.as<std::int64_t>());
-  KVCHECK_CUDA_TRY("launch ring_expand_index_kernel", cudaGetLastError());
-  KVCHECK_CUDA_TRY("cudaMemcpy(index)",
-                   cudaMemcpy(index.data(), d_.index.as<void>(), index.size_bytes(), cudaMemcpyDeviceToHost));
-  return {};
 }
 
 Status CudaBackend::stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions,

@@ -1,12 +1,12 @@
-// CUDA kernels of the ring-addressed sliding-window pool (impl/kv_cache.hpp):
-// decode metadata, index expansion with -1 padding, RoPE + quantize + store
-// with same-launch write-write collision detection, window gather into
-// scratch, and split-width decode/verify attention with an online softmax for
-// MHA, GQA, MQA and the shared-row layout.
+// CUDA kernels of the sliding-window pool (impl/kv_cache.hpp): RoPE +
+// quantize + store with same-launch write-write collision detection, window
+// gather into scratch, and split-width decode/verify attention with an online
+// softmax for MHA, GQA, MQA and the shared-row layout. They take slot lists
+// and index rows (-1 padded) made from a slot map (impl/slot_map.hpp) and
+// compute no address, so a ring and a block table run the same kernels.
 //
-// Address math comes from impl/ring_index.hpp and element math from
-// impl/element_format.hpp, both KVCHECK_HOST_DEVICE, so the kernels call the
-// very functions the CPU backend and its tests run. The slot layout is the
+// Element math comes from impl/element_format.hpp, KVCHECK_HOST_DEVICE, so
+// the kernels call the very functions the CPU backend and its tests run. The slot layout is the
 // CPU backend's: [slots, slot_bytes], a slot being a key row followed by a
 // value row (or one shared row), each row in impl/element_format.hpp's layout
 // for kv_heads * head_dim elements.
@@ -23,7 +23,6 @@
 #include "impl/cuda/ring_fast_attend.cuh"
 #include "impl/element_format.hpp"
 #include "impl/kv_cache.hpp"
-#include "impl/ring_index.hpp"
 
 namespace kvcheck::impl::cuda {
 
@@ -97,28 +96,6 @@ __global__ void ring_fill_kernel(T* p, std::int64_t n, T value) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     p[i] = value;
-  }
-}
-
-// ---- metadata and index --------------------------------------------------------
-
-/// meta[i] = ring_metadata(queries[i]) for i < n.
-__global__ void ring_metadata_kernel(const QueryRef* queries, std::int64_t n, std::int64_t window_keys,
-                                     std::int64_t ring_rows, std::int64_t states, Fault fault,
-                                     ReadMeta* meta) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    meta[i] = ring_metadata(queries[i].state, queries[i].position, window_keys, ring_rows, states, fault);
-  }
-}
-
-/// index[i, c] = ring_index_column(meta[i], c): [n, width], -1 past length.
-__global__ void ring_expand_index_kernel(const ReadMeta* meta, std::int64_t n, std::int64_t width,
-                                         std::int64_t ring_rows, Fault fault, std::int64_t* index) {
-  const std::int64_t total = n * width;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    index[i] = ring_index_column(meta[i / width], i % width, ring_rows, fault);
   }
 }
 

@@ -1,29 +1,27 @@
-// CpuBackend kernel tests beyond the conformance suite: SPEC §6 ring trace
-// through the metadata kernel, same-step collisions, names of faults,
-// formats and errors, and the factory.
+// CpuBackend kernel tests beyond the conformance suite: the golden ring trace
+// through the ring slot map, a block table through the same kernels,
+// same-step collisions, names of faults, formats and errors, and the factory.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "impl/block_table.hpp"
 #include "impl/cpu/cpu_backend.hpp"
 #include "impl/kv_cache.hpp"
 #include "impl/ring_pool.hpp"
 #include "impl/row_codec.hpp"
+#include "impl/slot_map.hpp"
 #include "model/address.hpp"
 
 using namespace kvcheck::impl;
 namespace model = kvcheck::model;
 
-TEST_CASE("CpuBackend: SPEC ring trace W = 128, S = 134 through metadata and index kernels") {
-  auto b = make_backend("cpu", nullptr);
-  REQUIRE(b);
-  PoolSpec spec;
-  spec.states = 4;
-  spec.window_keys = 128;
-  spec.ring_rows = 134;
-  REQUIRE(b->configure(spec).ok());
+TEST_CASE("SlotMap: the golden ring trace W = 128, S = 134 through the ring slot map") {
+  const SlotMap map = ring_slot_map(4, 134, Fault::kNone);
+  CHECK(map.pool_slots == 4 * 134);
   struct Row {
     std::int64_t state, p, first, last, write;
   };
@@ -32,30 +30,92 @@ TEST_CASE("CpuBackend: SPEC ring trace W = 128, S = 134 through metadata and ind
                       {2, 133, 274, 401, 401},
                       {2, 134, 275, 268, 268},
                       {3, 134, 409, 402, 402}};
+  const model::Ring ring{4, 134, 128};
   for (const auto& r : rows) {
-    QueryRef q{r.state, r.p};
-    ReadMeta m;
-    REQUIRE(b->metadata({&q, 1}, {&m, 1}).ok());
+    const std::int64_t len = std::min<std::int64_t>(r.p + 1, 128);
     std::vector<std::int64_t> index(128);
-    REQUIRE(b->expand_index({&m, 1}, 128, index).ok());
-    CHECK(m.read_offset == r.first);
-    CHECK(m.write_slot == r.write);
+    slot_map_index_row(map, r.state, r.p - len + 1, len, 128, index.data());
+    CHECK(slot_map_slot(map, r.state, r.p) == r.write);
     CHECK(index.front() == r.first);
     CHECK(index.back() == r.last);
-    const model::Ring ring{4, 134, 128};
     CHECK(index == model::expand_index(r.state, r.p, ring, 128));
   }
-  QueryRef early{1, 3};
-  ReadMeta m;
-  REQUIRE(b->metadata({&early, 1}, {&m, 1}).ok());
   std::vector<std::int64_t> index(128);
-  REQUIRE(b->expand_index({&m, 1}, 128, index).ok());
-  CHECK(index == model::expand_index(1, 3, model::Ring{4, 134, 128}, 128));
+  slot_map_index_row(map, 1, 0, 4, 128, index.data());
+  CHECK(index == model::expand_index(1, 3, ring, 128));
   CHECK(index[4] == -1);
-  QueryRef bad{4, 0};
-  CHECK(b->metadata({&bad, 1}, {&m, 1}).code == CacheError::kStateOutOfRange);
-  bad = {0, -1};
-  CHECK(b->metadata({&bad, 1}, {&m, 1}).code == CacheError::kNegativePosition);
+  // The address faults live in the ring's map: the state offset dropped, the
+  // last state's wrap taken modulo the whole pool (into state 0's block).
+  CHECK(slot_map_slot(ring_slot_map(4, 134, Fault::kSlotNoStateOffset), 2, 140) == 6);
+  CHECK(slot_map_slot(map, 3, 134) == 402);
+  CHECK(slot_map_slot(ring_slot_map(4, 134, Fault::kModuloWholePool), 3, 134) == 0);
+}
+
+TEST_CASE("RingPool: a block table runs the same kernels and steps as the ring, with the same outputs") {
+  // W = 5, 3 blocks of 3 rows per state (S = 9 >= W + 3 drafts), 5 blocks for
+  // 2 states: the second request's third block waits for the first's finish.
+  PoolSpec spec;
+  spec.states = 2;
+  spec.window_keys = 5;
+  spec.ring_rows = 9;
+  spec.q_heads = 2;
+  spec.head_dim = 4;
+  spec.max_step_rows = 4;
+  spec.format = ElementFormat::kBf16;
+  spec.rope_style = RopeStyle::kNeox;
+  spec.rope_dims = 4;
+  std::unique_ptr<RingPool> ring, paged;
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), spec, &ring).ok());
+  PoolSpec paged_spec = spec;
+  paged_spec.pool_slots = 5 * 3;
+  std::unique_ptr<BlockTable> table;
+  REQUIRE(BlockTable::create(2, 3, 3, 5, &table).ok());
+  const BlockTable* blocks = table.get();
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), paged_spec, std::move(table), &paged).ok());
+  CHECK(paged->slot_map().kind == SlotMapKind::kBlockTable);
+  std::vector<double> rows(40);  // k, v, q of 4 rows at offsets 0, 3, 1
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = std::sin(0.7 * static_cast<double>(i) + 0.1);
+  const StepRows in{rows.data(), rows.data() + 3, rows.data() + 1};
+  // Each step on both pools: outputs bit for bit, and the tags each query read.
+  auto same = [&](auto&& step) {
+    StepResult a, b;
+    REQUIRE(step(*ring, &a).ok());
+    REQUIRE(step(*paged, &b).ok());
+    REQUIRE(a.out.size() == b.out.size());
+    for (std::size_t i = 0; i < a.out.size(); ++i) REQUIRE(a.out[i] == b.out[i]);
+    REQUIRE(a.read_tags.size() == b.read_tags.size());
+    for (std::size_t i = 0; i < a.read_tags.size(); ++i) REQUIRE(a.read_tags[i] == b.read_tags[i]);
+    return b;
+  };
+  for (auto* p : {ring.get(), paged.get()}) REQUIRE(p->begin(0, 10).ok());
+  same([&](RingPool& p, StepResult* r) { return p.prefill(0, 4, in, PrefillOrder::kLoadThenStore, r); });
+  same([&](RingPool& p, StepResult* r) { return p.prefill(0, 3, in, PrefillOrder::kStoreThenLoad, r); });
+  const StepResult v = same([&](RingPool& p, StepResult* r) { return p.verify(0, 3, in, r); });
+  // The block table's slots are not the ring's: the map, not the kernels, placed them.
+  bool moved = false;
+  for (const auto& w : v.writes) moved = moved || w.slot != w.written.position % 9;
+  CHECK(moved);
+  for (auto* p : {ring.get(), paged.get()}) REQUIRE(p->accept(0, 1).ok());
+  for (int i = 0; i < 6; ++i) same([&](RingPool& p, StepResult* r) { return p.decode(0, in, r); });
+  // State 0 holds 3 blocks, state 1 takes 2; its third must wait for state 0's finish.
+  for (auto* p : {ring.get(), paged.get()}) REQUIRE(p->begin(1, 11).ok());
+  same([&](RingPool& p, StepResult* r) { return p.prefill(1, 4, in, PrefillOrder::kLoadThenStore, r); });
+  same([&](RingPool& p, StepResult* r) { return p.prefill(1, 2, in, PrefillOrder::kStoreThenLoad, r); });
+  StepResult refused;
+  CHECK(blocks->free_blocks() == 0);
+  CHECK(paged->decode(1, in, &refused).code == CacheError::kAllocation);
+  CHECK(paged->state(1).length == 6);
+  CHECK(blocks->free_blocks() == 0);
+  for (auto* p : {ring.get(), paged.get()}) REQUIRE(p->finish(0).ok());
+  CHECK(blocks->free_blocks() == 3);
+  same([&](RingPool& p, StepResult* r) { return p.decode(1, in, r); });
+  CHECK(blocks->free_blocks() == 2);
+  // A map that does not match the spec's pool is refused.
+  std::unique_ptr<RingPool> bad;
+  REQUIRE(BlockTable::create(2, 3, 3, 5, &table).ok());
+  CHECK(RingPool::create(make_backend("cpu", nullptr), spec, std::move(table), &bad).code ==
+        CacheError::kBadSpec);
+  CHECK(BlockTable::create(2, 0, 3, 5, &table).code == CacheError::kZeroRing);
 }
 
 TEST_CASE("CpuBackend: store reports same-step write-write collisions") {
@@ -184,10 +244,6 @@ class FailingAttend final : public KvBackend {
   std::string_view name() const noexcept override { return "failing"; }
   bool supports(const PoolSpec& s, std::string* why) const override { return cpu_.supports(s, why); }
   Status configure(const PoolSpec& s) override { return cpu_.configure(s); }
-  Status metadata(std::span<const QueryRef> q, std::span<ReadMeta> o) override { return cpu_.metadata(q, o); }
-  Status expand_index(std::span<const ReadMeta> m, std::int64_t w, std::span<std::int64_t> i) override {
-    return cpu_.expand_index(m, w, i);
-  }
   Status store(std::span<const std::int64_t> s, std::span<const std::int64_t> p, const double* k,
                const double* v, std::span<const Tag> t, StoreReport* r) override {
     return cpu_.store(s, p, k, v, t, r);

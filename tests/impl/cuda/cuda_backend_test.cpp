@@ -1,5 +1,5 @@
 // The CUDA backend against the CPU backend, kernel by kernel: both get the
-// same calls, and every answer (metadata, index, stored rows, tags,
+// same calls, and every answer (stored rows, tags,
 // duplicates, attention outputs, read tags and slots, refusals) must agree:
 // exactly for integers and tags, and for rows and outputs within the bounds
 // that follow from what differs between the two. Needs a device: without
@@ -45,8 +45,6 @@ using kvcheck::impl::ElementFormat;
 using kvcheck::impl::KvBackend;
 using kvcheck::impl::KvSource;
 using kvcheck::impl::PoolSpec;
-using kvcheck::impl::QueryRef;
-using kvcheck::impl::ReadMeta;
 using kvcheck::impl::RopeStyle;
 using kvcheck::impl::StoreReport;
 using kvcheck::impl::Tag;
@@ -194,43 +192,6 @@ void require_pools_equal(Pair& p, const PoolSpec& spec) {
 }
 
 }  // namespace
-
-TEST_CASE("CudaBackend: metadata and index expansion equal the CPU backend's", "[cuda]") {
-  PoolSpec spec = make_spec(ElementFormat::kF32, kLayouts[0], 4);
-  spec.states = 4;
-  spec.ring_rows = 134;
-  spec.window_keys = 128;
-  spec.max_step_rows = 8;
-  for (int f = 0; f < kvcheck::impl::kFaultCount; ++f) {
-    spec.fault = static_cast<kvcheck::impl::Fault>(f);
-    Pair p(spec);
-    std::vector<QueryRef> queries;
-    for (std::int64_t pos : {0, 1, 126, 127, 128, 133, 134, 135, 300, 100000}) {
-      for (std::int64_t s = 0; s < spec.states; ++s) queries.push_back({s, pos});
-    }
-    std::vector<ReadMeta> ma(queries.size()), mb(queries.size());
-    REQUIRE(p.cpu->metadata(queries, ma).ok());
-    REQUIRE(p.cuda->metadata(queries, mb).ok());
-    for (std::size_t i = 0; i < queries.size(); ++i) {
-      REQUIRE(ma[i].read_offset == mb[i].read_offset);
-      REQUIRE(ma[i].length == mb[i].length);
-      REQUIRE(ma[i].write_slot == mb[i].write_slot);
-    }
-    const std::int64_t width = 129;
-    std::vector<std::int64_t> ia(ma.size() * width), ib(ia.size());
-    // The index staging holds max_step_rows * scratch rows: expand in steps.
-    for (std::size_t first = 0; first < ma.size(); first += 8) {
-      const std::size_t count = std::min<std::size_t>(8, ma.size() - first);
-      const std::span<const ReadMeta> m(ma.data() + first, count);
-      REQUIRE(p.cpu->expand_index(m, width, std::span(ia.data() + first * width, count * width)).ok());
-      REQUIRE(p.cuda->expand_index(m, width, std::span(ib.data() + first * width, count * width)).ok());
-    }
-    REQUIRE(ia == ib);
-    // Refusals agree too.
-    const QueryRef bad[] = {{spec.states, 0}};
-    REQUIRE(p.cuda->metadata(bad, std::span(mb.data(), 1)).code == CacheError::kStateOutOfRange);
-  }
-}
 
 TEST_CASE("CudaBackend: stored rows and tags equal the CPU backend's in every format and layout", "[cuda]") {
   for (const auto& l : kLayouts) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "impl/kv_cache.hpp"
+#include "impl/ring_index.hpp"
 
 namespace kvcheck::impl::cuda_test {
 
