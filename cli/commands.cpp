@@ -140,6 +140,15 @@ void case_seed_flag(const Args& args, properties::CheckOptions* options) {
   options->coverage_gate = false;
 }
 
+/// --exec-encoding json|binary: whether hello offers an exec adapter binary
+/// frames (adapters/PROTOCOL.md "Binary frames"); default json.
+engines::ExecEncoding exec_encoding_flag(const Args& args) {
+  const auto text = args.get("--exec-encoding");
+  if (!text || *text == "json") return engines::ExecEncoding::kJson;
+  if (*text == "binary") return engines::ExecEncoding::kBinary;
+  throw Error(ErrorId::kUsage, "--exec-encoding", "expects json or binary, got '" + *text + "'");
+}
+
 double step_timeout_flag(const Args& args) {
   return args.seconds("--step-timeout", 10.0, 86400);
 }
@@ -206,6 +215,9 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
         break;
       case CheckOption::kReference:
         options.run.reference = reference_flag(args);
+        break;
+      case CheckOption::kExecEncoding:
+        options.run.exec_encoding = exec_encoding_flag(args);
         break;
       case CheckOption::kCases:
         options.cases = args.integer("--cases", 200, 1, 100000000);

@@ -52,6 +52,9 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--fault", "a named fault planted in the cache (default none; `kvcheck faults` lists them)"},
     {"", "--precision", "significand bits of the reference: 53, 113 (default) or 169"},
     {"", "--step-timeout", "seconds an exec adapter has for each answer (default 10)"},
+    {"", "--exec-encoding",
+     "how rows and outputs travel to and from an exec adapter: json (default) or binary (little-endian "
+     "frames, offered at hello; JSON if the adapter declines); the same verdicts and reports either way"},
     {"", "--reference",
      "how the 113- and 169-bit reference is computed: certified (default; MPFR only where needed) or mpfr "
      "(every query); the same figures either way"},

@@ -1,6 +1,8 @@
 #include "engines/exec_cache.hpp"
 
+#include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -81,6 +83,15 @@ struct Reader {
     return x;
   }
 
+  /// An integer in [lo, hi].
+  std::int64_t integer(const Json& v, const std::string& path, std::int64_t lo, std::int64_t hi) const {
+    const std::int64_t x = integer(v, path);
+    if (x < lo || x > hi) {
+      bad(path, "out of range: " + std::to_string(x) + " (" + std::to_string(lo) + " .. " + std::to_string(hi) + ")");
+    }
+    return x;
+  }
+
   double number(const Json& v, const std::string& path) const {
     if (!v.is_number()) bad(path, "expected a number");
     const double x = v.get<double>();
@@ -118,6 +129,47 @@ Json rows_json(const double* x, std::int64_t rows, std::int64_t width) {
   return out;
 }
 
+// ---- binary frames (adapters/PROTOCOL.md "Binary frames") -------------------
+//
+// After a hello that chose "binary", a request or answer line may announce a
+// frame: {"dtype": "f64", "bytes": B, "arrays": [[name, rows, width], ...]},
+// and exactly B bytes follow its '\n': the arrays in the order listed,
+// row-major, little-endian. kvcheck sends f64 rows; an answer may send f64
+// or f32.
+
+/// Appends `count` binary64 values, little-endian.
+void append_f64_le(std::string& out, const double* x, std::size_t count) {
+  const std::size_t at = out.size();
+  out.resize(at + count * 8);
+  char* p = out.data() + at;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, x, count * 8);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto bits = std::bit_cast<std::uint64_t>(x[i]);
+      for (int b = 0; b < 8; ++b) p[i * 8 + b] = static_cast<char>(bits >> (8 * b));
+    }
+  }
+}
+
+/// The little-endian element at `p` (8 bytes: binary64, 4: binary32) as a double.
+double load_le(const char* p, std::size_t element_bytes) {
+  std::uint64_t bits = 0;
+  for (std::size_t b = element_bytes; b-- > 0;) bits = bits << 8 | static_cast<unsigned char>(p[b]);
+  if (element_bytes == 8) return std::bit_cast<double>(bits);
+  return static_cast<double>(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+}
+
+/// An array an answer's frame may carry: its name, the shape it must have,
+/// where its values go, and whether the frame held it.
+struct FrameArray {
+  const char* name;  // "out", "stored.k", "stored.v": the JSON path it stands for
+  std::int64_t rows;
+  std::int64_t width;
+  std::vector<double>* values;
+  bool present = false;
+};
+
 class ExecProvider;
 
 class ExecCache final : public CacheUnderTest {
@@ -135,9 +187,11 @@ class ExecProvider final : public CacheProvider {
  public:
   /// `restart`: how to start the adapter again after it crashed (empty for
   /// a transport handed in, which cannot be restarted).
+  /// `offer`: what hello offers (ExecOptions::encoding).
   ExecProvider(const std::string& command, std::unique_ptr<ExecTransport> transport,
-               std::function<std::unique_ptr<ExecTransport>()> restart = {})
-      : command_(command), transport_(std::move(transport)), restart_(std::move(restart)) {
+               std::function<std::unique_ptr<ExecTransport>()> restart = {},
+               ExecEncoding offer = ExecEncoding::kJson)
+      : command_(command), transport_(std::move(transport)), restart_(std::move(restart)), offer_(offer) {
     hello();
   }
 
@@ -183,30 +237,138 @@ class ExecProvider final : public CacheProvider {
     return std::make_unique<ExecCache>(*this, spec);
   }
 
-  /// Sends one request, returns its parsed answer.
-  Json exchange(const Json& request, const std::string& where) {
+  /// Sends one request (and after its line `payload`, the bytes of its
+  /// frame), returns its parsed answer. The frame the answer announces is
+  /// read into `arrays` (read_frame) when the answer is ok; with no arrays,
+  /// or a refusal, the answer may carry none.
+  Json exchange(const Json& request, const std::string& where, const std::string& payload = {},
+                std::vector<FrameArray>* arrays = nullptr) {
     try {
-      child().send(request.dump() + "\n", where);
-      return Reader{child(), where}.parse(child().receive(where));
+      std::string message = request.dump();
+      message += '\n';
+      message += payload;
+      child().send(message, where);
+      const Json answer = Reader{child(), where}.parse(child().receive_header(where));
+      const auto ok = answer.find("ok");
+      const bool may_carry = arrays != nullptr && ok != answer.end() && ok->is_boolean() && ok->get<bool>();
+      std::vector<FrameArray> none;
+      read_frame(answer, where, may_carry ? *arrays : none);
+      return answer;
     } catch (const CacheCrash&) {
       spent_ = true;  // the next open starts the adapter again
       throw;
     }
   }
 
+  bool binary() const { return encoding_ == ExecEncoding::kBinary; }
   ExecTransport& child() { return *transport_; }
 
  private:
+  /// Reads the frame `answer` announces, if any, into the arrays of `arrays`
+  /// it names (none: the answer may carry no frame), and checks that nothing
+  /// follows. The header is checked whole (keys, element type, every shape
+  /// against what kvcheck asked for, the byte count against the shapes and
+  /// the 1 GiB guard) before a byte of the frame is read.
+  void read_frame(const Json& answer, const std::string& where, std::vector<FrameArray>& arrays) {
+    const auto it = answer.find("frame");
+    if (it == answer.end()) {
+      child().receive_bytes(0, where);
+      return;
+    }
+    const Reader r{child(), where};
+    if (encoding_ != ExecEncoding::kBinary) {
+      r.bad(".frame",
+            "a binary frame, but this session speaks JSON (frames follow only a hello answer with "
+            "\"encoding\": \"binary\", to a hello that offered it: --exec-encoding binary)");
+    }
+    if (arrays.empty()) {
+      r.bad(".frame",
+            "a frame on an answer that carries no rows (only an ok answer to prefill, decode or verify does)");
+    }
+    const Json& f = *it;
+    if (!f.is_object()) r.bad(".frame", "expected an object {dtype, bytes, arrays}");
+    for (auto k = f.begin(); k != f.end(); ++k) {
+      if (k.key() != "dtype" && k.key() != "bytes" && k.key() != "arrays") {
+        r.bad(".frame." + k.key(), "unknown key (a frame has dtype, bytes and arrays)");
+      }
+    }
+    const std::string dtype = r.text(f, ".frame", "dtype");
+    if (dtype != "f64" && dtype != "f32") {
+      r.bad(".frame.dtype", "unknown element type " + Json(dtype).dump() + " (\"f64\" or \"f32\")");
+    }
+    const std::size_t element_bytes = dtype == "f64" ? 8 : 4;
+    const std::int64_t bytes =
+        r.integer(r.field(f, ".frame", "bytes"), ".frame.bytes", 0, std::numeric_limits<std::int64_t>::max());
+    if (static_cast<std::uint64_t>(bytes) > kExecMaxFrameBytes) {
+      r.bad(".frame.bytes", std::to_string(bytes) + " bytes, over the frame limit of 1 GiB");
+    }
+    const Json& listed = r.field(f, ".frame", "arrays");
+    if (!listed.is_array() || listed.empty()) {
+      r.bad(".frame.arrays", "expected a non-empty array of [name, rows, width]");
+    }
+    std::vector<FrameArray*> order;
+    std::int64_t shaped_bytes = 0;
+    for (std::size_t i = 0; i < listed.size(); ++i) {
+      const std::string pa = ".frame.arrays[" + std::to_string(i) + "]";
+      const Json& a = listed[i];
+      if (!a.is_array() || a.size() != 3 || !a[0].is_string()) r.bad(pa, "expected [name, rows, width]");
+      const std::string name = a[0].get<std::string>();
+      FrameArray* array = nullptr;
+      std::string names;
+      for (FrameArray& candidate : arrays) {
+        names += (names.empty() ? "\"" : ", \"") + std::string(candidate.name) + "\"";
+        if (name == candidate.name) array = &candidate;
+      }
+      if (array == nullptr) {
+        r.bad(pa + "[0]", "unknown array " + Json(name).dump() + " (this answer may carry " + names + ")");
+      }
+      if (array->present) r.bad(pa + "[0]", Json(name).dump() + " listed twice");
+      const std::int64_t rows = r.integer(a[1], pa + "[1]");
+      const std::int64_t width = r.integer(a[2], pa + "[2]");
+      if (rows != array->rows) {
+        r.bad(pa + "[1]", std::to_string(rows) + " rows, expected " + std::to_string(array->rows) +
+                              " (one per row the step wrote)");
+      }
+      if (width != array->width) {
+        r.bad(pa + "[2]", "width " + std::to_string(width) + ", expected " + std::to_string(array->width));
+      }
+      array->present = true;
+      order.push_back(array);
+      // Both factors are kvcheck's own (a step's rows, a row's width): no overflow.
+      shaped_bytes += rows * width * static_cast<std::int64_t>(element_bytes);
+    }
+    if (shaped_bytes != bytes) {
+      r.bad(".frame.bytes", "the header says " + std::to_string(bytes) + " bytes, its arrays' shapes make " +
+                                std::to_string(shaped_bytes));
+    }
+    const std::string payload = child().receive_bytes(static_cast<std::size_t>(bytes), where);
+    const char* p = payload.data();
+    for (FrameArray* array : order) {
+      array->values->clear();
+      array->values->reserve(static_cast<std::size_t>(array->rows * array->width));
+      for (std::int64_t i = 0; i < array->rows; ++i) {
+        for (std::int64_t d = 0; d < array->width; ++d, p += element_bytes) {
+          const double x = load_le(p, element_bytes);
+          if (!std::isfinite(x)) {
+            r.bad("." + std::string(array->name) + "[" + std::to_string(i) + "][" + std::to_string(d) + "]",
+                  std::string(std::isnan(x) ? "NaN" : "infinity") + ": a frame carries finite numbers only");
+          }
+          array->values->push_back(x);
+        }
+      }
+    }
+  }
+
   void hello() {
-    const Json answer = exchange(
-        Json{{"op", "hello"}, {"protocol", kExecProtocolName}, {"version", kExecProtocolVersion}}, "hello");
+    encoding_ = ExecEncoding::kJson;  // until this hello's answer says otherwise
+    const Json answer = exchange(hello_request(offer_), "hello");
     Reader r{child(), "hello"};
     if (auto refusal = r.status(answer)) {
       child().fail("hello", "the adapter refused the handshake: " + refusal->code + " " + refusal->detail);
     }
     // Strict (engines/exec_hello.hpp): an unknown key or name is an error.
     try {
-      caps_ = parse_hello_answer(answer, command_);
+      caps_ = parse_hello_answer(answer, command_, offer_, &encoding_);
     } catch (const Error& e) {
       child().fail(e.where(), e.rule());
     }
@@ -216,6 +378,8 @@ class ExecProvider final : public CacheProvider {
   std::unique_ptr<ExecTransport> transport_;
   std::function<std::unique_ptr<ExecTransport>()> restart_;
   bool spent_ = false;  // the adapter crashed; started again at the next open
+  ExecEncoding offer_;                           // what hello offers
+  ExecEncoding encoding_ = ExecEncoding::kJson;  // what the adapter chose: JSON until it has
   Capabilities caps_;
 };
 
@@ -246,21 +410,49 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
         break;
       case scenarios::StepFields::kDrafts: req["drafts"] = c.step.drafts; break;
       case scenarios::StepFields::kAccepted: req["accepted"] = c.step.accepted; break;
+      case scenarios::StepFields::kPositions: req["positions"] = c.step.positions; break;
       case scenarios::StepFields::kNone: break;
     }
   }
+  std::string payload;  // a binary request's frame: [rows, kv_width] k, v, then [rows, q_width] q
   if (writes) {
     req["position"] = c.position;
-    req["k"] = rows_json(c.k, c.rows, kv_width);
-    if (c.v) req["v"] = rows_json(c.v, c.rows, kv_width);
-    req["q"] = rows_json(c.q, c.rows, q_width);
+    if (provider_.binary()) {
+      Json listed = Json::array();
+      const auto frame_rows = [&](const char* name, const double* x, std::int64_t width) {
+        listed.push_back(Json::array({name, c.rows, width}));
+        append_f64_le(payload, x, static_cast<std::size_t>(c.rows * width));
+      };
+      frame_rows("k", c.k, kv_width);
+      if (c.v) frame_rows("v", c.v, kv_width);
+      frame_rows("q", c.q, q_width);
+      req["frame"] = {{"dtype", "f64"}, {"bytes", payload.size()}, {"arrays", std::move(listed)}};
+    } else {
+      req["k"] = rows_json(c.k, c.rows, kv_width);
+      if (c.v) req["v"] = rows_json(c.v, c.rows, kv_width);
+      req["q"] = rows_json(c.q, c.rows, q_width);
+    }
   }
-  const Json j = provider_.exchange(req, where);
+  const Capabilities& caps = provider_.capabilities();
+  // What an ok answer's binary frame may carry in place of the JSON fields:
+  // the outputs and the stored rows of a step that wrote rows.
+  std::vector<double> frame_out, frame_k, frame_v;
+  std::vector<FrameArray> arrays;
+  if (writes) {
+    if (caps.computes_outputs) arrays.push_back({"out", c.rows, q_width, &frame_out});
+    arrays.push_back({"stored.k", c.rows, kv_width, &frame_k});
+    if (!cache.shared_row) arrays.push_back({"stored.v", c.rows, kv_width, &frame_v});
+  }
+  const Json j = provider_.exchange(req, where, payload, &arrays);
   Reader r{provider_.child(), where};
   if (auto refusal = r.status(j)) return refusal;
   if (!writes || answer == nullptr) return {};
+  const auto in_frame = [&](const char* name) {
+    for (const FrameArray& a : arrays)
+      if (a.present && std::strcmp(a.name, name) == 0) return true;
+    return false;
+  };
 
-  const Capabilities& caps = provider_.capabilities();
   if (!caps.computes_outputs) {
     // A bookkeeping-only engine (hello "outputs": false): no outputs; the
     // runner computes them over the rows its shadow map resolves the reads to.
@@ -268,12 +460,18 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       r.bad(".out", "the engine declared \"outputs\": false, so its answers carry no out");
     answer->out.assign(static_cast<std::size_t>(c.rows * q_width), 0.0);
   }
-  const Json& out = caps.computes_outputs ? r.field(j, "", "out") : j;
-  if (caps.computes_outputs && (!out.is_array() || static_cast<std::int64_t>(out.size()) != c.rows)) {
+  const bool out_in_frame = in_frame("out");
+  if (out_in_frame) {
+    if (j.contains("out")) r.bad(".out", "given twice: in the JSON and in the frame");
+    answer->out = std::move(frame_out);
+  }
+  const bool out_in_json = caps.computes_outputs && !out_in_frame;
+  const Json& out = out_in_json ? r.field(j, "", "out") : j;
+  if (out_in_json && (!out.is_array() || static_cast<std::int64_t>(out.size()) != c.rows)) {
     r.bad(".out", "expected " + std::to_string(c.rows) + " output rows");
   }
-  if (caps.computes_outputs) answer->out.reserve(static_cast<std::size_t>(c.rows * q_width));
-  for (std::int64_t i = 0; i < c.rows && caps.computes_outputs; ++i) {
+  if (out_in_json) answer->out.reserve(static_cast<std::size_t>(c.rows * q_width));
+  for (std::int64_t i = 0; i < c.rows && out_in_json; ++i) {
     const std::string pi = ".out[" + std::to_string(i) + "]";
     const Json& row = out[static_cast<std::size_t>(i)];
     if (!row.is_array() || static_cast<std::int64_t>(row.size()) != q_width) {
@@ -309,7 +507,17 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
     }
   }
-  if (j.contains("stored")) {
+  if (in_frame("stored.k") || in_frame("stored.v")) {
+    if (j.contains("stored")) r.bad(".stored", "given twice: in the JSON and in the frame");
+    if (!in_frame("stored.k") || (!cache.shared_row && !in_frame("stored.v"))) {
+      r.bad(".frame.arrays", cache.shared_row ? "stored rows in a frame: \"stored.k\""
+                                              : "stored rows in a frame: \"stored.k\" and \"stored.v\" together");
+    }
+    answer->stored_k = std::move(frame_k);
+    answer->stored_v = std::move(frame_v);
+    answer->has_stored = true;
+    answer->stored_known.assign(static_cast<std::size_t>(c.rows), 1);
+  } else if (j.contains("stored")) {
     // The new rows as stored, decoded (PROTOCOL.md): judged against the
     // reference encoding (README "Stored rows").
     const Json& st = j["stored"];
@@ -355,11 +563,13 @@ std::unique_ptr<CacheProvider> make_exec_provider(const std::string& command, co
                 "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
   const double timeout = options.step_timeout_seconds;
   return std::make_unique<ExecProvider>(command, start_exec_child(command, timeout),
-                                        [command, timeout] { return start_exec_child(command, timeout); });
+                                        [command, timeout] { return start_exec_child(command, timeout); },
+                                        options.encoding);
 }
 
-std::unique_ptr<CacheProvider> make_exec_provider(std::unique_ptr<ExecTransport> transport, const std::string& name) {
-  return std::make_unique<ExecProvider>(name, std::move(transport));
+std::unique_ptr<CacheProvider> make_exec_provider(std::unique_ptr<ExecTransport> transport, const std::string& name,
+                                                  ExecEncoding offer) {
+  return std::make_unique<ExecProvider>(name, std::move(transport), nullptr, offer);
 }
 
 }  // namespace kvcheck::engines

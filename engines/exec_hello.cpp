@@ -287,9 +287,22 @@ void read_capabilities(const Json& caps, Capabilities* out) {
 
 }  // namespace
 
-Capabilities parse_hello_answer(const Json& answer, const std::string& command) {
+const char* exec_encoding_name(ExecEncoding encoding) noexcept {
+  return encoding == ExecEncoding::kBinary ? "binary" : "json";
+}
+
+Json hello_request(ExecEncoding offer) {
+  Json request{{"op", "hello"}, {"protocol", kExecProtocolName}, {"version", kExecProtocolVersion}};
+  // Offered only when asked for: an adapter that reads hello strictly and
+  // predates binary frames gets the very line it always got.
+  if (offer == ExecEncoding::kBinary) request["encodings"] = Json::array({"binary", "json"});
+  return request;
+}
+
+Capabilities parse_hello_answer(const Json& answer, const std::string& command, ExecEncoding offered,
+                                ExecEncoding* encoding) {
   if (!answer.is_object()) bad("", "expected a JSON object");
-  check_keys(answer, "", {"ok", "protocol", "version", "capabilities"}, {"name"});
+  check_keys(answer, "", {"ok", "protocol", "version", "capabilities"}, {"name", "encoding"});
   if (!boolean(answer["ok"], ".ok")) bad(".ok", "expected true (a refusal has no capabilities)");
   const std::string protocol = text(answer["protocol"], ".protocol");
   if (protocol != kExecProtocolName) {
@@ -309,6 +322,22 @@ Capabilities parse_hello_answer(const Json& answer, const std::string& command) 
     caps.name = "exec:" + name;
   }
   read_capabilities(answer["capabilities"], &caps);
+  ExecEncoding chosen = ExecEncoding::kJson;
+  if (answer.contains("encoding")) {
+    const std::vector<std::string> offer = offered == ExecEncoding::kBinary
+                                               ? std::vector<std::string>{"binary", "json"}
+                                               : std::vector<std::string>{};
+    const std::string name = text(answer["encoding"], ".encoding");
+    if (offer.empty()) {
+      bad(".encoding", "kvcheck offered no encodings (it offers binary frames with --exec-encoding binary), got " +
+                           quoted(name));
+    }
+    if (std::find(offer.begin(), offer.end(), name) == offer.end()) {
+      bad(".encoding", "unknown encoding " + quoted(name) + " (kvcheck offered " + one_of(offer) + ")");
+    }
+    if (name == "binary") chosen = ExecEncoding::kBinary;
+  }
+  if (encoding) *encoding = chosen;
   return caps;
 }
 

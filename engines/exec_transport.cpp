@@ -393,6 +393,12 @@ class ChildTransport final : public ExecTransport {
   }
 
   std::string receive(const std::string& where) override {
+    std::string line = receive_header(where);
+    if (!buffer_.empty()) unrequested_line(where);
+    return line;
+  }
+
+  std::string receive_header(const std::string& where) override {
     if (pid_ <= 0) fail(where, "the adapter has already been stopped");
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
@@ -408,7 +414,6 @@ class ChildTransport final : public ExecTransport {
           buffer_ = std::move(rest);
           scanned_ = 0;
           answered_ = where;
-          if (!buffer_.empty()) unrequested_line(where);
           return line;
         }
         scanned_ = buffer_.size();
@@ -431,6 +436,41 @@ class ChildTransport final : public ExecTransport {
         crashed(where, "the adapter closed its stdout" + exit_text());
       }
     }
+  }
+
+  std::string receive_bytes(std::size_t bytes, const std::string& where) override {
+    if (pid_ <= 0) fail(where, "the adapter has already been stopped");
+    if (bytes > kExecMaxFrameBytes) fail(where, "a binary frame longer than 1 GiB");
+    const auto deadline = Clock::now() + timeout_;
+    // The buffer grows with what arrives (read_stdout's doubling), so a frame
+    // that never comes costs nothing; a whole one costs itself plus a chunk.
+    while (buffer_.size() < bytes) {
+      if (Clock::now() >= deadline) {
+        fail(where, "the adapter sent " + std::to_string(buffer_.size()) + " of the frame's " +
+                        std::to_string(bytes) + " bytes within " + format_seconds(timeout_seconds_) +
+                        " s (--step-timeout)");
+      }
+      pollfd fds[2] = {{from_child_, POLLIN, 0}, {err_child_, POLLIN, 0}};
+      const int rc = ::poll(fds, 2, poll_ms(deadline));
+      if (rc < 0 && errno != EINTR) fail(where, std::string("poll failed: ") + std::strerror(errno));
+      if (rc <= 0) continue;
+      if (fds[1].revents) read_stderr();
+      if (fds[0].revents && !read_stdout()) {
+        read_stderr();
+        crashed(where, "the adapter closed its stdout after " + std::to_string(buffer_.size()) +
+                           " of the frame's " + std::to_string(bytes) + " bytes" + exit_text());
+      }
+    }
+    std::string payload;
+    if (buffer_.size() == bytes) {
+      payload.swap(buffer_);  // the usual case: the frame is never copied
+    } else {
+      payload.assign(buffer_, 0, bytes);
+      buffer_.erase(0, bytes);
+    }
+    scanned_ = 0;
+    if (!buffer_.empty()) unrequested_line(where);
+    return payload;
   }
 
  protected:
@@ -606,6 +646,11 @@ class ChildTransport final : public ExecTransport {
 };
 
 }  // namespace
+
+std::string ExecTransport::receive_bytes(std::size_t bytes, const std::string& where) {
+  if (bytes > 0) fail(where, "this transport carries no binary frames");
+  return {};
+}
 
 void ExecTransport::fail(const std::string& where, const std::string& what) {
   throw Error(ErrorId::kAdapter, where, on_failure(what));

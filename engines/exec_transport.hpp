@@ -6,7 +6,9 @@
 // and stdout is watched for lines nobody asked for. Every send and every
 // answer has a deadline (--step-timeout). Answers are scanned for '\n' once
 // per byte (time linear in the line, memory the line itself) up to a 1 GiB
-// line guard.
+// line guard. A binary frame after an answer line (adapters/PROTOCOL.md
+// "Binary frames") is read as exactly the bytes its header announced, under
+// the same deadline and a 1 GiB frame guard.
 //
 // No process the adapter starts outlives kvcheck: the adapter runs in its own
 // process group; kvcheck is made a child subreaper (PR_SET_CHILD_SUBREAPER),
@@ -17,6 +19,7 @@
 // conventional status.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,8 +34,18 @@ class ExecTransport {
   virtual ~ExecTransport() = default;
   /// Writes one request line (ending in '\n') within the deadline.
   virtual void send(std::string_view line, const std::string& where) = 0;
-  /// The next answer line (without its '\n') within the deadline.
+  /// The next answer line (without its '\n') within the deadline; bytes
+  /// after it are an unrequested line.
   virtual std::string receive(const std::string& where) = 0;
+  /// The next answer line (without its '\n') within the deadline, leaving
+  /// the bytes after it for receive_bytes(): the header of an answer that may
+  /// carry a binary frame (adapters/PROTOCOL.md "Binary frames").
+  virtual std::string receive_header(const std::string& where) { return receive(where); }
+  /// Exactly `bytes` more bytes of the answer (its frame; 0 for none) within
+  /// the deadline; bytes after them are an unrequested line. The caller has
+  /// checked `bytes` against what the answer may hold (kExecMaxFrameBytes at
+  /// most): memory grows with the bytes that arrive, never with the claim.
+  virtual std::string receive_bytes(std::size_t bytes, const std::string& where);
   /// Stops the adapter and throws Error(kAdapter, where, what + stderr tail).
   [[noreturn]] void fail(const std::string& where, const std::string& what);
   /// The adapter's process ended (it closed its stdout, or stopped taking
@@ -49,6 +62,8 @@ class ExecTransport {
 
 /// Longest answer line read (bytes, '\n' excluded).
 inline constexpr std::size_t kExecMaxLineBytes = std::size_t{1} << 30;
+/// Largest binary frame read (bytes).
+inline constexpr std::size_t kExecMaxFrameBytes = std::size_t{1} << 30;
 /// Bytes of the adapter's stderr kept for error messages.
 inline constexpr std::size_t kExecStderrTailBytes = 2048;
 

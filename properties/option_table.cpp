@@ -54,6 +54,8 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
       return decimal_text(options.run.step_timeout_seconds);
     case CheckOption::kReference:
       return std::string(options.run.reference == Reference::kMpfr ? "mpfr" : "certified");
+    case CheckOption::kExecEncoding:
+      return std::string(engines::exec_encoding_name(options.run.exec_encoding));
     case CheckOption::kCases:
       return std::to_string(options.cases);
     case CheckOption::kSeed:

@@ -54,6 +54,7 @@ enum class OptionEffect : std::uint8_t {
   X(kPrecision, "--precision", "53|113|169", kForCheck | kForReplay | kRecorded, kRun, "precision_requested") \
   X(kStepTimeout, "--step-timeout", "S", kForCheck | kForReplay | kRecorded, kRun, "step_timeout_seconds")  \
   X(kReference, "--reference", "certified|mpfr", kForCheck | kForReplay, kNothing, "")                  \
+  X(kExecEncoding, "--exec-encoding", "json|binary", kForCheck | kForReplay, kNothing, "")              \
   X(kCases, "--cases", "N", kForCheck | kRecorded, kCases, "cases")                                      \
   X(kSeed, "--seed", "X", kForCheck | kRecorded, kCases, "seed")                                         \
   X(kCaseSeed, "--case-seed", "X", kForCheck | kRecorded, kCases, "case_seed")                           \

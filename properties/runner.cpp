@@ -73,6 +73,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 std::unique_ptr<engines::CacheProvider> make_provider(const RunOptions& options) {
   engines::ExecOptions exec;
   exec.step_timeout_seconds = options.step_timeout_seconds;
+  exec.encoding = options.exec_encoding;
   return engines::make_provider(options.backend, options.fault, exec);
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "engines/cache_under_test.hpp"
+#include "engines/exec_hello.hpp"
 #include "properties/observation.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -40,6 +41,9 @@ struct RunOptions {
   /// must refuse, leaving its fingerprint unchanged (Capabilities::probes).
   bool probes = true;
   double step_timeout_seconds = 10.0;  ///< exec adapters: seconds per answer
+  /// exec adapters: what hello offers (binary frames, or JSON only); the
+  /// same verdicts and report bytes either way.
+  engines::ExecEncoding exec_encoding = engines::ExecEncoding::kJson;
   /// A named fault of the cache (`kvcheck faults`; "none": as written). The
   /// checker carries it by name: the provider that makes the cache resolves
   /// it (engines/factory.hpp), the reports print it as given.

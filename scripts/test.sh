@@ -50,7 +50,9 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # Python drivers of the report counts, the misbehaving adapter and the
   # reproduce labels (their C++ paths: counts_test and reports_test, the
   # hostile-adapter test, properties_test's reproduce cases); the Python
-  # package's venv install and pytest suite (its C++ path: the exec tests). Under ASan
+  # package's venv install and pytest suite (its C++ path: the exec tests);
+  # the JSON-against-binary-frames report identity (its C++ path:
+  # engines_test's ExecFrames cases). Under ASan
   # they cost ~12 minutes of CI's 25.
   release_only=(
     'every named fault fails check at 2000'
@@ -74,6 +76,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     'a misbehaving adapter ends the run'
     'reproduce: a failure that passes alone'
     'python: pip install ./python'
+    'binary frames and JSON text give the same report bytes'
   )
   exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
