@@ -114,9 +114,12 @@ struct CheckResult {
 /// Runs `options.cases` generated schedules on caches from `factory`, on
 /// `options.threads` threads: one provider per worker plus one for the
 /// calling thread, which reads the capabilities and shrinks the first
-/// failing case. The factory is called from worker threads. Throws
-/// kvcheck::Error when a provider throws one (a broken cache, not a failed
-/// property).
+/// failing case. The factory is called from worker threads. An exception
+/// a cache throws from `call` or `open` (other than a kvcheck::Error or
+/// std::bad_alloc) is a failing case, shrunk like any other, with what it
+/// threw as its first failure (`counterexample_run.first_failure`), if the
+/// case fails again alone in a fresh cache. Throws kvcheck::Error when a
+/// provider throws one (a broken provider, not a failed property).
 CheckResult check(const ProviderFactory& factory, const CheckOptions& options = {});
 
 /// The same on one provider the caller owns: the cases run on one thread

@@ -253,6 +253,11 @@ ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const 
   run.check_outputs = false;
   run.probes = false;
   const properties::RunObservation obs = properties::run_scenario(sc, run);
+  if (obs.crashed) {
+    // A crash is a finding of a check; here it would read as an unsafe
+    // capacity and steer the search, so the sweep stops, as it always has.
+    throw Error(ErrorId::kAdapter, "sweep probe at ring " + std::to_string(ring_rows), obs.first_failure);
+  }
   ProbeResult r;
   r.ring_rows = ring_rows;
   if (obs.skipped) {

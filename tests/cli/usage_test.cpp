@@ -218,5 +218,5 @@ TEST_CASE("Usage: the bash completion lists every command and each command's fla
     CHECK(script.find(" " + c.name) != std::string::npos);
     for (const FlagSpec& f : c.flags) CHECK(script.find(" " + f.flag) != std::string::npos);
   }
-  CHECK(script.find("check:--profile) COMPREPLY=($(compgen -W 'default production'") != std::string::npos);
+  CHECK(script.find("check:--profile) COMPREPLY=($(compgen -W 'default production") != std::string::npos);
 }
