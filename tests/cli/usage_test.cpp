@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/progress.hpp"
 #include "cli/usage.hpp"
 #include "properties/option_table.hpp"
 #include "support/error.hpp"
@@ -219,4 +220,12 @@ TEST_CASE("Usage: the bash completion lists every command and each command's fla
     for (const FlagSpec& f : c.flags) CHECK(script.find(" " + f.flag) != std::string::npos);
   }
   CHECK(script.find("check:--profile) COMPREPLY=($(compgen -W 'default production") != std::string::npos);
+}
+
+TEST_CASE("Progress: the line shows done of total, the rate, the time left and the time so far") {
+  CHECK(progress_text("check", 50, 200, 10.0) ==
+        "check [#######.......................] 50/200, 5.0/s, about 30 s left (10 s)");
+  // Before the first case is done there is no rate yet; the time still moves.
+  CHECK(progress_text("check", 0, 200, 3.0) == "check [..............................] 0/200 (3 s)");
+  CHECK(progress_text("sweep", 4, 4, 2.0) == "sweep [##############################] 4/4, 2.0/s, about 0 s left (2 s)");
 }
