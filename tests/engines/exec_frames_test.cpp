@@ -426,6 +426,7 @@ TEST_CASE("ExecFrames: an adapter that ends or stalls inside a frame fails the s
   };
   CHECK_THAT(run("exit 0", 10.0), Catch::StartsWith("steps[1] (prefill, layer 0): the adapter closed its stdout "
                                                     "after 8 of the frame's 192 bytes"));
-  CHECK_THAT(run("sleep 5", 0.25), Catch::StartsWith("steps[1] (prefill, layer 0): the adapter sent 8 of the "
-                                                     "frame's 192 bytes within 0.25 s (--step-timeout)"));
+  // 1 s: long enough for /bin/sh to answer hello, open and begin on a loaded machine.
+  CHECK_THAT(run("sleep 5", 1.0), Catch::StartsWith("steps[1] (prefill, layer 0): the adapter sent 8 of the "
+                                                    "frame's 192 bytes within 1 s (--step-timeout)"));
 }
