@@ -68,7 +68,7 @@ int command_sweep(int argc, char** argv) {
     // candidate capacity goes to the cache, the worst-case schedule runs.
     if (*impl != "layer" && impl->rfind("exec:", 0) != 0) {
       throw Error(ErrorId::kUsage, "--impl",
-                  "sweep runs cpu (the tag engine), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
+                  "sweep runs cpu (the ring pool), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
     }
     options.impl = *impl;
   }

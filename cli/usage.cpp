@@ -101,7 +101,7 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--svg", "draw the minimum safe ring per configuration as SVG to FILE"},
     {"sweep", "--formula", "a bound to compare with the minimum found, e.g. W+max(k+1,C)"},
     {"sweep", "--counterexamples", "which counterexamples are written: auto (default), all or none"},
-    {"sweep", "--impl", "the cache swept: cpu (default, the tag engine), layer or exec:'COMMAND ARGS'"},
+    {"sweep", "--impl", "the cache swept: cpu (default, the ring pool), layer or exec:'COMMAND ARGS'"},
     {"merge", "--impl", "the engine a check's failing case is re-run on: the one the shards ran"},
 };
 

@@ -112,6 +112,9 @@ Status validate_pool_spec(const PoolSpec& spec) {
   if (spec.q_heads % spec.kv_heads != 0) {
     return Status::fail(CacheError::kBadSpec, "q_heads must be a multiple of kv_heads");
   }
+  if (spec.max_step_readers < 0 || spec.max_step_readers > spec.max_step_rows) {
+    return Status::fail(CacheError::kBadSpec, "max_step_readers must be in [0, max_step_rows]");
+  }
   if (spec.shared_row && spec.kv_heads != 1) {
     return Status::fail(CacheError::kBadSpec, "shared rows need kv_heads == 1");
   }

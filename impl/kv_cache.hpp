@@ -111,7 +111,8 @@ enum class CacheError : std::uint8_t {
   kDeviceFailure,     ///< a CUDA call failed
   kBadSpec,           ///< a pool spec field breaks a rule: q_heads not a multiple of
                       ///< kv_heads, shared rows with several KV heads, RoPE width odd or
-                      ///< wider than head_dim, RoPE base <= 0, negative softmax scale
+                      ///< wider than head_dim, RoPE base <= 0, negative softmax scale,
+                      ///< max_step_readers outside [0, max_step_rows]
   kSlotOutOfRange,    ///< a pool slot or scratch row outside its buffer, or a position with no slot
   kBadArgument,       ///< a null row pointer or a span whose length does not match the call
 };
@@ -154,7 +155,11 @@ struct PoolSpec {
   bool has_sink = false;       ///< add an attention-sink logit to every softmax
   double sink_logit = 0.0;
   std::int64_t max_step_rows = 1;  ///< most rows one step stores or queries
-  bool track_tags = true;          ///< false: tags are neither written nor read
+  /// Most queries of one step that read (RingPool's StepReads), which sizes
+  /// RingPool's read buffers; 0: max_step_rows. A caller that reads a few
+  /// queries of long steps (the capacity sweep) allocates for those.
+  std::int64_t max_step_readers = 0;
+  bool track_tags = true;  ///< false: tags are neither written nor read
   Fault fault = Fault::kNone;
 };
 

@@ -83,19 +83,22 @@ Status RingPool::create(std::unique_ptr<KvBackend> backend, const PoolSpec& spec
     pool->addressing_ = std::move(addressing);
     const auto states = static_cast<std::size_t>(spec.states);
     const auto rows = static_cast<std::size_t>(spec.max_step_rows);
+    const auto readers =
+        static_cast<std::size_t>(spec.max_step_readers > 0 ? spec.max_step_readers : spec.max_step_rows);
     const auto width = static_cast<std::size_t>(keys);
     pool->states_.assign(states, StateInfo{});
     pool->high_water_.assign(states, 0);
     pool->occupant_high_.assign(states, 0);
     pool->reused_.assign(states, false);
-    pool->index_.resize(rows * width);
+    pool->index_.resize(readers * width);
     pool->slots_.resize(rows);
     pool->rope_positions_.resize(rows);
     pool->tags_.resize(rows);
-    pool->out_.resize(rows * static_cast<std::size_t>(q_elements));
+    pool->out_.resize(readers * static_cast<std::size_t>(q_elements));
+    pool->reader_q_.resize(readers * static_cast<std::size_t>(q_elements));
     if (spec.track_tags) {
-      pool->read_slots_.resize(rows * width);
-      pool->read_tags_.resize(rows * width);
+      pool->read_slots_.resize(readers * width);
+      pool->read_tags_.resize(readers * width);
       pool->writes_.reserve(rows);
     }
   } catch (const std::bad_alloc&) {
@@ -135,7 +138,8 @@ void RingPool::note_length(std::int64_t state) {
   occupant_high_[b] = std::max(occupant_high_[b], states_[b].length);
 }
 
-Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const {
+Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRows& in,
+                            const StepReads& reads) const {
   if (state < 0 || state >= spec_.states)
     return Status::fail(CacheError::kStateOutOfRange, "step: state out of range");
   const auto& s = states_[static_cast<std::size_t>(state)];
@@ -152,11 +156,49 @@ Status RingPool::check_step(std::int64_t state, std::int64_t rows, const StepRow
   if (!all_finite(in.k, kv) || (!spec_.shared_row && !all_finite(in.v, kv)) || !all_finite(in.q, qn)) {
     return Status::fail(CacheError::kNonFinite, "step: non-finite key, value or query element");
   }
+  if (reads.queries) {
+    std::int64_t previous = -1;
+    for (const std::int64_t i : *reads.queries) {
+      if (i <= previous || i >= rows) {
+        return Status::fail(CacheError::kBadArgument,
+                            "step: readers must be ascending indices into the rows");
+      }
+      previous = i;
+    }
+  }
+  const std::int64_t reading = reads.queries ? static_cast<std::int64_t>(reads.queries->size()) : rows;
+  if (reading > max_readers()) {
+    return Status::fail(CacheError::kTooManyRows, "step: more readers than max_step_readers");
+  }
   return {};
 }
 
-Status RingPool::prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in) {
-  if (auto st = check_step(state, rows, in); !st.ok()) return st;
+std::int64_t RingPool::reader_count(std::int64_t rows) const noexcept {
+  return reads_.queries ? static_cast<std::int64_t>(reads_.queries->size()) : rows;
+}
+
+std::int64_t RingPool::reader_index(std::int64_t i) const noexcept {
+  return reads_.queries ? (*reads_.queries)[static_cast<std::size_t>(i)] : i;
+}
+
+std::int64_t RingPool::max_readers() const noexcept {
+  return spec_.max_step_readers > 0 ? spec_.max_step_readers : spec_.max_step_rows;
+}
+
+const double* RingPool::reader_rows(const StepRows& in) {
+  if (!reads_.queries) return in.q;
+  const auto q_elements = static_cast<std::size_t>(spec_.q_heads) * static_cast<std::size_t>(spec_.head_dim);
+  for (std::size_t r = 0; r < reads_.queries->size(); ++r) {
+    const double* from = in.q + static_cast<std::size_t>((*reads_.queries)[r]) * q_elements;
+    std::copy(from, from + q_elements, reader_q_.data() + r * q_elements);
+  }
+  return reader_q_.data();
+}
+
+Status RingPool::prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in,
+                              const StepReads& reads) {
+  if (auto st = check_step(state, rows, in, reads); !st.ok()) return st;
+  reads_ = reads;
   return addressing_->reserve(state, states_[static_cast<std::size_t>(state)].length, rows);
 }
 
@@ -195,11 +237,13 @@ Status RingPool::run_store(std::int64_t state, std::int64_t first_position, std:
   return {};
 }
 
-// Every query of the step reads the pool through the slot map's index rows:
-// query p reads the min(p + 1, width) positions ending at p.
+// Every query of the step that reads (all, or the step's readers) reads the
+// pool through the slot map's index rows: query p reads the min(p + 1,
+// width) positions ending at p.
 Status RingPool::run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                                 const StepRows& in) {
-  const auto n = static_cast<std::size_t>(rows);
+  const auto n = static_cast<std::size_t>(reader_count(rows));
+  if (n == 0) return {};
   const std::int64_t width = read_width();
   const SlotMap& map = addressing_->slot_map();
   const auto b = static_cast<std::size_t>(state);
@@ -207,31 +251,48 @@ Status RingPool::run_pool_reads(std::int64_t state, std::int64_t first_position,
   // old occupant's (stale) rows up to its high-water length.
   const bool stale_reads = spec_.fault == Fault::kFreedStateReadable && reused_[b];
   for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t p = first_position + static_cast<std::int64_t>(i);
+    const std::int64_t p = first_position + reader_index(static_cast<std::int64_t>(i));
     const std::int64_t len = std::min(p + 1, width);
     const std::int64_t length = stale_reads ? std::min(std::max(p + 1, high_water_[b]), width) : len;
     slot_map_index_row(map, state, p - len + 1, length, width,
                        index_.data() + i * static_cast<std::size_t>(width));
     rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
   }
+  if (!reads_.outputs) {
+    // Without outputs: each index row's slots and the tags they hold, the
+    // same report attend gives for a pool read (kept apart on purpose: a
+    // caller that judges tags alone does not pay for attention).
+    if (!spec_.track_tags) return {};
+    const auto cells = n * static_cast<std::size_t>(width);
+    for (std::size_t c = 0; c < cells; ++c) {
+      const std::int64_t slot = index_[c];
+      read_slots_[c] = slot < 0 ? -1 : slot;
+      read_tags_[c] = slot < 0 ? Tag{} : backend_->slot_tag(slot);
+    }
+    return {};
+  }
   std::span<const std::int64_t> index(index_.data(), n * static_cast<std::size_t>(width));
-  return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n), in.q,
-                          index, width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
+  return backend_->attend(KvSource::kPool, std::span<const std::int64_t>(rope_positions_.data(), n),
+                          reader_rows(in), index, width, out_.data(),
+                          spec_.track_tags ? read_tags_.data() : nullptr,
                           spec_.track_tags ? read_slots_.data() : nullptr);
 }
 
-void RingPool::fill_result(std::int64_t rows, std::int64_t first_position, KvSource source,
-                           std::int64_t duplicates, StepResult* result) const {
+void RingPool::fill_result(std::int64_t rows, std::int64_t readers, std::int64_t first_position,
+                           KvSource source, std::int64_t duplicates, StepResult* result) const {
   if (result == nullptr) return;
-  const auto n = static_cast<std::size_t>(rows);
+  const auto n = static_cast<std::size_t>(readers);
   const std::int64_t width = read_width();
   const auto cells = n * static_cast<std::size_t>(width);
   result->queries = rows;
   result->width = width;
   result->source = source;
   result->first_position = first_position;
-  result->out = std::span<const double>(
-      out_.data(), n * static_cast<std::size_t>(spec_.q_heads) * static_cast<std::size_t>(spec_.head_dim));
+  result->readers = readers;
+  result->out =
+      std::span<const double>(out_.data(), reads_.outputs ? n * static_cast<std::size_t>(spec_.q_heads) *
+                                                                static_cast<std::size_t>(spec_.head_dim)
+                                                          : 0);
   if (spec_.track_tags) {
     result->read_slots = std::span<const std::int64_t>(read_slots_.data(), cells);
     result->read_tags = std::span<const Tag>(read_tags_.data(), cells);
@@ -254,8 +315,8 @@ Status RingPool::after_failed_read(std::int64_t state, std::int64_t first_positi
 }
 
 Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& in, PrefillOrder order,
-                         StepResult* result) {
-  if (auto st = prepare_step(state, rows, in); !st.ok()) return st;
+                         StepResult* result, const StepReads& reads) {
+  if (auto st = prepare_step(state, rows, in, reads); !st.ok()) return st;
   if (spec_.fault == Fault::kStoreThenLoadPrefill) order = PrefillOrder::kStoreThenLoad;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
@@ -266,7 +327,7 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
     note_length(state);
     if (auto st = run_pool_reads(state, first, rows, in); !st.ok())
       return after_failed_read(state, first, st);
-    fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
+    fill_result(rows, reader_count(rows), first, KvSource::kPool, report.duplicate_slots, result);
     return {};
   }
   // load_then_store: the old window (first query's index row minus its own
@@ -290,26 +351,31 @@ Status RingPool::prefill(std::int64_t state, std::int64_t rows, const StepRows& 
   if (!st.ok()) return after_failed_read(state, first, st);
   // Query i at position first + i sees scratch rows of positions
   // max(first + i - keys + 1, first - m) .. first + i; scratch row of
-  // position p is p - (first - m).
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t p = first + static_cast<std::int64_t>(i);
+  // position p is p - (first - m). Only the step's readers attend.
+  const std::int64_t reading = reader_count(rows);
+  const auto nr = static_cast<std::size_t>(reading);
+  for (std::size_t i = 0; i < nr; ++i) {
+    const std::int64_t p = first + reader_index(static_cast<std::int64_t>(i));
     const std::int64_t len = std::min(p + 1, width);
     const std::int64_t lo = p - len + 1;
     std::int64_t* row = index_.data() + i * static_cast<std::size_t>(width);
     for (std::int64_t c = 0; c < width; ++c) row[c] = c < len ? lo + c - (first - m) : -1;
     rope_positions_[i] = ring_rope_position(p, spec_.ring_rows, spec_.fault);
   }
-  st = backend_->attend(KvSource::kScratch, std::span<const std::int64_t>(rope_positions_.data(), n), in.q,
-                        std::span<const std::int64_t>(index_.data(), n * static_cast<std::size_t>(width)),
-                        width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
-                        spec_.track_tags ? read_slots_.data() : nullptr);
-  if (!st.ok()) return after_failed_read(state, first, st);
-  fill_result(rows, first, KvSource::kScratch, report.duplicate_slots, result);
+  if (nr > 0) {
+    st = backend_->attend(KvSource::kScratch, std::span<const std::int64_t>(rope_positions_.data(), nr),
+                          reader_rows(in),
+                          std::span<const std::int64_t>(index_.data(), nr * static_cast<std::size_t>(width)),
+                          width, out_.data(), spec_.track_tags ? read_tags_.data() : nullptr,
+                          spec_.track_tags ? read_slots_.data() : nullptr);
+    if (!st.ok()) return after_failed_read(state, first, st);
+  }
+  fill_result(rows, reading, first, KvSource::kScratch, report.duplicate_slots, result);
   return {};
 }
 
-Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* result) {
-  if (auto st = prepare_step(state, 1, in); !st.ok()) return st;
+Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* result, const StepReads& reads) {
+  if (auto st = prepare_step(state, 1, in, reads); !st.ok()) return st;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
   StoreReport report;
@@ -317,17 +383,18 @@ Status RingPool::decode(std::int64_t state, const StepRows& in, StepResult* resu
   s.length = first + 1;
   note_length(state);
   if (auto st = run_pool_reads(state, first, 1, in); !st.ok()) return after_failed_read(state, first, st);
-  fill_result(1, first, KvSource::kPool, report.duplicate_slots, result);
+  fill_result(1, reader_count(1), first, KvSource::kPool, report.duplicate_slots, result);
   return {};
 }
 
-Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result) {
+Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result,
+                        const StepReads& reads) {
   if (drafts < 0) return Status::fail(CacheError::kBadAccept, "verify: negative draft count");
   if (drafts >= spec_.max_step_rows) {
     return Status::fail(CacheError::kTooManyRows, "verify: k + 1 rows exceed max_step_rows");
   }
   const std::int64_t rows = drafts + 1;
-  if (auto st = prepare_step(state, rows, in); !st.ok()) return st;
+  if (auto st = prepare_step(state, rows, in, reads); !st.ok()) return st;
   auto& s = states_[static_cast<std::size_t>(state)];
   const std::int64_t first = s.length;
   StoreReport report;
@@ -336,7 +403,7 @@ Status RingPool::verify(std::int64_t state, std::int64_t drafts, const StepRows&
   note_length(state);
   if (auto st = run_pool_reads(state, first, rows, in); !st.ok()) return after_failed_read(state, first, st);
   s.pending_drafts = drafts;
-  fill_result(rows, first, KvSource::kPool, report.duplicate_slots, result);
+  fill_result(rows, reader_count(rows), first, KvSource::kPool, report.duplicate_slots, result);
   return {};
 }
 

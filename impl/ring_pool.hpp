@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -32,6 +33,24 @@ struct StepRows {
   const double* k = nullptr;  ///< [n, kv_heads, head_dim]
   const double* v = nullptr;  ///< [n, kv_heads, head_dim]; nullptr for shared rows
   const double* q = nullptr;  ///< [n, q_heads, head_dim]
+};
+
+/// Which queries of a step read their window, and what they give back. The
+/// default: every query reads and attends. A caller that judges some
+/// queries by their tags pays for those alone (the capacity sweep reads the
+/// queries whose windows cover the step's, without outputs, and none while
+/// it writes a history).
+struct StepReads {
+  /// Ascending indices into the step's n rows; std::nullopt: every query.
+  /// The others only store their rows (their q rows are not used). Indices
+  /// out of order or range (kBadArgument), or more readers than
+  /// PoolSpec::max_step_readers (kTooManyRows), are refused before a write.
+  std::optional<std::span<const std::int64_t>> queries;
+  /// false: no outputs (StepResult::out is empty). Reads of the pool then
+  /// report each index row's slots and the tags those slots hold without
+  /// running attention; load_then_store still attends from scratch, whose
+  /// tags only the kernel reports.
+  bool outputs = true;
 };
 
 /// One slot write performed by a step.
@@ -48,9 +67,10 @@ struct StepResult {
   std::int64_t width = 0;    ///< index columns per query
   KvSource source = KvSource::kPool;
   std::int64_t first_position = 0;           ///< position of query 0
-  std::span<const double> out;               ///< [n, q_heads, head_dim]
-  std::span<const std::int64_t> read_slots;  ///< [n, width], -1 = not read
-  std::span<const Tag> read_tags;            ///< [n, width]
+  std::int64_t readers = 0;                  ///< queries that read: n, or StepReads::queries' count
+  std::span<const double> out;               ///< [readers, q_heads, head_dim]; empty without outputs
+  std::span<const std::int64_t> read_slots;  ///< [readers, width], -1 = not read
+  std::span<const Tag> read_tags;            ///< [readers, width]
   std::span<const WriteRecord> writes;       ///< in write order
   std::int64_t duplicate_slots = 0;          ///< same-step write-write collisions
 };
@@ -87,9 +107,10 @@ class RingPool {
   /// Binds `request` to a free state id at length 0.
   Status begin(std::int64_t state, std::int64_t request);
   Status prefill(std::int64_t state, std::int64_t rows, const StepRows& in, PrefillOrder order,
-                 StepResult* result);
-  Status decode(std::int64_t state, const StepRows& in, StepResult* result);
-  Status verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result);
+                 StepResult* result, const StepReads& reads = {});
+  Status decode(std::int64_t state, const StepRows& in, StepResult* result, const StepReads& reads = {});
+  Status verify(std::int64_t state, std::int64_t drafts, const StepRows& in, StepResult* result,
+                const StepReads& reads = {});
   Status accept(std::int64_t state, std::int64_t accepted);
   Status finish(std::int64_t state);
   Status reset(std::int64_t state);
@@ -100,7 +121,7 @@ class RingPool {
   std::unique_ptr<KvBackend> backend_;
   std::unique_ptr<PoolAddressing> addressing_;
   std::vector<StateInfo> states_;
-  // Preallocated step buffers (sized from max_step_rows and window_keys).
+  // Preallocated step buffers (sized from max_step_rows, max_step_readers and window_keys).
   std::vector<std::int64_t> index_;
   std::vector<std::int64_t> slots_;
   std::vector<std::int64_t> rope_positions_;
@@ -109,6 +130,8 @@ class RingPool {
   std::vector<std::int64_t> read_slots_;
   std::vector<Tag> read_tags_;
   std::vector<WriteRecord> writes_;
+  std::vector<double> reader_q_;  // [max_step_readers, q_heads, head_dim]: q rows of the readers
+  StepReads reads_;               // the current step's (set by prepare_step)
   std::uint64_t write_seq_ = 0;
   // Faults at step level keep extra state here (e.g. the freed-state fault
   // remembers each state's old occupant length).
@@ -118,19 +141,26 @@ class RingPool {
   // Whether each state id has had an occupant before the current one.
   std::vector<bool> reused_;
 
-  Status check_step(std::int64_t state, std::int64_t rows, const StepRows& in) const;
+  Status check_step(std::int64_t state, std::int64_t rows, const StepRows& in, const StepReads& reads) const;
   /// check_step, then the addressing makes the step's positions addressable.
-  Status prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in);
+  Status prepare_step(std::int64_t state, std::int64_t rows, const StepRows& in, const StepReads& reads);
   Status run_store(std::int64_t state, std::int64_t first_position, std::int64_t rows, const StepRows& in,
                    StoreReport* report);
   Status run_pool_reads(std::int64_t state, std::int64_t first_position, std::int64_t rows,
                         const StepRows& in);
   std::int64_t read_width() const noexcept;
+  /// Queries of the current n-row step that read (reads_.queries, or all
+  /// n), the index of reader `i`, and the readers' q rows (gathered when
+  /// selected); the most readers a step may have.
+  std::int64_t reader_count(std::int64_t rows) const noexcept;
+  std::int64_t reader_index(std::int64_t i) const noexcept;
+  const double* reader_rows(const StepRows& in);
+  std::int64_t max_readers() const noexcept;
   /// A kernel failed after the step's rows were stored: restores the logical
   /// length and returns `failure` with a note that the state needs a reset.
   Status after_failed_read(std::int64_t state, std::int64_t first_position, Status failure);
-  void fill_result(std::int64_t rows, std::int64_t first_position, KvSource source, std::int64_t duplicates,
-                   StepResult* result) const;
+  void fill_result(std::int64_t rows, std::int64_t readers, std::int64_t first_position, KvSource source,
+                   std::int64_t duplicates, StepResult* result) const;
   void note_length(std::int64_t state);
 };
 

@@ -1,9 +1,9 @@
 // The capacity sweep: the grid, the galloping search, the worst-case
 // schedule as a scenario for caches driven through the step-level interface
 // (live probes through properties/), counterexample files and their replay,
-// and the threaded run over the grid. The tag engine that probes the CPU
-// backend is tag_engine.cpp. See sweep.hpp for why the schedules are worst
-// cases.
+// and the threaded run over the grid. The probes through RingPool over the
+// CPU kernels are ring_probe.cpp. See sweep.hpp for why the schedules are
+// worst cases.
 #include "sweep/sweep.hpp"
 
 #include <algorithm>

@@ -1,7 +1,8 @@
 // The capacity sweep: for each (window W, drafts k, chunk C, prefill order)
-// the smallest ring S that loses no visible row, found by running the real
-// CPU backend (with tags) on worst-case schedules, never by evaluating the
-// SPEC §5 formula (which is reported beside it, with whether it agreed).
+// the smallest ring S that loses no visible row, found by running RingPool
+// over the CPU kernels (with tags) on worst-case schedules (the pool and
+// steps `check --impl cpu` runs), never by evaluating the SPEC §5 formula
+// (which is reported beside it, with whether it agreed).
 //
 // Why the schedules run by probe_ring() are the worst cases (the argument is
 // backed by tests/sweep/sweep_test.cpp, which runs randomized
@@ -14,15 +15,18 @@
 //     drafts at positions L .. L+t-1 after an accept. So the state a step
 //     meets is fixed by (L mod S, t): the history that led there is
 //     irrelevant, and a probe writes any history (here positions 0..p0-1, two
-//     or more full wraps) and then runs every step kind from it.
+//     or more full wraps) and then runs every step kind from it. After a
+//     case the probe makes the state canonical again by writing forward
+//     (a pending verify accepted whole, the stale drafts written over),
+//     which by argument 3 is the state the case started from.
 //  2. Full window. A window clipped at position 0 reads a subset of the
 //     slots a full window reads, so windows are full (p0 >= W + S).
 //  3. Phase. Once p0 >= S, adding 1 to every position adds 1 (mod S) to every
 //     slot: the pairs (query, lost position) translate, so whether a step
-//     loses rows does not depend on p0 mod S. Probes still run each state at
-//     its own phase (0: the step starts at slot 0; S-1: the step straddles
-//     the seam) to exercise the backend's wrap, and a test compares against
-//     every phase.
+//     loses rows does not depend on p0 mod S. Probes still start each state
+//     at its own phase (0: the step starts at slot 0; S-1: the step
+//     straddles the seam) to exercise the wrap, later cases start where the
+//     one before left the ring, and a test compares against every phase.
 //  4. Step size. A step that stores n rows before its queries read destroys
 //     the rows whose slots its n writes take; a shorter step of the same kind
 //     destroys a subset while each query reads the same window. So verify(k)
@@ -44,14 +48,17 @@
 //     safe(S + 1), and the minimum can be found by galloping/binary search
 //     (a test checks every S in a range against the search).
 //
-// Speed: a step's queries all read after its stores, so their windows are
-// slices of one union range [first - W + 1, first + n - 1]. The engine takes
-// the metadata of every query from the backend, expands the index of anchor
-// queries (first, last, and every W-th between: their rows cover the union),
-// checks that every other query's read offset and length fall on the same
-// slots, and reads each slot's tag once per step (O(W + n) per step instead
-// of O(W * n)). The counterexample at S_min - 1 is replayed through the full
-// RingPool + reference runner (properties::run_scenario).
+// Speed: a step's queries all read after its stores (or, load_then_store,
+// from one scratch copy of the old window and the new rows), and a
+// position's row lies in one slot whatever query reads it, so their windows
+// are slices of one union range [first - W + 1, first + n - 1]. Only anchor
+// queries read (first, last, and every W-th between: their windows cover
+// the union; RingPool's StepReads), without outputs: each anchor's read tags
+// say which positions it read live and which slots held another row, every
+// other query's count is the lost positions in its window (O(W + n) per
+// step instead of O(W * n)). The counterexample at S_min - 1 is replayed
+// through the full reference runner (properties::run_scenario), which reads
+// every query of the same RingPool.
 #pragma once
 
 #include <cstdint>
@@ -135,7 +142,9 @@ struct ProbeResult {
   std::vector<std::int64_t>
       first_lost;  ///< positions lost by the first losing query, relative to its position (e.g. -127)
   StepCollisions collisions;
-  std::int64_t extra_reads = 0;  ///< reads no visible position accounts for
+  /// Reads no visible position accounts for, plus windows of the wrong
+  /// length and visible positions not read at all.
+  std::int64_t extra_reads = 0;
   /// Live caches: the cache could not run this capacity (capabilities, or it
   /// refused the configuration at open): neither safe nor unsafe, a result
   /// of its own (the search treats it as not usable and goes on).
@@ -143,8 +152,9 @@ struct ProbeResult {
   std::string refusal;  ///< why, when refused
 };
 
-/// Runs the worst-case schedules of `config` on the CPU backend with a ring
-/// of `ring_rows` rows; stops at the first step that loses a row or collides.
+/// Runs the worst-case schedules of `config` through a RingPool over the CPU
+/// kernels with a ring of `ring_rows` rows; stops at the first step that
+/// loses a row or collides.
 ProbeResult probe_ring(const SweepConfig& config, std::int64_t ring_rows, const ProbeOptions& options);
 
 /// Search statistics of one configuration.
@@ -167,7 +177,7 @@ std::int64_t find_min_safe_ring_linear(const SweepConfig& config, const ProbeOpt
 /// probed row lands on slot `phase` (arguments 2, 3 above).
 std::int64_t history_rows(std::int64_t window_keys, std::int64_t ring_rows, std::int64_t phase);
 
-/// Step results of a schedule run on the tag engine (for counterexamples).
+/// Step results of a schedule run through the probe's RingPool (for counterexamples).
 struct ScheduleStepResult {
   std::vector<std::int64_t> overwritten;  ///< per query (empty for accept)
   StepCollisions collisions;
@@ -230,7 +240,7 @@ void sweep_shape(const SweepConfig& config, std::int64_t ring_rows, std::int64_t
 
 /// Options of a sweep.
 struct SweepOptions {
-  /// Empty: the in-tree tag engine over the CPU backend. Otherwise a cache
+  /// Empty: the probes through RingPool over the CPU kernels. Otherwise a cache
   /// name for properties::make_provider ("layer", "exec:COMMAND", "cpu"):
   /// each candidate capacity is passed to the cache (the exec handshake's
   /// `capacity`) and worst_case_scenario() is run through the runner.

@@ -16,9 +16,12 @@ must not:
   cli/         flags only: never model/ or impl/ (the work is in pipelines/,
                sweep/ and properties/)
   reports/     writers only: never model/ or impl/
+  sweep/       impl/ only through impl/ring_pool.hpp (the sweep drives
+               RingPool, the composition `check --impl cpu` runs, never the
+               kernels or the addressing on its own)
 
 pipelines/, sweep/, engines/ and tests/ may join the model and the
-implementations; they are not checked. An include is resolved from the
+implementations; they are not checked otherwise. An include is resolved from the
 source root (the project's own form, "impl/kv_cache.hpp" or
 <impl/kv_cache.hpp>), then beside the including file; one that names no
 file of the tree (a system or generated header) is followed no further.
@@ -40,6 +43,10 @@ RULES = [
     ("properties", ("impl/",)),
     ("cli", ("model/", "impl/")),
     ("reports", ("model/", "impl/")),
+]
+# (folder, forbidden prefix, the one file through which it may be reached)
+THROUGH_RULES = [
+    ("sweep", "impl/", "impl/ring_pool.hpp"),
 ]
 SOURCE_SUFFIXES = (".hpp", ".cpp", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
@@ -71,8 +78,9 @@ class Graph:
                 return candidate
         return None
 
-    def reached(self, rel):
-        """Every include reached from `rel`: {name or path: chain of files from rel}."""
+    def reached(self, rel, stop=()):
+        """Every include reached from `rel`: {name or path: chain of files from rel}.
+        Files in `stop` are reached but not followed."""
         chains = {}
         queue = [(rel, [rel])]
         seen = {rel}
@@ -83,7 +91,7 @@ class Graph:
                 if key in chains or key in seen:
                     continue
                 chains[key] = chain + [key]
-                if path is not None:
+                if path is not None and path not in stop:
                     seen.add(path)
                     queue.append((path, chain + [path]))
         return chains
@@ -103,7 +111,21 @@ def violations(root):
                 for target, chain in sorted(graph.reached(rel).items()):
                     if target.startswith(forbidden):
                         found.append(f"{rel}: {folder}/ reaches {target} through " + " -> ".join(chain))
+    for folder, forbidden, gate in THROUGH_RULES:
+        for rel in source_files(root, folder):
+            for target, chain in sorted(graph.reached(rel, stop=(gate,)).items()):
+                if target.startswith(forbidden) and target != gate:
+                    found.append(f"{rel}: {folder}/ reaches {target} not through {gate}: " + " -> ".join(chain))
     return found
+
+
+def source_files(root, folder):
+    """The sources under `folder`, relative to root, in order."""
+    for dirpath, dirnames, files in os.walk(os.path.join(root, folder)):
+        dirnames.sort()
+        for name in sorted(files):
+            if name.endswith(SOURCE_SUFFIXES):
+                yield os.path.relpath(os.path.join(dirpath, name), root)
 
 
 def self_test():
@@ -128,6 +150,11 @@ def self_test():
             # beside the including file
             "properties/k.cpp": '#include "local.hpp"\n',
             "properties/local.hpp": '#include "impl/kv_cache.hpp"\n',
+            # sweep/: impl/ only through impl/ring_pool.hpp
+            "sweep/l.cpp": '#include "impl/ring_pool.hpp"\n#include "impl/kv_cache.hpp"\n',
+            "sweep/m.cpp": '#include "engines/e.hpp"\n',
+            "sweep/ok.cpp": '#include "impl/ring_pool.hpp"\n#include "model/real.hpp"\n',
+            "impl/ring_pool.hpp": '#include "impl/kv_cache.hpp"\n#include "impl/ring_index.hpp"\n',
             # allowed
             "impl/kv_cache.hpp": "",
             "impl/ring_index.hpp": "",
@@ -158,8 +185,10 @@ def self_test():
             "model/j.hpp: model/ reaches scenarios/s.hpp",
             "properties/k.cpp: properties/ reaches impl/kv_cache.hpp",
             "properties/local.hpp: properties/ reaches impl/kv_cache.hpp",
+            "sweep/l.cpp: sweep/ reaches impl/kv_cache.hpp not through impl/ring_pool.hpp: sweep/l.cpp -> impl/kv_cache.hpp",
+            "sweep/m.cpp: sweep/ reaches impl/kv_cache.hpp not through impl/ring_pool.hpp: sweep/m.cpp -> engines/e.hpp -> impl/kv_cache.hpp",
         }
-        got = {v.split(" through ")[0] for v in violations(root)}
+        got = {v if " not through " in v else v.split(" through ")[0] for v in violations(root)}
         if got != expected:
             print("include graph checker self-test: expected", *sorted(expected), "got", *sorted(got), sep="\n  ")
             return False
@@ -184,7 +213,8 @@ def main():
         print(f"{len(found)} include(s) against the layout (docs/development.md 'Layout', STYLE.md)")
         return 1
     print("include graph, through every header: model/ reaches only model/ and support/; properties/ "
-          "reaches no impl/; cli/ and reports/ reach neither model/ nor impl/")
+          "reaches no impl/; cli/ and reports/ reach neither model/ nor impl/; sweep/ reaches impl/ only "
+          "through impl/ring_pool.hpp")
     return 0
 
 

@@ -204,7 +204,7 @@ TEST_CASE("Sweep: the verdict does not depend on the ring phase (every phase vs 
   }
 }
 
-TEST_CASE("Sweep: probes catch backend faults in addressing at any ring size (the checks are live)") {
+TEST_CASE("Sweep: probes catch faults in addressing and in the pool's steps at any ring size") {
   const SweepConfig cfg{8, 2, 4, SweepOrder::kStoreThenLoad};
   const std::int64_t s_min = simulated_min(cfg);
   REQUIRE(s_min == 11);
@@ -224,7 +224,24 @@ TEST_CASE("Sweep: probes catch backend faults in addressing at any ring size (th
     CHECK(r.extra_reads > 0);
     o.fault = impl::fault_name(impl::Fault::kWindowTooWide);
     CHECK_FALSE(probe_ring(cfg, s, o).safe);
+    // The probes run RingPool's own steps: the faults it plants there move
+    // the sweep's verdict as they fail `check --impl cpu`.
+    o.fault = impl::fault_name(impl::Fault::kAcceptNoRollback);
+    CHECK_FALSE(probe_ring(cfg, s, o).safe);
+    o.fault = impl::fault_name(impl::Fault::kRingSizedWindow);
+    CHECK_FALSE(probe_ring(cfg, s, o).safe);
   }
+  // A load_then_store chunk stored first: the load_then_store minimum
+  // max(W + k, C) loses rows, the store_then_load one max(W + k, W + C - 1) holds.
+  const SweepConfig lts{8, 2, 12, SweepOrder::kLoadThenStore};
+  REQUIRE(simulated_min(lts) == 12);
+  ProbeOptions o;
+  o.fault = impl::fault_name(impl::Fault::kStoreThenLoadPrefill);
+  const ProbeResult stored_first = probe_ring(lts, 12, o);
+  CHECK_FALSE(stored_first.safe);
+  CHECK(stored_first.hazard == "prefill(12, load_then_store)");
+  CHECK_FALSE(probe_ring(lts, 18, o).safe);
+  CHECK(probe_ring(lts, 19, o).safe);
 }
 
 TEST_CASE("Sweep: every counterexample at S_min - 1 replays through the reference runner") {
@@ -352,7 +369,7 @@ TEST_CASE(
   });
 }
 
-TEST_CASE("Sweep: the tag engine's per-query counts equal the reference runner's at every ring size") {
+TEST_CASE("Sweep: the probe's per-query counts equal the reference runner's at every ring size") {
   rc::prop("run_schedule == run_scenario for one request at S around the minimum", [] {
     const std::int64_t w = *rc::gen::inRange<std::int64_t>(1, 9);
     const std::int64_t k = *rc::gen::inRange<std::int64_t>(0, 4);

@@ -305,3 +305,117 @@ TEST_CASE("RingPool: a device failure after the store is returned, not an abort,
     CHECK(p->state(0).length == 0);
   }
 }
+
+TEST_CASE("RingPool: a step's readers get what a full step gives them, the other queries only store") {
+  PoolSpec spec;
+  spec.states = 1;
+  spec.window_keys = 5;
+  spec.ring_rows = 7;
+  spec.q_heads = 2;
+  spec.head_dim = 2;
+  spec.max_step_rows = 6;
+  // all: every query reads; some: the readers, with outputs; tags: the
+  // readers without outputs, read buffers for 3 of them.
+  std::unique_ptr<RingPool> all, some, tags;
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), spec, &all).ok());
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), spec, &some).ok());
+  PoolSpec three = spec;
+  three.max_step_readers = 3;
+  REQUIRE(RingPool::create(make_backend("cpu", nullptr), three, &tags).ok());
+  for (RingPool* pool : {all.get(), some.get(), tags.get()}) REQUIRE(pool->begin(0, 3).ok());
+  // [6, heads 2, dim 2] rows of k, v and q, each step its own values.
+  std::vector<double> k(24), v(24), q(24);
+  struct Case {
+    int kind;  // 0 prefill load_then_store, 1 prefill store_then_load, 2 decode, 3 verify(3) + accept(1)
+    std::int64_t rows;
+    std::vector<std::int64_t> readers;
+  };
+  const Case cases[] = {{0, 4, {0, 3}}, {1, 6, {1, 2, 5}}, {2, 1, {}},  {3, 4, {0, 3}},
+                        {0, 5, {}},     {1, 3, {0}},       {2, 1, {0}}, {0, 6, {2, 4, 5}}};
+  double x = 0.25;
+  for (const Case& c : cases) {
+    for (auto* rows : {&k, &v, &q}) {
+      for (auto& e : *rows) e = x = std::fmod(x * 3.7 + 0.31, 2.0) - 1.0;
+    }
+    const StepRows in{k.data(), v.data(), q.data()};
+    auto run = [&](RingPool& pool, const StepReads& reads, StepResult* r) {
+      switch (c.kind) {
+        case 0: return pool.prefill(0, c.rows, in, PrefillOrder::kLoadThenStore, r, reads);
+        case 1: return pool.prefill(0, c.rows, in, PrefillOrder::kStoreThenLoad, r, reads);
+        case 2: return pool.decode(0, in, r, reads);
+        default: {
+          Status st = pool.verify(0, c.rows - 1, in, r, reads);
+          return st.ok() ? pool.accept(0, 1) : st;
+        }
+      }
+    };
+    INFO("case kind " << c.kind << ", " << c.rows << " rows, " << c.readers.size() << " readers");
+    const std::span<const std::int64_t> readers(c.readers);
+    StepResult a, results[2];
+    REQUIRE(run(*all, StepReads{}, &a).ok());
+    REQUIRE(run(*some, StepReads{readers, true}, &results[0]).ok());
+    REQUIRE(run(*tags, StepReads{readers, false}, &results[1]).ok());
+    CHECK(a.readers == c.rows);
+    const auto q_elements = static_cast<std::size_t>(spec.q_heads * spec.head_dim);
+    const auto width = static_cast<std::size_t>(a.width);
+    for (const StepResult& s : results) {
+      CHECK(s.readers == static_cast<std::int64_t>(c.readers.size()));
+      CHECK(s.queries == a.queries);
+      CHECK(s.duplicate_slots == a.duplicate_slots);
+      REQUIRE(s.writes.size() == a.writes.size());
+      for (std::size_t w = 0; w < a.writes.size(); ++w) {
+        CHECK(s.writes[w].slot == a.writes[w].slot);
+        CHECK(s.writes[w].written == a.writes[w].written);
+        CHECK(s.writes[w].replaced == a.writes[w].replaced);
+      }
+      REQUIRE(s.read_slots.size() == c.readers.size() * width);
+      for (std::size_t r = 0; r < c.readers.size(); ++r) {
+        const auto i = static_cast<std::size_t>(c.readers[r]);
+        for (std::size_t col = 0; col < width; ++col) {
+          CHECK(s.read_slots[r * width + col] == a.read_slots[i * width + col]);
+          CHECK(s.read_tags[r * width + col] == a.read_tags[i * width + col]);
+        }
+      }
+    }
+    // Outputs only where asked for, the readers' rows bit for bit.
+    CHECK(results[1].out.empty());
+    REQUIRE(results[0].out.size() == c.readers.size() * q_elements);
+    for (std::size_t r = 0; r < c.readers.size(); ++r) {
+      const auto i = static_cast<std::size_t>(c.readers[r]);
+      for (std::size_t e = 0; e < q_elements; ++e)
+        CHECK(results[0].out[r * q_elements + e] == a.out[i * q_elements + e]);
+    }
+    CHECK(some->state(0).length == all->state(0).length);
+    CHECK(tags->state(0).length == all->state(0).length);
+  }
+  for (std::int64_t slot = 0; slot < spec.ring_rows; ++slot) {
+    CHECK(some->backend().slot_tag(slot) == all->backend().slot_tag(slot));
+    CHECK(tags->backend().slot_tag(slot) == all->backend().slot_tag(slot));
+  }
+  // Readers out of order, repeated or past the step's rows, or more than the
+  // pool's max_step_readers (every query of a 4-row step included), are
+  // refused before any write.
+  const std::int64_t length = tags->state(0).length;
+  const std::vector<std::int64_t> bad[] = {{2, 1}, {1, 1}, {0, 3}, {-1}};
+  for (const auto& readers : bad) {
+    const StepRows in{k.data(), v.data(), q.data()};
+    StepResult r;
+    CHECK(tags->prefill(0, 3, in, PrefillOrder::kStoreThenLoad, &r, StepReads{readers, false}).code ==
+          CacheError::kBadArgument);
+  }
+  const std::vector<std::int64_t> four = {0, 1, 2, 3};
+  StepResult r;
+  const StepRows in{k.data(), v.data(), q.data()};
+  CHECK(tags->prefill(0, 4, in, PrefillOrder::kStoreThenLoad, &r, StepReads{four, false}).code ==
+        CacheError::kTooManyRows);
+  CHECK(tags->verify(0, 3, in, &r).code == CacheError::kTooManyRows);
+  CHECK(tags->state(0).length == length);
+  for (std::int64_t slot = 0; slot < spec.ring_rows; ++slot)
+    CHECK(tags->backend().slot_tag(slot) == all->backend().slot_tag(slot));
+  // A pool spec's readers lie in [0, max_step_rows].
+  std::unique_ptr<RingPool> none;
+  three.max_step_readers = 7;
+  CHECK(RingPool::create(make_backend("cpu", nullptr), three, &none).code == CacheError::kBadSpec);
+  three.max_step_readers = -1;
+  CHECK(RingPool::create(make_backend("cpu", nullptr), three, &none).code == CacheError::kBadSpec);
+}
