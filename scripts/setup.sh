@@ -10,7 +10,7 @@
 # over numpy and the PyTorch example (python3-torch).
 set -euo pipefail
 
-packages=(cmake g++ make librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
+packages=(cmake g++ make ninja-build librapidcheck-dev catch2 nlohmann-json3-dev libboost-dev
           libmpfr-dev libgmp-dev libbenchmark-dev python3 python3-jsonschema
           libxml2-utils libcli11-dev openmpi-bin libopenmpi-dev libboost-mpi-dev gcovr
           python3-numpy python3-pytest python3-hypothesis python3-torch python3-venv python3-pip)

@@ -11,7 +11,21 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # otherwise (24 GiB hold three of the heaviest translation units easily).
 build_jobs=$((jobs + 1))
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+# Ninja where it is installed (setup.sh installs it): it compiles a
+# target's files while the libraries it links are still being built, where
+# Make's generator waits for each library in turn; a tree configured
+# earlier with another generator keeps it.
+generator_for() {
+  if [ -f "$1/CMakeCache.txt" ]; then
+    sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$1/CMakeCache.txt"
+  elif command -v ninja >/dev/null 2>&1; then
+    echo Ninja
+  else
+    echo "Unix Makefiles"
+  fi
+}
+
+cmake -S . -B build -G "$(generator_for build)" -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$build_jobs"
 
 # The tests start Python (the bundled adapters, the test drivers) thousands
@@ -31,7 +45,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # No MPI here: OpenMPI's own allocations would be LeakSanitizer reports;
   # kvcheck's MPI glue is the Release tree's (its mpi test there), and the
   # sharded path it drives is tested here too, without mpirun.
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON \
+  cmake -S . -B build-asan -G "$(generator_for build-asan)" -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON \
         -DKVCHECK_CUDA=OFF -DKVCHECK_BENCH=OFF -DKVCHECK_MPI=OFF
   cmake --build build-asan -j"$build_jobs"
   # The sanitizer run skips the tests whose cost is a long loop or a Python
