@@ -60,6 +60,9 @@ class RingCache(window_cache.WindowCache):
         # drafts pending, and the state's next request inherits them.
         self.keep_drafts = "keep-drafts-on-finish" in bugs
         self.kept = {}  # (layer, state) -> (pending_first, pending_drafts)
+        # trim-keeps-drafts: a trim rewinds the length but leaves a pending
+        # verify pending (its drafts "accepted" later over the trimmed rows).
+        self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
 
     def _keep(self, layer, state):
         st = self._state(self._layer(layer), state)
@@ -122,7 +125,9 @@ class RingAdapter(window_cache.WindowAdapter):
                          "rounded to nearest even",
         "keep-drafts-on-finish": "finish and reset leave a pending verify's drafts pending (the "
                                  "state's next request inherits them)",
+        "trim-keeps-drafts": "a trim rewinds the length but leaves a pending verify's drafts pending",
     }
+    trims = True
 
     def make_cache(self, spec):
         return RingCache(spec, self.active_bugs)

@@ -512,8 +512,10 @@ class ProtocolTest(AdapterTest):
             self.assertEqual(hello["version"], 1)
             caps = hello["capabilities"]
             self.assertEqual(caps["addressing"], addressing)
+            # Only the ring declares trim (the paged cache frees rows a trim could return to).
             self.assertEqual(set(caps["steps"]), {"prefill_load_then_store", "prefill_store_then_load",
-                                                  "decode", "verify", "accept", "finish", "reset"})
+                                                  "decode", "verify", "accept", "finish", "reset"} |
+                             ({"trim"} if script == RING else set()))
             self.assertEqual(caps["formats"], ["f64", "f32", "bf16"])
             self.assertEqual(caps["reports"], {"written_slots": True, "read_slots": True})
             answer, rc = adapter.bye()
@@ -528,7 +530,7 @@ class ProtocolTest(AdapterTest):
 
     def test_list_bugs_and_bad_flags(self):
         for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one", "zero-output", "bf16-truncate",
-                                      "keep-drafts-on-finish"]),
+                                      "keep-drafts-on-finish", "trim-keeps-drafts"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
@@ -680,6 +682,45 @@ class ProtocolTest(AdapterTest):
             self.assertEqual(error(adapter.send({"op": "finish", **t})), "state-free")
             self.assertEqual(adapter.send({"op": "close"}), {"ok": True})
             self.assertEqual(error(adapter.send({"op": "begin", **t})), "not-open")
+
+    def test_ring_trim_rewinds_and_drops_drafts(self):
+        # The ring declares trim (the paged cache frees rows a trim could
+        # return to, so it does not); trim-keeps-drafts leaves drafts pending.
+        for bugs, drafts_dropped in (((), True), (("--bug", "trim-keeps-drafts"), False)):
+            adapter = Adapter(RING, *bugs)
+            self.addCleanup(adapter.kill)
+            hello = adapter.hello()
+            self.assertIn("trim", hello["capabilities"]["steps"])
+            spec = make_spec(states=1, capacity=8, param=3, max_step_rows=4)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            t = {"layer": 0, "request": 1, "state": 0}
+
+            def step(op, position, n=1, **kw):
+                m = {"op": op, **t, "position": position, "k": [[0.1] * 4] * n, "v": [[0.2] * 4] * n,
+                     "q": [[0.3] * 4] * n}
+                m.update(kw)
+                return adapter.send(m)
+
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            self.assertTrue(step("prefill", 0, n=4, rows=4, order="load_then_store")["ok"])
+            self.assertEqual(adapter.send({"op": "trim", **t, "positions": 5})["error"], "bad-trim")
+            self.assertEqual(adapter.send({"op": "trim", **t, "positions": 0})["error"], "bad-trim")
+            self.assertEqual(adapter.send({"op": "trim", **t, "positions": 2}), {"ok": True})
+            answer = step("decode", 2)
+            self.assertTrue(answer["ok"], answer)
+            self.assertEqual(answer["written"], [2])  # the trimmed position's slot
+            self.assertEqual(answer["read"], [[0, 1, 2]])
+            self.assertTrue(step("verify", 3, n=3, drafts=2)["ok"])
+            self.assertEqual(adapter.send({"op": "trim", **t, "positions": 1}), {"ok": True})
+            answer = step("decode", 2)
+            self.assertEqual(answer["ok"], drafts_dropped, answer)
+            if not drafts_dropped:
+                self.assertEqual(answer["error"], "verify-pending")
+            adapter.send({"op": "bye"})
+        paged = Adapter(PAGED, "--block-size", "2")
+        self.addCleanup(paged.kill)
+        hello = paged.hello()
+        self.assertNotIn("trim", hello["capabilities"]["steps"])
 
     def test_schema_rejects_bad_messages(self):
         if REQUEST_SCHEMA is None:

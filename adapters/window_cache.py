@@ -6,7 +6,7 @@ the kvcheck package's kvcheck.protocol (python/kvcheck/protocol.py).
 * the math: RoPE, rounding of stored rows through f32/bf16, attention with an
   optional sink logit (`rotate_heads`, `ROUNDERS`, `attend`);
 * `WindowCache`, the step semantics both caches share (begin, both prefill
-  orders, decode, verify/accept, finish, reset) with hooks for the addressing
+  orders, decode, verify/accept, finish, reset, trim) with hooks for the addressing
   (ring_cache.py, paged_cache.py). Every refusal is decided before anything is
   changed, so a refused step leaves the cache exactly as it was;
 * `WindowAdapter`, their adapter program: named bugs (`--bug`, `--list-bugs`)
@@ -193,6 +193,7 @@ class WindowCache(kp.Cache):
         self.rope = make_rope(spec.rope_style, spec.rotary_dims, spec.rope_base)
         self.round = ROUNDERS[spec.format]  # stored rows go through this
         self.read_keys = spec.keys
+        self.trim_keeps_drafts = False  # a ring_cache.py bug switch
         self.outputs = True  # False for --no-outputs: no attention computed, none answered
         self.slots = True    # False for --no-slots: no written or read slots answered
         self.layers = [self.new_layer() for _ in range(spec.layers)]
@@ -318,6 +319,18 @@ class WindowCache(kp.Cache):
         st.pending_first = st.pending_drafts = -1
         st.table = {}
 
+    def trim(self, layer, state, request, positions):
+        lay, st = self._busy_state(layer, state, request)
+        # A pending verify never moved the committed length (it moves at the
+        # accept), so n counts committed positions.
+        if positions < 1 or positions > st.length:
+            raise kp.Refusal("bad-trim", f"trim({positions}) outside 1..{st.length}")
+        # The rows past the new length stay in their slots, stale; the next
+        # write goes at the new length. A pending verify's drafts are dropped.
+        st.length -= positions
+        if not self.trim_keeps_drafts:
+            st.pending_first = st.pending_drafts = -1
+
     def write(self, step):
         answer = self.write_step(step)
         if not self.slots:
@@ -403,6 +416,7 @@ class WindowAdapter(kp.Adapter):
     name = "adapter"
     addressing = "opaque"
     bugs = {}
+    trims = False  # whether the cache runs trim (hello's steps list it)
 
     def __init__(self):
         self.active_bugs = frozenset()
@@ -419,7 +433,7 @@ class WindowAdapter(kp.Adapter):
 
     def capabilities(self):
         caps = {
-            "steps": list(kp.STEP_KINDS),
+            "steps": [s for s in kp.STEP_KINDS if s != "trim" or self.trims],
             "formats": list(FORMATS),
             "rope": list(kp.ROPE_STYLES),
             "layouts": list(kp.LAYOUTS),

@@ -63,7 +63,9 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--case-seed",
      "run only the one case this case seed draws (a failing check prints it), with no coverage gate; not "
      "with --cases"},
-    {"", "--profile", "the distribution cases are drawn from: default (small shapes) or production"},
+    {"", "--profile",
+     "the distribution cases are drawn from: default (small shapes), production, or trim (the default's "
+     "cases with trims, for a cache that declares trim)"},
     {"", "--min-run-share",
      "the share of cases that must run (neither refused nor skipped) for a pass, 0..1 (default 0.8)"},
     {"", "--no-coverage-gate",

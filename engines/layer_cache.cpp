@@ -217,7 +217,7 @@ class LayerCacheProvider final : public CacheProvider {
   LayerCacheProvider() {
     caps_.name = "layer-kv-cache";
     caps_.prefill_load_then_store = caps_.prefill_store_then_load = false;
-    caps_.verify = false;
+    caps_.verify = caps_.trim = false;
     caps_.formats = {scenarios::Format::kF64};
     caps_.rope_styles = {scenarios::RopeStyle::kNone, scenarios::RopeStyle::kNeox};
     caps_.gqa = caps_.shared_row = caps_.sink = caps_.softmax_scale = false;

@@ -72,6 +72,10 @@ class RingPoolCache final : public CacheUnderTest {
         st = pool.reset(c.state);
         writes = false;
         break;
+      case StepKind::kTrim:
+        st = pool.trim(c.state, c.step.positions);
+        writes = false;
+        break;
     }
     if (!st.ok()) return refusal(st);
     if (!writes || answer == nullptr) return {};

@@ -85,6 +85,10 @@ class TraceCache final : public CacheUnderTest {
         agree(rec.accepted == c.step.accepted, "accepted", std::to_string(rec.accepted),
               std::to_string(c.step.accepted));
       }
+      if (scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kPositions) {
+        agree(rec.positions == c.step.positions, "positions", std::to_string(rec.positions),
+              std::to_string(c.step.positions));
+      }
     }
     if (rec.refused) return parse_refusal(*rec.refused);
     if (begin || !scenarios::trace_kind_writes(rec.kind) || answer == nullptr) return std::nullopt;
@@ -230,6 +234,8 @@ class RecordingCache final : public CacheUnderTest {
     if (st) s.refused = refusal_text(*st);
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kAccepted)
       s.accepted = c.step.accepted;
+    if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kPositions)
+      s.positions = c.step.positions;
     if (scenarios::trace_kind_writes(s.kind)) {
       s.position = c.position;
       s.rows = c.rows;

@@ -447,4 +447,21 @@ Status RingPool::reset(std::int64_t state) {
   return {};
 }
 
+Status RingPool::trim(std::int64_t state, std::int64_t positions) {
+  if (state < 0 || state >= spec_.states)
+    return Status::fail(CacheError::kStateOutOfRange, "trim: state out of range");
+  auto& s = states_[static_cast<std::size_t>(state)];
+  if (!s.busy) return Status::fail(CacheError::kStateFree, "trim: state has no request");
+  // A pending verify(k) at p left length p + k + 1; its rows go first, so
+  // n counts committed positions (this pool's own copy of the rule).
+  const std::int64_t committed = s.pending_drafts >= 0 ? s.length - s.pending_drafts - 1 : s.length;
+  if (positions < 1 || positions > committed) {
+    return Status::fail(CacheError::kBadArgument, "trim: n must be in [1, committed length]");
+  }
+  // The trimmed rows stay in their slots, stale: the next writes replace them.
+  s.length = committed - positions;
+  s.pending_drafts = -1;
+  return {};
+}
+
 }  // namespace kvcheck::impl

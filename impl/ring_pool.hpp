@@ -13,6 +13,8 @@
 //   accept(a)          keeps a <= k drafts: length = p + 1 + a
 //   finish             frees the state id (old rows stay, stale)
 //   reset              length back to 0, storage kept
+//   trim(n)            a pending verify's rows dropped, then length -= n
+//                      (1 <= n <= the committed length); rows stay, stale
 // Named faults (impl/kv_cache.hpp) that live at step level are applied here.
 // Every failing call returns a typed Status and changes nothing.
 #pragma once
@@ -114,6 +116,9 @@ class RingPool {
   Status accept(std::int64_t state, std::int64_t accepted);
   Status finish(std::int64_t state);
   Status reset(std::int64_t state);
+  /// Removes the last `positions` committed positions (a pending verify is
+  /// dropped first): the next write goes to length - positions.
+  Status trim(std::int64_t state, std::int64_t positions);
 
  private:
   RingPool() = default;

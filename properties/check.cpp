@@ -88,6 +88,11 @@ std::vector<Scenario> variants(const Scenario& sc) {
       v.steps[i].accepted -= 1;
       out.push_back(std::move(v));
     }
+    if (s.kind == StepKind::kTrim && s.positions > 1) {
+      Scenario v = sc;
+      v.steps[i].positions -= 1;
+      out.push_back(std::move(v));
+    }
   }
   // Simpler cache: one layer, fewer heads, narrower heads, exact rows, no RoPE.
   auto with = [&](auto&& edit) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "properties/runner.hpp"
 #include "properties/value_profiles.hpp"
@@ -29,6 +30,10 @@ constexpr int kDecode = static_cast<int>(StepCapability::kDecode);
 constexpr int kVerify = static_cast<int>(StepCapability::kVerify);
 constexpr int kFinish = static_cast<int>(StepCapability::kFinish);
 constexpr int kReset = static_cast<int>(StepCapability::kReset);
+// Trim is drawn apart from the swarm (its own stream, under --profile trim):
+// its slot is last and its weight stays 0 in the swarm's draws, so every
+// other profile keeps its cases byte for byte.
+constexpr int kTrim = static_cast<int>(StepCapability::kTrim);
 
 /// Whether a slot's steps write rows.
 constexpr bool slot_writes(int slot) noexcept {
@@ -57,7 +62,12 @@ int pick(Prng& rng, const int (&weights)[kKinds]) {
 }  // namespace
 
 std::string profile_name(Profile profile) {
-  return profile == Profile::kProduction ? "production" : "default";
+  switch (profile) {
+    case Profile::kDefault: return "default";
+    case Profile::kProduction: return "production";
+    case Profile::kTrim: return "trim";
+  }
+  return "default";
 }
 
 bool parse_profile(const std::string& name, Profile* out) {
@@ -65,6 +75,8 @@ bool parse_profile(const std::string& name, Profile* out) {
     *out = Profile::kDefault;
   else if (name == "production")
     *out = Profile::kProduction;
+  else if (name == "trim")
+    *out = Profile::kTrim;
   else
     return false;
   return true;
@@ -87,6 +99,9 @@ std::vector<std::string> coverage_names(Profile profile) {
   }
   for (const char* n : {"verify_then_other_request", "finish_or_reset_with_drafts_pending"})
     names.push_back(n);
+  if (profile == Profile::kTrim) {
+    for (const char* n : {"write_after_trim", "trim_with_drafts_pending"}) names.push_back(n);
+  }
   return names;
 }
 
@@ -100,6 +115,10 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
   }
   flags.push_back(c.verify_then_other_request);
   flags.push_back(c.finish_or_reset_with_drafts_pending);
+  if (profile == Profile::kTrim) {
+    flags.push_back(c.write_after_trim);
+    flags.push_back(c.trim_with_drafts_pending);
+  }
   return flags;
 }
 
@@ -122,6 +141,10 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   // Two requests live at once need two states; drafts end unaccepted by a finish or a reset.
   reach.push_back(caps.verify && (caps.max_states == 0 || caps.max_states >= 2));
   reach.push_back(caps.verify && (caps.finish || caps.reset));
+  if (profile == Profile::kTrim) {
+    reach.push_back(caps.trim);
+    reach.push_back(caps.trim && caps.verify);
+  }
   return reach;
 }
 
@@ -130,7 +153,9 @@ namespace {
 /// Swarm: which step kinds are on, and their weights (some zero), limited to
 /// what the cache runs (no extra draws, so a full-featured cache keeps its cases).
 void draw_weights(Prng& rng, const engines::Capabilities& caps, int (&weights)[kKinds]) {
-  for (int& w : weights) w = rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
+  for (int i = 0; i < kKinds; ++i) {
+    weights[i] = i != kTrim && rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
+  }
   if (writing_weight(weights) == 0) weights[kDecode] = 2;
   // Steps that write nothing (finish, reset) at most weight 1, so rows get written.
   for (int i = 0; i < kKinds; ++i) {
@@ -269,12 +294,24 @@ class WorkLeft {
   std::int64_t keys_, per_visible_row_, per_row_, macs_, elements_;
 };
 
+/// The trim profile's draws: their own stream, and how far below the
+/// highest row a request wrote (since it began or reset) a trim may take it;
+/// the ring is grown by that depth, so the rows a query needs after a trim
+/// are still held (SPEC §5's bound with the depth in place of the chunk).
+struct TrimDraws {
+  Prng rng;
+  std::int64_t depth = 0;
+};
+
 /// Draws the requests (1..max_requests, each on a state id) and a schedule of
 /// up to `steps` steps over them; with `work`, every step is fitted to what
-/// is left of the budget and the schedule ends when nothing fits.
+/// is left of the budget and the schedule ends when nothing fits; with
+/// `trims`, a step of a begun request is sometimes a trim instead (drawn
+/// from their own stream, so the other draws stay as they were).
 void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::int64_t max_chunk,
                    std::int64_t max_drafts, std::int64_t max_requests, std::int64_t min_steps,
-                   std::int64_t max_steps, WorkLeft* work, std::int64_t max_positions) {
+                   std::int64_t max_steps, WorkLeft* work, std::int64_t max_positions,
+                   TrimDraws* trims = nullptr) {
   const auto& c = sc.cache;
   const std::int64_t request_count = rng.range(1, max_requests);
   for (std::int64_t r = 0; r < request_count; ++r) {
@@ -290,6 +327,7 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
   // verify is pending, and a finish or reset ends a pending verify's drafts.
   Prng extra(mix_seed(sc.data.seed, 0x70656e64));  // "pend"
   const bool end_pending = weights[kFinish] + weights[kReset] > 0;
+  std::map<std::int64_t, std::int64_t> high;  // request -> one past the highest row written since begin/reset
   for (std::int64_t s = 0; s < budget; ++s) {
     // Requests that may take a step now.
     std::vector<std::int64_t> ready;
@@ -331,10 +369,20 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
           break;
         case scenarios::StepFields::kDrafts: step.drafts = rng.range(0, max_drafts); break;
         case scenarios::StepFields::kAccepted:
+        case scenarios::StepFields::kPositions:
         case scenarios::StepFields::kNone: break;
       }
       // A finish or reset of a request that has not begun would do nothing: a decode instead.
       if (scenarios::step_kind_needs_begun(step.kind) && !started) step = Step{StepKind::kDecode, r};
+    }
+    if (trims != nullptr && started) {
+      // At most `depth` below the highest row written (a pending verify's included).
+      const std::int64_t top = std::max(high[r], progress.speculative_length());
+      const std::int64_t most = std::min(progress.length, trims->depth - (top - progress.length));
+      if (most >= 1 && trims->rng.chance(1, 4)) {
+        step = Step{StepKind::kTrim, r};
+        step.positions = trims->rng.range(1, most);
+      }
     }
     if (max_positions > 0 && scenarios::step_rows(step) > 0) {
       // The cache's longest request: a step is shortened to end there; a
@@ -358,6 +406,10 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       work->charge(first, scenarios::step_rows(step));
     }
     lifecycle.step(r, state_of(r), step);  // begins the request, advances it, frees its state at finish
+    if (trims != nullptr) {
+      const std::int64_t reached = lifecycle.progress(r).speculative_length();
+      high[r] = step.kind == StepKind::kReset ? 0 : std::max(high[r], reached);
+    }
     sc.steps.push_back(step);
   }
   // Close a pending verify so every schedule ends in a committed state.
@@ -405,11 +457,15 @@ Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& d
   return sc;
 }
 
-Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps) {
+Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, bool trim_profile) {
   Prng rng(seed);
   int weights[kKinds];
-  Scenario sc = begin_scenario(rng, "generated-" + std::to_string(seed),
-                               "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
+  Scenario sc = trim_profile
+                    ? begin_scenario(rng, "trim-" + std::to_string(seed),
+                                     "kvcheck check --profile trim case drawn from seed " + std::to_string(seed),
+                                     caps, weights)
+                    : begin_scenario(rng, "generated-" + std::to_string(seed),
+                                     "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
 
   auto& c = sc.cache;
   c.window = rng.range(1, 7);
@@ -445,8 +501,17 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps)
   c.layers = rng.chance(1, 6) ? 2 : 1;
   if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
   fit_to_caps(c, caps);
+  // The trim profile, for a cache that trims: the depth a trim may reach
+  // (past a pending verify's rows, often), and the ring grown by it.
+  std::optional<TrimDraws> trims;
+  if (trim_profile && caps.trim) {
+    trims.emplace(TrimDraws{Prng(mix_seed(sc.data.seed, 0x7472696d)), 0});  // "trim"
+    trims->depth = max_drafts + 1 + trims->rng.range(1, keys + 2);
+    c.ring_rows += trims->depth;
+  }
   // Requests: 1..3, each with a state id; later requests may reuse a state.
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr, caps.max_positions);
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr, caps.max_positions,
+                trims ? &*trims : nullptr);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -575,7 +640,8 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
 }  // namespace
 
 Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
-  return profile == Profile::kProduction ? generate_production(seed, caps) : generate_default(seed, caps);
+  return profile == Profile::kProduction ? generate_production(seed, caps)
+                                         : generate_default(seed, caps, profile == Profile::kTrim);
 }
 
 Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
@@ -584,7 +650,7 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   std::map<std::int64_t, scenarios::RequestProgress> progress;
   std::map<std::int64_t, std::int64_t> state_of;
   for (const auto& r : sc.requests) state_of[r.id] = r.state;
-  std::map<std::int64_t, bool> state_used, started;
+  std::map<std::int64_t, bool> state_used, started, trimmed;
   bool wrote = false;
   for (const auto& s : sc.steps) {
     for (const auto& [other, q] : progress) {
@@ -604,6 +670,11 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
     if ((s.kind == StepKind::kFinish || s.kind == StepKind::kReset) && p.pending()) {
       cov.finish_or_reset_with_drafts_pending = true;
     }
+    if (s.kind == StepKind::kTrim) {
+      trimmed[s.request] = true;
+      if (p.pending()) cov.trim_with_drafts_pending = true;
+    }
+    if (n > 0 && trimmed[s.request]) cov.write_after_trim = true;
     if (n > 0 && keys >= 4096) cov.window_4096 = true;
     if (s.kind == StepKind::kPrefill && s.rows >= 1024) cov.chunk_1024 = true;
     if (s.kind == StepKind::kVerify && s.drafts >= 8) cov.verify_8_drafts = true;

@@ -30,9 +30,12 @@ namespace kvcheck::properties {
 enum class Profile : std::uint8_t {
   kDefault,     ///< small caches (window 1..7, head width 2..8): milliseconds a case
   kProduction,  ///< production shapes under a per-case work budget
+  /// The default profile's cases plus trims (from their own stream) for a
+  /// cache that declares trim, its ring grown by the trim depth drawn.
+  kTrim,
 };
 
-/// "default" or "production".
+/// "default", "production" or "trim".
 std::string profile_name(Profile profile);
 /// Parses a profile name; false when unknown.
 bool parse_profile(const std::string& name, Profile* out);
@@ -64,11 +67,15 @@ struct Coverage {
   // Both profiles (listed after the production profile's own five there):
   bool verify_then_other_request = false;  ///< another request steps between a verify and its accept
   bool finish_or_reset_with_drafts_pending = false;  ///< a finish or reset ends a pending verify's drafts
+  // Trim profile only (last):
+  bool write_after_trim = false;               ///< a request writes again after a trim (positions rewritten)
+  bool trim_with_drafts_pending = false;       ///< a trim drops a pending verify's drafts
 };
 
 /// Names of the coverage classes of `profile`, in Coverage field order: the
 /// default's first four, then (production only) five of the production
-/// profile's own, then the two schedule classes both profiles have. A class
+/// profile's own, then the two schedule classes both profiles have, then
+/// (trim only) the trim profile's two. A class
 /// keeps its index when classes are added: new ones go last.
 std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
 /// The classes of `profile` as booleans, in coverage_names(profile) order.

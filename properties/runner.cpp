@@ -344,6 +344,28 @@ class StepDriver {
       run_.observed += "+position-code";
     }
     for (const auto& r : sc.requests) requests_[r.id].state = r.state;
+    trim_floor_ = trim_floors(sc);
+  }
+
+  /// Per step, the lowest length a later trim of the step's request leaves
+  /// it at (INT64_MAX when no later trim): rows from there back a window
+  /// are read again after the trim.
+  static std::vector<std::int64_t> trim_floors(const Scenario& sc) {
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    std::vector<std::int64_t> after(sc.steps.size(), kNone);
+    std::map<std::int64_t, scenarios::RequestProgress> progress;
+    for (std::size_t i = 0; i < sc.steps.size(); ++i) {
+      scenarios::advance(progress[sc.steps[i].request], sc.steps[i]);
+      if (sc.steps[i].kind == StepKind::kTrim) after[i] = progress[sc.steps[i].request].length;
+    }
+    std::vector<std::int64_t> floors(sc.steps.size(), kNone);
+    std::map<std::int64_t, std::int64_t> lowest;  // request -> lowest trimmed length from step i + 1 on
+    for (std::size_t i = sc.steps.size(); i-- > 0;) {
+      const auto it = lowest.find(sc.steps[i].request);
+      floors[i] = it == lowest.end() ? kNone : it->second;
+      if (after[i] != kNone) lowest[sc.steps[i].request] = std::min(floors[i], after[i]);
+    }
+    return floors;
   }
 
   /// Runs every step until the schedule ends or the run stops.
@@ -386,7 +408,10 @@ class StepDriver {
     // it; after a reset the positions are written again before they are
     // read), so a window reaches back no further than first - keys + 1.
     // Memory stays with the window, not the schedule's length.
-    if (n > 0 && first - keys_ > 0) judge_.forget_before(step.request, first - keys_);
+    // A later trim takes the request back below `first`: its next query
+    // reads rows from before the trim, which are kept (trim_floor_).
+    const std::int64_t keep_from = std::min(first, trim_floor_[step_index]);
+    if (n > 0 && keep_from - keys_ > 0) judge_.forget_before(step.request, keep_from - keys_);
 
     // Model bookkeeping shared by all layers (scenarios/step_semantics.hpp).
     req.begun = true;
@@ -538,6 +563,7 @@ class StepDriver {
   std::vector<ShadowMap> shadows_;  // [layers] slot -> the row the cache last said it wrote there
   std::vector<PositionDecoder> decoders_;
   std::map<std::int64_t, RequestState> requests_;
+  std::vector<std::int64_t> trim_floor_;  // [steps] see trim_floors()
   Prober prober_;
   engines::StepAnswer answer_;    // reused between calls
   std::size_t current_step_ = 0;  // the step and layer under way (crashed())

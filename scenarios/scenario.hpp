@@ -59,7 +59,8 @@ struct Request {
 };
 
 /// One step. Which fields matter depends on `kind` (its StepFields in
-/// scenarios/step_kinds.hpp): prefill: rows, order; verify: drafts; accept: accepted.
+/// scenarios/step_kinds.hpp): prefill: rows, order; verify: drafts; accept:
+/// accepted; trim: positions.
 struct Step {
   StepKind kind = StepKind::kDecode;
   std::int64_t request = 0;
@@ -67,6 +68,7 @@ struct Step {
   Order order = Order::kLoadThenStore;
   std::int64_t drafts = 0;    ///< verify k (>= 0): k + 1 rows
   std::int64_t accepted = 0;  ///< accept a (0 <= a <= k of the pending verify)
+  std::int64_t positions = 0;  ///< trim n (1 <= n <= the committed length)
   bool operator==(const Step&) const = default;
 };
 

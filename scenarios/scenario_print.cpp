@@ -80,6 +80,7 @@ ojson to_document(const Scenario& s) {
         break;
       case StepFields::kDrafts: step["drafts"] = st.drafts; break;
       case StepFields::kAccepted: step["accepted"] = st.accepted; break;
+      case StepFields::kPositions: step["positions"] = st.positions; break;
       case StepFields::kNone: break;
     }
     steps.push_back(std::move(step));

@@ -115,6 +115,7 @@ Step read_step(const json& j, const std::string& p) {
     case StepFields::kRowsOrder: check_keys(j, p, {"kind", "request", "rows", "order"}, owner); break;
     case StepFields::kDrafts: check_keys(j, p, {"kind", "request", "drafts"}, owner); break;
     case StepFields::kAccepted: check_keys(j, p, {"kind", "request", "accepted"}, owner); break;
+    case StepFields::kPositions: check_keys(j, p, {"kind", "request", "positions"}, owner); break;
     case StepFields::kNone: check_keys(j, p, {"kind", "request"}, owner); break;
   }
   step.request = get_i64(require(j, p, "request"), join_key(p, "request"));
@@ -126,6 +127,9 @@ Step read_step(const json& j, const std::string& p) {
     case StepFields::kDrafts: step.drafts = get_i64(require(j, p, "drafts"), join_key(p, "drafts")); break;
     case StepFields::kAccepted:
       step.accepted = get_i64(require(j, p, "accepted"), join_key(p, "accepted"));
+      break;
+    case StepFields::kPositions:
+      step.positions = get_i64(require(j, p, "positions"), join_key(p, "positions"));
       break;
     case StepFields::kNone: break;
   }

@@ -150,6 +150,9 @@ void check_default_fields(const Step& step, const std::string& p) {
   if (fields != StepFields::kAccepted && step.accepted != defaults.accepted) {
     fail(ErrorId::kJsonValue, join_key(p, "accepted"), "accepted is not a field of " + owner);
   }
+  if (fields != StepFields::kPositions && step.positions != defaults.positions) {
+    fail(ErrorId::kJsonValue, join_key(p, "positions"), "positions is not a field of " + owner);
+  }
 }
 
 Simulation simulate(const Scenario& s) {
@@ -229,6 +232,13 @@ Simulation simulate(const Scenario& s) {
                  std::to_string(*r.verify_at) + "]");
       case StepRefusal::kBadRows:
         fail(ErrorId::kJsonValue, p, "prefill rows must be >= 1 and verify drafts >= 0");
+      case StepRefusal::kTrimNone:
+        fail(ErrorId::kJsonValue, join_key(p, "positions"),
+             "trim " + std::to_string(step.positions) + " removes no position (at least 1)");
+      case StepRefusal::kTrimTooMany:
+        fail(ErrorId::kJsonValue, join_key(p, "positions"),
+             "trim " + std::to_string(step.positions) + " exceeds the " + std::to_string(first) +
+                 " committed positions of " + name);
     }
     sim.first_position.push_back(writes ? first : 0);
     if (writes) {

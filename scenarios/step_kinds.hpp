@@ -26,6 +26,7 @@ enum class StepFields : std::uint8_t {
   kRowsOrder,  ///< "rows" (the chunk, >= 1) then "order"
   kDrafts,     ///< "drafts" k (>= 0)
   kAccepted,   ///< "accepted" a (0 <= a <= k of the pending verify)
+  kPositions,  ///< "positions" n (1 <= n <= the committed length): trim
 };
 
 /// How many rows a step writes, which is also how many queries it runs.
@@ -52,9 +53,10 @@ enum class StepRows : std::uint8_t {
   X(kVerify, "verify", kDrafts, kDraftsPlusOne, kVerify, false, false) \
   X(kAccept, "accept", kAccepted, kNone, kVerify, false, true)       \
   X(kFinish, "finish", kNone, kNone, kFinish, true, true)            \
-  X(kReset, "reset", kNone, kNone, kReset, false, true)
+  X(kReset, "reset", kNone, kNone, kReset, false, true)              \
+  X(kTrim, "trim", kPositions, kNone, kTrim, false, true)
 
-/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset").
+/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset", "trim").
 enum class StepKind : std::uint8_t {
 #define KVCHECK_STEP_KIND_ENUMERATOR(id, name, fields, rows, runs_with, ends, begun) id,
   KVCHECK_STEP_KINDS(KVCHECK_STEP_KIND_ENUMERATOR)
@@ -152,7 +154,8 @@ constexpr bool step_kind_needs_begun(StepKind kind) noexcept { return step_kind_
   X(kDecode, decode, kDecode, kLoadThenStore)                                 \
   X(kVerify, verify, kVerify, kLoadThenStore)                                 \
   X(kFinish, finish, kFinish, kLoadThenStore)                                 \
-  X(kReset, reset, kReset, kLoadThenStore)
+  X(kReset, reset, kReset, kLoadThenStore)                                   \
+  X(kTrim, trim, kTrim, kLoadThenStore)
 
 /// The rows of KVCHECK_STEP_CAPABILITIES (also the generator's swarm slots).
 enum class StepCapability : std::uint8_t {

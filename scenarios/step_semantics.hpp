@@ -43,6 +43,8 @@ enum class StepRefusal : std::uint8_t {
   kAcceptNegative,           ///< accept(a) with a < 0
   kAcceptTooMany,            ///< accept(a) with a > k
   kBadRows,                  ///< prefill rows < 1 or verify drafts < 0
+  kTrimNone,                 ///< trim(n) with n < 1
+  kTrimTooMany,              ///< trim(n) with n > the committed length
 };
 
 /// One line for a refusal ("accept without a pending verify", ...).
@@ -59,6 +61,9 @@ constexpr std::int64_t step_first_position(const RequestProgress& p) noexcept {
 ///   accept(a):          length = pending_first + 1 + a; pending cleared
 ///   finish:             pending cleared (the request ends)
 ///   reset:              length = 0; pending cleared
+///   trim(n):            pending cleared (a pending verify's rows are dropped,
+///                       the verified token's included), then length -= n,
+///                       1 <= n <= length (the committed length)
 /// On a refusal `p` is unchanged.
 constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
   switch (step.kind) {
@@ -86,6 +91,14 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
       return StepRefusal::kNone;
     case StepKind::kFinish: p.pending_first = p.pending_drafts = -1; return StepRefusal::kNone;
     case StepKind::kReset: p = RequestProgress{}; return StepRefusal::kNone;
+    case StepKind::kTrim:
+      // A trim rewinds the committed length; pending drafts go first (a draft
+      // cache rewound drops its speculation), so n counts committed positions.
+      if (step.positions < 1) return StepRefusal::kTrimNone;
+      if (step.positions > p.length) return StepRefusal::kTrimTooMany;
+      p.length -= step.positions;
+      p.pending_first = p.pending_drafts = -1;
+      return StepRefusal::kNone;
   }
   return StepRefusal::kNone;
 }
@@ -184,6 +197,8 @@ inline const char* step_refusal_text(StepRefusal refusal) noexcept {
     case StepRefusal::kAcceptNegative: return "accept of a negative number of drafts";
     case StepRefusal::kAcceptTooMany: return "accept of more drafts than the pending verify wrote";
     case StepRefusal::kBadRows: return "prefill rows < 1 or verify drafts < 0";
+    case StepRefusal::kTrimNone: return "trim of fewer than 1 position";
+    case StepRefusal::kTrimTooMany: return "trim of more positions than the request has committed";
   }
   return "?";
 }

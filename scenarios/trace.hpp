@@ -103,6 +103,7 @@ struct TraceStep {
   Order order = Order::kLoadThenStore;  ///< prefill
   std::int64_t drafts = 0;              ///< verify k
   std::int64_t accepted = 0;            ///< accept a
+  std::int64_t positions = 0;           ///< trim n
   std::vector<std::int64_t> written;    ///< [rows] slot of each new row
   ReadForm read_form = ReadForm::kNone;
   std::vector<std::vector<std::int64_t>> read;  ///< [rows] slots each query read (-1 ignored)
@@ -152,6 +153,7 @@ inline Step trace_record_step(const TraceStep& s) noexcept {
       break;
     case StepFields::kDrafts: step.drafts = s.drafts; break;
     case StepFields::kAccepted: step.accepted = s.accepted; break;
+    case StepFields::kPositions: step.positions = s.positions; break;
     case StepFields::kNone: break;
   }
   return step;

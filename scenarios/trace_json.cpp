@@ -267,6 +267,7 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   if (fields == StepFields::kRowsOrder) allowed.push_back("order");
   if (fields == StepFields::kDrafts) allowed.push_back("drafts");
   if (fields == StepFields::kAccepted) allowed.push_back("accepted");
+  if (fields == StepFields::kPositions) allowed.push_back("positions");
   check_keys(j, "", allowed, owner);
 
   s.step = get_range(require(j, "", "step", owner), "step", 0, kMaxRows, "step");
@@ -286,6 +287,9 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   }
   if (fields == StepFields::kAccepted) {
     s.accepted = get_range(require(j, "", "accepted", owner), "accepted", 0, kMaxDrafts, "accepted");
+  }
+  if (fields == StepFields::kPositions) {
+    s.positions = get_range(require(j, "", "positions", owner), "positions", 1, kMaxRows - 1, "positions");
   }
   if (!writes) return s;
 
@@ -464,6 +468,7 @@ void check_run(const TraceRun& run) {
         agree(s.order == first->order, "order", "'" + std::string(order_name(s.order)) + "'");
         agree(s.drafts == first->drafts, "drafts", std::to_string(s.drafts));
         agree(s.accepted == first->accepted, "accepted", std::to_string(s.accepted));
+        agree(s.positions == first->positions, "positions", std::to_string(s.positions));
       }
     }
     if (s.refused) refused_line = s.line;
@@ -651,6 +656,7 @@ std::string trace_step_line(const TraceStep& s) {
     if (!s.out.empty() && !s.refused) j["out"] = rows_json(s.out);
   }
   if (trace_kind_fields(s.kind) == StepFields::kAccepted) j["accepted"] = s.accepted;
+  if (trace_kind_fields(s.kind) == StepFields::kPositions) j["positions"] = s.positions;
   if (s.refused) j["refused"] = *s.refused;
   return dump_line(j);
 }

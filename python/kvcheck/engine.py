@@ -15,7 +15,7 @@
 
 The steps a subclass defines are the steps its hello declares: `prefill`
 (in the orders of `prefill_orders`), `decode`, `verify` with `accept`,
-`finish`, `reset`; `begin` is always there (by default it does nothing).
+`finish`, `reset`, `trim`; `begin` is always there (by default it does nothing).
 Class attributes say the rest of the hello: `name`, `formats`, `rope`,
 `layouts`, `addressing`, `outputs`, `slots`, `rows` and `capabilities` (any
 other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
@@ -42,7 +42,7 @@ class Engine:
 
     * `begin(layer, state, request)`, `accept(layer, state, request,
       accepted)`, `finish(layer, state, request)`, `reset(layer, state,
-      request)`: return nothing;
+      request)`, `trim(layer, state, request, positions)`: return nothing;
     * `prefill(step)`, `decode(step)`, `verify(step)` (a WriteStep): return
       the answer, built with `answer(...)`."""
 
@@ -73,7 +73,7 @@ class Engine:
                 if order not in _ORDERS:
                     raise TypeError(f"{cls.__name__}.prefill_orders: one of {list(_ORDERS)}, got {order!r}")
                 steps.append(_ORDERS[order])
-        for kind in ("decode", "verify", "accept", "finish", "reset"):
+        for kind in ("decode", "verify", "accept", "finish", "reset", "trim"):
             if getattr(cls, kind, None) is not None:
                 steps.append(kind)
         if ("verify" in steps) != ("accept" in steps):
@@ -108,6 +108,9 @@ class _Case(protocol.Cache):
 
     def reset(self, layer, state, request):
         self.engine.reset(layer, state, request)
+
+    def trim(self, layer, state, request, positions):
+        self.engine.trim(layer, state, request, positions)
 
     def write(self, step):
         result = getattr(self.engine, step.kind)(step)

@@ -16,6 +16,7 @@ an engine's cache is writing the cache's side:
         def accept(self, layer, state, request, accepted): ...
         def finish(self, layer, state, request): ...
         def reset(self, layer, state, request): ...
+        def trim(self, layer, state, request, positions): ...   # if hello lists "trim"
         def write(self, step):          # kp.WriteStep: prefill, decode, verify
             return {"ok": True, "out": ..., "written": ..., "read": ...,
                     "read_view": "after_writes", "stored": {"k": ...}}
@@ -78,7 +79,7 @@ VERSION = 1
 # The names the protocol knows (scenarios/schema/exec-protocol.schema.json):
 # a hello declares a subset of each.
 STEP_KINDS = ["prefill_load_then_store", "prefill_store_then_load", "decode", "verify",
-              "accept", "finish", "reset"]
+              "accept", "finish", "reset", "trim"]
 FORMATS = ["f64", "f32", "bf16", "fp8"]
 ROPE_STYLES = ["none", "neox", "interleaved"]
 LAYOUTS = ["mha", "gqa", "mqa", "shared"]
@@ -396,6 +397,13 @@ class Cache:
     def reset(self, layer, state, request):
         raise NotImplementedError
 
+    def trim(self, layer, state, request, positions):
+        """Removes the last `positions` committed positions (a pending
+        verify's rows are dropped first); the next write goes at the
+        committed length minus `positions`. Only sent when the hello's
+        steps list "trim"."""
+        raise NotImplementedError
+
     def write(self, step):
         """prefill / decode / verify (a WriteStep): returns the answer dict."""
         raise NotImplementedError
@@ -482,7 +490,7 @@ class Session:
             "hello": self.op_hello, "open": self.op_open, "close": self.op_close,
             "bye": self.op_bye, "begin": self.op_begin, "prefill": self.op_write,
             "decode": self.op_write, "verify": self.op_write, "accept": self.op_accept,
-            "finish": self.op_finish, "reset": self.op_reset,
+            "finish": self.op_finish, "reset": self.op_reset, "trim": self.op_trim,
         }
 
     def handle(self, raw):
@@ -637,6 +645,12 @@ class Session:
     def op_reset(self, msg):
         layer, request, state = self._common(msg, "reset")
         self.cache.reset(layer, state, request)
+        return {"ok": True}
+
+    def op_trim(self, msg):
+        layer, request, state = self._common(msg, "trim", ("positions",))
+        positions = get_int(msg, "positions", "trim")
+        self.cache.trim(layer, state, request, positions)
         return {"ok": True}
 
     def op_write(self, msg):

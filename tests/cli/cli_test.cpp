@@ -220,12 +220,14 @@ TEST_CASE(
       {"paged_cache.py", "free-early"},          {"paged_cache.py", "left-as-keys"},
       {"ring_cache.py", "bf16-truncate"},  // caught from the stored rows the adapter reports
       {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
-      {"ring_cache.py", "keep-drafts-on-finish"}};  // schedules that finish or reset with drafts pending
+      {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
+      {"ring_cache.py", "trim-keeps-drafts"}};     // trims with drafts pending: --profile trim
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
+    const std::string profile = std::string(bug).starts_with("trim") ? " --profile trim" : "";
     const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " +
-                          kExecCases + " --seed 1 --out " + out.string());
+                          kExecCases + " --seed 1" + profile + " --out " + out.string());
     INFO(o.out << o.err);
     CHECK(o.code == 1);
     const fs::path file = out / "counterexample-exec-seed1.json";

@@ -24,7 +24,7 @@ using kvcheck::engines::SizeSet;
 Json ring_hello() {
   return Json::parse(R"({"ok":true,"protocol":"kvcheck-exec","version":1,"name":"ring-cache",
     "capabilities":{"steps":["prefill_load_then_store","prefill_store_then_load","decode","verify","accept",
-                             "finish","reset"],
+                             "finish","reset","trim"],
       "formats":["f64","f32","bf16"],"rope":["none","neox","interleaved"],"layouts":["mha","gqa","mqa","shared"],
       "sink":true,"softmax_scale":true,"max_states":0,"max_layers":0,"max_step_rows":0,"max_head_dim":0,
       "reports":{"written_slots":true,"read_slots":true},"addressing":"ring",

@@ -4,6 +4,7 @@
 // disagrees with the steps, and refusal probes catch a cache that accepts
 // what it must refuse or changes while refusing.
 #include <catch2/catch.hpp>
+#include <algorithm>
 
 #include <filesystem>
 #include <memory>
@@ -520,11 +521,11 @@ TEST_CASE("Layer-bound cache: planted binding bugs fail its probes within 60 gen
 }
 
 TEST_CASE("StepKinds: a step of each kind writes the rows the table says, on the CPU pool and the layer cache") {
-  // prefill(3), verify(2), accept(1), decode, reset, decode, finish: every kind once at least.
+  // prefill(3), verify(2), accept(1), trim(2), decode, reset, decode, finish: every kind once at least.
   const scenarios::StepKind kinds[] = {scenarios::StepKind::kPrefill, scenarios::StepKind::kVerify,
-                                       scenarios::StepKind::kAccept,  scenarios::StepKind::kDecode,
-                                       scenarios::StepKind::kReset,   scenarios::StepKind::kDecode,
-                                       scenarios::StepKind::kFinish};
+                                       scenarios::StepKind::kAccept,  scenarios::StepKind::kTrim,
+                                       scenarios::StepKind::kDecode,  scenarios::StepKind::kReset,
+                                       scenarios::StepKind::kDecode,  scenarios::StepKind::kFinish};
   std::set<scenarios::StepKind> seen(std::begin(kinds), std::end(kinds));
   REQUIRE(seen.size() == std::size(scenarios::kStepKinds));
   for (const char* impl : {"cpu", "layer"}) {
@@ -542,6 +543,7 @@ TEST_CASE("StepKinds: a step of each kind writes the rows the table says, on the
       if (kind == scenarios::StepKind::kPrefill) s.rows = 3;
       if (kind == scenarios::StepKind::kVerify) s.drafts = 2;
       if (kind == scenarios::StepKind::kAccept) s.accepted = 1;
+      if (kind == scenarios::StepKind::kTrim) s.positions = 2;
       // The steps the cache runs (the layer cache decodes one row at a time).
       if (caps.supports_step(s) && (caps.max_step_rows == 0 || scenarios::step_rows(s) <= caps.max_step_rows)) {
         sc.steps.push_back(s);
@@ -573,4 +575,112 @@ TEST_CASE("StepKinds: a step of each kind writes the rows the table says, on the
     }
     CHECK(ran >= 4);
   }
+}
+
+TEST_CASE("RingPool trim: the next write takes the trimmed slot, old rows stay visible, drafts are dropped") {
+  using scenarios::StepKind;
+  const auto step = [](StepKind kind, std::int64_t n = 0) {
+    scenarios::Step s;
+    s.kind = kind;
+    if (kind == StepKind::kPrefill) s.rows = n;
+    if (kind == StepKind::kVerify) s.drafts = n;
+    if (kind == StepKind::kTrim) s.positions = n;
+    return s;
+  };
+  // W = 3, S = 11: prefill 10 (positions 0..9), trim 7 -> L = 3; the decode at
+  // 3 sees 1..3, rows written at the start (the runner must not have dropped
+  // them: a trim reaches back past a window). verify(2) at 4, trimmed while
+  // pending: its 3 rows go, then 1 more -> L = 3 again; decodes rewrite 3, 4.
+  scenarios::Scenario sc;
+  sc.name = "trim-rewind";
+  sc.cache.window = 3;
+  sc.cache.ring_rows = 11;
+  sc.cache.head_dim = 4;
+  sc.requests = {{0, 0}};
+  sc.steps = {step(StepKind::kPrefill, 10), step(StepKind::kTrim, 7), step(StepKind::kDecode),
+              step(StepKind::kVerify, 2),   step(StepKind::kTrim, 1), step(StepKind::kDecode),
+              step(StepKind::kDecode)};
+  properties::RunOptions options;
+  const auto run = properties::run_scenario(sc, options);
+  INFO(run.first_failure);
+  REQUIRE(run.passed);
+  // The decode after the first trim writes position 3 into slot 3, which held
+  // the trimmed row of position 3, and reads the slots of 1, 2, 3.
+  const auto& decode = run.steps[2];
+  REQUIRE(decode.written_slots == std::vector<std::int64_t>{3});
+  REQUIRE(decode.queries.size() == 1);
+  CHECK(decode.queries[0].position == 3);
+  CHECK(decode.queries[0].visible_first == 1);
+  CHECK(decode.queries[0].overwritten.empty());
+  CHECK(decode.queries[0].extra.empty());
+  // After the verify's drafts are dropped and one more position trimmed, the
+  // decodes write 3 and 4 again.
+  CHECK(run.steps[5].first_position == 3);
+  CHECK(run.steps[6].first_position == 4);
+
+  // The pool refuses a trim past the committed length and changes nothing.
+  const auto provider = engines::make_provider("cpu", "none");
+  CHECK(provider->capabilities().trim);
+  CHECK_FALSE(engines::make_provider("layer", "none")->capabilities().trim);
+  engines::Refusal refused;
+  auto cache = provider->open(cache_spec(sc), &refused);
+  REQUIRE(cache);
+  engines::StepCall call;
+  call.op = engines::StepCall::Op::kBegin;
+  REQUIRE_FALSE(cache->call(call, nullptr));
+  call.op = engines::StepCall::Op::kStep;
+  call.step = step(StepKind::kDecode);
+  call.rows = 1;
+  std::vector<double> rows(16, 0.5);
+  call.k = call.v = call.q = rows.data();
+  engines::StepAnswer answer;
+  REQUIRE_FALSE(cache->call(call, &answer));
+  const auto before = cache->fingerprint(0);
+  call.step = step(StepKind::kTrim, 2);
+  call.rows = 0;
+  const auto st = cache->call(call, nullptr);
+  REQUIRE(st);
+  CHECK(st->code == "bad-argument");
+  CHECK(cache->fingerprint(0) == before);
+  call.step = step(StepKind::kTrim, 1);
+  CHECK_FALSE(cache->call(call, nullptr));
+}
+
+TEST_CASE("Generator: the trim profile draws trims only for a cache that declares them, the others none") {
+  engines::Capabilities caps;  // every capability on, trim included
+  engines::Capabilities no_trim;
+  no_trim.trim = false;
+  properties::Coverage reached;
+  int trims = 0, changed = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    const auto plain = properties::generate_scenario(seed, caps);
+    const auto with = properties::generate_scenario(seed, caps, properties::Profile::kTrim);
+    auto without = properties::generate_scenario(seed, no_trim, properties::Profile::kTrim);
+    for (const auto& s : plain.steps) CHECK(s.kind != scenarios::StepKind::kTrim);
+    // Without trim the trim profile is the default's case under another name.
+    without.name = plain.name;
+    without.description = plain.description;
+    CHECK(without == plain);
+    const bool has = std::any_of(with.steps.begin(), with.steps.end(),
+                                 [](const scenarios::Step& s) { return s.kind == scenarios::StepKind::kTrim; });
+    trims += has ? 1 : 0;
+    changed += with.steps != plain.steps ? 1 : 0;
+    const auto cov = properties::classify(with, caps);
+    reached.write_after_trim = reached.write_after_trim || cov.write_after_trim;
+    reached.trim_with_drafts_pending = reached.trim_with_drafts_pending || cov.trim_with_drafts_pending;
+    if (seed <= 25) {
+      properties::RunOptions options;
+      const auto run = properties::run_scenario(with, options);
+      INFO(with.name << ": " << run.first_failure);
+      CHECK(run.passed);
+    }
+  }
+  CHECK(trims >= 20);
+  CHECK(changed == trims);
+  CHECK(reached.write_after_trim);
+  CHECK(reached.trim_with_drafts_pending);
+  const auto names = properties::coverage_names(properties::Profile::kTrim);
+  CHECK(names.size() == properties::coverage_names().size() + 2);
+  CHECK(names.back() == "trim_with_drafts_pending");
+  CHECK(properties::reachable_coverage(no_trim, properties::Profile::kTrim).back() == false);
 }

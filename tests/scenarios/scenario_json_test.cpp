@@ -769,7 +769,8 @@ Scenario gen_scenario() {
       step.kind = pick == 0 ? StepKind::kFinish : pick == 1 ? StepKind::kReset : StepKind::kAccept;
     } else {
       step.kind = *rc::gen::element(StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
-                                    StepKind::kFinish, StepKind::kReset);
+                                    StepKind::kFinish, StepKind::kReset, StepKind::kTrim);
+      if (step.kind == StepKind::kTrim && l.length == 0) step.kind = StepKind::kDecode;
     }
     first_position.push_back(l.length);
     switch (step.kind) {
@@ -795,6 +796,10 @@ Scenario gen_scenario() {
       case StepKind::kReset:
         l.length = 0;
         l.verify_drafts.reset();
+        break;
+      case StepKind::kTrim:
+        step.positions = *rc::gen::inRange<std::int64_t>(1, l.length + 1);
+        l.length -= step.positions;
         break;
     }
     l.written_end = std::max(l.written_end, first_position.back() + step_rows(step));

@@ -17,6 +17,7 @@
 #include "scenarios/step_semantics.hpp"
 #include "scenarios/trace.hpp"
 #include "scenarios/trace_json.hpp"
+#include "support/error.hpp"
 
 namespace {
 
@@ -28,13 +29,14 @@ std::set<std::string> field_keys(StepKind kind) {
     case StepFields::kRowsOrder: return {"rows", "order"};
     case StepFields::kDrafts: return {"drafts"};
     case StepFields::kAccepted: return {"accepted"};
+    case StepFields::kPositions: return {"positions"};
     case StepFields::kNone: return {};
   }
   return {};
 }
 
 /// A step of `kind` with every field its kind carries set (prefill 3 rows
-/// store_then_load, verify 2 drafts, accept 1), the other fields at their defaults.
+/// store_then_load, verify 2 drafts, accept 1, trim 2), the other fields at their defaults.
 Step step_of(StepKind kind) {
   Step s;
   s.kind = kind;
@@ -45,6 +47,7 @@ Step step_of(StepKind kind) {
       break;
     case StepFields::kDrafts: s.drafts = 2; break;
     case StepFields::kAccepted: s.accepted = 1; break;
+    case StepFields::kPositions: s.positions = 2; break;
     case StepFields::kNone: break;
   }
   return s;
@@ -91,15 +94,15 @@ TEST_CASE("StepKinds: rows written per kind: prefill n, decode 1, verify k+1, th
 }
 
 TEST_CASE("StepKinds: every kind round-trips through a scenario file with exactly its fields") {
-  // prefill, verify(2), accept(1), then each remaining kind, finish last.
+  // prefill, verify(2), accept(1), trim(2), then each remaining kind, finish last.
   Scenario sc;
   sc.name = "every-step-kind";
   sc.cache.window = sc.cache.ring_rows = 16;
   sc.requests = {{0, 0}};
-  std::vector<StepKind> order = {StepKind::kPrefill, StepKind::kVerify, StepKind::kAccept};
+  std::vector<StepKind> order = {StepKind::kPrefill, StepKind::kVerify, StepKind::kAccept, StepKind::kTrim};
   for (const StepKind kind : kStepKinds) {
     if (kind != StepKind::kPrefill && kind != StepKind::kVerify && kind != StepKind::kAccept &&
-        !step_kind_ends_request(kind)) {
+        kind != StepKind::kTrim && !step_kind_ends_request(kind)) {
       order.push_back(kind);
     }
   }
@@ -128,15 +131,18 @@ TEST_CASE("StepKinds: every kind round-trips through a scenario file with exactl
 
 TEST_CASE("StepKinds: every kind and begin round-trip through a trace record") {
   std::string text = trace_header_line(TraceHeader{"kinds", 4, Convention::kKeys, 16, 1, Addressing::kRing, {}, {}});
-  // begin, prefill(3), verify(2), accept(1), then the rest: each record at its logical position.
+  // begin, prefill(3), verify(2), accept(1), trim(2), then the rest: each record at its logical position.
   std::vector<TraceStep> records;
   TraceStep begin;
   begin.kind = TraceKind::kBegin;
   records.push_back(begin);
   RequestProgress progress;
-  std::vector<StepKind> order = {StepKind::kPrefill, StepKind::kVerify, StepKind::kAccept};
+  std::vector<StepKind> order = {StepKind::kPrefill, StepKind::kVerify, StepKind::kAccept, StepKind::kTrim};
   for (const StepKind kind : kStepKinds) {
-    if (kind != StepKind::kPrefill && kind != StepKind::kVerify && kind != StepKind::kAccept) order.push_back(kind);
+    if (kind != StepKind::kPrefill && kind != StepKind::kVerify && kind != StepKind::kAccept &&
+        kind != StepKind::kTrim) {
+      order.push_back(kind);
+    }
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const Step s = step_of(order[i]);
@@ -155,6 +161,7 @@ TEST_CASE("StepKinds: every kind and begin round-trip through a trace record") {
       r.read_form = ReadForm::kSlots;
     }
     r.accepted = s.accepted;
+    r.positions = s.positions;
     REQUIRE(advance(progress, s) == StepRefusal::kNone);
     records.push_back(r);
   }
@@ -236,5 +243,65 @@ TEST_CASE("StepKinds: the schemas name every step kind, and the exec schema ever
         CHECK(strings.count(std::string(step_capability_info(static_cast<StepCapability>(i)).name)) == 1);
       }
     }
+  }
+}
+
+TEST_CASE("StepKinds: trim(n) rewinds the committed length, drops a pending verify first, refuses n outside 1..L") {
+  Step prefill;
+  prefill.kind = StepKind::kPrefill;
+  prefill.rows = 5;
+  Step trim;
+  trim.kind = StepKind::kTrim;
+  RequestProgress p;
+  REQUIRE(advance(p, prefill) == StepRefusal::kNone);
+  trim.positions = 2;
+  REQUIRE(advance(p, trim) == StepRefusal::kNone);
+  CHECK(p.length == 3);
+  CHECK(step_first_position(p) == 3);  // the next write goes where the trimmed rows were
+  for (const std::int64_t bad : {std::int64_t{0}, std::int64_t{-1}, std::int64_t{4}}) {
+    trim.positions = bad;
+    const RequestProgress before = p;
+    CHECK(advance(p, trim) == (bad < 1 ? StepRefusal::kTrimNone : StepRefusal::kTrimTooMany));
+    CHECK(p == before);
+  }
+  // verify(2) at 3 writes 3..5; a trim while it is pending drops its rows and
+  // counts n from the committed length 3, not from the speculative 6.
+  Step verify;
+  verify.kind = StepKind::kVerify;
+  verify.drafts = 2;
+  REQUIRE(advance(p, verify) == StepRefusal::kNone);
+  trim.positions = 4;
+  CHECK(advance(p, trim) == StepRefusal::kTrimTooMany);
+  CHECK(p.pending());
+  trim.positions = 3;
+  REQUIRE(advance(p, trim) == StepRefusal::kNone);
+  CHECK(p == RequestProgress{});
+
+  // Scenario files: the error names the field at fault.
+  Scenario sc;
+  sc.name = "trim";
+  sc.cache.window = sc.cache.ring_rows = 8;
+  sc.requests = {{0, 0}};
+  prefill.request = trim.request = 0;
+  sc.steps = {prefill, trim};
+  sc.steps[1].positions = 6;
+  try {
+    validate_scenario(sc);
+    FAIL("trim(6) of 5 positions validated");
+  } catch (const kvcheck::Error& e) {
+    CHECK(e.where() == "steps[1].positions");
+    CHECK(e.rule() == "trim 6 exceeds the 5 committed positions of request 0");
+  }
+  sc.steps[1].positions = 5;
+  validate_scenario(sc);  // down to nothing is allowed
+  Step decode;
+  decode.kind = StepKind::kDecode;
+  decode.positions = 1;
+  sc.steps.push_back(decode);
+  try {
+    validate_scenario(sc);
+    FAIL("a decode with positions validated");
+  } catch (const kvcheck::Error& e) {
+    CHECK(e.where() == "steps[2].positions");
   }
 }
