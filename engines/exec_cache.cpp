@@ -411,7 +411,6 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       case scenarios::StepFields::kDrafts: req["drafts"] = c.step.drafts; break;
       case scenarios::StepFields::kAccepted: req["accepted"] = c.step.accepted; break;
       case scenarios::StepFields::kPositions: req["positions"] = c.step.positions; break;
-      case scenarios::StepFields::kPositions: req["positions"] = c.step.positions; break;
       case scenarios::StepFields::kNone: break;
     }
   }
