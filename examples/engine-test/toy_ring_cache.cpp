@@ -80,6 +80,15 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
         st.length = st.pending_first + 1 + c.step.accepted;
         st.pending_first = st.pending_drafts = -1;
         return {};
+      case StepKind::kTrim:
+        // A pending verify is dropped first; n counts committed positions.
+        if (c.step.positions < 1 || c.step.positions > st.length) {
+          return Refusal{"bad-trim", "trim(" + std::to_string(c.step.positions) + ") outside 1.." +
+                                         std::to_string(st.length)};
+        }
+        st.length -= c.step.positions;
+        st.pending_first = st.pending_drafts = -1;
+        return {};
       case StepKind::kFinish: st = State{}; return {};
       case StepKind::kReset:
         st.length = 0;
