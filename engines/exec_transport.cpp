@@ -426,15 +426,7 @@ class ChildTransport final : public ExecTransport {
                         " s (--step-timeout); the adapter is still running: if it wrote its answer, flush "
                         "stdout after each line (Python: print(..., flush=True) or sys.stdout.flush())");
       }
-      pollfd fds[2] = {{from_child_, POLLIN, 0}, {err_child_, POLLIN, 0}};
-      const int rc = ::poll(fds, 2, poll_ms(deadline));
-      if (rc < 0 && errno != EINTR) fail(where, std::string("poll failed: ") + std::strerror(errno));
-      if (rc <= 0) continue;
-      if (fds[1].revents) read_stderr();
-      if (fds[0].revents && !read_stdout()) {
-        read_stderr();
-        crashed(where, "the adapter closed its stdout" + exit_text());
-      }
+      if (!await_output(where, deadline)) crashed(where, "the adapter closed its stdout" + exit_text());
     }
   }
 
@@ -450,13 +442,7 @@ class ChildTransport final : public ExecTransport {
                         std::to_string(bytes) + " bytes within " + format_seconds(timeout_seconds_) +
                         " s (--step-timeout)");
       }
-      pollfd fds[2] = {{from_child_, POLLIN, 0}, {err_child_, POLLIN, 0}};
-      const int rc = ::poll(fds, 2, poll_ms(deadline));
-      if (rc < 0 && errno != EINTR) fail(where, std::string("poll failed: ") + std::strerror(errno));
-      if (rc <= 0) continue;
-      if (fds[1].revents) read_stderr();
-      if (fds[0].revents && !read_stdout()) {
-        read_stderr();
+      if (!await_output(where, deadline)) {
         crashed(where, "the adapter closed its stdout after " + std::to_string(buffer_.size()) +
                            " of the frame's " + std::to_string(bytes) + " bytes" + exit_text());
       }
@@ -516,6 +502,21 @@ class ChildTransport final : public ExecTransport {
   }
 
   /// One read from stdout into the line buffer; false at end of file.
+  /// Waits until `deadline` for the adapter's stdout or stderr and reads
+  /// what came (stderr kept for messages); false when stdout has closed.
+  bool await_output(const std::string& where, Clock::time_point deadline) {
+    pollfd fds[2] = {{from_child_, POLLIN, 0}, {err_child_, POLLIN, 0}};
+    const int rc = ::poll(fds, 2, poll_ms(deadline));
+    if (rc < 0 && errno != EINTR) fail(where, std::string("poll failed: ") + std::strerror(errno));
+    if (rc <= 0) return true;
+    if (fds[1].revents) read_stderr();
+    if (fds[0].revents && !read_stdout()) {
+      read_stderr();
+      return false;
+    }
+    return true;
+  }
+
   bool read_stdout() {
     const std::size_t old = buffer_.size();
     // Reads grow with the line (64 KB .. 1 MB), so short answers stay cheap.
