@@ -23,7 +23,7 @@ namespace {
 std::int64_t case_count(Profile profile) {
   if (profile == Profile::kProduction) {
     const char* env = std::getenv("KVCHECK_CERTIFIED_PRODUCTION_CASES");
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVCHECK_SANITIZED_TREE)
     constexpr std::int64_t kProductionDefault = 2;
 #else
     constexpr std::int64_t kProductionDefault = 8;
@@ -31,7 +31,7 @@ std::int64_t case_count(Profile profile) {
     return env != nullptr ? std::atoll(env) : kProductionDefault;
   }
   const char* env = std::getenv("KVCHECK_CERTIFIED_CASES");
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVCHECK_SANITIZED_TREE)
   constexpr std::int64_t kDefault =
       60;  // the sanitizer build checks the code paths, the Release run the count
 #else

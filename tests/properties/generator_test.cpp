@@ -183,7 +183,7 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {
   CheckOptions options;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVCHECK_SANITIZED_TREE)
   // The sanitizer's wide look at the AVX-512 kernel at production shapes:
   // the first 8 of the 40 (7 run the kernel; all 40 take about 3.5 minutes
   // under ASan, mostly the long-context case at 12; the Release tree runs
