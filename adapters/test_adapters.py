@@ -160,6 +160,15 @@ class Adapter:
 # ---------------------------------------------------------------------------
 # The judge's own math (independent of window_cache.py)
 
+def send_rows_step(adapter, target, op, position, n=1, **fields):
+    """Sends a write step of n constant rows (head_dim 4) at `position` for
+    `target` (layer, request, state), with `fields` added; returns the answer."""
+    m = {"op": op, **target, "position": position, "k": [[0.1] * 4] * n, "v": [[0.2] * 4] * n,
+         "q": [[0.3] * 4] * n}
+    m.update(fields)
+    return adapter.send(m)
+
+
 def make_spec(states=1, capacity=8, param=4, convention="keys", q_heads=1, kv_heads=1, head_dim=4,
               shared_row=False, fmt="f64", style="none", rotary_dims=0, base=10000.0,
               softmax_scale=None, sink=None, layers=1, max_step_rows=16):
@@ -649,10 +658,7 @@ class ProtocolTest(AdapterTest):
             t = {"layer": 0, "request": 1, "state": 0}
 
             def step(op, position, n=1, **kw):
-                m = {"op": op, **t, "position": position, "k": [[0.1] * 4] * n, "v": [[0.2] * 4] * n,
-                     "q": [[0.3] * 4] * n}
-                m.update(kw)
-                return adapter.send(m)
+                return send_rows_step(adapter, t, op, position, n, **kw)
 
             def error(answer):
                 self.assertFalse(answer["ok"], answer)
@@ -696,10 +702,7 @@ class ProtocolTest(AdapterTest):
             t = {"layer": 0, "request": 1, "state": 0}
 
             def step(op, position, n=1, **kw):
-                m = {"op": op, **t, "position": position, "k": [[0.1] * 4] * n, "v": [[0.2] * 4] * n,
-                     "q": [[0.3] * 4] * n}
-                m.update(kw)
-                return adapter.send(m)
+                return send_rows_step(adapter, t, op, position, n, **kw)
 
             self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
             self.assertTrue(step("prefill", 0, n=4, rows=4, order="load_then_store")["ok"])
