@@ -120,6 +120,7 @@ struct Capabilities {
   /// Slots are state * capacity + position mod capacity: kvcheck then also
   /// counts writes outside the request's block and shows ring contents.
   bool ring_addressing = false;
+  std::int64_t block_size = 0;  ///< paged addressing: slots are block * block_size + offset (0: not paged)
   /// Refusal probes the cache supports (see properties/probes.hpp).
   std::vector<std::string> probes;
   /// The cache's own fast kernel, when it has one it can run here (the CPU
@@ -152,7 +153,16 @@ struct CacheSpec {
   std::int64_t window_keys = 1;  ///< keys a query sees, itself included
   std::int64_t max_step_rows = 1;
   double softmax_scale = 1.0;  ///< resolved (default 1/sqrt(head_dim))
+  std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer (0: not paged)
 };
+
+/// The pool kvcheck gives a paged cache of `block_size` rows per block
+/// (adapters/PROTOCOL.md "Capacity"): per state, enough blocks for
+/// R = max(capacity, keys - 1 + max_step_rows) rows that need not start at a
+/// block boundary, ceil(R / block_size) + 1; states times that in all. A
+/// cache that stores a step's rows before its queries read holds keys - 1 +
+/// max_step_rows rows of a request at once.
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept;
 
 /// One step sent to a cache (prefill, decode, verify, accept, finish, reset)
 /// or a begin.

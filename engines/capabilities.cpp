@@ -125,6 +125,13 @@ double Capabilities::probability_epsilon() const noexcept {
   return 0;
 }
 
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept {
+  if (block_size < 1) return 0;
+  const std::int64_t rows =
+      std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, 1});
+  return spec.cache.states * ((rows + block_size - 1) / block_size + 1);
+}
+
 bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_rows, std::string* why) const {
   auto no = [why](std::string text) {
     if (why) *why = std::move(text);

@@ -213,6 +213,17 @@ class ExecProvider final : public CacheProvider {
     Json s;
     s["states"] = c.states;
     s["capacity"] = c.ring_rows;
+    if (caps_.block_size > 0) {
+      // Paged addressing: the pool in blocks of the declared size (the sweep
+      // sets pool_blocks; otherwise it is derived from the capacity).
+      const std::int64_t blocks = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, caps_.block_size);
+      if (blocks < 1) {
+        throw Error(ErrorId::kSize, "spec.pool_blocks", "a paged pool needs at least one block, got " +
+                                                            std::to_string(blocks));
+      }
+      s["block_size"] = caps_.block_size;
+      s["pool_blocks"] = blocks;
+    }
     s["window"] = {{"param", c.window},
                    {"convention", scenarios::convention_name(c.convention)},
                    {"keys", spec.window_keys}};

@@ -190,6 +190,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "outputs",
               "reports",
               "addressing",
+              "block_size",
               "probes"});
   Capabilities& c = *out;
   const auto steps = names(caps["steps"], p + ".steps", kSteps, false);
@@ -280,8 +281,18 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     }
     c.accumulation = Accumulation::kF64;  // kvcheck computes them, in binary64
   }
-  c.ring_addressing =
-      caps.contains("addressing") && pick(caps["addressing"], p + ".addressing", kAddressing) == "ring";
+  const std::string addressing =
+      caps.contains("addressing") ? pick(caps["addressing"], p + ".addressing", kAddressing) : "opaque";
+  c.ring_addressing = addressing == "ring";
+  // Paged addressing with a block size: slot = block * block_size + offset,
+  // and open carries the pool in blocks. "paged" without a block size stays
+  // opaque slots, as before block sizes were declared.
+  if (caps.contains("block_size")) {
+    if (addressing != "paged") {
+      bad(p + ".block_size", "a block size needs \"addressing\": \"paged\" (addressing is " + quoted(addressing) + ")");
+    }
+    c.block_size = integer(caps["block_size"], p + ".block_size", 1, kMaxDim);
+  }
   if (caps.contains("probes")) c.probes = names(caps["probes"], p + ".probes", kProbes, true);
 }
 

@@ -271,7 +271,8 @@ def get_rows(obj, key, path, n, width):
 
 class Spec:
     """The `spec` of an `open`, validated (BadRequest otherwise), plus the
-    widths derived from it. Fields: states, capacity, window_param,
+    widths derived from it. Fields: states, capacity, block_size and
+    pool_blocks (paged addressing; 0 otherwise), window_param,
     convention, keys, q_heads, kv_heads, head_dim, shared_row, format,
     rope_style, rotary_dims, rope_base, softmax_scale, sink (None or the
     sink logit), layers, max_step_rows; group (query heads per KV head),
@@ -284,9 +285,17 @@ class Spec:
         p = "spec"
         check_keys(obj, p, ("states", "capacity", "window", "q_heads", "kv_heads", "head_dim",
                             "shared_row", "format", "rope", "softmax_scale", "sink_logit",
-                            "layers", "max_step_rows"))
+                            "layers", "max_step_rows"), ("block_size", "pool_blocks"))
         self.states = get_int(obj, "states", p, 1)
         self.capacity = get_int(obj, "capacity", p, 1)
+        # Paged addressing (hello declared "addressing": "paged" with a
+        # block_size): the pool per layer in blocks of block_size rows. Both
+        # or neither; 0 when the cache is not paged.
+        if ("block_size" in obj) != ("pool_blocks" in obj):
+            missing = "pool_blocks" if "block_size" in obj else "block_size"
+            raise BadRequest(f"{p}.{missing}: block_size and pool_blocks come together (paged addressing)")
+        self.block_size = get_int(obj, "block_size", p, 1) if "block_size" in obj else 0
+        self.pool_blocks = get_int(obj, "pool_blocks", p, 1) if "pool_blocks" in obj else 0
         self.q_heads = get_int(obj, "q_heads", p, 1)
         self.kv_heads = get_int(obj, "kv_heads", p, 1)
         self.head_dim = get_int(obj, "head_dim", p, 1)
