@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcheck::properties {
@@ -27,6 +28,8 @@ struct QueryObservation {
   std::vector<std::int64_t> missing;      ///< visible positions not read at all
   std::vector<ReadTag> extra;             ///< reads that no visible position accounts for
   std::vector<ReadTag> reads;             ///< every read, in index-column order
+  /// The cache's output for this query, as it answered (RunOptions::record_outputs; else empty).
+  std::vector<double> out;
   double abs_diff = 0;                    ///< max |impl - reference on the dequantized rows| (kernel error)
   double rel_diff = 0;                    ///< abs_diff / max(|reference|, 1e-30), max over elements
   double eps_units = 0;                   ///< abs_diff / epsilon of the element format
@@ -74,6 +77,26 @@ struct StepObservation {
   /// Ring contents of the request's state block right after the step:
   /// positions held per slot of the block (-1 empty, -2 another request).
   std::vector<std::int64_t> ring_positions;
+  /// The rows the shadow map holds after the step (RunOptions::record_resident;
+  /// else empty): (request, position) of every written slot, sorted, slot
+  /// numbers left out, so two caches that address differently compare.
+  std::vector<std::pair<std::int64_t, std::int64_t>> resident;
+  // Slot events the cache answered with the step (padding, moves, frees).
+  std::int64_t padded_slots = 0;
+  std::int64_t moved_rows = 0;
+  std::int64_t freed_slots = 0;
+  /// Rows freed while a query still to run may read them (the step fails).
+  std::int64_t freed_visible = 0;
+  std::string freed_detail;  ///< the first of them, one line
+  /// The resident set after the step, for a cache that reports frees or
+  /// declares a bound (-1: not tracked): slots holding a token's row, and
+  /// blocks holding one (paged caches; else -1). Counted once, in the
+  /// shadow map; reports show reports::resident_text.
+  std::int64_t resident_rows = -1;
+  std::int64_t resident_blocks = -1;
+  std::int64_t bound_limit = 0;  ///< the declared resident bound in force (0: none)
+  std::int64_t bound_held = 0;   ///< what the cache held, counted as the bound counts (the step fails above it)
+  std::string bound_unit;        ///< how the bound counts: "rows in all", "blocks per request", ...
   std::string error;  ///< a typed refusal the impl returned, if any
   std::int64_t stored_rows_checked =
       0;  ///< new rows the cache reported as stored, judged against the reference encoding
@@ -94,7 +117,15 @@ struct RunObservation {
   /// The scenario's own window parameter, read with `window_convention`
   /// ("left" 4 is 5 keys); what reports print beside the convention.
   std::int64_t window = 0;
+  /// Keys a query of each layer sees, when the scenario lists layer windows
+  /// (0: a global layer that sees every position); empty otherwise.
+  std::vector<std::int64_t> layer_window_keys;
   std::int64_t ring_rows = 0;
+  /// Paged addressing (the cache's Capabilities::block_size): slots are
+  /// block * block_size + offset; 0 for any other cache. The reports then
+  /// show block tables and block lifetimes instead of a ring.
+  std::int64_t block_size = 0;
+  std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer, as the cache was opened
   std::string format;
   int precision_bits = 0;  ///< reference significand bits
   std::vector<StepObservation> steps;
@@ -108,6 +139,8 @@ struct RunObservation {
   double max_rope_tolerance = 0;         ///< likewise, largest RoPE part of a query's tolerance
   std::int64_t stored_rows_checked = 0;  ///< sum over steps
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
+  std::int64_t freed_visible = 0;        ///< sum over steps: visible rows freed
+  std::int64_t steps_over_bound = 0;     ///< steps (and layers) after which the cache held more than its bound
   std::int64_t queries = 0;
   std::int64_t queries_not_output_checked = 0;  ///< queries whose output was not judged (see QueryObservation)
   std::int64_t mpfr_queries =

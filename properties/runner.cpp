@@ -8,6 +8,8 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <set>
+#include <span>
 #include <utility>
 
 #include "engines/factory.hpp"
@@ -58,8 +60,10 @@ model::RopeStyle to_model(scenarios::RopeStyle s) {
 
 struct RequestState {
   std::int64_t state = 0;
+  std::optional<scenarios::Prefix> prefix;  ///< the shared prefix it begins from, if any
   bool begun = false;
   bool after_reset = false;  ///< the request's last step was a reset
+  bool finished = false;     ///< the request finished
   scenarios::RequestProgress progress;
 };
 
@@ -110,10 +114,37 @@ std::int64_t window_keys(const scenarios::CacheConfig& cache) {
   return *w.keys();
 }
 
+namespace {
+
+/// The reference's window of each layer, from the scenario's own words (a
+/// global layer is plain causal): the model's view, not the cache's.
+std::vector<model::Window> layer_model_windows(const scenarios::CacheConfig& cache) {
+  std::vector<model::Window> out;
+  for (std::int32_t l = 0; l < cache.layers; ++l) {
+    if (cache.layer_windows.empty()) {
+      out.push_back({cache.window, to_model(cache.convention)});
+    } else {
+      const scenarios::LayerWindow& w = cache.layer_windows[static_cast<std::size_t>(l)];
+      out.push_back({w.window, to_model(w.convention)});
+    }
+  }
+  return out;
+}
+
+/// Keys a query of each layer sees (scenarios::kGlobalWindowKeys for a global layer).
+std::vector<std::int64_t> layer_keys(const scenarios::CacheConfig& cache) {
+  std::vector<std::int64_t> out;
+  for (const model::Window& w : layer_model_windows(cache)) out.push_back(w.keys().value_or(scenarios::kGlobalWindowKeys));
+  return out;
+}
+
+}  // namespace
+
 engines::CacheSpec cache_spec(const Scenario& scenario) {
   engines::CacheSpec spec;
   spec.cache = scenario.cache;
   spec.window_keys = window_keys(scenario.cache);
+  if (!scenario.cache.layer_windows.empty()) spec.layer_window_keys = layer_keys(scenario.cache);
   std::int64_t most = 1;
   for (const auto& s : scenario.steps) most = std::max(most, scenarios::step_rows(s));
   spec.max_step_rows = most;
@@ -137,7 +168,7 @@ class OutputJudge {
         cache_(sc.cache),
         options_(options),
         caps_(caps),
-        window_{cache_.window, to_model(cache_.convention)},
+        windows_(layer_model_windows(cache_)),
         heads_{cache_.q_heads, cache_.kv_heads, cache_.head_dim, cache_.shared_row},
         rope_{to_model(cache_.rope.style), cache_.rope.rotary_dims, cache_.rope.base},
         scale_(softmax_scale(cache_)),
@@ -230,6 +261,25 @@ class OutputJudge {
     }
   }
 
+  /// A begin from a shared prefix on `layer`: the request's rows at 0 .. n-1
+  /// are `source`'s rows there (the reference needs no other case). For a
+  /// bookkeeping-only engine, the rows the cache stored again (seqs[p] != 0,
+  /// its write number) are remembered as written numbers.
+  void share_prefix(std::int32_t layer, std::int64_t request, std::int64_t source, std::int64_t n,
+                    const std::vector<std::uint64_t>& seqs) {
+    auto& rows = rows_[static_cast<std::size_t>(layer)];
+    for (std::int64_t p = 0; p < n; ++p) {
+      const auto it = rows.find({source, p});
+      if (it == rows.end()) continue;  // before the window of every query to come
+      const TruthRow<Real>& row = rows.insert_or_assign({request, p}, it->second).first->second;
+      if (!caps_.computes_outputs && seqs[static_cast<std::size_t>(p)] != 0) {
+        read_rows_[static_cast<std::size_t>(layer)].remember(
+            seqs[static_cast<std::size_t>(p)], row.key_encoding.values,
+            cache_.shared_row ? std::vector<double>{} : row.value_encoding.values);
+      }
+    }
+  }
+
   /// Forgets the rows of `request` before `position` in every layer.
   void forget_before(std::int64_t request, std::int64_t position) {
     for (auto& rows : rows_)
@@ -250,7 +300,7 @@ class OutputJudge {
                    QueryObservation* query_obs) {
     QueryObservation& q = *query_obs;
     auto& rows = rows_[static_cast<std::size_t>(layer)];
-    const model::PositionRange visible = model::visible_range(p, window_);
+    const model::PositionRange visible = model::visible_range(p, windows_[static_cast<std::size_t>(layer)]);
     std::vector<TruthRow<Real>*> visible_rows;
     std::vector<KeyBounds> key_bounds;
     for (std::int64_t j = visible.first; j <= visible.last; ++j) {
@@ -299,7 +349,7 @@ class OutputJudge {
   const scenarios::CacheConfig& cache_;
   const RunOptions& options_;
   const engines::Capabilities& caps_;
-  const model::Window window_;
+  const std::vector<model::Window> windows_;  ///< per layer
   const model::Heads heads_;
   const model::Rope rope_;
   const Real scale_;
@@ -332,7 +382,8 @@ class StepDriver {
         cut_(cut),
         judge_(judge),
         run_(run),
-        keys_(window_keys(sc.cache)),
+        layer_keys_(layer_keys(sc.cache)),
+        keys_(*std::max_element(layer_keys_.begin(), layer_keys_.end())),
         q_width_(static_cast<std::int64_t>(cache_.q_heads) * cache_.head_dim),
         shadows_(static_cast<std::size_t>(cache_.layers)),
         prober_{caps, cut} {
@@ -343,9 +394,21 @@ class StepDriver {
       for (std::int32_t l = 0; l < cache_.layers; ++l) decoders_.emplace_back(cache_, l);
       run_.observed += "+position-code";
     }
-    for (const auto& r : sc.requests) requests_[r.id].state = r.state;
+    for (const auto& r : sc.requests) {
+      RequestState& req = requests_[r.id];
+      req.state = r.state;
+      if (r.prefix) {
+        // It begins at the prefix's length: positions 0 .. n-1 are shared.
+        req.prefix = r.prefix;
+        req.progress.length = r.prefix->positions;
+        prefix_sources_.insert(r.prefix->request);
+      }
+    }
     trim_floor_ = trim_floors(sc);
   }
+
+  /// The resident bound in force (engines::resident_limit of the spec the cache was opened with).
+  void set_resident_limit(std::int64_t limit) { resident_limit_ = limit; }
 
   /// Per step, the lowest length a later trim of the step's request leaves
   /// it at (INT64_MAX when no later trim): rows from there back a window
@@ -354,6 +417,9 @@ class StepDriver {
     constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
     std::vector<std::int64_t> after(sc.steps.size(), kNone);
     std::map<std::int64_t, scenarios::RequestProgress> progress;
+    for (const auto& r : sc.requests) {
+      if (r.prefix) progress[r.id].length = r.prefix->positions;
+    }
     for (std::size_t i = 0; i < sc.steps.size(); ++i) {
       scenarios::advance(progress[sc.steps[i].request], sc.steps[i]);
       if (sc.steps[i].kind == StepKind::kTrim) after[i] = progress[sc.steps[i].request].length;
@@ -411,11 +477,18 @@ class StepDriver {
     // A later trim takes the request back below `first`: its next query
     // reads rows from before the trim, which are kept (trim_floor_).
     const std::int64_t keep_from = std::min(first, trim_floor_[step_index]);
-    if (n > 0 && keep_from - keys_ > 0) judge_.forget_before(step.request, keep_from - keys_);
+    // A request others start from keeps its rows: a later begin shares them.
+    if (n > 0 && keep_from - keys_ > 0 && !prefix_sources_.contains(step.request))
+      judge_.forget_before(step.request, keep_from - keys_);
+    if (!prefix_sources_.empty()) {
+      // Which step wrote each position (a begin's rows are re-drawn from it).
+      for (std::int64_t i = 0; i < n; ++i) writer_[{step.request, first + i}] = Writer{step.request, index};
+    }
 
     // Model bookkeeping shared by all layers (scenarios/step_semantics.hpp).
     req.begun = true;
     req.after_reset = step.kind == StepKind::kReset;
+    req.finished = step.kind == StepKind::kFinish;
     const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
     KVCHECK_ASSERT(refusal == scenarios::StepRefusal::kNone);  // scenarios are validated
     return true;
@@ -440,15 +513,61 @@ class StepDriver {
       call.v = cache_.shared_row ? nullptr : in.v.data();
       call.q = in.q.data();
     }
-    const std::string heading = "step " + std::to_string(step_index);
-    const std::string kind(scenarios::step_kind_name(step.kind));
     if (!req.begun) {
       engines::StepCall begin = call;
       begin.op = engines::StepCall::Op::kBegin;
-      if (const auto st = cut_.call(begin, nullptr)) {
-        return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)), heading, "");
+      if (req.prefix && !begin_from_prefix(step_index, begin)) return false;
+      if (!req.prefix) {
+        if (const auto st = cut_.call(begin, nullptr)) {
+          return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)),
+                      "step " + std::to_string(step_index), "");
+        }
       }
     }
+    return call_after_begin(step_index, call, in);
+  }
+
+  /// A begin from a shared prefix on one layer; false: stopped. The begin
+  /// carries the other request's rows at 0 .. n-1 (as the steps that wrote
+  /// them drew them); the cache answers where it stored any of them again.
+  bool begin_from_prefix(std::size_t step_index, engines::StepCall begin) {
+    const RequestState& req = requests_.at(begin.step.request);
+    const std::int64_t n = req.prefix->positions;
+    const std::int32_t l = begin.layer;
+    RowSet rows;
+    for (std::int64_t p = 0; p < n; ++p) {
+      const Writer& w = writer_.at({req.prefix->request, p});
+      const RowSet one = make_rows(sc_, l, w.request, p, 1, w.step);
+      rows.k.insert(rows.k.end(), one.k.begin(), one.k.end());
+      rows.v.insert(rows.v.end(), one.v.begin(), one.v.end());
+    }
+    begin.prefix_request = req.prefix->request;
+    begin.prefix_positions = n;
+    begin.rows = 0;
+    begin.k = rows.k.data();
+    begin.v = cache_.shared_row ? nullptr : rows.v.data();
+    begin.q = nullptr;
+    if (const auto st = cut_.call(begin, &answer_)) {
+      return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)), "step " + std::to_string(step_index), "");
+    }
+    const std::vector<std::uint64_t> seqs = shadows_[static_cast<std::size_t>(l)].begin_prefix(
+        begin.step.request, req.prefix->request, n,
+        answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>());
+    judge_.share_prefix(l, begin.step.request, req.prefix->request, n, seqs);
+    if (l == 0) {
+      for (std::int64_t p = 0; p < n; ++p) writer_[{begin.step.request, p}] = writer_.at({req.prefix->request, p});
+    }
+    return true;
+  }
+
+  /// The probe and the call of one layer of a step (after any begin); false: stopped.
+  bool call_after_begin(std::size_t step_index, const engines::StepCall& call, const RowSet& in) {
+    const scenarios::Step& step = sc_.steps[step_index];
+    const RequestState& req = requests_.at(step.request);
+    const std::int64_t n = scenarios::step_rows(step);
+    const std::int32_t l = call.layer;
+    const std::string heading = "step " + std::to_string(step_index);
+    const std::string kind(scenarios::step_kind_name(step.kind));
     if (options_.probes) {
       // One probe per step and layer, rotating through those that apply
       // (right after a reset, the stale-revision probe first: Prober::choose).
@@ -463,12 +582,20 @@ class StepDriver {
       }
     }
     if (n > 0) return call_with_rows(step_index, call, in);
-    if (const auto st = cut_.call(call, nullptr)) {
+    if (const auto st = cut_.call(call, &answer_)) {
       return stop(observed(step_index, l, "refused: " + refusal_text(*st)), heading + " (" + kind + ")", "");
     }
     // A step that writes no rows (accept, finish, reset) is observed too,
-    // with no error: every step kind appears in the reports.
-    run_.steps.push_back(observed(step_index, l, ""));
+    // with no error: every step kind appears in the reports. Its answer may
+    // still move, pad and free slots.
+    StepObservation obs = observed(step_index, l, "");
+    ShadowMap& shadow = shadows_[static_cast<std::size_t>(l)];
+    shadow.move(answer_.moved);
+    shadow.pad(answer_.padded, step.request);
+    settle_resident(step_index, l, &obs);
+    run_.steps.push_back(std::move(obs));
+    if (options_.record_resident)
+      run_.steps.back().resident = shadows_[static_cast<std::size_t>(l)].resident();
     return true;
   }
 
@@ -491,8 +618,83 @@ class StepDriver {
     observe_slots(call, &obs);
     judge_.judge_outputs(call.layer, step.request, call.position, n, in, answer_, &obs);
     judge_.settle_reads(call.layer, n, answer_, shadow);
+    if (options_.record_outputs) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double* out = answer_.out.data() + i * q_width_;
+        obs.queries[static_cast<std::size_t>(i)].out.assign(out, out + q_width_);
+      }
+    }
+    settle_resident(step_index, call.layer, &obs);
+    if (options_.record_resident) obs.resident = shadow.resident();
     run_.steps.push_back(std::move(obs));
     return true;
+  }
+
+  /// After a step's answer is observed: its frees (a row still visible
+  /// freed is counted), then the resident set against the declared bound,
+  /// for a cache that reports frees or declares a bound.
+  void settle_resident(std::size_t step_index, std::int32_t layer, StepObservation* obs) {
+    ShadowMap& shadow = shadows_[static_cast<std::size_t>(layer)];
+    obs->padded_slots = static_cast<std::int64_t>(answer_.padded.size());
+    obs->moved_rows = static_cast<std::int64_t>(answer_.moved.size());
+    obs->freed_slots = static_cast<std::int64_t>(answer_.freed.size());
+    if (!answer_.freed.empty()) {
+      const std::span<const std::int64_t> keep =
+          answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
+      const std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visibility_after(step_index, layer));
+      obs->freed_visible = static_cast<std::int64_t>(lost.size());
+      if (!lost.empty()) {
+        obs->freed_detail = "slot holding request " + std::to_string(lost.front().request) + " position " +
+                            std::to_string(lost.front().position);
+      }
+    }
+    if (!caps_.reports_frees && !caps_.resident_bound.declared()) return;
+    const ShadowMap::Resident r = shadow.resident_counts(caps_.block_size);
+    obs->resident_rows = r.rows;
+    obs->resident_blocks = caps_.block_size > 0 ? r.blocks : -1;
+    const engines::ResidentBound& bound = caps_.resident_bound;
+    if (!bound.declared()) return;
+    const bool blocks = bound.unit == engines::ResidentBound::Unit::kBlocks;
+    obs->bound_limit = resident_limit_;
+    obs->bound_unit = std::string(blocks ? "blocks" : "rows") + (bound.per_request ? " per request" : " in all");
+    obs->bound_held = blocks ? (bound.per_request ? r.request_blocks : r.blocks)
+                             : (bound.per_request ? r.request_rows : r.rows);
+  }
+
+  /// Whether a row is still visible once step `step_index` is done: a row
+  /// of a live request that a query still to run may read (from the first
+  /// position the next query sees, or a later trim takes it back to, back a
+  /// window of `layer`, up to the written length).
+  auto visibility_after(std::size_t step_index, std::int32_t layer) const {
+    const scenarios::Step& step = sc_.steps[step_index];
+    std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> range;  // request -> [next, written)
+    std::map<std::int64_t, scenarios::RequestProgress> ahead;             // request -> its progress
+    for (const auto& [id, r] : requests_) {
+      if (r.finished || (!r.begun && id != step.request)) continue;
+      if (id == step.request && step.kind == StepKind::kFinish) continue;
+      scenarios::RequestProgress p = r.progress;
+      if (id == step.request) scenarios::advance(p, step);
+      range[id] = {p.pending() ? p.pending_first + 1 : p.length, p.speculative_length()};
+      ahead[id] = p;
+    }
+    // A later trim takes a request back: its rows from there are read again
+    // (until a finish or reset, after which its positions are written anew).
+    for (std::size_t i = step_index + 1; i < sc_.steps.size() && !ahead.empty(); ++i) {
+      const scenarios::Step& later = sc_.steps[i];
+      const auto it = ahead.find(later.request);
+      if (it == ahead.end()) continue;
+      if (later.kind == StepKind::kFinish || later.kind == StepKind::kReset) {
+        ahead.erase(it);
+        continue;
+      }
+      scenarios::advance(it->second, later);
+      auto& first = range[later.request].first;
+      if (later.kind == StepKind::kTrim) first = std::min(first, it->second.length);
+    }
+    return [range = std::move(range), keys = layer_keys_[static_cast<std::size_t>(layer)]](const ShadowRow& row) {
+      const auto it = range.find(row.request);
+      return it != range.end() && row.position >= it->second.first - keys + 1 && row.position < it->second.second;
+    };
   }
 
   /// Slots: everything from what the cache reported, via the shadow map
@@ -504,7 +706,7 @@ class StepDriver {
     facts.state = call.state;
     facts.first_position = call.position;
     facts.rows = n;
-    facts.window_keys = keys_;
+    facts.window_keys = layer_keys_[static_cast<std::size_t>(call.layer)];
     facts.has_written = answer_.has_written;
     facts.written = answer_.written;
     facts.has_reads = answer_.has_reads;
@@ -512,6 +714,8 @@ class StepDriver {
     facts.read_slots = answer_.read_slots;
     facts.view = answer_.view;
     facts.duplicate_slots = answer_.duplicate_slots;
+    facts.moved = answer_.moved;
+    facts.padded = answer_.padded;
     facts.ring = caps_.ring_addressing;
     facts.ring_rows = cache_.ring_rows;
     facts.record_reads = options_.record_reads || !caps_.computes_outputs;
@@ -558,12 +762,20 @@ class StepDriver {
   engines::CacheUnderTest& cut_;
   OutputJudge<Real>& judge_;
   RunObservation& run_;
-  const std::int64_t keys_;
+  const std::vector<std::int64_t> layer_keys_;  ///< keys a query of each layer sees
+  const std::int64_t keys_;                     ///< the widest of them
   const std::int64_t q_width_;
   std::vector<ShadowMap> shadows_;  // [layers] slot -> the row the cache last said it wrote there
   std::vector<PositionDecoder> decoders_;
   std::map<std::int64_t, RequestState> requests_;
   std::vector<std::int64_t> trim_floor_;  // [steps] see trim_floors()
+  std::int64_t resident_limit_ = 0;       // the declared resident bound for this run (0: none)
+  std::set<std::int64_t> prefix_sources_;  // requests another request begins from
+  struct Writer {
+    std::int64_t request;  // whose rows (a shared prefix's: the request it came from)
+    std::int64_t step;     // the step that wrote the position
+  };
+  std::map<std::pair<std::int64_t, std::int64_t>, Writer> writer_;  // (request, position), with prefix sources only
   Prober prober_;
   engines::StepAnswer answer_;    // reused between calls
   std::size_t current_step_ = 0;  // the step and layer under way (crashed())
@@ -623,7 +835,8 @@ class CrashGuard final : public engines::CacheUnderTest {
 template <class Real>
 RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::CacheProvider& provider) {
   const auto& cache = sc.cache;
-  const engines::CacheSpec spec = cache_spec(sc);
+  engines::CacheSpec spec = cache_spec(sc);
+  if (options.pool_blocks > 0) spec.pool_blocks = options.pool_blocks;
   RunObservation run;
   run.scenario_name = sc.name;
   run.backend = options.backend;
@@ -631,11 +844,18 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   run.window_convention = std::string(model::convention_name(to_model(cache.convention)));
   run.window_keys = spec.window_keys;
   run.window = cache.window;
+  if (!cache.layer_windows.empty()) {
+    for (const std::int64_t keys : layer_keys(cache))
+      run.layer_window_keys.push_back(keys == scenarios::kGlobalWindowKeys ? 0 : keys);
+  }
   run.ring_rows = cache.ring_rows;
   run.format = std::string(format_name(cache.format));
   run.precision_bits = model::real_bits<Real>();
 
   const engines::Capabilities& caps = provider.capabilities();
+  run.block_size = caps.block_size;
+  if (caps.block_size > 0)
+    run.pool_blocks = spec.pool_blocks > 0 ? spec.pool_blocks : engines::paged_pool_blocks(spec, caps.block_size);
   run.observed = caps.reports_written_slots && caps.reports_read_slots
                      ? "slots+outputs"
                      : (caps.reports_written_slots ? "written-slots+outputs" : "outputs");
@@ -668,6 +888,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   OutputJudge<Real> judge(sc, options, caps);
   CrashGuard guarded(*cut);
   StepDriver<Real> driver(sc, options, caps, guarded, judge, run);
+  driver.set_resident_limit(engines::resident_limit(caps, spec));
   try {
     driver.run();
   } catch (const engines::CacheCrash& e) {

@@ -50,7 +50,22 @@ struct RunOptions {
   std::string fault = "none";
   bool record_reads = true;                     ///< keep every read in QueryObservation::reads
   bool record_ring = true;                      ///< keep StepObservation::ring_positions (S <= 512)
+  bool record_outputs = false;                  ///< keep each query's output in QueryObservation::out
+  bool record_resident = false;                 ///< keep StepObservation::resident after every step
+  /// A paged cache's pool in blocks per layer (`sweep` searches it); 0: the
+  /// pool the capacity gives (engines::paged_pool_blocks).
+  std::int64_t pool_blocks = 0;
   bool check_outputs = true;                    ///< false: tags only (faster; used by sweeps)
+  /// `--against IMPL`: the second cache a check or replay runs every case on
+  /// beside this one, compared step by step (properties/agreement.hpp); ""
+  /// when none. run_scenario itself runs one cache and ignores it.
+  std::string against;
+  /// `--repeat-bitwise`: every case runs twice, on fresh caches of this one
+  /// provider, and the two runs must give bitwise-equal outputs.
+  bool repeat_bitwise = false;
+  /// `--bitwise`: with --against, outputs must be equal bit for bit (not only
+  /// within the larger of the two caches' tolerances).
+  bool bitwise = false;
   int precision_bits = 113;                     ///< reference significand bits: 53, 113 (default) or 169
   Reference reference = Reference::kCertified;  ///< at 113 and 169 bits; same figures either way
 };

@@ -1,8 +1,11 @@
 // Report verdicts and the small formatting helpers every writer shares.
 #include "reports/report.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <map>
+#include <utility>
 
 namespace kvcheck::reports {
 
@@ -102,6 +105,14 @@ std::string check_counts_text(const CheckSummary& c) {
   return out;
 }
 
+std::string side_by_side_text(const SideBySide& s) {
+  return s.property + " of " + s.first + " (A) and " + s.second + " (B), outputs " +
+         (s.bitwise ? "bit for bit" : "within the larger tolerance") + ": " + std::to_string(s.cases_compared) +
+         " cases, " + std::to_string(s.steps_compared) + " steps, " + std::to_string(s.queries_compared) +
+         " queries compared (" + std::to_string(s.reads_compared) + " reads, " +
+         std::to_string(s.outputs_compared) + " outputs)";
+}
+
 std::int64_t steps_observed(const properties::RunObservation& run) noexcept {
   // Observations come in step order, one per layer of a step.
   std::int64_t steps = 0;
@@ -140,8 +151,37 @@ bool format_stores_exact_rows(std::string_view format) noexcept {
   return format == "f64";
 }
 
+std::string resident_text(const properties::StepObservation& s) {
+  std::string out;
+  if (s.resident_rows >= 0) {
+    out = "resident " + std::to_string(s.resident_rows) + " rows";
+    if (s.resident_blocks >= 0) out += ", " + std::to_string(s.resident_blocks) + " blocks";
+    if (s.bound_limit > 0) {
+      out += " (bound " + std::to_string(s.bound_limit) + " " + s.bound_unit + ": held " +
+             std::to_string(s.bound_held) + ")";
+    }
+  }
+  if (s.padded_slots + s.moved_rows + s.freed_slots > 0) {
+    out += (out.empty() ? "" : "; ") + std::string("padded ") + std::to_string(s.padded_slots) + ", moved " +
+           std::to_string(s.moved_rows) + ", freed " + std::to_string(s.freed_slots);
+    if (s.freed_visible > 0) out += " (" + std::to_string(s.freed_visible) + " still visible)";
+  }
+  return out;
+}
+
 std::string window_text(const properties::RunObservation& run) {
-  return std::to_string(run.window) + "(" + run.window_convention + ")";
+  std::string out = std::to_string(run.window) + "(" + run.window_convention + ")";
+  if (!run.layer_window_keys.empty()) out += " layers=" + layer_windows_text(run);
+  return out;
+}
+
+std::string layer_windows_text(const properties::RunObservation& run) {
+  std::string out;
+  for (std::size_t l = 0; l < run.layer_window_keys.size(); ++l) {
+    const std::int64_t keys = run.layer_window_keys[l];
+    out += (l == 0 ? "" : ",") + (keys == 0 ? std::string("global") : std::to_string(keys));
+  }
+  return out.empty() ? out : out + " keys";
 }
 
 // The verdicts are computed once, by the runner (properties/runner.cpp), and
@@ -222,6 +262,109 @@ std::string earlier_cases_text(const EarlierCases& earlier, std::uint64_t failin
   out += " in a fresh cache after the " + std::to_string(earlier.case_seeds.size()) + " case(s) before it";
   if (!seeds.empty()) out += " (case seeds " + seeds + ")";
   return out;
+}
+
+std::int64_t pictured_step(const properties::RunObservation& run) noexcept {
+  std::int64_t index = first_failing_step(run);
+  if (index >= 0) return index;
+  for (std::size_t k = run.steps.size(); k-- > 0;) {
+    if (!run.steps[k].queries.empty()) return static_cast<std::int64_t>(k);
+  }
+  return static_cast<std::int64_t>(run.steps.size()) - 1;
+}
+
+PagedView paged_view(const properties::RunObservation& run, std::int64_t through) {
+  PagedView view;
+  if (run.block_size <= 0 || through < 0 || through >= static_cast<std::int64_t>(run.steps.size())) return view;
+  const std::int64_t b = run.block_size;
+  view.block_size = b;
+  view.layer = run.steps[static_cast<std::size_t>(through)].layer;
+  view.through_step = run.steps[static_cast<std::size_t>(through)].step;
+  std::map<std::int64_t, std::size_t> current;                             // block -> its tenancy
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> mapping;  // (request, logical) -> block
+  for (std::int64_t i = 0; i <= through; ++i) {
+    const auto& s = run.steps[static_cast<std::size_t>(i)];
+    if (s.layer != view.layer) continue;
+    for (std::size_t k = 0; k < s.written_slots.size(); ++k) {
+      const std::int64_t slot = s.written_slots[k];
+      const std::int64_t position = s.first_position + static_cast<std::int64_t>(k);
+      if (slot < 0 || position < 0) continue;
+      const std::int64_t block = slot / b;
+      const std::int64_t logical = position / b;
+      mapping[{s.request, logical}] = block;
+      const auto it = current.find(block);
+      if (it != current.end()) {
+        BlockTenancy& t = view.lifetimes[it->second];
+        if (t.request == s.request && t.logical == logical) {
+          t.last_used_step = s.step;
+          continue;
+        }
+        t.ended_step = s.step;
+        t.next_request = s.request;
+        t.next_logical = logical;
+        ++view.reuses;
+        if (t.request != s.request) ++view.reused_by_other;
+      } else {
+        ++view.blocks;
+      }
+      current[block] = view.lifetimes.size();
+      view.lifetimes.push_back(BlockTenancy{block, s.request, logical, s.step, s.step, -1, -1, -1});
+    }
+    for (const auto& q : s.queries) {
+      for (const auto& r : q.reads) {
+        if (r.slot < 0) continue;
+        const auto it = current.find(r.slot / b);
+        if (it == current.end()) continue;
+        BlockTenancy& t = view.lifetimes[it->second];
+        if (t.request == s.request) t.last_used_step = s.step;
+      }
+    }
+  }
+  for (const auto& [key, block] : mapping) {
+    if (view.tables.empty() || view.tables.back().request != key.first)
+      view.tables.push_back(RequestBlockTable{key.first, {}});
+    const BlockTenancy& t = view.lifetimes[current.at(block)];
+    view.tables.back().entries.push_back(
+        BlockTableEntry{key.second, block, t.request == key.first && t.logical == key.second});
+  }
+  return view;
+}
+
+const BlockTenancy* tenancy_of(const PagedView& view, std::int64_t request, std::int64_t position) noexcept {
+  if (view.block_size <= 0 || position < 0) return nullptr;
+  const std::int64_t logical = position / view.block_size;
+  for (std::size_t i = view.lifetimes.size(); i-- > 0;) {
+    const BlockTenancy& t = view.lifetimes[i];
+    if (t.request == request && t.logical == logical) return &t;
+  }
+  return nullptr;
+}
+
+std::string tenancy_text(const BlockTenancy& t) {
+  std::string out = "block " + std::to_string(t.block) + " (request " + std::to_string(t.request) +
+                    "'s block " + std::to_string(t.logical) + "): written at step " +
+                    std::to_string(t.first_written_step) + ", last used at step " +
+                    std::to_string(t.last_used_step) + ", ";
+  if (t.ended_step < 0) return out + "still held";
+  out += t.next_request == t.request ? "reused by the same request" : "reused by request " + std::to_string(t.next_request);
+  return out + " (its block " + std::to_string(t.next_logical) + ") at step " + std::to_string(t.ended_step);
+}
+
+std::string block_table_text(const RequestBlockTable& table, std::size_t limit) {
+  std::string out = "[";
+  const std::size_t shown = std::min(table.entries.size(), limit);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& e = table.entries[i];
+    if (i != 0) out += ", ";
+    out += std::to_string(e.logical) + ":" + std::to_string(e.physical) + (e.held ? "" : " reused");
+  }
+  if (shown < table.entries.size()) out += ", \u2026 (" + std::to_string(table.entries.size() - shown) + " more)";
+  return out + "]";
+}
+
+std::string paged_counts_text(const PagedView& view) {
+  return std::to_string(view.blocks) + " blocks written, " + std::to_string(view.reuses) + " reuses (" +
+         std::to_string(view.reused_by_other) + " by another request)";
 }
 
 }  // namespace kvcheck::reports

@@ -50,6 +50,29 @@ struct EarlierCases {
   std::string first_failure_there;        ///< its first failure in that process
 };
 
+/// A check of two caches side by side (`--against`, `--repeat-bitwise`):
+/// what was compared over every case, and where the reported case differs.
+struct SideBySide {
+  std::string property;  ///< "agreement" (--against) or "repeat-bitwise"
+  std::string first;     ///< the first cache (--impl), "A" in every difference
+  std::string second;    ///< the second cache (--against; the first again for repeat-bitwise), "B"
+  bool bitwise = false;  ///< outputs compared bit for bit (else within the larger tolerance)
+  std::int64_t cases_compared = 0;    ///< cases both caches ran
+  std::int64_t steps_compared = 0;    ///< step observations (a step on one layer) compared
+  std::int64_t queries_compared = 0;  ///< queries of those
+  std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared
+  std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
+  /// The reported case's differing steps, one line each, in step order
+  /// (empty when every case agreed).
+  std::vector<std::string> differences;
+};
+
+/// The one line every writer shows for a side-by-side check, e.g.
+/// "agreement of cpu (A) and layer (B), outputs within the larger
+/// tolerance: 200 cases, 2900 steps, 5100 queries compared (5100 reads,
+/// 5100 outputs)".
+std::string side_by_side_text(const SideBySide& s);
+
 /// The outcome of a property check (absent for single scenario runs).
 struct CheckSummary {
   std::int64_t cases = 0;               ///< cases generated (ran + refused + skipped)
@@ -69,6 +92,8 @@ struct CheckSummary {
   /// The gate on cases that ran: fewer than min_run_share * cases fail the
   /// check (`--min-run-share`).
   double min_run_share = 0;
+  /// Set for a check of two caches side by side.
+  std::optional<SideBySide> side_by_side = std::nullopt;
   /// Cases that ran: neither refused nor skipped.
   std::int64_t ran() const noexcept { return cases - refused - skipped; }
   /// True when at least min_run_share of the cases ran.
@@ -196,9 +221,91 @@ StepCounts step_counts(const properties::StepObservation& step) noexcept;
 /// reports print none.
 bool format_stores_exact_rows(std::string_view format) noexcept;
 
+/// The resident set after a step, for a cache that reports frees or
+/// declares a bound, with the step's slot events: "resident 12 rows, 3
+/// blocks (bound 4 blocks per request: held 5); padded 2, moved 0, freed 4
+/// (1 still visible)". Empty when the step has nothing of this (every
+/// writer shows this line and counts nothing itself).
+std::string resident_text(const properties::StepObservation& step);
+
 /// The window as the scenario gives it, its own parameter with the
 /// convention: "5(keys)", "4(left)" (4 rows to the left: 5 keys).
 std::string window_text(const properties::RunObservation& run);
+/// The keys each layer's queries see, "2,global,4 keys", when the scenario
+/// gives each layer its own window; empty otherwise.
+std::string layer_windows_text(const properties::RunObservation& run);
+
+// ---- paged caches: block tables and block lifetimes, defined once -----------
+// A paged cache (RunObservation::block_size > 0) puts position p of a request
+// in some slot; the block of that slot is slot / block_size, the request's
+// logical block p / block_size. kvcheck never sees a block freed: it sees the
+// slots the cache said it wrote and read. So a block's life is told by its
+// tenancies: a tenancy begins when a request's logical block is first
+// written into the physical block, is used by that request's writes and
+// reads of the block, and ends when another logical block (of another
+// request, or of the same one) is written into it.
+
+/// One tenancy of a physical block.
+struct BlockTenancy {
+  std::int64_t block = 0;               ///< physical block (slot / block_size)
+  std::int64_t request = 0;             ///< the request whose rows it held
+  std::int64_t logical = 0;             ///< the request's logical block (position / block_size)
+  std::int64_t first_written_step = 0;  ///< scenario step of the first write
+  std::int64_t last_used_step = 0;      ///< scenario step of the last write or read by that request
+  std::int64_t ended_step = -1;         ///< scenario step whose write began the next tenancy; -1: still held
+  std::int64_t next_request = -1;       ///< the next tenant's request (when ended)
+  std::int64_t next_logical = -1;       ///< the next tenant's logical block (when ended)
+};
+
+/// One entry of a request's block table.
+struct BlockTableEntry {
+  std::int64_t logical = 0;   ///< position / block_size
+  std::int64_t physical = 0;  ///< the block the cache wrote that logical block's rows to, latest
+  bool held = true;           ///< false: another tenancy has since written the physical block
+};
+
+/// A request's block table (entries by logical block).
+struct RequestBlockTable {
+  std::int64_t request = 0;
+  std::vector<BlockTableEntry> entries;
+};
+
+/// Block tables and lifetimes of one layer of a paged run, through one step.
+struct PagedView {
+  std::int64_t block_size = 0;
+  std::int32_t layer = 0;
+  std::int64_t through_step = -1;        ///< scenario step index of the last step taken in
+  std::vector<RequestBlockTable> tables;  ///< by request
+  std::vector<BlockTenancy> lifetimes;    ///< in the order the tenancies began
+  std::int64_t blocks = 0;                ///< distinct physical blocks written
+  std::int64_t reuses = 0;                ///< tenancies that ended (the block was written again)
+  std::int64_t reused_by_other = 0;       ///< of those, the next tenant was another request
+};
+
+/// The block tables and lifetimes of `run` on the layer of `run.steps[through]`,
+/// from the steps up to and including that one. Empty (block_size 0) when the
+/// run is not paged or `through` < 0.
+PagedView paged_view(const properties::RunObservation& run, std::int64_t through);
+
+/// The tenancy that held position `position` of `request` in `view` when it
+/// was last written there (the latest tenancy of its logical block), or nullptr.
+const BlockTenancy* tenancy_of(const PagedView& view, std::int64_t request, std::int64_t position) noexcept;
+
+/// "block 3 (request 0's block 1): written at step 2, last used at step 4,
+/// reused by request 1 (its block 0) at step 5" (or "still held").
+std::string tenancy_text(const BlockTenancy& t);
+
+/// "[0:3, 1:7, 2:1 reused]": logical -> physical, entries whose block another
+/// tenancy has since written marked "reused".
+std::string block_table_text(const RequestBlockTable& table, std::size_t limit = 16);
+
+/// "5 blocks written, 2 reuses (1 by another request)".
+std::string paged_counts_text(const PagedView& view);
+
+/// Index into `run.steps` of the step every writer pictures and explains:
+/// the first failing step, else the last with queries, else the last; -1
+/// when the run observed no step.
+std::int64_t pictured_step(const properties::RunObservation& run) noexcept;
 
 // ---- helpers shared by the writers -------------------------------------------
 

@@ -396,6 +396,79 @@ std::string bar_chart_svg(const StepObservation& step, std::int64_t focus) {
   return svg;
 }
 
+// Block tables listed per page section, entries per table, lifetimes listed.
+constexpr std::size_t kTablesListed = 16;
+constexpr std::size_t kEntriesListed = 64;
+constexpr std::size_t kLifetimesListed = 64;
+
+// A paged run at its pictured step: every request's block table (logical
+// block -> physical block), coloured for the pictured query, and the
+// lifetimes of the blocks (reports/report.hpp, PagedView).
+std::string paged_html(const RunObservation& run, std::int64_t step_index, std::int64_t focus) {
+  const PagedView view = paged_view(run, step_index);
+  const auto& step = run.steps[static_cast<std::size_t>(step_index)];
+  const QueryObservation* q = focus >= 0 ? &step.queries[static_cast<std::size_t>(focus)] : nullptr;
+  const std::int64_t b = view.block_size;
+  std::string out = "<p>Block tables of layer " + std::to_string(view.layer) + " after step " +
+                    std::to_string(view.through_step) + " (" + xml_escape(step.kind) + "), blocks of " +
+                    std::to_string(b) + " rows, pool of " + std::to_string(run.pool_blocks) + " blocks" +
+                    (q != nullptr ? ", coloured for the read of query " + std::to_string(q->position) +
+                                        " of request " + std::to_string(step.request)
+                                  : std::string()) +
+                    ": " + xml_escape(paged_counts_text(view)) + ".</p>\n";
+  out += "<table class=\"block-tables\">\n<tr><th>request</th><th>logical block \u2192 physical block</th></tr>\n";
+  std::size_t tables = 0;
+  for (const auto& table : view.tables) {
+    if (tables++ == kTablesListed) {
+      out += "<tr><td colspan=\"2\">\u2026 " + std::to_string(view.tables.size() - kTablesListed) +
+             " more requests</td></tr>\n";
+      break;
+    }
+    out += "<tr><td>" + std::to_string(table.request) + "</td><td class=\"mono\">";
+    for (std::size_t i = 0; i < table.entries.size() && i < kEntriesListed; ++i) {
+      const auto& e = table.entries[i];
+      const std::int64_t lo = e.logical * b, hi = lo + b - 1;
+      SlotClass cls = e.held ? SlotClass::kHeld : SlotClass::kEmpty;
+      if (q != nullptr && table.request == step.request) {
+        const bool seen = hi >= q->visible_first && lo <= q->position;
+        cls = seen ? SlotClass::kVisible : (e.held ? SlotClass::kStale : SlotClass::kEmpty);
+        for (const std::int64_t p : q->overwritten)
+          if (p >= lo && p <= hi) cls = SlotClass::kOverwritten;
+        for (const std::int64_t p : q->missing)
+          if (p >= lo && p <= hi) cls = SlotClass::kOverwritten;
+      }
+      const std::string tip = "positions " + std::to_string(lo) + ".." + std::to_string(hi) + " in block " +
+                              std::to_string(e.physical) + (e.held ? "" : "; the block was written again since");
+      out += "<span class=\"block " + std::string(class_name(cls)) +
+             "\" style=\"display:inline-block;padding:0 4px;margin:1px;border-radius:3px;background:" +
+             class_colour(cls) + "\" title=\"" + xml_escape(tip) + "\">" + std::to_string(e.logical) + "\u2192" +
+             std::to_string(e.physical) + (e.held ? "" : "\u00d7") + "</span> ";
+    }
+    if (table.entries.size() > kEntriesListed)
+      out += "\u2026 " + std::to_string(table.entries.size() - kEntriesListed) + " more";
+    out += "</td></tr>\n";
+  }
+  out += "</table>\n<p class=\"context\">green: holds rows the query sees; red: holds a row it lost; yellow: "
+         "held, out of its window; blue: held by another request; grey \u00d7: written again since.</p>\n";
+  out += "<table class=\"block-lifetimes\">\n<tr><th>block</th><th>request</th><th>logical block</th>"
+         "<th>first written</th><th>last used</th><th>then</th></tr>\n";
+  for (std::size_t i = 0; i < view.lifetimes.size() && i < kLifetimesListed; ++i) {
+    const auto& t = view.lifetimes[i];
+    const std::string then =
+        t.ended_step < 0 ? std::string("still held")
+                         : "step " + std::to_string(t.ended_step) + ": request " + std::to_string(t.next_request) +
+                               "'s block " + std::to_string(t.next_logical);
+    out += std::string("<tr") + (t.ended_step >= 0 && t.next_request != t.request ? " class=\"reused\"" : "") +
+           "><td>" + std::to_string(t.block) + "</td><td>" + std::to_string(t.request) + "</td><td>" +
+           std::to_string(t.logical) + "</td><td>" + std::to_string(t.first_written_step) + "</td><td>" +
+           std::to_string(t.last_used_step) + "</td><td>" + xml_escape(then) + "</td></tr>\n";
+  }
+  if (view.lifetimes.size() > kLifetimesListed)
+    out += "<tr><td colspan=\"6\">\u2026 " + std::to_string(view.lifetimes.size() - kLifetimesListed) +
+           " more (see the JSON report)</td></tr>\n";
+  return out + "</table>\n";
+}
+
 std::string badge(bool passed) {
   return passed ? "<span class=\"badge pass\">PASS</span>" : "<span class=\"badge fail\">FAIL</span>";
 }
@@ -425,6 +498,7 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
                                                         : std::string("not judged");
     std::string note = s.error.empty() ? std::string() : "refusal: " + s.error;
     if (s.expectation_failed) note += (note.empty() ? "" : "; ") + ("expectation: " + s.expectation_detail);
+    if (const std::string resident = resident_text(s); !resident.empty()) note += (note.empty() ? "" : "; ") + resident;
     const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\""
                             : failed                                 ? " class=\"failed\""
                                                                      : "";
@@ -490,7 +564,9 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
     out += std::string("<tr") + (r.passed ? "" : " class=\"failed\"") + "><td>" + verdict + "</td><td>" +
            (linked ? "<a href=\"#" + anchor + std::to_string(i) + "\">" + name + "</a>" : name) + "</td><td>" +
            xml_escape(r.backend) + "</td><td>" + xml_escape(r.fault) + "</td><td>" +
-           std::to_string(r.window) + " " + xml_escape(r.window_convention) + "</td><td>" +
+           std::to_string(r.window) + " " + xml_escape(r.window_convention) +
+           (r.layer_window_keys.empty() ? std::string() : "<br>layers " + xml_escape(layer_windows_text(r))) +
+           "</td><td>" +
            std::to_string(r.ring_rows) + "</td><td>" + xml_escape(r.format) + "</td><td>" +
            std::to_string(steps_observed(r)) + "</td><td>" + std::to_string(r.queries) + "</td><td>" +
            std::to_string(r.lost_rows) + "</td><td>" + std::to_string(r.extra_reads) + "</td><td>" +
@@ -504,6 +580,14 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
     const auto& c = *report.check;
     out += "<" + h + ">Property check " + badge(c.passed()) + "</" + h + ">\n<p>" + xml_escape(check_counts_text(c)) +
            ".</p>\n";
+    if (c.side_by_side) {
+      out += "<p class=\"side-by-side\">" + xml_escape(side_by_side_text(*c.side_by_side)) + ".</p>\n";
+      if (!c.side_by_side->differences.empty()) {
+        out += "<ul class=\"differences\">\n";
+        for (const auto& d : c.side_by_side->differences) out += "<li>" + xml_escape(d) + "</li>\n";
+        out += "</ul>\n";
+      }
+    }
     if (!c.coverage.empty()) {
       out +=
           "<table class=\"coverage\">\n<tr><th>coverage "
@@ -537,17 +621,14 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
            " " + xml_escape(r.scenario_name) + "</" + h + ">\n";
     if (!r.passed) out += "<pre>" + xml_escape(run_explanation(report, r)) + "</pre>\n";
     // The step to picture: the first failing one, else the last with queries.
-    std::int64_t step_index = first_failing_step(r);
-    if (step_index < 0) {
-      for (std::size_t k = r.steps.size(); k-- > 0;) {
-        if (!r.steps[k].queries.empty()) {
-          step_index = static_cast<std::int64_t>(k);
-          break;
-        }
-      }
-    }
-    if (step_index < 0 && !r.steps.empty()) step_index = static_cast<std::int64_t>(r.steps.size()) - 1;
-    if (step_index >= 0) {
+    const std::int64_t step_index = pictured_step(r);
+    if (step_index >= 0 && r.block_size > 0) {
+      // A paged cache has no ring: its block tables and block lifetimes.
+      const auto& s = r.steps[static_cast<std::size_t>(step_index)];
+      const std::int64_t focus = focus_query(s);
+      out += paged_html(r, step_index, focus);
+      if (!s.queries.empty()) out += "<div class=\"figs\">\n" + bar_chart_svg(s, focus) + "</div>\n";
+    } else if (step_index >= 0) {
       const auto& s = r.steps[static_cast<std::size_t>(step_index)];
       const std::int64_t focus = focus_query(s);
       out += "<p>Ring of state " + std::to_string(s.state) + " at " +

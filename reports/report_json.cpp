@@ -93,6 +93,64 @@ Json step_json(const properties::StepObservation& s) {
   j["encoding_mismatches"] = s.encoding_mismatches;
   j["expectation_failed"] = s.expectation_failed;
   j["expectation_detail"] = s.expectation_detail;
+  // Only for a cache that reports slot events or frees, or declares a bound:
+  // other reports keep their bytes.
+  if (s.resident_rows >= 0 || s.padded_slots + s.moved_rows + s.freed_slots > 0) {
+    j["resident"] = Json{{"rows", s.resident_rows},
+                         {"blocks", s.resident_blocks},
+                         {"bound", s.bound_limit},
+                         {"bound_unit", s.bound_unit},
+                         {"held", s.bound_held},
+                         {"padded", s.padded_slots},
+                         {"moved", s.moved_rows},
+                         {"freed", s.freed_slots},
+                         {"freed_visible", s.freed_visible},
+                         {"freed_detail", s.freed_detail},
+                         {"text", resident_text(s)}};
+  }
+  return j;
+}
+
+// A paged run's block tables and block lifetimes at the step the text and
+// the HTML picture (pictured_step), lists cut at kReportListItems.
+Json paged_json(const properties::RunObservation& r) {
+  const std::int64_t through = pictured_step(r);
+  const PagedView view = paged_view(r, through);
+  Json j;
+  j["block_size"] = r.block_size;
+  j["pool_blocks"] = r.pool_blocks;
+  j["layer"] = view.layer;
+  j["through_step"] = view.through_step;
+  j["blocks"] = view.blocks;
+  j["reuses"] = view.reuses;
+  j["reused_by_other_request"] = view.reused_by_other;
+  Json tables = Json::array();
+  for (const auto& t : view.tables) {
+    Json entries = Json::array();
+    for (std::size_t i = 0; i < listed(t.entries); ++i) {
+      const auto& e = t.entries[i];
+      entries.push_back(Json{{"logical", e.logical}, {"physical", e.physical}, {"held", e.held}});
+    }
+    tables.push_back(Json{{"request", t.request}, {"blocks", std::move(entries)},
+                          {"omitted", t.entries.size() - listed(t.entries)}});
+  }
+  j["block_tables"] = std::move(tables);
+  Json lifetimes = Json::array();
+  for (std::size_t i = 0; i < listed(view.lifetimes); ++i) {
+    const auto& t = view.lifetimes[i];
+    Json l;
+    l["block"] = t.block;
+    l["request"] = t.request;
+    l["logical"] = t.logical;
+    l["first_written_step"] = t.first_written_step;
+    l["last_used_step"] = t.last_used_step;
+    l["ended_step"] = t.ended_step;
+    l["next_request"] = t.next_request;
+    l["next_logical"] = t.next_logical;
+    lifetimes.push_back(std::move(l));
+  }
+  j["block_lifetimes"] = std::move(lifetimes);
+  j["lifetimes_omitted"] = view.lifetimes.size() - listed(view.lifetimes);
   return j;
 }
 
@@ -102,6 +160,12 @@ Json run_json(const properties::RunObservation& r) {
   j["backend"] = r.backend;
   j["fault"] = r.fault;
   j["window"] = Json{{"convention", r.window_convention}, {"keys", r.window_keys}, {"parameter", r.window}};
+  if (!r.layer_window_keys.empty()) {
+    // Only when the scenario gives each layer its own window: other reports keep their bytes.
+    Json layers = Json::array();
+    for (const std::int64_t keys : r.layer_window_keys) layers.push_back(keys == 0 ? Json(nullptr) : Json(keys));
+    j["window"]["layer_keys"] = std::move(layers);
+  }
   j["ring_rows"] = r.ring_rows;
   j["format"] = r.format;
   j["precision_bits"] = r.precision_bits;
@@ -131,6 +195,7 @@ Json run_json(const properties::RunObservation& r) {
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));
   j["steps"] = std::move(steps);
+  if (r.block_size > 0) j["paged"] = paged_json(r);
   return j;
 }
 
@@ -154,6 +219,20 @@ Json check_json(const CheckSummary& c) {
   j["counterexample_file"] = c.counterexample_file;
   j["replay_command"] = c.replay_command;
   j["failing_case_seed"] = c.failing_case_seed;
+  if (c.side_by_side) {
+    // Only for two caches side by side.
+    const SideBySide& b = *c.side_by_side;
+    j["side_by_side"] = Json{{"property", b.property},
+                             {"first", b.first},
+                             {"second", b.second},
+                             {"bitwise", b.bitwise},
+                             {"cases_compared", b.cases_compared},
+                             {"steps_compared", b.steps_compared},
+                             {"queries_compared", b.queries_compared},
+                             {"reads_compared", b.reads_compared},
+                             {"outputs_compared", b.outputs_compared},
+                             {"differences", b.differences}};
+  }
   if (c.depends_on_earlier) {
     // Only for a failure that passes alone in a fresh cache.
     const EarlierCases& e = *c.depends_on_earlier;

@@ -27,6 +27,29 @@ std::string tag_list(const std::vector<properties::ReadTag>& tags, std::size_t l
   return out + "]";
 }
 
+// A paged run's failing step: its blocks so far, the request's block table
+// and the life of the block that held the first row the focus query lost.
+std::string paged_explanation(const properties::RunObservation& run, std::int64_t index) {
+  const PagedView view = paged_view(run, index);
+  const auto& s = run.steps[static_cast<std::size_t>(index)];
+  std::string out = "  blocks of layer " + std::to_string(view.layer) + " through step " +
+                    std::to_string(view.through_step) + " (B=" + std::to_string(view.block_size) +
+                    "): " + paged_counts_text(view) + "\n";
+  for (const auto& table : view.tables) {
+    if (table.request == s.request)
+      out += "  block table of request " + std::to_string(table.request) + ": " + block_table_text(table) + "\n";
+  }
+  const std::int64_t focus = focus_query(s);
+  if (focus < 0) return out;
+  const auto& q = s.queries[static_cast<std::size_t>(focus)];
+  const std::int64_t lost = !q.overwritten.empty() ? q.overwritten.front()
+                            : !q.missing.empty()   ? q.missing.front()
+                                                   : -1;
+  const BlockTenancy* t = lost >= 0 ? tenancy_of(view, s.request, lost) : nullptr;
+  if (t != nullptr) out += "  position " + std::to_string(lost) + " lost: " + tenancy_text(*t) + "\n";
+  return out;
+}
+
 }  // namespace
 
 std::string run_summary_line(const properties::RunObservation& run) {
@@ -44,6 +67,8 @@ std::string run_summary_line(const properties::RunObservation& run) {
   if (run.observed != "slots+outputs") line += " observed=" + run.observed;
   if (run.probes > 0) line += " probes=" + std::to_string(run.probes);
   if (run.mpfr_queries > 0) line += " mpfr_queries=" + std::to_string(run.mpfr_queries);
+  if (run.block_size > 0)
+    line += " block_size=" + std::to_string(run.block_size) + " pool_blocks=" + std::to_string(run.pool_blocks);
   return line;
 }
 
@@ -82,6 +107,7 @@ std::string run_explanation(const Report& report, const properties::RunObservati
              " more queries)\n";
     }
 
+    if (const std::string resident = resident_text(s); !resident.empty()) out += "  " + resident + "\n";
     const auto& c = s.collisions;
     if (c.total() != 0) {
       out += "  collisions: " + std::to_string(c.same_step) + " same-step, " +
@@ -108,6 +134,7 @@ std::string run_explanation(const Report& report, const properties::RunObservati
     }
     if (!s.error.empty()) out += "  refusal: " + s.error + "\n";
     if (s.expectation_failed) out += "  expectation failed: " + s.expectation_detail + "\n";
+    if (run.block_size > 0) out += paged_explanation(run, index);
   }
   if (run.queries > 0 && run.queries_not_output_checked == run.queries) {
     out += "  outputs not judged in this run (" + std::to_string(run.queries) + " of " +
@@ -137,6 +164,10 @@ std::string report_text(const Report& report) {
   if (report.check) {
     const auto& c = *report.check;
     out += "\ncheck: " + std::string(c.passed() ? "PASS" : "FAIL") + ", " + check_counts_text(c) + "\n";
+    if (c.side_by_side) {
+      out += "  " + side_by_side_text(*c.side_by_side) + "\n";
+      for (const auto& d : c.side_by_side->differences) out += "  differs: " + d + "\n";
+    }
     for (const auto& k : c.coverage) {
       out += "  coverage " + k.name + ": " + std::to_string(k.count) + " (minimum " +
              std::to_string(k.minimum) + ")" + (k.met() ? "" : "  BELOW MINIMUM") + "\n";

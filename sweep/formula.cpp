@@ -135,6 +135,7 @@ class FormulaParser {
       if (name == "W") return emit(Op::kWindow);
       if (name == "k") return emit(Op::kDrafts);
       if (name == "C") return emit(Op::kChunk);
+      if (name == "B") return emit(Op::kBlock);
       if (name == "max" || name == "min") {
         expect('(');
         expr(depth + 1);
@@ -170,7 +171,8 @@ Formula Formula::parse(std::string_view text, const std::string& flag) {
   return f;
 }
 
-std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows) const {
+std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows,
+                               std::int64_t block_size) const {
   const auto where = [&] {
     return " evaluating '" + text_ + "' at W=" + std::to_string(window_keys) +
            ", k=" + std::to_string(drafts) + ", C=" + std::to_string(chunk_rows);
@@ -179,6 +181,14 @@ std::int64_t Formula::evaluate(std::int64_t window_keys, std::int64_t drafts, st
   std::vector<std::int64_t> stack;
   stack.reserve(nodes_.size());
   for (const Node& n : nodes_) {
+    if (n.op == Op::kBlock) {
+      if (block_size <= 0) {
+        throw Error(ErrorId::kUsage, flag_,
+                    "B (rows per block) is defined only when the sweep runs a paged cache, in '" + text_ + "'");
+      }
+      stack.push_back(block_size);
+      continue;
+    }
     if (n.op == Op::kLiteral || n.op == Op::kWindow || n.op == Op::kDrafts || n.op == Op::kChunk) {
       stack.push_back(n.op == Op::kLiteral  ? n.value
                       : n.op == Op::kWindow ? window_keys

@@ -1,11 +1,12 @@
 // A user's ring-sizing rule as an integer expression in W (window rows),
-// k (drafts) and C (prefill chunk rows), for `kvcheck sweep --formula`.
+// k (drafts) and C (prefill chunk rows), for `kvcheck sweep --formula`; for a
+// paged cache a pool in blocks, with B (rows per block) as a fourth name.
 //
 // Grammar (whitespace ignored):
 //   expr    := term (('+' | '-') term)*
 //   term    := unary (('*' | '/') unary)*
 //   unary   := '-' unary | primary
-//   primary := integer | 'W' | 'k' | 'C' | ('max' | 'min') '(' expr ',' expr ')' | '(' expr ')'
+//   primary := integer | 'W' | 'k' | 'C' | 'B' | ('max' | 'min') '(' expr ',' expr ')' | '(' expr ')'
 // Arithmetic is on int64 and checked: overflow and division by zero are
 // errors, never wrapped values. '/' rounds toward negative infinity.
 // Every error is a kvcheck::Error (kUsage) naming the flag and the column.
@@ -24,9 +25,12 @@ class Formula {
   /// Parses `text`; throws kvcheck::Error(kUsage, flag, ...) with the column at fault.
   static Formula parse(std::string_view text, const std::string& flag = "--formula");
 
-  /// Value at (W, k, C). Throws kvcheck::Error(kUsage, flag, ...) on overflow
-  /// or division by zero, naming the configuration.
-  std::int64_t evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows) const;
+  /// Value at (W, k, C) and, for a paged cache, B = `block_size` (0: not
+  /// paged, and a formula naming B is an error). Throws
+  /// kvcheck::Error(kUsage, flag, ...) on overflow or division by zero, naming
+  /// the configuration.
+  std::int64_t evaluate(std::int64_t window_keys, std::int64_t drafts, std::int64_t chunk_rows,
+                        std::int64_t block_size = 0) const;
 
   /// The text as the user wrote it.
   const std::string& text() const noexcept { return text_; }
@@ -38,6 +42,7 @@ class Formula {
     kWindow,
     kDrafts,
     kChunk,
+    kBlock,
     kNeg,
     kAdd,
     kSub,

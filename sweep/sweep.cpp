@@ -241,13 +241,120 @@ scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t 
   return sc;
 }
 
+std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noexcept {
+  const std::int64_t rows = spec_bound(config);
+  return (rows - 1 + block_size - 1) / block_size + 1;
+}
+
+std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept {
+  const std::int64_t rows = config.window_keys - 1 + std::max(config.drafts + 1, config.chunk_rows);
+  return (rows + block_size - 1) / block_size + 1;
+}
+
+scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::int64_t block_size,
+                                              std::int64_t states, const engines::Capabilities& caps) {
+  KVCHECK_ASSERT(block_size >= 1 && states >= 1);
+  const std::int64_t capacity = spec_bound(config);
+  scenarios::Scenario sc;
+  sc.name = "sweep-paged-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
+            std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-b" +
+            std::to_string(block_size);
+  sc.description = "kvcheck sweep worst-case schedule for a paged cache of blocks of " +
+                   std::to_string(block_size) + " rows (W=" + std::to_string(config.window_keys) +
+                   ", k=" + std::to_string(config.drafts) + ", C=" + std::to_string(config.chunk_rows) + ", " +
+                   order_file_name(config.order) + ")";
+  sc.cache.window = config.window_keys;
+  sc.cache.convention = scenarios::Convention::kKeys;
+  sc.cache.ring_rows = capacity;
+  sc.cache.states = states;
+  sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
+  sc.data.seed = 1;
+  sweep_shape(config, capacity, states, caps, &sc);
+  const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
+                                     ? scenarios::Order::kStoreThenLoad
+                                     : scenarios::Order::kLoadThenStore;
+  // One request live at a time: each finishes before the next begins (a
+  // cache without finish runs every phase on one request).
+  const std::int64_t requests = caps.finish ? std::min(states, block_size) : 1;
+  for (std::int64_t b = 0; b < requests; ++b) sc.requests.push_back(scenarios::Request{b, b});
+  scenarios::Step decode;
+  decode.kind = StepKind::kDecode;
+  scenarios::Step prefill;
+  prefill.kind = StepKind::kPrefill;
+  prefill.order = order;
+  prefill.rows = config.chunk_rows;
+  scenarios::Step verify;
+  verify.kind = StepKind::kVerify;
+  verify.drafts = config.drafts;
+  const std::int64_t fill = config.window_keys + 2 * block_size;
+  for (std::int64_t b = 0; b < requests; ++b) {
+    std::int64_t length = 0;  // the request's committed length
+    auto push = [&](scenarios::Step st, std::int64_t advance) {
+      st.request = b;
+      sc.steps.push_back(st);
+      length += advance;
+    };
+    auto add = [&](const scenarios::Step& st, std::int64_t advance) {
+      if (caps.supports_step(st)) push(st, advance);
+    };
+    const std::int64_t chunk = std::min(config.window_keys, capacity);
+    while (length < fill) {
+      scenarios::Step st;
+      st.kind = StepKind::kPrefill;
+      st.order = scenarios::Order::kLoadThenStore;
+      st.rows = std::min(chunk, fill - length);
+      if (!caps.supports_step(st) || (caps.max_step_rows > 0 && st.rows > caps.max_step_rows)) st = decode;
+      push(st, scenarios::step_rows(st));
+    }
+    for (std::int64_t phase = b; phase < block_size; phase += requests) {
+      // Decodes to the phase: the steps below then start at fill + phase mod B.
+      while (caps.supports_step(decode) && (length - fill - phase) % block_size != 0) push(decode, 1);
+      add(decode, 1);
+      add(prefill, config.chunk_rows);
+      for (std::int64_t a = 0; a <= config.drafts && caps.verify; ++a) {
+        scenarios::Step accept;
+        accept.kind = StepKind::kAccept;
+        accept.accepted = a;
+        for (const bool then_decode : {true, false}) {
+          push(verify, 0);
+          push(accept, 1 + a);
+          if (then_decode) {
+            add(decode, 1);
+          } else {
+            add(prefill, config.chunk_rows);
+          }
+        }
+      }
+    }
+    if (caps.finish && b + 1 < requests) {
+      scenarios::Step finish;
+      finish.kind = StepKind::kFinish;
+      push(finish, 0);
+    }
+  }
+  return sc;
+}
+
 namespace {
 
 /// One live probe: the worst-case scenario at capacity S through the runner
 /// (slot observations only: outputs are the check's business).
+ProbeResult probe_scenario(const scenarios::Scenario& sc, std::int64_t ring_rows, properties::RunOptions run);
+
 ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const ProbeOptions& probe,
                        properties::RunOptions run) {
-  const auto sc = worst_case_scenario(config, ring_rows, probe.states, run.provider->capabilities());
+  return probe_scenario(worst_case_scenario(config, ring_rows, probe.states, run.provider->capabilities()),
+                        ring_rows, std::move(run));
+}
+
+/// One probe of a paged cache: its worst-case schedule with a pool of
+/// `pool_blocks` blocks per layer.
+ProbeResult probe_paged(const scenarios::Scenario& sc, std::int64_t pool_blocks, properties::RunOptions run) {
+  run.pool_blocks = pool_blocks;
+  return probe_scenario(sc, pool_blocks, std::move(run));
+}
+
+ProbeResult probe_scenario(const scenarios::Scenario& sc, std::int64_t ring_rows, properties::RunOptions run) {
   run.record_reads = false;
   run.record_ring = false;
   run.check_outputs = false;
@@ -367,17 +474,25 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   result.grid = grid;
   result.states = options.probe.states;
   const std::int64_t total = grid.size();
+  if (!options.impl.empty() && total > 0) {
+    // A live cache that declares paged addressing is swept for its pool in blocks.
+    properties::RunOptions ask;
+    ask.backend = options.impl;
+    ask.step_timeout_seconds = options.step_timeout_seconds;
+    result.block_size = properties::make_provider(ask)->capabilities().block_size;
+  }
+  const std::int64_t block_size = result.block_size;
   result.rows.resize(static_cast<std::size_t>(total));
   for (std::int64_t r = 0; r < total; ++r) {
     SweepRow& row = result.rows[static_cast<std::size_t>(r)];
     row.config = grid.at(r);
-    row.spec_bound = spec_bound(row.config);
-    row.seed_ring = seed_ring(row.config);
+    row.spec_bound = block_size > 0 ? paged_bound(row.config, block_size) : spec_bound(row.config);
+    row.seed_ring = block_size > 0 ? paged_default_pool(row.config, block_size) : seed_ring(row.config);
     // Evaluated up front so a bad formula fails before any work, the same way every time.
     if (options.formula) {
       row.has_formula = true;
-      row.formula_ring =
-          options.formula->evaluate(row.config.window_keys, row.config.drafts, row.config.chunk_rows);
+      row.formula_ring = options.formula->evaluate(row.config.window_keys, row.config.drafts,
+                                                   row.config.chunk_rows, block_size);
     }
   }
   const bool write_files =
@@ -435,15 +550,22 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
               provider = properties::make_provider(live);
               live.provider = provider.get();
             }
+            // A paged cache: the search is over its pool in blocks, from the bound.
             const std::int64_t guess =
-                prev_min < 0 ? row.config.window_keys : prev_min + (row.config.window_keys - prev_window);
+                block_size > 0 ? row.spec_bound
+                : prev_min < 0 ? row.config.window_keys
+                               : prev_min + (row.config.window_keys - prev_window);
             // A live cache may have no safe capacity at all (a bug that loses
             // rows at any size): stop at a generous multiple of the bound.
-            const std::int64_t limit = 4 * spec_bound(row.config) + 64;
+            const std::int64_t limit = 4 * row.spec_bound + 64;
+            std::optional<scenarios::Scenario> paged;
+            if (block_size > 0)
+              paged = worst_case_paged_scenario(row.config, block_size, options.probe.states, provider->capabilities());
             row.min_safe_ring = gallop_search(
                 guess,
                 [&](std::int64_t s) {
-                  ProbeResult pr = probe_live(row.config, s, options.probe, live);
+                  ProbeResult pr = paged ? probe_paged(*paged, s, live)
+                                         : probe_live(row.config, s, options.probe, live);
                   if (pr.refused) {
                     if (row.refused_capacities++ == 0)
                       row.refusal = "S=" + std::to_string(s) + ": " + pr.refusal;
@@ -490,7 +612,9 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             row.below_collisions = below.collisions.total();
             if (below.refused) row.below_hazard = "refused: " + below.refusal;
             if (write_files && options.impl.empty()) counterexample_for(options, below, &row);
-            if (write_files && !options.impl.empty() && !below.refused) {
+            // A paged counterexample would need its pool, which a scenario
+            // file does not carry: the row's hazard names it instead.
+            if (write_files && !options.impl.empty() && !below.refused && block_size == 0) {
               // Live: the worst-case schedule at S_min - 1 is the counterexample.
               const auto sc = worst_case_scenario(row.config, row.below_ring, options.probe.states,
                                                   provider->capabilities());

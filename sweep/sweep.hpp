@@ -198,6 +198,43 @@ std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config
 
 /// SPEC §5 bound: max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store.
 std::int64_t spec_bound(const SweepConfig& config) noexcept;
+
+// ---- paged caches -------------------------------------------------------------
+// A cache that declares paged addressing (Capabilities::block_size B) is swept
+// for the smallest pool, in blocks, that runs the worst-case schedule with no
+// lost row and no refusal (a correct paged engine refuses a step it has no
+// block for: "out-of-blocks"). Its probes run one live request at a time
+// (worst_case_paged_scenario), so the minimum is per live request.
+//
+// What a request holds at once: a block is needed while any row in it may
+// still be read, so a request holds the blocks of one run of consecutive
+// positions, from the first position a later query can see to the last one
+// written. Its longest such run is the ring bound's m = spec_bound(config):
+// a store-then-load step of n rows (decode 1, verify k + 1, prefill C) holds
+// the W - 1 positions before it and its own n, W - 1 + max(k + 1, C); a
+// load-then-store prefill frees the old window's blocks as its rows pass
+// them, holding max(W, C), and its verify W + k. m consecutive positions
+// span at most ceil((m - 1) / B) + 1 blocks (the first at the last row of a
+// block): paged_bound. The schedule runs every step at every phase mod B,
+// so it meets that worst alignment.
+
+/// Blocks one live request needs at once: ceil((m - 1) / B) + 1, m = spec_bound(config).
+std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noexcept;
+/// The pool `check` gives a paged cache per state (engines::paged_pool_blocks
+/// at capacity m): ceil((W - 1 + max(k + 1, C)) / B) + 1.
+std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept;
+
+/// The worst-case schedule of `config` for a paged cache of `block_size`
+/// rows per block (capacity m = spec_bound(config), pool given at open by
+/// RunOptions::pool_blocks): `states` requests one after another, each
+/// filling its window plus two blocks, then running the steps of
+/// worst_case_scenario (decode, prefill(C), verify(k) with every accept(a)
+/// followed by decode and prefill) once per phase of its first position mod
+/// B assigned to it (phase r goes to request r mod states; decodes move the
+/// request to the phase), and finishing, so the next request reuses the
+/// blocks it freed. One request only when the cache has no finish.
+scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::int64_t block_size,
+                                              std::int64_t states, const engines::Capabilities& caps);
 /// The seed engine's allocation W + max(0, k + 1).
 std::int64_t seed_ring(const SweepConfig& config) noexcept;
 
@@ -307,6 +344,10 @@ struct SweepResult {
   std::int64_t no_safe_rows = 0;      ///< live caches: rows with no safe capacity (min_safe_ring -1)
   std::int64_t unsupported_rows = 0;  ///< live caches: rows whose every capacity was refused
   std::int64_t probes = 0;
+  /// A paged cache was swept (its block size): every row's min_safe_ring,
+  /// spec_bound (paged_bound), seed_ring (paged_default_pool) and formula
+  /// value are pools in blocks. 0: rings, in rows.
+  std::int64_t block_size = 0;
 };
 
 /// True when row `row` of `grid` belongs to shard `index` of `count`.

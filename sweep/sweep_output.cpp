@@ -105,6 +105,13 @@ std::string sweep_json(const SweepResult& result) {
   grid["orders"] = orders;
   doc["grid"] = grid;
   doc["states"] = result.states;
+  if (result.block_size > 0) {
+    // A paged cache: min_safe_ring, spec_bound (ceil((m - 1) / B) + 1 blocks
+    // per live request), seed_ring (check's pool per state) and the formula
+    // are pools in blocks of block_size rows.
+    doc["block_size"] = result.block_size;
+    doc["unit"] = "blocks";
+  }
   doc["formula"] = result.formula ? Json(*result.formula) : Json(nullptr);
   Json summary;
   summary["rows"] = result.rows.size();
@@ -271,8 +278,14 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   const bool formula = result.formula.has_value();
   std::ostringstream s;
   char line[512];
+  const bool paged = result.block_size > 0;
+  if (paged) {
+    s << "paged cache, blocks of " << result.block_size
+      << " rows: min = smallest pool in blocks (one live request), bound = ceil((m - 1) / B) + 1 with m = "
+         "max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store; check = the pool check gives\n";
+  }
   std::snprintf(line, sizeof line, "%6s %3s %5s %-16s %6s %6s %-5s %9s", "W", "k", "C", "order", "min",
-                "spec", "agree", "seed(+)");
+                paged ? "bound" : "spec", "agree", paged ? "check(+)" : "seed(+)");
   s << line;
   if (formula) s << "  formula(+)";
   s << "  at min-1: hazard -> overwritten per query\n";
@@ -311,7 +324,7 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
       s << line;
     }
     if (r.has_below) {
-      s << "  S=" << r.below_ring << ": " << r.below_hazard << " -> " << list_text(r.below_overwritten, 8);
+      s << (paged ? "  pool=" : "  S=") << r.below_ring << ": " << r.below_hazard << " -> " << list_text(r.below_overwritten, 8);
       if (r.below_collisions > 0) s << ", " << r.below_collisions << " collisions";
       if (!r.replay_ok) s << "  REPLAY FAILED: " << r.replay_detail;
     }
@@ -325,8 +338,9 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
          "all)\n";
   }
   const std::int64_t measured = total - result.unsupported_rows;
-  s << "configurations: " << total << ", probes: " << result.probes << ", SPEC 5 bound agreed on "
-    << measured - result.spec_disagreements << "/" << measured << "\n";
+  s << "configurations: " << total << ", probes: " << result.probes
+    << (paged ? ", block bound agreed on " : ", SPEC 5 bound agreed on ") << measured - result.spec_disagreements
+    << "/" << measured << "\n";
   if (formula) {
     if (result.formula_unsafe_rows == 0) {
       s << "formula '" << *result.formula << "' is safe on every configuration of the grid\n";
