@@ -5,13 +5,14 @@
     kvcheck check --impl exec:'python3 adapters/paged_cache.py --bug free-early'
 
 Modelled on the sliding-window managers of vLLM and SGLang. Per layer, a pool
-of states * (ceil(capacity / B) + 1) blocks of B rows (`--block-size B`,
-default 4) with one shared free list, LIFO (the block freed last is reused
+of `pool_blocks` blocks of B rows (`--block-size B`, default 4; hello
+declares "addressing": "paged" with "block_size": B, and open gives the pool
+in blocks) with one shared free list, LIFO (the block freed last is reused
 first, so a block freed too early is soon overwritten). Each request has a
 block table: block index p // B -> block id, allocated when a row is first
-written in it; row p lives in slot block_id * B + p % B (addressing "paged":
-kvcheck treats slots as opaque). Rejected drafts' rows stay where they were
-written; a later write at the same position overwrites them in place.
+written in it; row p lives in slot block_id * B + p % B. Rejected drafts'
+rows stay where they were written; a later write at the same position
+overwrites them in place.
 
 Blocks no query still to run can see are freed (the table entry is dropped):
 after every write step and accept, and, in a load_then_store prefill (whose
@@ -29,6 +30,7 @@ of the request's blocks. A position whose block was freed reads as -1.
 default cache passes every case kvcheck generates.
 """
 
+import collections
 import os
 import sys
 
@@ -60,21 +62,40 @@ class PagedLayer(window_cache.Layer):
         return block
 
 
+def pool_blocks(spec, block_size):
+    """Blocks per layer: what open gives (pool_blocks), else, from a kvcheck
+    that sends none, states * (ceil(capacity / B) + 1)."""
+    if spec.pool_blocks:
+        return spec.pool_blocks
+    return spec.states * (-(-spec.capacity // block_size) + 1)
+
+
 class PagedCache(window_cache.WindowCache):
     def __init__(self, spec, bugs, block_size):
         self.B = block_size
-        self.blocks_per_state = -(-spec.capacity // block_size) + 1
+        self.pool_blocks = pool_blocks(spec, block_size)
+        # double-free: a block freed by the window stays in the request's
+        # books as well, so finish and reset free it a second time (two
+        # later allocations then get the same block).
+        self.double_free = "double-free" in bugs
         super().__init__(spec, bugs)
         # left-as-keys: the manager takes window.param for the number of keys,
         # whatever the convention (the attention itself reads the right keys).
-        self.free_keys = spec.window_param if "left-as-keys" in bugs else spec.keys
+        self.param_offset = spec.keys - spec.window_param if "left-as-keys" in bugs else 0
         # free-early: one extra row counted as gone, so the block ending at
         # the first still visible row is freed.
         self.early = 1 if "free-early" in bugs else 0
         self.speculative = "free-speculative" in bugs
+        # no-window-free: blocks out of every window are kept until finish or
+        # reset, and new blocks are taken past the pool instead of refusing
+        # (the request's memory grows with its length, past its bound).
+        self.no_window_free = "no-window-free" in bugs
+        self.report_frees = True
 
     def new_layer(self):
-        return PagedLayer(self.spec.states, self.spec.states * self.blocks_per_state)
+        layer = PagedLayer(self.spec.states, self.pool_blocks)
+        layer.freed = [[] for _ in range(self.spec.states)]  # double-free: blocks freed by the window
+        return layer
 
     def write_slot(self, layer, st, b, p):
         B = self.B
@@ -94,31 +115,54 @@ class PagedCache(window_cache.WindowCache):
         B = self.B
         gone = sorted(j for j in st.table if (j + 1) * B <= first_visible)
         for j in gone:
-            layer.free.append(st.table.pop(j))
+            block = st.table.pop(j)
+            layer.free.append(block)
+            if self.double_free and first_visible != float("inf"):
+                layer.freed[layer.states.index(st)].append(block)
+            self.note_freed(range(block * B, block * B + B))  # answered as "freed"
 
-    def _lts_limit(self, first, j):
+    def free_keys(self, layer):
+        """The keys the manager frees by in `layer` (None: a global layer,
+        which frees nothing before finish or reset)."""
+        keys = self.layer_keys(layer)
+        return None if keys is None else keys - self.param_offset
+
+    def _lts_limit(self, layer, first, j):
         """Rows below this are needed by no query from the step's j-th on (nor
         later); capped at `first`: the step's own new rows are never freed
         while it runs (that would be two of its rows in one slot)."""
-        return min(first + j - self.free_keys + 1 + self.early, first)
+        keys = self.free_keys(layer)
+        if keys is None:
+            return float("-inf")
+        return min(first + j - keys + 1 + self.early, first)
 
-    def first_still_visible(self, st):
+    def first_still_visible(self, layer, st):
+        keys = self.free_keys(layer)
+        if keys is None:
+            return float("-inf")
         if st.pending_drafts >= 0:
             # verify at p pending: the next committed length is >= p + 1 (the
             # free-speculative bug assumes all k drafts will be accepted).
             nxt = st.pending_first + 1 + (st.pending_drafts if self.speculative else 0)
         else:
             nxt = st.length
-        return nxt - self.free_keys + 1 + self.early
+        return nxt - keys + 1 + self.early
 
     def after_step(self, layer, st, b):
-        self._free_below(layer, st, self.first_still_visible(st))
+        if self.no_window_free:
+            return
+        self._free_below(layer, st, self.first_still_visible(layer, st))
 
     def before_store(self, layer, st, b, first, j):
-        self._free_below(layer, st, self._lts_limit(first, j))
+        if self.no_window_free:
+            return
+        self._free_below(layer, st, self._lts_limit(layer, first, j))
 
     def release(self, layer, st, b):
         self._free_below(layer, st, float("inf"))
+        if self.double_free:
+            layer.free.extend(layer.freed[b])  # the window already freed these
+            layer.freed[b] = []
 
     def reserve(self, layer, st, b, first, n, load_then_store):
         """Refuses (changing nothing) a step that would find the free list empty."""
@@ -133,13 +177,184 @@ class PagedCache(window_cache.WindowCache):
             if load_then_store:
                 # Blocks freed before the first new row of this block is stored.
                 j = max(first, j_block * B) - first
-                limit = self._lts_limit(first, j)
+                limit = self._lts_limit(layer, first, j)
                 freeable = sum(1 for i in table if (i + 1) * B <= limit)
             allocated += 1
-            if allocated > avail + freeable:
+            if allocated > avail + freeable and not self.no_window_free:
                 raise kp.Refusal("out-of-blocks",
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
+
+
+# Bugs of the prefix cache (each switches --prefix-cache on).
+PREFIX_BUGS = {
+    "free-shared": "the sliding window frees a shared block outright, though another request "
+                   "sharing the prefix still sees it",
+    "cow-skipped": "a write into a shared block goes into it in place (copy-on-write skipped), "
+                   "changing the other sharer's rows",
+    "evicted-prefix-reused": "a begin from an evicted prefix reuses the evicted blocks' ids as if "
+                             "they still held the prefix",
+}
+
+
+class SharingPagedCache(PagedCache):
+    """The paged cache with prefix caching (`--prefix-cache`), as vLLM's and
+    SGLang's block managers share prompt blocks.
+
+    Blocks are refcounted: a block is in the tables of every request that
+    shares it (live requests' tables, and the tables a finished request
+    leaves in the prefix cache) and goes back to the free list only when no
+    table holds it. A begin from a shared prefix of n positions takes the
+    other request's blocks for the positions its first query can still see
+    (a live request's table, else the prefix cache's); a block no longer
+    there (freed by that request's window, or evicted) is stored again from
+    the rows kvcheck sends, and answered in `written`. A write into a block
+    another table holds copies it first (copy-on-write, answered as "moved").
+    finish keeps the request's table in the prefix cache; when the pool runs
+    out, the least recently used finished request's blocks are evicted."""
+
+    def __init__(self, spec, bugs, block_size):
+        super().__init__(spec, bugs, block_size)
+        self.free_shared = "free-shared" in bugs
+        self.cow_skipped = "cow-skipped" in bugs
+        self.reuse_evicted = "evicted-prefix-reused" in bugs
+        self.moved_now = []
+
+    def new_layer(self):
+        layer = super().new_layer()
+        layer.refs = {}                        # block -> tables holding it
+        layer.cached = collections.OrderedDict()  # finished request -> its table (LRU first)
+        layer.ghosts = {}                      # evicted request -> its table (evicted-prefix-reused)
+        return layer
+
+    # -- blocks ----------------------------------------------------------------
+    def _evictable(self, layer):
+        """Blocks only finished requests' tables hold (evicting frees them)."""
+        held = collections.Counter(b for t in layer.cached.values() for b in t.values())
+        return sum(1 for b, c in held.items() if layer.refs.get(b, 0) == c)
+
+    def _drop(self, layer, block, outright=False):
+        """One table lets go of `block`; the last one frees it."""
+        left = layer.refs.get(block, 0) - 1
+        if left > 0 and not outright:
+            layer.refs[block] = left
+            return
+        layer.refs.pop(block, None)
+        if block not in layer.free:
+            layer.free.append(block)
+            self.note_freed(range(block * self.B, block * self.B + self.B))
+
+    def _alloc(self, layer):
+        while not layer.free and layer.next_new >= layer.total and layer.cached:
+            request, table = layer.cached.popitem(last=False)  # least recently used
+            if self.reuse_evicted:
+                layer.ghosts[request] = table
+            for block in table.values():
+                self._drop(layer, block)
+        if not layer.free and layer.next_new >= layer.total:
+            raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks has none free")
+        block = layer.alloc()
+        layer.refs[block] = 1
+        return block
+
+    def write_slot(self, layer, st, b, p):
+        B = self.B
+        block = st.table.get(p // B)
+        if block is None:
+            block = self._alloc(layer)
+            st.table[p // B] = block
+        elif layer.refs.get(block, 0) > 1 and not self.cow_skipped:
+            # Copy-on-write: the rows move to a block of this request's own.
+            copy = self._alloc(layer)
+            for o in range(B):
+                row = layer.rows.get(block * B + o)
+                if row is not None:
+                    layer.rows[copy * B + o] = row
+                    self.moved_now.append([block * B + o, copy * B + o])
+            layer.refs[block] -= 1
+            st.table[p // B] = copy
+            block = copy
+        return block * B + p % B
+
+    def _free_below(self, layer, st, first_visible):
+        B = self.B
+        for j in sorted(j for j in st.table if (j + 1) * B <= first_visible):
+            self._drop(layer, st.table.pop(j), outright=self.free_shared)
+
+    def release(self, layer, st, b):
+        self._free_below(layer, st, float("inf"))
+
+    def reserve(self, layer, st, b, first, n, load_then_store):
+        """Refuses (changing nothing) a step that would find no block: new
+        blocks and copies against the free, unused and evictable ones."""
+        B = self.B
+        need = 0
+        for j in range(first // B, (first + n - 1) // B + 1):
+            block = st.table.get(j)
+            if block is None or (layer.refs.get(block, 0) > 1 and not self.cow_skipped):
+                need += 1
+        freeable = 0
+        if load_then_store:
+            limit = self._lts_limit(layer, first, n - 1)
+            freeable = sum(1 for i, blk in st.table.items() if (i + 1) * B <= limit and layer.refs.get(blk, 0) == 1)
+        if need > layer.available() + self._evictable(layer) + freeable:
+            raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks of {B} rows has too few "
+                                              f"free for positions {first}..{first + n - 1} of state {b}")
+
+    def write_step(self, step):
+        self.moved_now = []
+        answer = super().write_step(step)
+        if self.moved_now:
+            answer["moved"] = self.moved_now
+        return answer
+
+    # -- steps -------------------------------------------------------------------
+    def finish(self, layer, state, request):
+        lay, st = self._busy_state(layer, state, request)
+        table, st.table = st.table, {}
+        result = super().finish(layer, state, request)
+        lay.cached.pop(request, None)
+        lay.cached[request] = table  # kept for a later prefix; evicted when the pool runs out
+        lay.ghosts.pop(request, None)
+        return result
+
+    def begin(self, layer, state, request, prefix=None):
+        result = super().begin(layer, state, request)
+        if prefix is None:
+            return result
+        lay = self.layers[layer]
+        st = lay.states[state]
+        B = self.B
+        source = None
+        for other in lay.states:
+            if other.busy and other.request == prefix.request and other is not st:
+                source = other.table
+        if source is None and prefix.request in lay.cached:
+            lay.cached.move_to_end(prefix.request)
+            source = lay.cached[prefix.request]
+        if source is None:
+            source = lay.ghosts.get(prefix.request, {})  # the evicted-prefix-reused bug; else empty
+        n = prefix.positions
+        keys = self.layer_keys(lay)
+        lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its first query sees
+        hd = self.spec.head_dim
+        written = [-1] * n
+        for j in range(lo // B, (n - 1) // B + 1):
+            block = source.get(j)
+            if block is not None:
+                st.table[j] = block  # shared: one more table holds it
+                lay.refs[block] = lay.refs.get(block, 0) + 1
+                continue
+            block = self._alloc(lay)
+            st.table[j] = block
+            for p in range(max(lo, j * B), min(n, (j + 1) * B)):
+                key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
+                                                           self.key_rope_position(p), self.rope))
+                lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
+                written[p] = block * B + p % B
+        st.length = n
+        return {"written": written} if self.slots else None
+
 
 
 class PagedAdapter(window_cache.WindowAdapter):
@@ -153,6 +368,13 @@ class PagedAdapter(window_cache.WindowAdapter):
         "free-early": "frees a block one row too early: when (j+1)*B <= first still visible + 1",
         "left-as-keys": "the block manager takes window.param as the number of keys whatever "
                         "the convention (wrong for left and off-by-one)",
+        "double-free": "a block freed by the sliding window is freed again when its request "
+                       "finishes or resets (two later allocations share it)",
+        "layer-window-swapped": "every layer reads and frees with layer 0's window (the per-layer "
+                                "window taken from the wrong layer)",
+        "no-window-free": "never frees a block that slid out of the window (only at finish and reset) "
+                          "and takes new blocks past its pool: memory grows past the declared bound",
+        **PREFIX_BUGS,
     }
 
     def __init__(self):
@@ -162,19 +384,39 @@ class PagedAdapter(window_cache.WindowAdapter):
     def add_arguments(self, parser):
         parser.add_argument("--block-size", type=int, default=4, metavar="N",
                             help="rows per block (default 4)")
+        parser.add_argument("--prefix-cache", action="store_true",
+                            help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
+                                 "finished requests' blocks kept until evicted (implied by the prefix bugs)")
 
     def configure(self, args):
         if args.block_size < 1:
             raise SystemExit("paged-cache: --block-size must be >= 1")
         self.block_size = args.block_size
+        self.prefix_cache = args.prefix_cache or any(b in PREFIX_BUGS for b in args.bug)
 
     def display_name(self):
         return f"{super().display_name()}/B={self.block_size}"
 
+    def capabilities(self):
+        caps = super().capabilities()
+        caps["block_size"] = self.block_size  # with "addressing": "paged": open carries pool_blocks
+        # Frees are answered ("freed": the slots of each block released), and
+        # the bound is the pool kvcheck gives per request: open's pool_blocks
+        # over states (resident_bound without a limit).
+        caps["reports"]["frees"] = True
+        caps["resident_bound"] = {"unit": "blocks", "per": "request"}
+        if getattr(self, "prefix_cache", False):
+            caps["prefix_sharing"] = True  # a begin may name a prefix (--prefix-cache)
+        return caps
+
     def make_cache(self, spec):
-        total = spec.states * (-(-spec.capacity // self.block_size) + 1) * self.block_size
+        if spec.block_size and spec.block_size != self.block_size:
+            raise kp.BadRequest(f"spec.block_size: {spec.block_size}, but this cache declared {self.block_size}")
+        total = pool_blocks(spec, self.block_size) * self.block_size
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
+        if getattr(self, "prefix_cache", False):
+            return SharingPagedCache(spec, self.active_bugs, self.block_size)
         return PagedCache(spec, self.active_bugs, self.block_size)
 
 

@@ -63,6 +63,13 @@ class RingCache(window_cache.WindowCache):
         # trim-keeps-drafts: a trim rewinds the length but leaves a pending
         # verify pending (its drafts "accepted" later over the trimmed rows).
         self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
+        # padding-through-ring: a padded prefill's padding rows are written
+        # at the ring slots of the positions after the chunk (where a wrapped
+        # ring still holds live rows), not to scratch slots. Pads to 8 rows
+        # unless --pad-prefill says otherwise.
+        self.pad_through_ring = "padding-through-ring" in bugs
+        if self.pad_through_ring:
+            self.pad_to = 8
 
     def _keep(self, layer, state):
         st = self._state(self._layer(layer), state)
@@ -102,6 +109,11 @@ class RingCache(window_cache.WindowCache):
     def write_slot(self, layer, st, b, p):
         return b * self.spec.capacity + p % self.modulus
 
+    def pad_slot(self, layer, st, b, p, j):
+        if self.pad_through_ring:
+            return self.write_slot(layer, st, b, p)
+        return super().pad_slot(layer, st, b, p, j)
+
     # The ring reads a position where it would write it.
     read_slot = write_slot
 
@@ -126,6 +138,10 @@ class RingAdapter(window_cache.WindowAdapter):
         "keep-drafts-on-finish": "finish and reset leave a pending verify's drafts pending (the "
                                  "state's next request inherits them)",
         "trim-keeps-drafts": "a trim rewinds the length but leaves a pending verify's drafts pending",
+        "padding-through-ring": "a padded prefill (to a multiple of 8 rows, or --pad-prefill N) writes its "
+                                "padding at the ring slots after the chunk, over rows still live",
+        "layer-window-swapped": "every layer reads with layer 0's window (the per-layer window "
+                                "taken from the wrong layer)",
     }
     trims = True
 

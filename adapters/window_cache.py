@@ -35,6 +35,11 @@ FORMATS = ["f64", "f32", "bf16"]
 # Slots are JSON integers that kvcheck reads as int64; keep every id well inside.
 MAX_SLOTS = 1 << 52
 
+# Padding rows of a padded prefill go to scratch slots from here on (a region
+# of their own, as vLLM's null block): state b's j-th padding row at
+# PAD_BASE + b * pad_to + j, never a slot of a token's row.
+PAD_BASE = MAX_SLOTS
+
 
 # ---------------------------------------------------------------------------
 # Math
@@ -164,11 +169,13 @@ class StateInfo:
 
 
 class Layer:
-    """One layer's pool: slot -> (stored key row, stored value row)."""
+    """One layer's pool: slot -> (stored key row, stored value row), and the
+    keys a query of the layer sees (None: a global layer, every position)."""
 
     def __init__(self, states):
         self.states = [StateInfo() for _ in range(states)]
         self.rows = {}
+        self.keys = None
 
 
 class WindowCache(kp.Cache):
@@ -178,7 +185,13 @@ class WindowCache(kp.Cache):
     reserve (refuse before a step changes anything), before_store (called
     before each new row of a load_then_store step is stored), after_step
     (after every write step and accept), release (finish and reset), and
-    key_rope_position. `read_keys` is how many positions a query reads."""
+    key_rope_position. `read_keys` is how many positions a query reads (in
+    a layer of its own window: that window's keys, plus what a bug adds to
+    read_keys; a global layer reads every position).
+
+    Bug switch shared by both caches: layer-window-swapped (every layer
+    reads with layer 0's window, as an engine that indexes its per-layer
+    window table with the wrong layer)."""
 
     def __init__(self, spec, bugs):
         # What a well-formed spec may still ask that these caches do not do.
@@ -194,9 +207,16 @@ class WindowCache(kp.Cache):
         self.round = ROUNDERS[spec.format]  # stored rows go through this
         self.read_keys = spec.keys
         self.trim_keeps_drafts = False  # a ring_cache.py bug switch
+        # --pad-prefill N: every prefill is padded to a multiple of N rows,
+        # the padding written (zeros) at pad_slot and answered as "padded".
+        self.pad_to = 0
+        self.report_frees = False  # answer "freed": the slots each step released (paged_cache.py)
+        self.freed_now = []        # slots released by the step under way
         self.outputs = True  # False for --no-outputs: no attention computed, none answered
         self.slots = True    # False for --no-slots: no written or read slots answered
         self.layers = [self.new_layer() for _ in range(spec.layers)]
+        for i, lay in enumerate(self.layers):
+            lay.keys = spec.window_of(0 if "layer-window-swapped" in bugs else i)
 
     # -- hooks -------------------------------------------------------------
     def new_layer(self):
@@ -211,6 +231,34 @@ class WindowCache(kp.Cache):
     def reserve(self, layer, st, b, first, n, load_then_store):
         pass
 
+    def pad_slot(self, layer, st, b, p, j):
+        """Where the j-th padding row (after position p - j - 1, the step's
+        last) goes: a scratch slot, never a token's."""
+        return PAD_BASE + b * self.pad_to + j
+
+    def _pad(self, lay, st, state, first, n):
+        """Pads a prefill of n rows to a multiple of pad_to: zero rows
+        written at pad_slot. Returns the slots."""
+        if self.pad_to <= 1:
+            return []
+        zero = [0.0] * self.spec.kv_width
+        slots = []
+        for j in range(-n % self.pad_to):
+            s = self.pad_slot(lay, st, state, first + n + j, j)
+            lay.rows[s] = (zero, zero)
+            slots.append(s)
+        return slots
+
+    def note_freed(self, slots):
+        """Slots the step under way released (answered as "freed")."""
+        self.freed_now.extend(slots)
+
+    def events(self):
+        """The slot events of a step without rows (None when there are none)."""
+        if self.report_frees and self.freed_now:
+            return {"freed": list(self.freed_now)}
+        return None
+
     def _store(self, lay, st, state, first, stored, pool, hook):
         """Writes the step's rows; `hook`: call before_store before each."""
         written = []
@@ -222,14 +270,14 @@ class WindowCache(kp.Cache):
             written.append(s)
         return written
 
-    def _attend_all(self, queries, first, lookup, spec):
+    def _attend_all(self, lay, queries, first, lookup, spec):
         """Each query's read slots (-1: nothing there) and output; lookup(x)
         gives position x's (slot, stored row or None)."""
         reads, out = [], []
         for i, query in enumerate(queries):
             p = first + i
             slots, entries = [], []
-            for x in range(self.visible_first(p), p + 1):
+            for x in range(self.visible_first(lay, p), p + 1):
                 s, e = lookup(x)
                 if e is None:
                     s = -1
@@ -253,8 +301,15 @@ class WindowCache(kp.Cache):
         return p
 
     # -- lookups -------------------------------------------------------------
-    def visible_first(self, p):
-        return max(0, p - self.read_keys + 1)
+    def layer_keys(self, lay):
+        """Keys a query of layer `lay` reads (None: every position)."""
+        if lay.keys is None:
+            return None
+        return lay.keys + (self.read_keys - self.spec.keys)
+
+    def visible_first(self, lay, p):
+        keys = self.layer_keys(lay)
+        return 0 if keys is None else max(0, p - keys + 1)
 
     def _layer(self, layer):
         if layer >= len(self.layers):
@@ -267,6 +322,7 @@ class WindowCache(kp.Cache):
         return lay.states[state]
 
     def _busy_state(self, layer, state, request):
+        self.freed_now = []  # every step but begin starts here
         lay = self._layer(layer)
         st = self._state(lay, state)
         if not st.busy:
@@ -302,6 +358,7 @@ class WindowCache(kp.Cache):
         st.length = st.pending_first + 1 + accepted
         st.pending_first = st.pending_drafts = -1
         self.after_step(lay, st, state)
+        return self.events()
 
     def finish(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
@@ -311,6 +368,7 @@ class WindowCache(kp.Cache):
         st.length = 0
         st.pending_first = st.pending_drafts = -1
         st.table = None
+        return self.events()
 
     def reset(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
@@ -318,6 +376,7 @@ class WindowCache(kp.Cache):
         st.length = 0
         st.pending_first = st.pending_drafts = -1
         st.table = {}
+        return self.events()
 
     def trim(self, layer, state, request, positions):
         lay, st = self._busy_state(layer, state, request)
@@ -330,6 +389,7 @@ class WindowCache(kp.Cache):
         st.length -= positions
         if not self.trim_keeps_drafts:
             st.pending_first = st.pending_drafts = -1
+        return self.events()
 
     def write(self, step):
         answer = self.write_step(step)
@@ -373,12 +433,13 @@ class WindowCache(kp.Cache):
             # Copy the old rows any query of the step sees out of the pool,
             # then store the chunk; each query reads the copies and the
             # chunk's rows up to itself.
-            lo = self.visible_first(first)
+            lo = self.visible_first(lay, first)
             old = []
             for x in range(lo, first):
                 s = self.read_slot(lay, st, state, x)
                 old.append((s, pool.get(s) if s >= 0 else None))
             written = self._store(lay, st, state, first, stored, pool, True)
+            padded = self._pad(lay, st, state, first, n) if kind == "prefill" else []
 
             def lookup(x):
                 return old[x - lo] if x < first else (written[x - first], stored[x - first])
@@ -387,13 +448,14 @@ class WindowCache(kp.Cache):
         else:
             # Store every row of the step, then every query reads the pool.
             written = self._store(lay, st, state, first, stored, pool, False)
+            padded = self._pad(lay, st, state, first, n) if kind == "prefill" else []
 
             def lookup(x):
                 s = self.read_slot(lay, st, state, x)
                 return s, (pool.get(s) if s >= 0 else None)
 
             view = "after_writes"
-        reads, out = self._attend_all(queries, first, lookup, spec)
+        reads, out = self._attend_all(lay, queries, first, lookup, spec)
 
         if kind == "verify":
             st.pending_first = first
@@ -405,6 +467,10 @@ class WindowCache(kp.Cache):
                   "stored": {"k": [s[0] for s in stored]}}
         if v is not None:
             answer["stored"]["v"] = [s[1] for s in stored]
+        if padded:
+            answer["padded"] = padded
+        if self.report_frees and self.freed_now:
+            answer["freed"] = list(self.freed_now)
         return answer
 
 
@@ -424,6 +490,7 @@ class WindowAdapter(kp.Adapter):
         self.report_outputs = True  # --no-outputs: slots only, like a block manager without a kernel
         self.head_dim_multiple = 1  # --require-head-dim-multiple N: open refuses other head_dims
         self.declare_limits = True  # --undeclared-limits: refuse them without saying so in hello
+        self.pad_prefill = 0  # --pad-prefill N: prefills padded to a multiple of N rows
         self.list_bugs = False
 
     def display_name(self):
@@ -446,6 +513,8 @@ class WindowAdapter(kp.Adapter):
             "reports": {"written_slots": self.report_slots, "read_slots": self.report_slots},
             "outputs": self.report_outputs,
             "addressing": self.addressing,
+            # Each layer may have its own window, global layers included.
+            "per_layer_windows": True,
             # Calls kvcheck may send that this cache must refuse, unchanged.
             "probes": list(kp.PROBES),
         }
@@ -461,6 +530,8 @@ class WindowAdapter(kp.Adapter):
         cache = super().open(spec)
         cache.outputs = self.report_outputs
         cache.slots = self.report_slots
+        if self.pad_prefill > 1:
+            cache.pad_to = self.pad_prefill
         return cache
 
     # -- command line ---------------------------------------------------------
@@ -478,6 +549,10 @@ class WindowAdapter(kp.Adapter):
         parser.add_argument("--require-head-dim-multiple", type=int, default=1, metavar="N",
                             help="refuse (at open) a head_dim that is not a multiple of N, as kernels with "
                                  "vector-width limits do, and declare it in hello (head_dim.multiple_of)")
+        parser.add_argument("--pad-prefill", type=int, default=0, metavar="N",
+                            help="pad every prefill to a multiple of N rows, as engines with fixed batch "
+                                 "shapes do: the padding rows (zeros) go to scratch slots and are answered as "
+                                 "\"padded\"")
         parser.add_argument("--undeclared-limits", action="store_true",
                             help="keep --require-head-dim-multiple out of hello (an adapter that does not "
                                  "declare its shape limits: kvcheck's draws then meet refusals)")
@@ -495,6 +570,9 @@ class WindowAdapter(kp.Adapter):
             raise SystemExit(f"{self.name}: --require-head-dim-multiple must be >= 1")
         self.head_dim_multiple = args.require_head_dim_multiple
         self.declare_limits = not args.undeclared_limits
+        if args.pad_prefill < 0:
+            raise SystemExit(f"{self.name}: --pad-prefill must be >= 0")
+        self.pad_prefill = args.pad_prefill
         self.configure(args)
         return args
 

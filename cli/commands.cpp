@@ -71,12 +71,12 @@ void fault_flag(const Args& args, std::string* fault) {
   }
 }
 
-/// --profile: default | production.
+/// --profile: default | production | trim | layers.
 properties::Profile profile_flag(const Args& args) {
   properties::Profile profile = properties::Profile::kDefault;
   const std::string name = args.get_or("--profile", "default");
   if (!properties::parse_profile(name, &profile)) {
-    throw Error(ErrorId::kUsage, "--profile", "must be default or production, got '" + name + "'");
+    throw Error(ErrorId::kUsage, "--profile", "must be default, production, trim or layers, got '" + name + "'");
   }
   return profile;
 }
@@ -92,17 +92,17 @@ properties::Reference reference_flag(const Args& args) {
 /// --impl: cpu, cuda, layer or exec:'COMMAND'. Backends are checked here
 /// when `probe` (a missing CUDA device is one line before any work); an exec
 /// adapter is started by the run itself.
-std::string impl_flag(const Args& args, bool probe) {
-  const std::string name = args.get_or("--impl", "cpu");
+std::string impl_flag(const Args& args, bool probe, const char* flag = "--impl") {
+  const std::string name = args.get_or(flag, "cpu");
   if (name == "cpu" || name == "cuda") {
     if (!probe) return name;
     std::string why;
-    if (!pipelines::backend_available(name, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+    if (!pipelines::backend_available(name, &why)) throw Error(ErrorId::kDevice, flag, why);
   } else if (name != "layer" && !engines::is_exec(name)) {
-    throw Error(ErrorId::kUsage, "--impl",
+    throw Error(ErrorId::kUsage, flag,
                 "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
   } else if (name == "exec:") {
-    throw Error(ErrorId::kUsage, "--impl",
+    throw Error(ErrorId::kUsage, flag,
                 "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");
   }
   return name;
@@ -207,6 +207,15 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
       case CheckOption::kFault:
         fault_flag(args, &options.run.fault);
         break;
+      case CheckOption::kAgainst:
+        if (args.has("--against")) options.run.against = impl_flag(args, probe_backend, "--against");
+        break;
+      case CheckOption::kBitwise:
+        options.run.bitwise = args.has("--bitwise");
+        break;
+      case CheckOption::kRepeatBitwise:
+        options.run.repeat_bitwise = args.has("--repeat-bitwise");
+        break;
       case CheckOption::kPrecision:
         options.run.precision_bits = precision_flag(args);
         break;
@@ -251,7 +260,25 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
         break;
     }
   }
+  if (options.run.bitwise && options.run.against.empty()) {
+    throw Error(ErrorId::kUsage, "--bitwise",
+                "compares the outputs of --impl and --against bit for bit: give --against IMPL "
+                "(--repeat-bitwise compares two runs of one cache)");
+  }
+  if (options.run.repeat_bitwise && !options.run.against.empty()) {
+    throw Error(ErrorId::kUsage, "--repeat-bitwise",
+                "runs one cache twice: not with --against (use --against IMPL --bitwise for two caches)");
+  }
   return options;
+}
+
+/// --against and --repeat-bitwise run each case on two caches in one
+/// process: not split into shards, not recorded as one trace.
+void refuse_side_by_side(const properties::CheckOptions& options, const char* flag, const char* why) {
+  if (!properties::runs_side_by_side(options.run)) return;
+  throw Error(ErrorId::kUsage, flag,
+              std::string("not with ") + (options.run.against.empty() ? "--repeat-bitwise" : "--against") + ": " +
+                  why);
 }
 
 std::int64_t memory_limit_flag(const Args& args, std::string* source) {
@@ -315,6 +342,8 @@ int command_check(int argc, char** argv) {
   }
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
+  if (shard) refuse_side_by_side(options, "--shard", "two caches side by side run in one process");
+  if (args.has("--record")) refuse_side_by_side(options, "--record", "a trace records one cache's runs");
   if (shard && args.has("--record")) {
     throw Error(ErrorId::kUsage, "--record",
                 "records one run; use it with `kvcheck replay` on the merged counterexample, not on a shard");
@@ -324,6 +353,7 @@ int command_check(int argc, char** argv) {
       throw Error(ErrorId::kUsage, "--shard", "not under mpirun: each MPI rank runs one shard by itself");
     if (args.has("--record"))
       throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
+    refuse_side_by_side(options, "mpirun", "two caches side by side run in one process");
     return check_over_mpi(*world, options, command_line(argc, argv), out);
   }
   pipelines::prepare_out_dir(out);
@@ -352,7 +382,9 @@ int command_replay(int argc, char** argv) {
   if (args.positional().empty())
     throw Error(ErrorId::kUsage, "FILE", "replay needs scenario files or directories");
   pipelines::ReplayRequest request;
-  request.run = read_check_options(args, true).run;
+  const properties::CheckOptions options = read_check_options(args, true);
+  if (args.has("--record")) refuse_side_by_side(options, "--record", "a trace records one cache's runs");
+  request.run = options.run;
   request.command = command_line(argc, argv);
   if (const auto f = args.get("--record")) request.record = *f;
   if (const auto f = args.get("--report")) request.files.json = *f;

@@ -50,6 +50,14 @@ struct FlagHelp {
 constexpr FlagHelp kFlagHelp[] = {
     {"", "--impl", "the cache under test (default cpu; IMPL below)"},
     {"", "--fault", "a named fault planted in the cache (default none; `kvcheck faults` lists them)"},
+    {"", "--against",
+     "a second cache (IMPL) that runs every case beside --impl; the check fails at every step where what the "
+     "two hold (resident rows), read or output differs (outputs beyond the larger of their tolerances), and "
+     "shrinks the difference; the second cache runs without --fault"},
+    {"", "--bitwise", "with --against: outputs must be equal bit for bit"},
+    {"", "--repeat-bitwise",
+     "every case runs twice on fresh caches of --impl (one provider, one adapter process); the two runs must "
+     "agree and give bitwise-equal outputs (its own property, repeat-bitwise)"},
     {"", "--precision", "significand bits of the reference: 53, 113 (default) or 169"},
     {"", "--step-timeout", "seconds an exec adapter has for each answer (default 10)"},
     {"", "--exec-encoding",
@@ -64,8 +72,10 @@ constexpr FlagHelp kFlagHelp[] = {
      "run only the one case this case seed draws (a failing check prints it), with no coverage gate; not "
      "with --cases"},
     {"", "--profile",
-     "the distribution cases are drawn from: default (small shapes), production, or trim (the default's "
-     "cases with trims, for a cache that declares trim)"},
+     "the distribution cases are drawn from: default (small shapes), production, trim (the default's "
+     "cases with trims, for a cache that declares trim), layers (the default's cases with a window per "
+     "layer, sliding and global, for a cache that declares per_layer_windows), or prefix (the default's cases "
+     "with requests begun from shared prefixes, for a cache that declares prefix_sharing)"},
     {"", "--min-run-share",
      "the share of cases that must run (neither refused nor skipped) for a pass, 0..1 (default 0.8)"},
     {"", "--no-coverage-gate",

@@ -70,6 +70,19 @@ const char* probability_rounding_name(ProbabilityRounding r) noexcept;
 
 struct CacheSpec;
 
+/// A cache's declared memory bound: at most `limit` rows (slots holding a
+/// token's row) or blocks (blocks of Capabilities::block_size slots holding
+/// at least one) per layer, for each request or for all requests together.
+/// Padding is not a row. `limit` 0: what kvcheck gives the case
+/// (resident_limit).
+struct ResidentBound {
+  enum class Unit : std::uint8_t { kNone, kRows, kBlocks };
+  Unit unit = Unit::kNone;  ///< kNone: no bound declared
+  bool per_request = false;  ///< false: all requests of a layer together
+  std::int64_t limit = 0;
+  bool declared() const noexcept { return unit != Unit::kNone; }
+};
+
 /// What a cache under test can run, and how it computes. Defaults: everything.
 struct Capabilities {
   std::string name;  ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
@@ -92,6 +105,10 @@ struct Capabilities {
   /// The cache attends to every row it holds (no sliding window): the
   /// generator then sets window = ring = a capacity no schedule exceeds.
   bool full_window_only = false;
+  /// Each layer may have its own window and convention, global layers
+  /// included (CacheSpec::layer_window_keys). Off unless declared: a cache
+  /// that does not say so is never given a scenario that lists layer windows.
+  bool per_layer_windows = false;
   // The shape space. The generator draws inside it; replay skips, with the
   // reason, a scenario outside it.
   SizeSet head_dims;            ///< head_dim values the cache runs
@@ -121,6 +138,18 @@ struct Capabilities {
   /// counts writes outside the request's block and shows ring contents.
   bool ring_addressing = false;
   std::int64_t block_size = 0;  ///< paged addressing: slots are block * block_size + offset (0: not paged)
+  /// Step answers may carry `freed` (slots released): kvcheck then reports
+  /// the resident set after each step and fails a free of a row still
+  /// visible (hello "reports": {"frees": true}).
+  bool reports_frees = false;
+  /// The memory bound the cache declares (hello "resident_bound"): kvcheck
+  /// fails a step after which the cache holds more (ResidentBound).
+  ResidentBound resident_bound;
+  /// Shared prefixes (Request::prefix): a request may begin from the first n
+  /// positions of another, live or finished; the begin carries that
+  /// request's rows there. Off unless the cache says so (hello
+  /// "prefix_sharing"): the in-tree caches keep every request's rows apart.
+  bool prefix_sharing = false;
   /// Refusal probes the cache supports (see properties/probes.hpp).
   std::vector<std::string> probes;
   /// The cache's own fast kernel, when it has one it can run here (the CPU
@@ -151,6 +180,10 @@ struct Capabilities {
 struct CacheSpec {
   scenarios::CacheConfig cache;  ///< ring_rows is the capacity per state
   std::int64_t window_keys = 1;  ///< keys a query sees, itself included
+  /// Per layer, when the scenario lists layer windows (else empty, and every
+  /// layer has window_keys): keys a query of that layer sees,
+  /// scenarios::kGlobalWindowKeys for a global layer.
+  std::vector<std::int64_t> layer_window_keys;
   std::int64_t max_step_rows = 1;
   double softmax_scale = 1.0;  ///< resolved (default 1/sqrt(head_dim))
   std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer (0: not paged)
@@ -163,6 +196,13 @@ struct CacheSpec {
 /// cache that stores a step's rows before its queries read holds keys - 1 +
 /// max_step_rows rows of a request at once.
 std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept;
+
+/// The bound in force for a run of `spec`: the declared limit, or (limit 0)
+/// what kvcheck gives the case: rows per request `capacity`, in all `states
+/// * capacity`; blocks in all the pool's `pool_blocks` (paged_pool_blocks
+/// when the spec leaves it 0), per request that over `states`. 0 when no
+/// bound is declared.
+std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept;
 
 /// One step sent to a cache (prefill, decode, verify, accept, finish, reset)
 /// or a begin.
@@ -178,6 +218,12 @@ struct StepCall {
   const double* k = nullptr;     ///< [rows, kv_heads * head_dim], before RoPE
   const double* v = nullptr;     ///< [rows, kv_heads * head_dim]; nullptr for shared rows
   const double* q = nullptr;     ///< [rows, q_heads * head_dim], before RoPE
+  /// A begin from a shared prefix (Request::prefix): the request it starts
+  /// from and n; k and v then hold that request's n rows at positions 0 ..
+  /// n-1 (rows = 0: a begin runs no query), for a cache that no longer holds
+  /// them to store again. n = 0: no prefix.
+  std::int64_t prefix_request = -1;
+  std::int64_t prefix_positions = 0;
 };
 
 /// How a step's reads relate to its own writes.
@@ -195,6 +241,15 @@ struct StepAnswer {
   std::vector<std::int64_t> read_offsets;  ///< [rows + 1] query i read read_slots[off[i], off[i+1])
   std::vector<std::int64_t> read_slots;    ///< -1 entries are ignored
   ReadView view = ReadView::kAfterWrites;
+  /// Slots the step wrote with no token (padding of a padded batch),
+  /// written with the step's rows, after them.
+  std::vector<std::int64_t> padded;
+  /// Rows the cache moved (rolling or compacting): slot `first`'s row
+  /// copied to slot `second`, in order, before the step's rows are written.
+  std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+  /// Slots the cache released during the step (applied after its reads; a
+  /// slot the step wrote keeps the step's row).
+  std::vector<std::int64_t> freed;
   /// Same-step write-write collisions the cache itself detected (beyond what
   /// `written` shows; e.g. a GPU race counter). 0 when unknown.
   std::int64_t duplicate_slots = 0;
@@ -219,6 +274,9 @@ struct StepAnswer {
     read_slots.clear();
     view = ReadView::kAfterWrites;
     duplicate_slots = 0;
+    padded.clear();
+    moved.clear();
+    freed.clear();
     has_stored = has_stored_bytes = false;
     stored_k.clear();
     stored_v.clear();

@@ -132,6 +132,16 @@ std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) n
   return spec.cache.states * ((rows + block_size - 1) / block_size + 1);
 }
 
+std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept {
+  const ResidentBound& b = caps.resident_bound;
+  if (!b.declared()) return 0;
+  if (b.limit > 0) return b.limit;
+  const std::int64_t states = std::max<std::int64_t>(spec.cache.states, 1);
+  if (b.unit == ResidentBound::Unit::kRows) return b.per_request ? spec.cache.ring_rows : states * spec.cache.ring_rows;
+  const std::int64_t pool = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, caps.block_size);
+  return b.per_request ? pool / states : pool;
+}
+
 bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_rows, std::string* why) const {
   auto no = [why](std::string text) {
     if (why) *why = std::move(text);
@@ -167,6 +177,14 @@ bool Capabilities::supports(const scenarios::CacheConfig& c, std::int64_t step_r
     return no("a window of " + std::to_string(scenarios::declared_window_keys(c)) + " keys (most " +
               std::to_string(max_window_keys) + ")");
   }
+  if (!c.layer_windows.empty()) {
+    if (!per_layer_windows) return no("a window per layer (cache.layer_windows)");
+    const std::int64_t widest = scenarios::widest_sliding_window_keys(c);
+    if (max_window_keys > 0 && widest != scenarios::kGlobalWindowKeys && widest > max_window_keys) {
+      return no("a layer window of " + std::to_string(widest) + " keys (most " + std::to_string(max_window_keys) +
+                ")");
+    }
+  }
   if (max_step_rows > 0 && step_rows > max_step_rows) {
     return no("steps of " + std::to_string(step_rows) + " rows (most " + std::to_string(max_step_rows) + ")");
   }
@@ -196,12 +214,20 @@ bool Capabilities::supports(const scenarios::Scenario& sc, std::string* why) con
   for (const auto& s : sc.steps) rows = std::max(rows, scenarios::step_rows(s));
   if (!supports(sc.cache, rows, why)) return false;
   if (max_positions > 0) {
-    const std::int64_t end = scenarios::schedule_end(sc.steps);
+    const std::int64_t end = scenarios::schedule_end(sc.steps, sc.requests);
     if (end > max_positions) {
       if (why)
         *why = "positions up to " + std::to_string(end - 1) + " (most " + std::to_string(max_positions) +
                " positions per request)";
       return false;
+    }
+  }
+  if (!prefix_sharing) {
+    for (std::size_t i = 0; i < sc.requests.size(); ++i) {
+      if (sc.requests[i].prefix) {
+        if (why) *why = "requests[" + std::to_string(i) + "] starts from a shared prefix";
+        return false;
+      }
     }
   }
   for (std::size_t i = 0; i < sc.steps.size(); ++i) {
@@ -217,7 +243,7 @@ bool Capabilities::supports(const scenarios::Scenario& sc, std::string* why) con
   if (full_window_only) {
     // The cache sees every row it holds: the scenario must never slide its
     // window or outgrow the capacity.
-    const std::int64_t end = scenarios::schedule_end(sc.steps);
+    const std::int64_t end = scenarios::schedule_end(sc.steps, sc.requests);
     if (scenarios::declared_window_keys(sc.cache) < end) {
       if (why)
         *why = "positions up to " + std::to_string(end - 1) + " slide a window of " +

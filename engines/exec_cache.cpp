@@ -170,6 +170,29 @@ struct FrameArray {
   bool present = false;
 };
 
+/// The optional slot events of an ok step answer (adapters/PROTOCOL.md
+/// "Padding, moves and frees"): "padded" and "freed" lists of slots, "moved"
+/// a list of [from, to] pairs.
+void read_slot_events(const Json& j, const Reader& r, StepAnswer* answer) {
+  const auto slots = [&](const char* key, std::vector<std::int64_t>& into) {
+    if (!j.contains(key)) return;
+    const std::string pk = std::string(".") + key;
+    const Json& list = j[key];
+    if (!list.is_array()) r.bad(pk, "expected an array of slots");
+    for (std::size_t i = 0; i < list.size(); ++i) into.push_back(r.slot(list[i], pk + "[" + std::to_string(i) + "]", 0));
+  };
+  slots("padded", answer->padded);
+  slots("freed", answer->freed);
+  if (!j.contains("moved")) return;
+  const Json& moved = j["moved"];
+  if (!moved.is_array()) r.bad(".moved", "expected an array of [from, to] slot pairs");
+  for (std::size_t i = 0; i < moved.size(); ++i) {
+    const std::string pi = ".moved[" + std::to_string(i) + "]";
+    if (!moved[i].is_array() || moved[i].size() != 2) r.bad(pi, "expected [from, to]: two slots");
+    answer->moved.emplace_back(r.slot(moved[i][0], pi + "[0]", 0), r.slot(moved[i][1], pi + "[1]", 0));
+  }
+}
+
 class ExecProvider;
 
 class ExecCache final : public CacheUnderTest {
@@ -227,6 +250,22 @@ class ExecProvider final : public CacheProvider {
     s["window"] = {{"param", c.window},
                    {"convention", scenarios::convention_name(c.convention)},
                    {"keys", spec.window_keys}};
+    if (!c.layer_windows.empty()) {
+      // Only when the scenario lists them (a cache that declared
+      // per_layer_windows): other open lines keep their text.
+      Json layers = Json::array();
+      for (std::size_t l = 0; l < c.layer_windows.size(); ++l) {
+        const scenarios::LayerWindow& w = c.layer_windows[l];
+        if (w.window) {
+          layers.push_back({{"param", *w.window},
+                            {"convention", scenarios::convention_name(w.convention)},
+                            {"keys", spec.layer_window_keys[l]}});
+        } else {
+          layers.push_back({{"param", nullptr}, {"convention", nullptr}, {"keys", nullptr}});
+        }
+      }
+      s["layer_windows"] = std::move(layers);
+    }
     s["q_heads"] = c.q_heads;
     s["kv_heads"] = c.kv_heads;
     s["head_dim"] = c.head_dim;
@@ -425,6 +464,14 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       case scenarios::StepFields::kNone: break;
     }
   }
+  const bool prefix = c.op == StepCall::Op::kBegin && c.prefix_positions > 0;
+  if (prefix) {
+    // A begin from a shared prefix: which request, how many positions, and
+    // that request's rows there (JSON in either encoding).
+    req["prefix"] = {{"request", c.prefix_request}, {"positions", c.prefix_positions}};
+    req["k"] = rows_json(c.k, c.prefix_positions, kv_width);
+    if (c.v) req["v"] = rows_json(c.v, c.prefix_positions, kv_width);
+  }
   std::string payload;  // a binary request's frame: [rows, kv_width] k, v, then [rows, q_width] q
   if (writes) {
     req["position"] = c.position;
@@ -457,7 +504,22 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
   const Json j = provider_.exchange(req, where, payload, &arrays);
   Reader r{provider_.child(), where};
   if (auto refusal = r.status(j)) return refusal;
-  if (!writes || answer == nullptr) return {};
+  if (answer == nullptr) return {};
+  if (prefix && caps.reports_written_slots && j.contains("written")) {
+    // Per prefix position: the slot the cache stored the row sent into, or
+    // -1 where it keeps the row the other request has (shared).
+    const Json& w = j["written"];
+    if (!w.is_array() || static_cast<std::int64_t>(w.size()) != c.prefix_positions) {
+      r.bad(".written", "expected " + std::to_string(c.prefix_positions) + " slots, one per prefix position (-1: shared)");
+    }
+    answer->has_written = true;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      answer->written.push_back(r.slot(w[i], ".written[" + std::to_string(i) + "]", -1));
+    }
+    return {};
+  }
+  read_slot_events(j, r, answer);
+  if (!writes) return {};
   const auto in_frame = [&](const char* name) {
     for (const FrameArray& a : arrays)
       if (a.present && std::strcmp(a.name, name) == 0) return true;

@@ -167,6 +167,24 @@ std::string pick(const Json& v, const std::string& path, const std::vector<std::
   return s;
 }
 
+const std::vector<std::string> kResidentUnits = {"rows", "blocks"};
+const std::vector<std::string> kResidentScopes = {"request", "cache"};
+
+/// "resident_bound": {"unit": "rows"|"blocks", "per": "request"|"cache",
+/// "limit": N}; per defaults to "cache", limit to what kvcheck gives the case.
+/// Blocks need the block size (read before this).
+void read_resident_bound(const Json& b, const std::string& path, Capabilities* c) {
+  if (!b.is_object()) bad(path, "expected an object {unit, per, limit}");
+  check_keys(b, path, {"unit"}, {"per", "limit"});
+  const bool blocks = pick(b["unit"], path + ".unit", kResidentUnits) == "blocks";
+  if (blocks && c->block_size < 1) {
+    bad(path + ".unit", "a bound in blocks needs \"addressing\": \"paged\" with a block_size");
+  }
+  c->resident_bound.unit = blocks ? ResidentBound::Unit::kBlocks : ResidentBound::Unit::kRows;
+  c->resident_bound.per_request = b.contains("per") && pick(b["per"], path + ".per", kResidentScopes) == "request";
+  if (b.contains("limit")) c->resident_bound.limit = integer(b["limit"], path + ".limit", 1, kMaxInt64);
+}
+
 void read_capabilities(const Json& caps, Capabilities* out) {
   const std::string p = ".capabilities";
   if (!caps.is_object()) bad(p, "expected an object");
@@ -175,6 +193,8 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "softmax_scale",
               "partial_rope",
               "sliding_window",
+              "per_layer_windows",
+              "prefix_sharing",
               "head_dim",
               "rotary_dims",
               "max_head_dim",
@@ -191,6 +211,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "reports",
               "addressing",
               "block_size",
+              "resident_bound",
               "probes"});
   Capabilities& c = *out;
   const auto steps = names(caps["steps"], p + ".steps", kSteps, false);
@@ -231,6 +252,8 @@ void read_capabilities(const Json& caps, Capabilities* out) {
   c.softmax_scale = flag("softmax_scale", false);
   c.partial_rope = flag("partial_rope", true);
   c.full_window_only = !flag("sliding_window", true);
+  c.per_layer_windows = flag("per_layer_windows", false);
+  c.prefix_sharing = flag("prefix_sharing", false);
   if (caps.contains("head_dim") && caps.contains("max_head_dim")) {
     bad(p + ".max_head_dim", "give head_dim or max_head_dim, not both (head_dim: {\"max\": N})");
   }
@@ -263,10 +286,11 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     const Json& rep = caps["reports"];
     const std::string pr = p + ".reports";
     if (!rep.is_object()) bad(pr, "expected an object {written_slots, read_slots}");
-    check_keys(rep, pr, {}, {"written_slots", "read_slots"});
+    check_keys(rep, pr, {}, {"written_slots", "read_slots", "frees"});
     if (rep.contains("written_slots"))
       c.reports_written_slots = boolean(rep["written_slots"], pr + ".written_slots");
     if (rep.contains("read_slots")) c.reports_read_slots = boolean(rep["read_slots"], pr + ".read_slots");
+    if (rep.contains("frees")) c.reports_frees = boolean(rep["frees"], pr + ".frees");
   }
   c.computes_outputs = flag("outputs", true);
   if (!c.computes_outputs) {
@@ -293,6 +317,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     }
     c.block_size = integer(caps["block_size"], p + ".block_size", 1, kMaxDim);
   }
+  if (caps.contains("resident_bound")) read_resident_bound(caps["resident_bound"], p + ".resident_bound", &c);
   if (caps.contains("probes")) c.probes = names(caps["probes"], p + ".probes", kProbes, true);
 }
 

@@ -1,5 +1,6 @@
 #include "engines/ring_pool_cache.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -166,6 +167,7 @@ class RingPoolProvider final : public CacheProvider {
   RingPoolProvider(std::string backend, impl::Fault fault) : backend_(std::move(backend)), fault_(fault) {
     caps_.name = "ring-pool/" + backend_;
     caps_.ring_addressing = true;
+    caps_.per_layer_windows = true;  // one pool per layer, each with its own window
     caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
     // The CPU kernel table rotates keys and queries in double (std::cos/sin
     // of a double angle) whatever the row format.
@@ -182,9 +184,16 @@ class RingPoolProvider final : public CacheProvider {
   std::string name() const override { return backend_; }
 
   std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) override {
-    const impl::PoolSpec pool_spec = ring_pool_spec(spec, fault_);
     std::vector<std::unique_ptr<impl::RingPool>> layers;
     for (std::int32_t l = 0; l < spec.cache.layers; ++l) {
+      impl::PoolSpec pool_spec = ring_pool_spec(spec, fault_);
+      if (!spec.layer_window_keys.empty()) {
+        // Each layer's pool has its own window (a pool per layer already).
+        // A global layer reads every position its ring holds: keys past the
+        // ring and a step's rows reach no further (and size no buffer).
+        pool_spec.window_keys = std::min(spec.layer_window_keys[static_cast<std::size_t>(l)],
+                                         spec.cache.ring_rows + spec.max_step_rows);
+      }
       std::string why;
       auto backend = impl::make_backend(backend_, &why);
       if (!backend) throw Error(ErrorId::kDevice, "--impl", why);

@@ -66,6 +66,9 @@ std::string profile_name(Profile profile) {
     case Profile::kDefault: return "default";
     case Profile::kProduction: return "production";
     case Profile::kTrim: return "trim";
+    case Profile::kPaged: return "paged";
+    case Profile::kLayers: return "layers";
+    case Profile::kPrefix: return "prefix";
   }
   return "default";
 }
@@ -77,6 +80,12 @@ bool parse_profile(const std::string& name, Profile* out) {
     *out = Profile::kProduction;
   else if (name == "trim")
     *out = Profile::kTrim;
+  else if (name == "paged")
+    *out = Profile::kPaged;
+  else if (name == "layers")
+    *out = Profile::kLayers;
+  else if (name == "prefix")
+    *out = Profile::kPrefix;
   else
     return false;
   return true;
@@ -102,6 +111,17 @@ std::vector<std::string> coverage_names(Profile profile) {
   if (profile == Profile::kTrim) {
     for (const char* n : {"write_after_trim", "trim_with_drafts_pending"}) names.push_back(n);
   }
+  if (profile == Profile::kPaged) {
+    for (const char* n : {"block_free", "block_reuse_after_free", "verify_straddles_block"}) names.push_back(n);
+  }
+  if (profile == Profile::kLayers) {
+    for (const char* n : {"sliding_and_global_layers", "sliding_windows_differ"}) names.push_back(n);
+  }
+  if (profile == Profile::kPrefix) {
+    for (const char* n :
+         {"prefix_of_live", "prefix_of_finished", "cow_write_into_shared_block", "window_free_of_shared_block"})
+      names.push_back(n);
+  }
   return names;
 }
 
@@ -118,6 +138,18 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
   if (profile == Profile::kTrim) {
     flags.push_back(c.write_after_trim);
     flags.push_back(c.trim_with_drafts_pending);
+  }
+  if (profile == Profile::kPaged) {
+    for (const bool f : {c.block_free, c.block_reuse_after_free, c.verify_straddles_block}) flags.push_back(f);
+  }
+  if (profile == Profile::kLayers) {
+    flags.push_back(c.sliding_and_global_layers);
+    flags.push_back(c.sliding_windows_differ);
+  }
+  if (profile == Profile::kPrefix) {
+    for (const bool f : {c.prefix_of_live, c.prefix_of_finished, c.cow_write_into_shared_block,
+                         c.window_free_of_shared_block})
+      flags.push_back(f);
   }
   return flags;
 }
@@ -144,6 +176,28 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   if (profile == Profile::kTrim) {
     reach.push_back(caps.trim);
     reach.push_back(caps.trim && caps.verify);
+  }
+  if (profile == Profile::kPaged) {
+    // A cache with a block size: frees by its window (reached when one
+    // slides); reuse seen in the slots it reports, on two states or a
+    // finish; a straddling verify by its slots or positions.
+    const bool paged = caps.block_size > 0;
+    reach.push_back(paged && !caps.full_window_only);
+    reach.push_back(paged && caps.reports_written_slots && caps.finish);
+    reach.push_back(paged && caps.verify);
+  }
+  if (profile == Profile::kLayers) {
+    const bool layered = caps.per_layer_windows && (caps.max_layers == 0 || caps.max_layers >= 2);
+    reach.push_back(layered);
+    reach.push_back(layered);
+  }
+  if (profile == Profile::kPrefix) {
+    // Live sharing needs two states; a window frees a block only where one slides.
+    const bool two = caps.max_states == 0 || caps.max_states >= 2;
+    reach.push_back(caps.prefix_sharing && two);
+    reach.push_back(caps.prefix_sharing && caps.finish);
+    reach.push_back(caps.prefix_sharing);
+    reach.push_back(caps.prefix_sharing && two && !caps.full_window_only);
   }
   return reach;
 }
@@ -303,6 +357,13 @@ struct TrimDraws {
   std::int64_t depth = 0;
 };
 
+/// The prefix profile's draws (their own stream): a request's first step
+/// often begins it from a shared prefix of a request that has begun, live
+/// or finished: all of its committed positions or fewer.
+struct PrefixDraws {
+  Prng rng;
+};
+
 /// Draws the requests (1..max_requests, each on a state id) and a schedule of
 /// up to `steps` steps over them; with `work`, every step is fitted to what
 /// is left of the budget and the schedule ends when nothing fits; with
@@ -311,7 +372,7 @@ struct TrimDraws {
 void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::int64_t max_chunk,
                    std::int64_t max_drafts, std::int64_t max_requests, std::int64_t min_steps,
                    std::int64_t max_steps, WorkLeft* work, std::int64_t max_positions,
-                   TrimDraws* trims = nullptr) {
+                   TrimDraws* trims = nullptr, PrefixDraws* prefixes = nullptr) {
   const auto& c = sc.cache;
   const std::int64_t request_count = rng.range(1, max_requests);
   for (std::int64_t r = 0; r < request_count; ++r) {
@@ -405,7 +466,29 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       if (step.kind == StepKind::kVerify) step.drafts = fits - 1;
       work->charge(first, scenarios::step_rows(step));
     }
-    lifecycle.step(r, state_of(r), step);  // begins the request, advances it, frees its state at finish
+    std::int64_t prefix_positions = 0;
+    if (prefixes != nullptr && !started) {
+      // Requests with committed rows to start from (live or finished).
+      std::vector<std::int64_t> sources;
+      for (std::int64_t o = 0; o < request_count; ++o) {
+        if (o != r && lifecycle.phase(o) != scenarios::RequestLifecycle::Phase::kIdle &&
+            lifecycle.progress(o).length >= 1)
+          sources.push_back(o);
+      }
+      if (!sources.empty() && prefixes->rng.chance(3, 4)) {
+        const std::int64_t o = sources[static_cast<std::size_t>(prefixes->rng.below(sources.size()))];
+        const std::int64_t length = lifecycle.progress(o).length;
+        prefix_positions = prefixes->rng.chance(1, 3) ? length : prefixes->rng.range(1, length);
+        const std::int64_t room = max_positions > 0 ? max_positions - prefix_positions : 1;
+        if (room <= 0 && scenarios::step_rows(step) > 0) {
+          prefix_positions = 0;
+        } else {
+          sc.requests[static_cast<std::size_t>(r)].prefix = scenarios::Prefix{o, prefix_positions};
+        }
+      }
+    }
+    // Begins the request (at its prefix's length), advances it, frees its state at finish.
+    lifecycle.step(r, state_of(r), step, prefix_positions);
     if (trims != nullptr) {
       const std::int64_t reached = lifecycle.progress(r).speculative_length();
       high[r] = step.kind == StepKind::kReset ? 0 : std::max(high[r], reached);
@@ -430,12 +513,51 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
   sc.requests = used;
 }
 
+/// The layers profile, for a cache that declares per_layer_windows: 2..4
+/// layers, each sliding (the case's window, or a narrower one) or global
+/// (one in three), layer 1 unlike layer 0; drawn from their own stream
+/// after the schedule, so the draws above are the default profile's. A
+/// global layer sees every position, so the ring then holds the longest
+/// request (a global layer never frees a row); narrower sliding windows
+/// keep the drawn ring safe.
+void draw_layer_windows(Scenario& sc, const engines::Capabilities& caps) {
+  auto& c = sc.cache;
+  Prng rng(mix_seed(sc.data.seed, 0x6c617972));  // "layr"
+  std::int32_t most = 4;
+  if (caps.max_layers > 0) most = static_cast<std::int32_t>(std::min<std::int64_t>(most, caps.max_layers));
+  if (most < 2) return;
+  c.layers = static_cast<std::int32_t>(rng.range(2, most));
+  const std::int64_t keys = window_keys(c);
+  // A sliding layer's window in the cache's convention, keys 1..keys.
+  auto sliding = [&](std::int64_t k) {
+    return scenarios::LayerWindow{c.convention == scenarios::Convention::kKeys ? k : k - 1, c.convention};
+  };
+  const std::int64_t lowest_keys = c.convention == scenarios::Convention::kKeys ? 1 : 2;
+  c.layer_windows.clear();
+  for (std::int32_t l = 0; l < c.layers; ++l) {
+    scenarios::LayerWindow w;
+    if (rng.chance(1, 3)) {
+      w = scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys};
+    } else {
+      w = sliding(rng.chance(1, 2) || keys <= lowest_keys ? keys : rng.range(lowest_keys, keys));
+    }
+    if (l == 1 && w == c.layer_windows[0]) {
+      // Layer 1 differs from layer 0: a window taken from the wrong layer shows.
+      w = c.layer_windows[0].window ? scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys}
+                                    : sliding(keys);
+    }
+    c.layer_windows.push_back(w);
+  }
+  if (scenarios::has_global_layer(c)) c.ring_rows = std::max(c.ring_rows, scenarios::schedule_end(sc.steps));
+  // Explicit rows name layers: none are drawn by the generator.
+}
+
 /// Last touches shared by both profiles, then validation.
 void finish_scenario(Scenario& sc, const engines::Capabilities& caps) {
   if (caps.full_window_only) {
     // A cache that attends to every row it holds: window and capacity cover
     // every position the schedule writes, so nothing ever slides or wraps.
-    const std::int64_t end = scenarios::schedule_end(sc.steps);
+    const std::int64_t end = scenarios::schedule_end(sc.steps, sc.requests);
     sc.cache.convention = scenarios::Convention::kKeys;
     sc.cache.window = sc.cache.ring_rows = end;
   }
@@ -446,43 +568,22 @@ void finish_scenario(Scenario& sc, const engines::Capabilities& caps) {
   scenarios::validate_scenario(sc);
 }
 
-/// A named scenario with its data seed and swarm weights drawn.
-Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& description,
-                        const engines::Capabilities& caps, int (&weights)[kKinds]) {
-  Scenario sc;
-  sc.name = name;
-  sc.description = description;
-  sc.data.seed = rng.next() >> 1;
-  draw_weights(rng, caps, weights);
-  return sc;
+/// A window convention: keys four times in six, left and off-by-one once each.
+scenarios::Convention draw_convention(Prng& rng) {
+  const std::uint64_t conv = rng.below(6);
+  return conv < 4 ? scenarios::Convention::kKeys
+                  : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
 }
 
-Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, bool trim_profile) {
-  Prng rng(seed);
-  int weights[kKinds];
-  Scenario sc = trim_profile
-                    ? begin_scenario(rng, "trim-" + std::to_string(seed),
-                                     "kvcheck check --profile trim case drawn from seed " + std::to_string(seed),
-                                     caps, weights)
-                    : begin_scenario(rng, "generated-" + std::to_string(seed),
-                                     "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
-
-  auto& c = sc.cache;
-  c.window = rng.range(1, 7);
-  const std::uint64_t conv = rng.below(6);
-  c.convention = conv < 4 ? scenarios::Convention::kKeys
-                          : (conv == 4 ? scenarios::Convention::kLeft : scenarios::Convention::kOffByOne);
-  fit_window(c, caps);
-  const std::int64_t keys = window_keys(c);
-  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
-  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
-  fit_step_bounds(caps, &max_chunk, &max_drafts);
-  // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
-  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+/// Rows of slack over the safe ring: none five times in eight, else 1..3.
+std::int64_t small_slack(Prng& rng) {
   const std::uint64_t slack_draw = rng.below(8);
-  c.ring_rows = safe + (slack_draw < 5 ? 0 : static_cast<std::int64_t>(slack_draw) - 4);
-  c.states = rng.range(1, 3);
+  return slack_draw < 5 ? 0 : static_cast<std::int64_t>(slack_draw) - 4;
+}
+
+/// The small shapes of the default and paged profiles: 1..2 KV heads in
+/// groups of 1..2, head_dim 2..8, formats, RoPE, layers and sink.
+void draw_small_shape(Prng& rng, scenarios::CacheConfig& c) {
   c.kv_heads = static_cast<std::int32_t>(rng.range(1, 2));
   c.q_heads = c.kv_heads * static_cast<std::int32_t>(rng.range(1, 2));
   c.shared_row = c.kv_heads == 1 && rng.chance(1, 4);
@@ -500,6 +601,47 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps,
   }
   c.layers = rng.chance(1, 6) ? 2 : 1;
   if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
+}
+
+/// A named scenario with its data seed and swarm weights drawn.
+Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& description,
+                        const engines::Capabilities& caps, int (&weights)[kKinds]) {
+  Scenario sc;
+  sc.name = name;
+  sc.description = description;
+  sc.data.seed = rng.next() >> 1;
+  draw_weights(rng, caps, weights);
+  return sc;
+}
+
+Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, bool trim_profile,
+                          bool layers_profile, bool prefix_profile = false) {
+  Prng rng(seed);
+  int weights[kKinds];
+  const std::string profile =
+      trim_profile ? "trim" : (layers_profile ? "layers" : (prefix_profile ? "prefix" : ""));
+  Scenario sc = !profile.empty()
+                    ? begin_scenario(rng, profile + "-" + std::to_string(seed),
+                                     "kvcheck check --profile " + profile + " case drawn from seed " +
+                                         std::to_string(seed),
+                                     caps, weights)
+                    : begin_scenario(rng, "generated-" + std::to_string(seed),
+                                     "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
+
+  auto& c = sc.cache;
+  c.window = rng.range(1, 7);
+  c.convention = draw_convention(rng);
+  fit_window(c, caps);
+  const std::int64_t keys = window_keys(c);
+  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
+  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
+  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
+  fit_step_bounds(caps, &max_chunk, &max_drafts);
+  // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
+  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+  c.ring_rows = safe + small_slack(rng);
+  c.states = rng.range(1, 3);
+  draw_small_shape(rng, c);
   fit_to_caps(c, caps);
   // The trim profile, for a cache that trims: the depth a trim may reach
   // (past a pending verify's rows, often), and the ring grown by it.
@@ -510,8 +652,17 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps,
     c.ring_rows += trims->depth;
   }
   // Requests: 1..3, each with a state id; later requests may reuse a state.
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 3, 4, 16, nullptr, caps.max_positions,
-                trims ? &*trims : nullptr);
+  // The prefix profile, for a cache that shares prefixes: up to 4 requests
+  // on at least two states (where the cache has them), prefixes drawn from
+  // their own stream.
+  std::optional<PrefixDraws> prefixes;
+  if (prefix_profile && caps.prefix_sharing) {
+    prefixes.emplace(PrefixDraws{Prng(mix_seed(sc.data.seed, 0x70726678))});  // "prfx"
+    if (caps.max_states == 0 || caps.max_states >= 2) c.states = std::max<std::int64_t>(c.states, 2);
+  }
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, prefixes ? 4 : 3, prefixes ? 6 : 4, prefixes ? 20 : 16,
+                nullptr, caps.max_positions, trims ? &*trims : nullptr, prefixes ? &*prefixes : nullptr);
+  if (layers_profile && caps.per_layer_windows && !caps.full_window_only) draw_layer_windows(sc, caps);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -637,19 +788,123 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   return sc;
 }
 
+/// The paged profile (Profile::kPaged), from its own stream ("page"), so
+/// the other profiles' cases stay as they were.
+Scenario generate_paged(std::uint64_t seed, const engines::Capabilities& caps) {
+  Prng rng(mix_seed(seed, 0x70616765));  // "page"
+  int weights[kKinds];
+  Scenario sc = begin_scenario(rng, "paged-" + std::to_string(seed),
+                               "kvcheck check --profile paged case drawn from seed " + std::to_string(seed), caps,
+                               weights);
+  // State churn and verifies that straddle blocks: finish and verify are on
+  // wherever the cache runs them.
+  if (caps.finish) weights[kFinish] = 1;
+  if (caps.verify) weights[kVerify] = std::max(weights[kVerify], 2);
+  const std::int64_t block = caps.block_size > 0 ? caps.block_size : 4;
+  auto& c = sc.cache;
+  // Windows of up to three blocks (48 keys at most), one in four inside one block.
+  const std::int64_t widest = std::min<std::int64_t>(3 * block, 48);
+  const std::int64_t narrow = std::min(block, widest);
+  c.window = rng.chance(1, 4) ? rng.range(1, narrow) : rng.range(narrow, widest);
+  c.convention = draw_convention(rng);
+  fit_window(c, caps);
+  const std::int64_t keys = window_keys(c);
+  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 6) : 0;
+  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
+  // Chunks up to a window and a block: prefills cross blocks and free them.
+  std::int64_t max_chunk = prefill_on ? rng.range(1, keys + block) : 1;
+  fit_step_bounds(caps, &max_chunk, &max_drafts);
+  c.ring_rows = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0) + small_slack(rng);
+  c.states = rng.range(2, 4);
+  draw_small_shape(rng, c);
+  fit_to_caps(c, caps);
+  // Up to 8 requests over 16..40 steps on 2..4 states: requests wait for a
+  // state, finish or reset at any length (long and short ones), and the
+  // next takes the freed blocks.
+  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 8, 16, 40, nullptr, caps.max_positions);
+  finish_scenario(sc, caps);
+  return sc;
+}
+
 }  // namespace
 
 Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
+  if (profile == Profile::kPaged) return generate_paged(seed, caps);
   return profile == Profile::kProduction ? generate_production(seed, caps)
-                                         : generate_default(seed, caps, profile == Profile::kTrim);
+                                         : generate_default(seed, caps, profile == Profile::kTrim,
+                                                            profile == Profile::kLayers,
+                                                            profile == Profile::kPrefix);
 }
+
+namespace {
+
+/// The prefix profile's classes. A block is the cache's (block_size; 1 when
+/// it declares none); a prefix of n shares blocks 0 .. (n-1)/B while both
+/// requests keep those rows (neither has reset since).
+void classify_prefixes(const Scenario& sc, const engines::Capabilities& caps, Coverage* cov) {
+  const std::int64_t B = caps.block_size > 0 ? caps.block_size : 1;
+  const std::int64_t keys = window_keys(sc.cache);
+  struct Share {
+    std::int64_t sharer, source, n;
+    bool live = true;          // neither has reset or had its rows taken back since the begin
+    bool sharer_wrote = false;  // the sharer has written since the begin
+  };
+  std::vector<Share> shares;
+  std::map<std::int64_t, const scenarios::Request*> by_id;
+  for (const auto& r : sc.requests) by_id[r.id] = &r;
+  scenarios::RequestLifecycle life;
+  for (const auto& s : sc.steps) {
+    const bool first_seen = life.phase(s.request) == scenarios::RequestLifecycle::Phase::kIdle;
+    const scenarios::Request* req = by_id.count(s.request) ? by_id[s.request] : nullptr;
+    std::int64_t n0 = 0;
+    if (first_seen && req && req->prefix) {
+      const auto phase = life.phase(req->prefix->request);
+      if (phase == scenarios::RequestLifecycle::Phase::kActive) cov->prefix_of_live = true;
+      if (phase == scenarios::RequestLifecycle::Phase::kFinished) cov->prefix_of_finished = true;
+      n0 = req->prefix->positions;
+      shares.push_back(Share{s.request, req->prefix->request, n0});
+    }
+    const std::int64_t first = scenarios::step_first_position(life.progress(s.request));
+    const std::int64_t rows = scenarios::step_rows(s);
+    life.step(s.request, req ? req->state : 0, s, n0);
+    for (Share& sh : shares) {
+      if (!sh.live) continue;
+      const bool mine = s.request == sh.sharer || s.request == sh.source;
+      if (!mine) continue;
+      const std::int64_t last_block = (sh.n - 1) / B;
+      // A write into the block the prefix ends in, by either side.
+      if (rows > 0 && sh.n % B != 0 && first / B == last_block && !(s.request == sh.sharer && sh.sharer_wrote))
+        cov->cow_write_into_shared_block = true;
+      if (rows > 0 && s.request == sh.sharer) sh.sharer_wrote = true;
+      if (s.kind == StepKind::kReset || s.kind == StepKind::kTrim) sh.live = false;
+      // One side's window has left a shared block the other still sees.
+      const auto sees_from = [&](std::int64_t id) {
+        return life.phase(id) == scenarios::RequestLifecycle::Phase::kActive
+                   ? std::optional<std::int64_t>(life.progress(id).length - keys + 1)
+                   : std::nullopt;
+      };
+      const auto a = sees_from(sh.sharer), b = sees_from(sh.source);
+      if (a && b) {
+        for (std::int64_t j = 0; j <= last_block; ++j) {
+          const std::int64_t block_last = std::min((j + 1) * B, sh.n) - 1;
+          if ((block_last < *a) != (block_last < *b)) cov->window_free_of_shared_block = true;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
 
 Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   Coverage cov;
   const std::int64_t keys = window_keys(sc.cache);
   std::map<std::int64_t, scenarios::RequestProgress> progress;
   std::map<std::int64_t, std::int64_t> state_of;
-  for (const auto& r : sc.requests) state_of[r.id] = r.state;
+  for (const auto& r : sc.requests) {
+    state_of[r.id] = r.state;
+    if (r.prefix) progress[r.id].length = r.prefix->positions;
+  }
   std::map<std::int64_t, bool> state_used, started, trimmed;
   bool wrote = false;
   for (const auto& s : sc.steps) {
@@ -682,10 +937,88 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
     if (n > 0) wrote = true;
     scenarios::advance(p, s);
   }
+  // Layer windows: a global layer beside a sliding one whose window slides
+  // (some position at or past its keys), and two sliding windows that differ.
+  const std::int64_t end = scenarios::schedule_end(sc.steps);
+  std::int64_t narrowest = 0, widest = 0;
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(sc.cache.layer_windows.size()); ++l) {
+    if (!sc.cache.layer_windows[static_cast<std::size_t>(l)].window) continue;
+    const std::int64_t k = scenarios::layer_window_keys(sc.cache, l);
+    narrowest = narrowest == 0 ? k : std::min(narrowest, k);
+    widest = std::max(widest, k);
+  }
+  cov.sliding_and_global_layers = scenarios::has_global_layer(sc.cache) && narrowest > 0 && end > narrowest;
+  cov.sliding_windows_differ = narrowest > 0 && widest > narrowest && end > narrowest;
+  classify_prefixes(sc, caps, &cov);
   // The cache's own dispatch decides (Capabilities::fast_kernel_runs); its
   // queries run the kernel once any step writes rows.
   cov.fast_cpu_kernel = wrote && caps.fast_kernel_runs && caps.fast_kernel_runs(cache_spec(sc));
   return cov;
+}
+
+BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::int64_t block_size, Coverage* cov) {
+  BlockCounts counts;
+  if (block_size <= 0) return counts;
+  const std::int64_t keys = window_keys(sc.cache);
+  // Frees from the schedule: per request, the blocks [low, high) it holds,
+  // by position (low: the first the window has not freed).
+  std::map<std::int64_t, scenarios::RequestProgress> progress;
+  std::map<std::int64_t, std::int64_t> low, high;
+  for (const Step& s : sc.steps) {
+    scenarios::RequestProgress& p = progress[s.request];
+    std::int64_t& lo = low[s.request];
+    std::int64_t& hi = high[s.request];
+    const std::int64_t n = scenarios::step_rows(s);
+    if (n > 0) hi = std::max(hi, (scenarios::step_first_position(p) + n - 1) / block_size + 1);
+    scenarios::advance(p, s);
+    if (s.kind == StepKind::kFinish || s.kind == StepKind::kReset) {
+      counts.frees += hi - lo;
+      lo = hi = 0;
+      continue;
+    }
+    // Rows below the first position the request's next query sees.
+    const std::int64_t next = p.pending() ? p.pending_first + 1 : p.length;
+    const std::int64_t gone = std::min(std::max<std::int64_t>(next - keys + 1, 0) / block_size, hi);
+    if (gone > lo) {
+      counts.frees += gone - lo;
+      cov->block_free = true;
+      lo = gone;
+    }
+  }
+  // Reuses and straddling verifies from the slots the cache reported (layer 0).
+  std::map<std::int64_t, std::int64_t> epoch;  // request -> resets so far
+  struct Holder {
+    std::int64_t request, epoch, block;
+    bool operator==(const Holder&) const = default;
+  };
+  std::map<std::int64_t, Holder> holder;  // block id -> the rows it last took
+  for (const StepObservation& o : run.steps) {
+    if (o.layer != 0 || o.step < 0 || o.step >= static_cast<std::int64_t>(sc.steps.size())) continue;
+    const StepKind kind = sc.steps[static_cast<std::size_t>(o.step)].kind;
+    if (kind == StepKind::kReset) ++epoch[o.request];
+    if (kind == StepKind::kVerify) {
+      std::int64_t lowest = -1, highest = -1;
+      if (!o.written_slots.empty()) {
+        const auto [a, b] = std::minmax_element(o.written_slots.begin(), o.written_slots.end());
+        lowest = *a / block_size, highest = *b / block_size;
+      } else if (!o.queries.empty()) {
+        lowest = o.first_position / block_size;
+        highest = (o.first_position + static_cast<std::int64_t>(o.queries.size()) - 1) / block_size;
+      }
+      if (highest > lowest) cov->verify_straddles_block = true;
+    }
+    for (std::size_t i = 0; i < o.written_slots.size(); ++i) {
+      if (o.written_slots[i] < 0) continue;
+      const Holder h{o.request, epoch[o.request],
+                     (o.first_position + static_cast<std::int64_t>(i)) / block_size};
+      const auto [it, fresh] = holder.try_emplace(o.written_slots[i] / block_size, h);
+      if (fresh || it->second == h) continue;
+      ++counts.reuses;
+      if (it->second.request != h.request) cov->block_reuse_after_free = true;
+      it->second = h;
+    }
+  }
+  return counts;
 }
 
 }  // namespace kvcheck::properties

@@ -33,9 +33,24 @@ enum class Profile : std::uint8_t {
   /// The default profile's cases plus trims (from their own stream) for a
   /// cache that declares trim, its ring grown by the trim depth drawn.
   kTrim,
+  /// Cases that cross many block boundaries, for paged pools (its own
+  /// stream): windows of one to three blocks, 4..8 requests long and short
+  /// on 2..4 states, so windows free blocks, requests finish and reset and
+  /// their blocks go to others, and verifies straddle blocks. The block size
+  /// is the cache's (Capabilities::block_size), else 4.
+  kPaged,
+  /// The default profile's cases with a window per layer (2..4 layers,
+  /// sliding and global ones mixed, from their own stream) for a cache that
+  /// declares per_layer_windows; other caches get the default's cases.
+  kLayers,
+  /// The default profile's cases with shared prefixes (from their own
+  /// stream: up to 4 requests on at least two states, a request often
+  /// beginning from another's prefix) for a cache that declares
+  /// prefix_sharing; other caches get cases without prefixes.
+  kPrefix,
 };
 
-/// "default", "production" or "trim".
+/// "default", "production", "trim", "layers" or "prefix".
 std::string profile_name(Profile profile);
 /// Parses a profile name; false when unknown.
 bool parse_profile(const std::string& name, Profile* out);
@@ -70,6 +85,18 @@ struct Coverage {
   // Trim profile only (last):
   bool write_after_trim = false;               ///< a request writes again after a trim (positions rewritten)
   bool trim_with_drafts_pending = false;       ///< a trim drops a pending verify's drafts
+  // Paged profile only, from the run (classify_blocks):
+  bool block_free = false;              ///< a whole block of a request left its window while it lived
+  bool block_reuse_after_free = false;  ///< a block held one request's rows, then another request's
+  bool verify_straddles_block = false;  ///< a verify's rows went to two or more blocks
+  // Layers profile only (last):
+  bool sliding_and_global_layers = false;  ///< a case has a global layer and a sliding layer whose window slides
+  bool sliding_windows_differ = false;     ///< two sliding layers with different windows, one of them sliding
+  // Prefix profile only (last):
+  bool prefix_of_live = false;               ///< a request begins from the prefix of an active request
+  bool prefix_of_finished = false;           ///< a request begins from the prefix of a finished request
+  bool cow_write_into_shared_block = false;  ///< a write lands in the block a shared prefix ends in
+  bool window_free_of_shared_block = false;  ///< one sharer's window leaves a shared block the other still sees
 };
 
 /// Names of the coverage classes of `profile`, in Coverage field order: the
@@ -96,5 +123,27 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
 /// Which coverage classes a scenario reaches (computed from its schedule;
 /// fast_cpu_kernel by the cache's own declaration, Capabilities::fast_kernel_runs).
 Coverage classify(const scenarios::Scenario& scenario, const engines::Capabilities& caps = {});
+
+struct RunObservation;
+
+/// Block frees and reuses of one run of a paged cache (layer 0).
+struct BlockCounts {
+  /// Blocks a cache that frees by the window frees: a block of a request
+  /// every row of which is below the first position its next query sees
+  /// (from the schedule and the block size), and the blocks a request
+  /// holds when it finishes or resets.
+  std::int64_t frees = 0;
+  /// Writes into a block that last held other rows (another request's, or
+  /// another block of positions of the same request, or rows from before a
+  /// reset), from the slots the cache reported: slot / block_size.
+  std::int64_t reuses = 0;
+};
+
+/// The paged profile's classes of one run of a cache with `block_size` > 0
+/// (else nothing): block_free from the schedule, block_reuse_after_free and
+/// verify_straddles_block from the written slots the cache reported (by
+/// positions when it reports none). Adds them to `cov` and returns the counts.
+BlockCounts classify_blocks(const scenarios::Scenario& scenario, const RunObservation& run,
+                            std::int64_t block_size, Coverage* cov);
 
 }  // namespace kvcheck::properties

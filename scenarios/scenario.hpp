@@ -7,6 +7,7 @@
 // see these types (properties/ translates them).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,7 +34,16 @@ struct Rope {
   bool operator==(const Rope&) const = default;
 };
 
-/// One layer's pool configuration (every layer has the same one).
+/// One layer's own window, as Gemma-style interleaved models have them
+/// (sliding layers and global, full-attention layers).
+struct LayerWindow {
+  std::optional<std::int64_t> window;  ///< window parameter; nullopt: a global layer (every position)
+  Convention convention = Convention::kKeys;
+  bool operator==(const LayerWindow&) const = default;
+};
+
+/// The pool configuration, one per layer: every layer has the same one but
+/// its window, which `layer_windows` may give per layer.
 struct CacheConfig {
   std::int64_t window = 8;  ///< window parameter, read with `convention`
   Convention convention = Convention::kKeys;
@@ -48,13 +58,31 @@ struct CacheConfig {
   std::int32_t layers = 1;
   std::optional<double> softmax_scale;  ///< default 1/sqrt(head_dim)
   std::optional<double> sink_logit;     ///< attention-sink logit, if any
+  /// Empty: every layer has `window` and `convention`. Else one entry per
+  /// layer (JSON `layer_windows`; an entry without a window takes `window`,
+  /// without a convention `window_convention`).
+  std::vector<LayerWindow> layer_windows;
   bool operator==(const CacheConfig&) const = default;
+};
+
+/// A shared prefix: a request starts from the first `positions` positions
+/// of another request (live or finished) instead of writing them itself.
+/// Its rows there are that request's rows as they were when it began (shared
+/// with it, not rewritten); its length starts at `positions`.
+struct Prefix {
+  std::int64_t request = 0;    ///< the request whose rows it starts from
+  std::int64_t positions = 0;  ///< n: positions 0 .. n-1 (1 <= n <= that request's committed length)
+  bool operator==(const Prefix&) const = default;
 };
 
 /// A request and the state id it occupies while active.
 struct Request {
+  Request() = default;
+  Request(std::int64_t id_, std::int64_t state_, std::optional<Prefix> prefix_ = std::nullopt)
+      : id(id_), state(state_), prefix(prefix_) {}
   std::int64_t id = 0;
   std::int64_t state = 0;
+  std::optional<Prefix> prefix;  ///< JSON "prefix", omitted when none
   bool operator==(const Request&) const = default;
 };
 
@@ -138,6 +166,40 @@ struct Scenario {
 /// same number on its own (model/visible.hpp).
 constexpr std::int64_t declared_window_keys(const CacheConfig& c) noexcept {
   return c.convention == Convention::kKeys ? c.window : c.window + 1;
+}
+
+/// Keys a query of a global layer sees, standing for "every position": no
+/// position reaches it (positions are below kMaxRows, scenario_json.hpp), and
+/// arithmetic on it (keys + a step's rows) cannot overflow.
+inline constexpr std::int64_t kGlobalWindowKeys = std::int64_t{1} << 41;
+
+/// Keys a query of `layer` sees, itself included: its own window when the
+/// cache lists layer windows, else the cache's (kGlobalWindowKeys for a
+/// global layer). The reference model derives the same on its own.
+constexpr std::int64_t layer_window_keys(const CacheConfig& c, std::int32_t layer) noexcept {
+  if (c.layer_windows.empty() || layer < 0 || static_cast<std::size_t>(layer) >= c.layer_windows.size())
+    return declared_window_keys(c);
+  const LayerWindow& w = c.layer_windows[static_cast<std::size_t>(layer)];
+  if (!w.window) return kGlobalWindowKeys;
+  return w.convention == Convention::kKeys ? *w.window : *w.window + 1;
+}
+
+/// Whether any layer of the cache is global (attends to every position).
+constexpr bool has_global_layer(const CacheConfig& c) noexcept {
+  for (const LayerWindow& w : c.layer_windows)
+    if (!w.window) return true;
+  return false;
+}
+
+/// The widest window of a sliding layer, in keys (the cache's window when it
+/// lists none; kGlobalWindowKeys only when every layer is global).
+constexpr std::int64_t widest_sliding_window_keys(const CacheConfig& c) noexcept {
+  if (c.layer_windows.empty()) return declared_window_keys(c);
+  std::int64_t widest = 0;
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layer_windows.size()); ++l) {
+    if (c.layer_windows[static_cast<std::size_t>(l)].window) widest = std::max(widest, layer_window_keys(c, l));
+  }
+  return widest > 0 ? widest : kGlobalWindowKeys;
 }
 
 /// Rows a step writes (and queries it runs): prefill n, decode 1, verify k+1, else 0.

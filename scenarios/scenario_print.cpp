@@ -38,6 +38,20 @@ ojson to_document(const Scenario& s) {
   cache["layers"] = c.layers;
   cache["softmax_scale"] = optional_number(c.softmax_scale);
   cache["sink_logit"] = optional_number(c.sink_logit);
+  if (!c.layer_windows.empty()) {  // only when listed: files without them keep their text
+    ojson layers = ojson::array();
+    for (const LayerWindow& w : c.layer_windows) {
+      ojson entry = ojson::object();
+      if (w.window) {
+        entry["window"] = *w.window;
+        entry["convention"] = convention_name(w.convention);
+      } else {
+        entry["window"] = nullptr;
+      }
+      layers.push_back(std::move(entry));
+    }
+    cache["layer_windows"] = std::move(layers);
+  }
   root["cache"] = std::move(cache);
 
   ojson data = ojson::object();
@@ -64,6 +78,7 @@ ojson to_document(const Scenario& s) {
     ojson request = ojson::object();
     request["id"] = r.id;
     request["state"] = r.state;
+    if (r.prefix) request["prefix"] = ojson{{"request", r.prefix->request}, {"positions", r.prefix->positions}};
     requests.push_back(std::move(request));
   }
   root["requests"] = std::move(requests);

@@ -31,11 +31,42 @@ Rope read_rope(const json& j, const std::string& path) {
   return rope;
 }
 
+/// `cache.layer_windows`: one entry per layer; a missing window is the
+/// cache's `window`, null a global layer; a missing convention the cache's.
+std::vector<LayerWindow> read_layer_windows(const json& j, const std::string& cache_path,
+                                            const CacheConfig& c) {
+  const std::string path = join_key(cache_path, "layer_windows");
+  as_array(j, path);
+  std::vector<LayerWindow> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const std::string p = join_index(path, i);
+    const json& e = as_object(j[i], p);
+    check_keys(e, p, {"window", "convention"});
+    LayerWindow w{c.window, c.convention};
+    if (const json* v = find(e, "window")) {
+      if (v->is_null()) {
+        if (find(e, "convention") != nullptr) {
+          fail(ErrorId::kJsonValue, join_key(p, "convention"),
+               "a global layer (window null) sees every position and takes no convention");
+        }
+        w = LayerWindow{std::nullopt, Convention::kKeys};
+      } else {
+        w.window = get_i64(*v, join_key(p, "window"));
+      }
+    }
+    if (const json* v = find(e, "convention")) {
+      w.convention = get_enum(*v, join_key(p, "convention"), kConventions, convention_name);
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
 CacheConfig read_cache(const json& j, const std::string& path) {
   as_object(j, path);
   check_keys(j, path,
              {"window", "window_convention", "ring_rows", "states", "q_heads", "kv_heads", "head_dim",
-              "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit"});
+              "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit", "layer_windows"});
   CacheConfig c;
   c.window = get_i64(require(j, path, "window"), join_key(path, "window"));
   c.ring_rows = get_i64(require(j, path, "ring_rows"), join_key(path, "ring_rows"));
@@ -58,6 +89,7 @@ CacheConfig read_cache(const json& j, const std::string& path) {
   if (const json* v = find(j, "sink_logit")) {
     c.sink_logit = get_optional_f64(*v, join_key(path, "sink_logit"));
   }
+  if (const json* v = find(j, "layer_windows")) c.layer_windows = read_layer_windows(*v, path, c);
   return c;
 }
 
@@ -96,10 +128,17 @@ std::vector<Request> read_requests(const json& j, const std::string& path) {
   for (std::size_t i = 0; i < j.size(); ++i) {
     const std::string p = join_index(path, i);
     const json& r = as_object(j[i], p);
-    check_keys(r, p, {"id", "state"});
+    check_keys(r, p, {"id", "state", "prefix"});
     Request request;
     request.id = get_i64(require(r, p, "id"), join_key(p, "id"));
     request.state = get_i64(require(r, p, "state"), join_key(p, "state"));
+    if (const json* x = find(r, "prefix")) {
+      const std::string pp = join_key(p, "prefix");
+      const json& o = as_object(*x, pp);
+      check_keys(o, pp, {"request", "positions"});
+      request.prefix = Prefix{get_i64(require(o, pp, "request"), join_key(pp, "request")),
+                              get_i64(require(o, pp, "positions"), join_key(pp, "positions"))};
+    }
     out.push_back(request);
   }
   return out;

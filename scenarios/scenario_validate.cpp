@@ -81,6 +81,18 @@ void validate_cache(const CacheConfig& c) {
   check_count(c.kv_heads, 1, std::numeric_limits<std::int32_t>::max(), "cache.kv_heads", "kv_heads");
   check_count(c.head_dim, 1, std::numeric_limits<std::int32_t>::max(), "cache.head_dim", "head_dim");
   check_count(c.layers, 1, std::numeric_limits<std::int32_t>::max(), "cache.layers", "layers");
+  if (!c.layer_windows.empty()) {
+    if (c.layer_windows.size() != static_cast<std::size_t>(c.layers)) {
+      fail(ErrorId::kJsonValue, "cache.layer_windows",
+           "lists " + std::to_string(c.layer_windows.size()) + " layer windows for " + std::to_string(c.layers) +
+               " layers (one per layer)");
+    }
+    for (std::size_t l = 0; l < c.layer_windows.size(); ++l) {
+      const LayerWindow& w = c.layer_windows[l];
+      if (!w.window) continue;  // a global layer
+      check_count(*w.window, 1, kMaxRows - 1, "cache.layer_windows[" + std::to_string(l) + "].window", "window");
+    }
+  }
   if (c.q_heads % c.kv_heads != 0) {
     fail(ErrorId::kJsonValue, "cache.q_heads",
          "q_heads " + std::to_string(c.q_heads) + " is not a multiple of kv_heads " +
@@ -155,6 +167,32 @@ void check_default_fields(const Step& step, const std::string& p) {
   }
 }
 
+/// A request beginning at steps[step] from a shared prefix: the request it
+/// names has begun (live or finished) and has committed at least n >= 1
+/// positions by then. Returns n (0 without a prefix).
+std::int64_t check_prefix(const Scenario& s, std::int64_t id, const RequestLifecycle& lifecycle, std::size_t step) {
+  for (std::size_t i = 0; i < s.requests.size(); ++i) {
+    const Request& r = s.requests[i];
+    if (r.id != id || !r.prefix) continue;
+    const std::string p = join_key(join_index("requests", i), "prefix");
+    const Prefix& x = *r.prefix;
+    const std::string at = " when request " + std::to_string(id) + " begins (steps[" + std::to_string(step) + "])";
+    if (x.request == id) fail(ErrorId::kJsonValue, join_key(p, "request"), "a request cannot start from its own prefix");
+    if (lifecycle.phase(x.request) == RequestLifecycle::Phase::kIdle) {
+      fail(ErrorId::kJsonValue, join_key(p, "request"),
+           "request " + std::to_string(x.request) + " has not begun" + at);
+    }
+    const std::int64_t committed = lifecycle.progress(x.request).length;
+    if (x.positions < 1 || x.positions > committed) {
+      fail(ErrorId::kJsonValue, join_key(p, "positions"),
+           "prefix of " + std::to_string(x.positions) + " positions is outside 1.." + std::to_string(committed) +
+               ", the positions request " + std::to_string(x.request) + " has committed" + at);
+    }
+    return x.positions;
+  }
+  return 0;
+}
+
 Simulation simulate(const Scenario& s) {
   // Phase, state holders and progress: RequestLifecycle (step_semantics.hpp).
   struct Live {
@@ -197,6 +235,7 @@ Simulation simulate(const Scenario& s) {
       fail(ErrorId::kJsonValue, join_key(p, "request"),
            name + " finished at steps[" + std::to_string(r.finished_at) + "]");
     }
+    std::int64_t prefix_positions = 0;
     if (phase == RequestLifecycle::Phase::kIdle) {
       // A request starts at its first step and takes its state, which must be free.
       if (const auto h = lifecycle.holder(r.state)) {
@@ -204,6 +243,7 @@ Simulation simulate(const Scenario& s) {
              name + " starts on state " + std::to_string(r.state) + ", still held by active request " +
                  std::to_string(*h));
       }
+      prefix_positions = check_prefix(s, step.request, lifecycle, i);
     }
     const bool writes = step_kind_writes_rows(step.kind);
     if (step_kind_fields(step.kind) == StepFields::kRowsOrder) {
@@ -214,7 +254,7 @@ Simulation simulate(const Scenario& s) {
     }
     // How the step changes the request: scenarios/step_semantics.hpp, the one place.
     const std::int64_t first = step_first_position(lifecycle.progress(step.request));
-    switch (lifecycle.step(step.request, r.state, step)) {
+    switch (lifecycle.step(step.request, r.state, step, prefix_positions)) {
       case StepRefusal::kNone: break;
       case StepRefusal::kWriteWhileVerifyPending:
         fail(ErrorId::kJsonValue, join_key(p, "kind"),
@@ -352,7 +392,10 @@ void validate_data(const Scenario& s, const Simulation& sim) {
 void validate_expect(const Scenario& s, const Simulation& sim) {
   if (!s.expect) return;
   const Expectations& e = *s.expect;
-  const std::int64_t keys = window_keys(s.cache);
+  // Counts are per query, over every layer: the widest layer window bounds them.
+  std::int64_t keys = window_keys(s.cache);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(s.cache.layer_windows.size()); ++l)
+    keys = std::max(keys, layer_window_keys(s.cache, l));
   std::set<std::int64_t> seen;
   for (std::size_t i = 0; i < e.overwritten.size(); ++i) {
     const OverwriteExpectation& o = e.overwritten[i];

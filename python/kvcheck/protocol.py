@@ -70,7 +70,7 @@ __all__ = [
     "BadRequest", "Refusal", "OpenRefused",
     "decode_line", "encode", "check_keys", "get_int", "get_number", "get_bool", "get_str", "get_object",
     "get_rows",
-    "Spec", "WriteStep", "Cache", "Adapter", "Session", "run", "ROW_TYPES", "ENCODINGS", "MAX_FRAME_BYTES",
+    "Spec", "WriteStep", "Prefix", "Cache", "Adapter", "Session", "run", "ROW_TYPES", "ENCODINGS", "MAX_FRAME_BYTES",
 ]
 
 PROTOCOL = "kvcheck-exec"
@@ -276,7 +276,11 @@ class Spec:
     convention, keys, q_heads, kv_heads, head_dim, shared_row, format,
     rope_style, rotary_dims, rope_base, softmax_scale, sink (None or the
     sink logit), layers, max_step_rows; group (query heads per KV head),
-    kv_width, q_width (numbers per key/value row and per query row).
+    kv_width, q_width (numbers per key/value row and per query row);
+    layer_keys: one entry per layer, the keys a query of that layer sees
+    (None for a global layer that sees every position), from the spec's
+    `layer_windows` when it has them (a cache that declared
+    per_layer_windows), else `keys` for every layer; window_of(layer) reads it.
 
     Whether the cache supports the format, RoPE style or size it names is
     the cache's to say: raise OpenRefused from make_cache."""
@@ -285,7 +289,7 @@ class Spec:
         p = "spec"
         check_keys(obj, p, ("states", "capacity", "window", "q_heads", "kv_heads", "head_dim",
                             "shared_row", "format", "rope", "softmax_scale", "sink_logit",
-                            "layers", "max_step_rows"), ("block_size", "pool_blocks"))
+                            "layers", "max_step_rows"), ("block_size", "pool_blocks", "layer_windows"))
         self.states = get_int(obj, "states", p, 1)
         self.capacity = get_int(obj, "capacity", p, 1)
         # Paged addressing (hello declared "addressing": "paged" with a
@@ -322,6 +326,32 @@ class Spec:
             raise BadRequest(f"{wp}.keys: {self.keys} disagrees with param {self.window_param} "
                              f"in convention {self.convention} (expected {expected})")
 
+        self.layer_keys = [self.keys] * self.layers
+        self.per_layer = "layer_windows" in obj
+        if self.per_layer:
+            lp = p + ".layer_windows"
+            entries = obj["layer_windows"]
+            if not isinstance(entries, list) or len(entries) != self.layers:
+                raise BadRequest(f"{lp}: a list of one window per layer ({self.layers})")
+            for i, e in enumerate(entries):
+                ep = f"{lp}[{i}]"
+                if not isinstance(e, dict):
+                    raise BadRequest(f"{ep}: expected an object")
+                check_keys(e, ep, ("param", "convention", "keys"))
+                if e["param"] is None:
+                    if e["convention"] is not None or e["keys"] is not None:
+                        raise BadRequest(f"{ep}: a global layer has param, convention and keys null")
+                    self.layer_keys[i] = None
+                    continue
+                param = get_int(e, "param", ep, 0)
+                conv = get_str(e, "convention", ep)
+                keys = get_int(e, "keys", ep, 1)
+                if conv not in CONVENTIONS:
+                    raise BadRequest(f"{ep}.convention: one of {CONVENTIONS}, got {json.dumps(conv)}")
+                if keys != (param if conv == "keys" else param + 1):
+                    raise BadRequest(f"{ep}.keys: {keys} disagrees with param {param} in convention {conv}")
+                self.layer_keys[i] = keys
+
         r = get_object(obj, "rope", p)
         rp = p + ".rope"
         check_keys(r, rp, ("style", "rotary_dims", "base"))
@@ -342,6 +372,10 @@ class Spec:
         self.group = self.q_heads // self.kv_heads  # query heads per KV head
         self.kv_width = self.kv_heads * self.head_dim
         self.q_width = self.q_heads * self.head_dim
+
+    def window_of(self, layer):
+        """Keys a query of `layer` sees (None: a global layer, every position)."""
+        return self.layer_keys[layer]
 
 
 class WriteStep:
@@ -378,6 +412,22 @@ class WriteStep:
         return range(self.position, self.position + self.rows)
 
 
+class Prefix:
+    """A begin from a shared prefix (adapters/PROTOCOL.md "Shared prefixes"):
+    the new request starts from the first `positions` positions of request
+    `request` (live or finished). k, v: that request's rows there, as the
+    steps that wrote them sent them (v is None for shared rows), for a cache
+    that no longer holds them to store again."""
+
+    __slots__ = ("request", "positions", "k", "v")
+
+    def __init__(self, request, positions, k, v):
+        self.request = request
+        self.positions = positions
+        self.k = k
+        self.v = v
+
+
 # ---------------------------------------------------------------------------
 # What an adapter implements
 
@@ -392,9 +442,17 @@ class Cache:
     "Steps"): "out" (one output row per new row, when the hello declares
     outputs), "written" and "read" (slot ids, when it reports slots),
     "read_view" ("after_writes" or "causal") and "stored" ({"k": rows[, "v":
-    rows]}, the rows as stored, when it reports them)."""
+    rows]}, the rows as stored, when it reports them). Any step may also
+    answer the slots it padded, the rows it moved and the slots it freed
+    ("padded", "moved", "freed"): `write` puts them in its answer, the other
+    steps return a dict of them (or None)."""
 
-    def begin(self, layer, state, request):
+    def begin(self, layer, state, request, prefix=None):
+        """`prefix`: a Prefix when the request starts from another's (only
+        sent to a cache whose hello says "prefix_sharing"; a cache that
+        declares it takes the argument). It may then return {"written":
+        [slot or -1, ...]}: per prefix position the slot it stored the row
+        sent into, -1 where it shares the row the other request has."""
         raise NotImplementedError
 
     def accept(self, layer, state, request, accepted):
@@ -636,31 +694,50 @@ class Session:
         return layer, request, state
 
     def op_begin(self, msg):
-        layer, request, state = self._common(msg, "begin")
-        self.cache.begin(layer, state, request)
-        return {"ok": True}
+        if "prefix" not in msg:
+            layer, request, state = self._common(msg, "begin")
+            return _events_answer(self.cache.begin(layer, state, request), "begin")
+        shared = self.spec is not None and self.spec.shared_row
+        layer, request, state = self._common(msg, "begin", ("prefix", "k") if shared else ("prefix", "k", "v"))
+        p = get_object(msg, "prefix", "begin")
+        check_keys(p, "begin.prefix", ("request", "positions"))
+        source = get_int(p, "request", "begin.prefix")
+        n = get_int(p, "positions", "begin.prefix", 1)
+        spec = self.spec
+        k = get_rows(msg, "k", "begin", n, spec.kv_width)
+        v = None if shared else get_rows(msg, "v", "begin", n, spec.kv_width)
+        if self.to_rows is not None:
+            k = self.to_rows(k, spec.kv_width)
+            v = None if v is None else self.to_rows(v, spec.kv_width)
+        result = self.cache.begin(layer, state, request, Prefix(source, n, k, v))
+        written = None
+        if isinstance(result, dict) and "written" in result:
+            result = dict(result)
+            written = [int(x) for x in result.pop("written")]
+            if len(written) != n:
+                raise TypeError(f"Cache.begin: written has {len(written)} slots for a prefix of {n}")
+        answer = _events_answer(result or None, "begin")
+        if written is not None:
+            answer["written"] = written
+        return answer
 
     def op_accept(self, msg):
         layer, request, state = self._common(msg, "accept", ("accepted",))
         accepted = get_int(msg, "accepted", "accept")
-        self.cache.accept(layer, state, request, accepted)
-        return {"ok": True}
+        return _events_answer(self.cache.accept(layer, state, request, accepted), "accept")
 
     def op_finish(self, msg):
         layer, request, state = self._common(msg, "finish")
-        self.cache.finish(layer, state, request)
-        return {"ok": True}
+        return _events_answer(self.cache.finish(layer, state, request), "finish")
 
     def op_reset(self, msg):
         layer, request, state = self._common(msg, "reset")
-        self.cache.reset(layer, state, request)
-        return {"ok": True}
+        return _events_answer(self.cache.reset(layer, state, request), "reset")
 
     def op_trim(self, msg):
         layer, request, state = self._common(msg, "trim", ("positions",))
         positions = get_int(msg, "positions", "trim")
-        self.cache.trim(layer, state, request, positions)
-        return {"ok": True}
+        return _events_answer(self.cache.trim(layer, state, request, positions), "trim")
 
     def op_write(self, msg):
         op = msg["op"]
@@ -708,6 +785,23 @@ class Session:
             v = None if v is None else self.to_rows(v, spec.kv_width)
             q = self.to_rows(q, spec.q_width)
         return self.cache.write(WriteStep(op, layer, state, request, position, n, order, drafts, k, v, q))
+
+
+# What a step that writes no rows may answer besides "ok" (adapters/PROTOCOL.md
+# "Padding, moves and frees"): slots padded and freed, rows moved.
+SLOT_EVENTS = ("padded", "moved", "freed")
+
+
+def _events_answer(events, op):
+    """The answer of a step without rows: {"ok": true}, plus the slot events
+    the cache returned (None, or a dict of SLOT_EVENTS keys)."""
+    answer = {"ok": True}
+    if events is None:
+        return answer
+    if not isinstance(events, dict) or any(k not in SLOT_EVENTS for k in events):
+        raise TypeError(f"Cache.{op} returns None or a dict of {SLOT_EVENTS}, got {events!r}")
+    answer.update((k, v) for k, v in events.items() if len(v) > 0)
+    return answer
 
 
 def _numpy_rows(rows, width):

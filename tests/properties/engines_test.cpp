@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
+#include "properties/shadow.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/step_semantics.hpp"
 
@@ -683,4 +685,289 @@ TEST_CASE("Generator: the trim profile draws trims only for a cache that declare
   CHECK(names.size() == properties::coverage_names().size() + 2);
   CHECK(names.back() == "trim_with_drafts_pending");
   CHECK(properties::reachable_coverage(no_trim, properties::Profile::kTrim).back() == false);
+}
+
+namespace {
+
+/// Opens every layer with layer 0's window: the per-layer window taken from
+/// the wrong layer, planted in the CPU ring pool (which runs one pool per
+/// layer, each with its own window).
+class LayerZeroWindowProvider final : public engines::CacheProvider {
+ public:
+  LayerZeroWindowProvider() : inner_(engines::make_provider("cpu", "none")) {}
+  const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
+  std::string name() const override { return "layer-zero-window"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    engines::CacheSpec swapped = spec;
+    for (auto& keys : swapped.layer_window_keys) keys = spec.layer_window_keys.front();
+    return inner_->open(swapped, refused);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+};
+
+}  // namespace
+
+TEST_CASE("Layer windows: each layer's queries see their own window; layer 0's window for all fails") {
+  const auto sc = scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
+                                                "layer-windows-w2-global-left3.json");
+  RunOptions o;
+  const RunObservation good = run_scenario(sc, o);
+  INFO(good.first_failure << good.skip_reason);
+  REQUIRE_FALSE(good.skipped);
+  CHECK(good.passed);
+  CHECK(good.layer_window_keys == std::vector<std::int64_t>{2, 0, 4});  // 0: the global layer
+  // The reference's visible range per layer at the last query (position 8):
+  // 2 keys from 7, every position from 0, 4 keys (left 3) from 5.
+  std::map<std::int32_t, std::int64_t> first_at_8;
+  for (const auto& s : good.steps) {
+    for (const auto& q : s.queries)
+      if (q.position == 8) first_at_8[s.layer] = q.visible_first;
+  }
+  CHECK(first_at_8 == std::map<std::int32_t, std::int64_t>{{0, 7}, {1, 0}, {2, 5}});
+
+  LayerZeroWindowProvider swapped;
+  o.provider = &swapped;
+  const RunObservation bad = run_scenario(sc, o);
+  CHECK_FALSE(bad.passed);
+  std::set<std::int32_t> failing_layers;
+  for (const auto& s : bad.steps)
+    if (s.failed) failing_layers.insert(s.layer);
+  CHECK(failing_layers == std::set<std::int32_t>{1, 2});  // layer 0 has its own window
+
+  // A cache that does not declare per-layer windows is never given the scenario.
+  o.provider = nullptr;
+  o.backend = "layer";
+  const RunObservation skipped = run_scenario(sc, o);
+  CHECK(skipped.skipped);
+  CHECK(skipped.skip_reason.find("cache.layer_windows") != std::string::npos);
+}
+
+TEST_CASE("Generator: the layers profile mixes sliding and global layers only for a cache that declares them") {
+  engines::Capabilities caps;
+  caps.per_layer_windows = true;
+  const engines::Capabilities plain_caps;  // per_layer_windows off by default
+  properties::Coverage reached;
+  int layered = 0, global = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    const auto plain = properties::generate_scenario(seed, caps);
+    CHECK(plain.cache.layer_windows.empty());
+    auto without = properties::generate_scenario(seed, plain_caps, properties::Profile::kLayers);
+    without.name = plain.name;
+    without.description = plain.description;
+    CHECK(without == properties::generate_scenario(seed, plain_caps));
+    const auto with = properties::generate_scenario(seed, caps, properties::Profile::kLayers);
+    REQUIRE(with.cache.layer_windows.size() == static_cast<std::size_t>(with.cache.layers));
+    CHECK(with.cache.layers >= 2);
+    CHECK(with.cache.layer_windows[0] != with.cache.layer_windows[1]);
+    layered += 1;
+    if (scenarios::has_global_layer(with.cache)) {
+      ++global;
+      CHECK(with.cache.ring_rows >= scenarios::schedule_end(with.steps));
+    }
+    const auto cov = properties::classify(with, caps);
+    reached.sliding_and_global_layers = reached.sliding_and_global_layers || cov.sliding_and_global_layers;
+    reached.sliding_windows_differ = reached.sliding_windows_differ || cov.sliding_windows_differ;
+    if (seed <= 20) {
+      properties::RunOptions options;
+      const auto run = properties::run_scenario(with, options);
+      INFO(with.name << ": " << run.first_failure << run.skip_reason);
+      CHECK_FALSE(run.skipped);
+      CHECK(run.passed);
+    }
+  }
+  CHECK(layered == 60);
+  CHECK(global >= 20);
+  CHECK(global <= 58);
+  CHECK(reached.sliding_and_global_layers);
+  CHECK(reached.sliding_windows_differ);
+  CHECK(properties::coverage_names(properties::Profile::kLayers).back() == "sliding_windows_differ");
+  CHECK(properties::reachable_coverage(plain_caps, properties::Profile::kLayers).back() == false);
+}
+
+namespace {
+
+/// The CPU ring pool declaring a resident bound of rows in all (`limit` 0:
+/// states * capacity, which a ring never exceeds) and, with `free_previous`,
+/// freeing at each decode the slot of the request's previous row, which its
+/// next query still sees.
+class BoundedCache final : public engines::CacheUnderTest {
+ public:
+  BoundedCache(std::unique_ptr<engines::CacheUnderTest> inner, bool free_previous)
+      : inner_(std::move(inner)), free_previous_(free_previous) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const auto st = inner_->call(c, answer);
+    if (st || answer == nullptr || !answer->has_written || c.op != engines::StepCall::Op::kStep) return st;
+    const auto it = last_.find(c.step.request);
+    if (free_previous_ && c.step.kind == scenarios::StepKind::kDecode && it != last_.end()) {
+      answer->freed.push_back(it->second);
+    }
+    last_[c.step.request] = answer->written.back();
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  bool free_previous_;
+  std::map<std::int64_t, std::int64_t> last_;  // request -> slot of its last row
+};
+
+class BoundedProvider final : public engines::CacheProvider {
+ public:
+  BoundedProvider(std::int64_t limit, bool free_previous)
+      : inner_(engines::make_provider("cpu", "none")), free_previous_(free_previous) {
+    caps_ = inner_->capabilities();
+    caps_.reports_frees = true;
+    caps_.resident_bound.unit = engines::ResidentBound::Unit::kRows;
+    caps_.resident_bound.limit = limit;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "bounded"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    if (!inner) return nullptr;
+    return std::make_unique<BoundedCache>(std::move(inner), free_previous_);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  bool free_previous_;
+  engines::Capabilities caps_;
+};
+
+/// Rows 0 .. n-1 of request 0 at slots 0 .. n-1 (a store_then_load prefill,
+/// each query reading the slots up to its own).
+void write_rows(ShadowMap& shadow, std::int64_t n, std::int64_t keys) {
+  std::vector<std::int64_t> written, offsets{0}, reads;
+  for (std::int64_t i = 0; i < n; ++i) {
+    written.push_back(i);
+    for (std::int64_t j = std::max<std::int64_t>(0, i - keys + 1); j <= i; ++j) reads.push_back(j);
+    offsets.push_back(static_cast<std::int64_t>(reads.size()));
+  }
+  StepFacts f;
+  f.rows = n;
+  f.window_keys = keys;
+  f.has_written = f.has_reads = true;
+  f.written = written;
+  f.read_offsets = offsets;
+  f.read_slots = reads;
+  StepObservation obs;
+  shadow.observe(f, &obs);
+  for (const auto& q : obs.queries) REQUIRE(reads_correct(q));
+}
+
+/// A decode of position `p` written at `slot`, its query reading `reads`,
+/// with the step's moves and padding; returns its query's observation.
+QueryObservation decode(ShadowMap& shadow, std::int64_t p, std::int64_t slot, std::vector<std::int64_t> reads,
+                        std::int64_t keys, std::vector<std::pair<std::int64_t, std::int64_t>> moved = {},
+                        std::vector<std::int64_t> padded = {}) {
+  const std::vector<std::int64_t> written{slot};
+  const std::vector<std::int64_t> offsets{0, static_cast<std::int64_t>(reads.size())};
+  StepFacts f;
+  f.first_position = p;
+  f.rows = 1;
+  f.window_keys = keys;
+  f.has_written = f.has_reads = true;
+  f.written = written;
+  f.read_offsets = offsets;
+  f.read_slots = reads;
+  f.moved = moved;
+  f.padded = padded;
+  StepObservation obs;
+  shadow.observe(f, &obs);
+  REQUIRE(obs.queries.size() == 1);
+  return obs.queries[0];
+}
+
+}  // namespace
+
+TEST_CASE("Shadow map: padding on a live row is an overwritten row, padding elsewhere is nothing") {
+  // Window 3: the query at 3 sees positions 1, 2, 3 (slots 1, 2, 3).
+  ShadowMap clean;
+  write_rows(clean, 3, 3);
+  CHECK(reads_correct(decode(clean, 3, 3, {1, 2, 3}, 3, {}, {100, 101})));  // scratch slots
+  CHECK(clean.at(100).padding);
+  CHECK(clean.resident_counts(0).rows == 4);  // padding is not a row
+
+  ShadowMap through;
+  write_rows(through, 3, 3);
+  const QueryObservation q = decode(through, 3, 3, {1, 2, 3}, 3, {}, {1});  // over position 1
+  CHECK(q.overwritten == std::vector<std::int64_t>{1});
+  CHECK(q.missing.empty());
+  CHECK(q.extra.empty());  // the read of slot 1 is position 1's, which it lost
+  REQUIRE(q.reads.size() == 3);
+  CHECK(q.reads[0].position == -1);  // what the slot held: padding
+}
+
+TEST_CASE("Shadow map: rows follow their moves; a move that drops a visible row loses it") {
+  // A rolling cache of 3 slots: each decode shifts the rows one slot down
+  // (1 -> 0, then 2 -> 1) and writes the new row at slot 2.
+  ShadowMap rolling;
+  write_rows(rolling, 3, 3);
+  CHECK(reads_correct(decode(rolling, 3, 2, {0, 1, 2}, 3, {{1, 0}, {2, 1}})));
+  CHECK(reads_correct(decode(rolling, 4, 2, {0, 1, 2}, 3, {{1, 0}, {2, 1}})));
+  CHECK(rolling.at(0).position == 2);
+
+  // The same shift in the wrong order copies position 2 twice and drops 1.
+  ShadowMap wrong;
+  write_rows(wrong, 3, 3);
+  const QueryObservation q = decode(wrong, 3, 2, {0, 1, 2}, 3, {{2, 1}, {1, 0}});
+  CHECK(q.overwritten == std::vector<std::int64_t>{1});
+  CHECK(q.missing.empty());
+
+  // Released slots hold nothing; a visible row released is returned.
+  ShadowMap freed;
+  write_rows(freed, 4, 2);
+  const std::vector<std::int64_t> slots{0, 3}, keep;
+  const auto lost = freed.release(slots, keep, [](const ShadowRow& r) { return r.position >= 2; });
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].position == 3);
+  CHECK(freed.at(0).request < 0);
+  CHECK(freed.resident_counts(2).rows == 2);
+  CHECK(freed.resident_counts(2).blocks == 2);  // slots 1 and 2: blocks 0 and 1 of two slots
+  CHECK(freed.resident_counts(4).blocks == 1);
+}
+
+TEST_CASE("Resident bound: a cache holding more than it declares fails; a freed visible row fails") {
+  std::int64_t over = 0, freed_visible = 0, ran = 0;
+  BoundedProvider ring_bound(0, false), tiny_bound(2, false), frees_visible(0, true);
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto sc = generate_scenario(case_seed(11, static_cast<std::int64_t>(seed)));
+    RunOptions o;
+    o.provider = &ring_bound;
+    const RunObservation fits = run_scenario(sc, o);
+    if (fits.skipped) continue;
+    ++ran;
+    INFO("seed " << seed << ": " << fits.first_failure);
+    CHECK(fits.passed);  // a ring never holds more than states * capacity rows
+    CHECK(fits.steps_over_bound == 0);
+    REQUIRE_FALSE(fits.steps.empty());
+    CHECK(fits.steps.back().resident_rows > 0);
+    CHECK(fits.steps.back().bound_limit == sc.cache.states * sc.cache.ring_rows);
+
+    o.provider = &tiny_bound;
+    const RunObservation tight = run_scenario(sc, o);
+    const bool holds_more = std::any_of(fits.steps.begin(), fits.steps.end(),
+                                        [](const StepObservation& s) { return s.bound_held > 2; });
+    CHECK(tight.passed == !holds_more);
+    if (holds_more) {
+      ++over;
+      CHECK(tight.steps_over_bound > 0);
+      CHECK_THAT(tight.first_failure, Catch::Contains("over its declared resident bound of 2"));
+    }
+
+    o.provider = &frees_visible;
+    const RunObservation freeing = run_scenario(sc, o);
+    if (freeing.freed_visible > 0) {
+      ++freed_visible;
+      CHECK_FALSE(freeing.passed);
+      CHECK_THAT(freeing.first_failure, Catch::Contains("rows still visible"));
+    }
+  }
+  CHECK(ran > 10);
+  CHECK(over > 5);
+  CHECK(freed_visible > 0);
 }

@@ -298,6 +298,15 @@ TEST_CASE("Scenarios: malformed documents fail with the right id and path") {
       {"schema_version 2", set("/schema_version", 2), ErrorId::kJsonValue, "schema_version"},
       {"bad format", set("/cache/format", "fp16"), ErrorId::kJsonValue, "cache.format"},
       {"bad convention", set("/cache/window_convention", "right"), ErrorId::kJsonValue, "cache.window_convention"},
+      // per-layer windows (the base document has one layer)
+      {"layer_windows as object", set("/cache/layer_windows", json::object()), ErrorId::kJsonType, "cache.layer_windows"},
+      {"layer window as number", set("/cache/layer_windows", json::array({3})), ErrorId::kJsonType, "cache.layer_windows[0]"},
+      {"layer window as string", set("/cache/layer_windows", json::array({json{{"window", "3"}}})), ErrorId::kJsonType, "cache.layer_windows[0].window"},
+      {"layer window 0", set("/cache/layer_windows", json::array({json{{"window", 0}}})), ErrorId::kSize, "cache.layer_windows[0].window"},
+      {"layer window unknown key", set("/cache/layer_windows", json::array({json{{"keys", 3}}})), ErrorId::kJsonUnknownKey, "cache.layer_windows[0].keys"},
+      {"layer window bad convention", set("/cache/layer_windows", json::array({json{{"window", 3}, {"convention", "right"}}})), ErrorId::kJsonValue, "cache.layer_windows[0].convention"},
+      {"global layer with a convention", set("/cache/layer_windows", json::array({json{{"window", nullptr}, {"convention", "left"}}})), ErrorId::kJsonValue, "cache.layer_windows[0].convention"},
+      {"two layer windows for one layer", set("/cache/layer_windows", json::array({json::object(), json{{"window", nullptr}}})), ErrorId::kJsonValue, "cache.layer_windows"},
       {"bad rope style", set("/cache/rope", json{{"style", "yarn"}}), ErrorId::kJsonValue, "cache.rope.style"},
       {"bad step kind", set("/steps/1/kind", "decod"), ErrorId::kJsonValue, "steps[1].kind"},
       {"bad order", set("/steps/0/order", "store_first"), ErrorId::kJsonValue, "steps[0].order"},
@@ -884,4 +893,32 @@ TEST_CASE("Scenarios: random valid scenarios round-trip save, parse, save") {
     } catch (const kvcheck::Error&) {
     }
   });
+}
+
+TEST_CASE("Scenarios: layer windows read with the cache's defaults, round-trip and give each layer its keys") {
+  json doc = base();
+  doc["cache"]["layers"] = 3;
+  doc["cache"]["window_convention"] = "left";
+  doc["cache"]["layer_windows"] = json::array(
+      {json::object(), json{{"window", nullptr}}, json{{"window", 2}, {"convention", "keys"}}});
+  const Scenario s = parse_scenario(doc.dump(), "layers");
+  REQUIRE(s.cache.layer_windows.size() == 3);
+  // An entry without a window or convention takes the cache's (left 4: 5 keys).
+  CHECK(s.cache.layer_windows[0] == LayerWindow{4, Convention::kLeft});
+  CHECK(layer_window_keys(s.cache, 0) == 5);
+  CHECK_FALSE(s.cache.layer_windows[1].window.has_value());
+  CHECK(layer_window_keys(s.cache, 1) == kGlobalWindowKeys);
+  CHECK(layer_window_keys(s.cache, 2) == 2);
+  CHECK(has_global_layer(s.cache));
+  CHECK(widest_sliding_window_keys(s.cache) == 5);
+  // Canonical text names every entry in full, and reads back the same.
+  const std::string text = save_scenario(s);
+  CHECK(text.find("\"layer_windows\": [\n      {\"window\": 4, \"convention\": \"left\"},\n      {\"window\": "
+                  "null},\n      {\"window\": 2, \"convention\": \"keys\"}\n    ]") != std::string::npos);
+  CHECK(parse_scenario(text, "") == s);
+  // Without the key every layer has the cache's window, and the text has no layer_windows.
+  const Scenario plain = parse_scenario(kBase, "base");
+  CHECK(plain.cache.layer_windows.empty());
+  CHECK(layer_window_keys(plain.cache, 0) == 4);
+  CHECK(save_scenario(plain).find("layer_windows") == std::string::npos);
 }
