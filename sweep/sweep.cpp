@@ -266,17 +266,17 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
   sc.cache.window = config.window_keys;
   sc.cache.convention = scenarios::Convention::kKeys;
   sc.cache.ring_rows = capacity;
-  sc.cache.states = states;
+  sc.cache.states = 1;  // one live request: each takes the state the one before freed
   sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
   sc.data.seed = 1;
-  sweep_shape(config, capacity, states, caps, &sc);
+  sweep_shape(config, capacity, 1, caps, &sc);
   const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
                                      ? scenarios::Order::kStoreThenLoad
                                      : scenarios::Order::kLoadThenStore;
   // One request live at a time: each finishes before the next begins (a
   // cache without finish runs every phase on one request).
   const std::int64_t requests = caps.finish ? std::min(states, block_size) : 1;
-  for (std::int64_t b = 0; b < requests; ++b) sc.requests.push_back(scenarios::Request{b, b});
+  for (std::int64_t b = 0; b < requests; ++b) sc.requests.push_back(scenarios::Request{b, 0});
   scenarios::Step decode;
   decode.kind = StepKind::kDecode;
   scenarios::Step prefill;

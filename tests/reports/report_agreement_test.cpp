@@ -24,6 +24,7 @@
 #include "reports/report_json.hpp"
 #include "reports/report_junit.hpp"
 #include "reports/report_text.hpp"
+#include "reports/xml_escape.hpp"
 #include "scenarios/scenario_json.hpp"
 
 namespace {
@@ -372,4 +373,153 @@ TEST_CASE("Reports agree: a command of parts says in every format what it showed
     CHECK(text.find("replay: " + audit_like.context.command) != std::string::npos);
     CHECK(text.find("replay: kvcheck demo") == std::string::npos);
   }
+}
+
+namespace {
+
+// A paged cache in another process: the bundled adapter (blocks of 4 rows).
+kvcheck::properties::RunObservation run_paged(const std::string& scenario_json, const std::string& bug) {
+  const auto sc = kvcheck::scenarios::parse_scenario(scenario_json, "paged scenario");
+  kvcheck::properties::RunOptions options;
+  options.backend = "exec:/usr/bin/python3 " + kSource + "/adapters/paged_cache.py --block-size 4" +
+                    (bug.empty() ? std::string() : " --bug " + bug);
+  return kvcheck::properties::run_scenario(sc, options);
+}
+
+std::string paged_scenario(const std::string& requests, const std::string& steps) {
+  return R"({"schema_version": 1, "name": "paged", "description": "",
+    "cache": {"window": 4, "window_convention": "keys", "ring_rows": 4, "states": 2, "q_heads": 1, "kv_heads": 1,
+              "head_dim": 2, "format": "f64", "layers": 1},
+    "data": {"seed": 7, "rows": []}, "requests": [)" +
+         requests + R"(], "steps": [)" + steps + "]}";
+}
+
+// The block counts, tables and lifetimes of every paged run, as the JSON,
+// the text (and with it JUnit's failure body) and the HTML give them.
+void paged_cross_check(const Report& report) {
+  const std::string text = kvcheck::reports::report_text(report);
+  const Json json = Json::parse(kvcheck::reports::report_json_text(report));
+  const std::string junit = kvcheck::reports::report_junit(report);
+  const std::string html = kvcheck::reports::report_html(report);
+  INFO(text);
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    const Json& run = json.at("runs").at(i);
+    REQUIRE(run.contains("paged"));
+    const Json& paged = run.at("paged");
+    const std::string counts = std::to_string(paged.at("blocks").get<std::int64_t>()) + " blocks written, " +
+                               std::to_string(paged.at("reuses").get<std::int64_t>()) + " reuses (" +
+                               std::to_string(paged.at("reused_by_other_request").get<std::int64_t>()) +
+                               " by another request)";
+    // The block table of one request as the text writes it.
+    const auto table_text = [&](std::int64_t request) {
+      std::string out;
+      for (const Json& t : paged.at("block_tables")) {
+        if (t.at("request") != request) continue;
+        for (const Json& e : t.at("blocks")) {
+          out += (out.empty() ? "" : ", ") + std::to_string(e.at("logical").get<std::int64_t>()) + ":" +
+                 std::to_string(e.at("physical").get<std::int64_t>()) + (e.at("held").get<bool>() ? "" : " reused");
+        }
+      }
+      return "[" + out + "]";
+    };
+    const std::int64_t through = paged.at("through_step");
+    const std::size_t section = html.find("<section class=\"run\" id=\"run-" + std::to_string(i) + "\"");
+    if (section != std::string::npos) {
+      // HTML: the counts, every request's table (logical -> physical, x when written again) and every lifetime.
+      CHECK(html.find(counts, section) != std::string::npos);
+      CHECK(html.find("after step " + std::to_string(through) + " (", section) != std::string::npos);
+      const auto tables = table_rows(html, "block-tables", section);
+      REQUIRE(tables.size() == paged.at("block_tables").size());
+      for (std::size_t t = 0; t < tables.size(); ++t) {
+        const Json& jt = paged.at("block_tables").at(t);
+        std::string cells;
+        for (const Json& e : jt.at("blocks")) {
+          cells += std::to_string(e.at("logical").get<std::int64_t>()) + "\u2192" +
+                   std::to_string(e.at("physical").get<std::int64_t>()) + (e.at("held").get<bool>() ? "" : "\u00d7") +
+                   " ";
+        }
+        CHECK(tables[t][0] == std::to_string(jt.at("request").get<std::int64_t>()));
+        CHECK(tables[t][1] == cells);
+      }
+      const auto lifetimes = table_rows(html, "block-lifetimes", section);
+      REQUIRE(lifetimes.size() == paged.at("block_lifetimes").size());
+      for (std::size_t k = 0; k < lifetimes.size(); ++k) {
+        const Json& l = paged.at("block_lifetimes").at(k);
+        CHECK(lifetimes[k][0] == std::to_string(l.at("block").get<std::int64_t>()));
+        CHECK(lifetimes[k][1] == std::to_string(l.at("request").get<std::int64_t>()));
+        CHECK(lifetimes[k][2] == std::to_string(l.at("logical").get<std::int64_t>()));
+        CHECK(lifetimes[k][3] == std::to_string(l.at("first_written_step").get<std::int64_t>()));
+        CHECK(lifetimes[k][4] == std::to_string(l.at("last_used_step").get<std::int64_t>()));
+        const std::int64_t ended = l.at("ended_step");
+        CHECK(lifetimes[k][5] == (ended < 0 ? std::string("still held")
+                                            : "step " + std::to_string(ended) + ": request " +
+                                                  std::to_string(l.at("next_request").get<std::int64_t>()) +
+                                                  "'s block " +
+                                                  std::to_string(l.at("next_logical").get<std::int64_t>())));
+      }
+      // A paged cache has no ring to draw.
+      CHECK(html.find("<svg class=\"ring\"", section) > html.find("</section>", section));
+    }
+    if (run.at("verdict") == "fail") {
+      // Text (and JUnit's failure, which carries it): counts and the failing request's table.
+      const Json& step = run.at("steps").at(run.at("first_failing_step").get<std::size_t>());
+      CHECK(through == step.at("step").get<std::int64_t>());
+      const std::string head = "  blocks of layer " + std::to_string(paged.at("layer").get<std::int64_t>()) +
+                               " through step " + std::to_string(through) +
+                               " (B=" + std::to_string(paged.at("block_size").get<std::int64_t>()) + "): " + counts;
+      const std::int64_t request = step.at("request");
+      const std::string table =
+          "  block table of request " + std::to_string(request) + ": " + table_text(request);
+      CHECK(text.find(head + "\n" + table + "\n") != std::string::npos);
+      CHECK(junit.find(kvcheck::reports::detail::xml_escape(head)) != std::string::npos);
+      CHECK(junit.find(kvcheck::reports::detail::xml_escape(table)) != std::string::npos);
+    }
+    // The summary line names the block size and the pool.
+    const auto t = line_fields(text_line(text, run.at("scenario")));
+    CHECK(t.at("block_size") == std::to_string(paged.at("block_size").get<std::int64_t>()));
+    CHECK(t.at("pool_blocks") == std::to_string(paged.at("pool_blocks").get<std::int64_t>()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Reports agree: a paged cache's block tables and block lifetimes, in every format, and no ring") {
+  // Request 0 fills two blocks and its window frees the first; request 1
+  // takes it (the adapter's free list is LIFO): a block reused by another
+  // request. Then both decode on.
+  const std::string reuse = paged_scenario(
+      R"({"id": 0, "state": 0}, {"id": 1, "state": 1})",
+      R"({"kind": "prefill", "request": 0, "rows": 8, "order": "load_then_store"},
+         {"kind": "prefill", "request": 1, "rows": 3, "order": "store_then_load"},
+         {"kind": "decode", "request": 0}, {"kind": "decode", "request": 1},
+         {"kind": "decode", "request": 0}, {"kind": "decode", "request": 1})");
+  Report good;
+  good.context.command = "kvcheck replay (report agreement test, paged)";
+  good.runs.push_back(run_paged(reuse, ""));
+  REQUIRE(good.passed());
+  const Json json = Json::parse(kvcheck::reports::report_json_text(good));
+  const Json& paged = json.at("runs").at(0).at("paged");
+  CHECK(paged.at("block_size") == 4);
+  CHECK(paged.at("reused_by_other_request").get<std::int64_t>() >= 1);
+  // Request 1's first block is the one request 0 held first.
+  const Json& first = paged.at("block_lifetimes").at(0);
+  CHECK(first.at("request") == 0);
+  CHECK(first.at("next_request") == 1);
+  std::vector<std::size_t> steps{6};
+  cross_check(good, steps);
+  paged_cross_check(good);
+
+  // The same cache freeing a block one row early fails; its explanation
+  // gives the request's block table where the failure is.
+  Report bad;
+  bad.context.command = "kvcheck replay (report agreement test, paged free-early)";
+  bad.runs.push_back(run_paged(reuse, "free-early"));
+  REQUIRE_FALSE(bad.passed());
+  paged_cross_check(bad);
+
+  // A ring run carries no block tables.
+  std::vector<std::size_t> ring_steps;
+  const Report ring = replay({{"fast/state-reuse-after-finish.json", "none"}}, &ring_steps);
+  CHECK_FALSE(Json::parse(kvcheck::reports::report_json_text(ring)).at("runs").at(0).contains("paged"));
+  CHECK(kvcheck::reports::report_html(ring).find("block-tables") == std::string::npos);
 }

@@ -124,3 +124,37 @@ TEST_CASE("Sweep shape: one head of the smallest declared head_dim with slots, a
   CHECK(std::int64_t{sc.cache.kv_heads} * sc.cache.head_dim / 2 >= 25);
   CHECK(sc.cache.q_heads == sc.cache.kv_heads);
 }
+
+TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / B) + 1; freeing early has none") {
+  SweepGrid grid;
+  grid.windows = {3, 6};
+  grid.drafts = {0, 2};
+  grid.chunks = {1, 7};  // 7 > W + k: the chunk, not the window, sets m in load-then-store
+  grid.orders = {SweepOrder::kStoreThenLoad, SweepOrder::kLoadThenStore};
+  const std::string paged = "exec:python3 " + std::string(KVCHECK_SOURCE_DIR) + "/adapters/paged_cache.py --block-size 4";
+  SweepOptions o;
+  o.impl = paged;
+  o.counterexamples = CounterexampleMode::kNone;
+  o.formula = Formula::parse("(W - 1 + max(k + 1, C) + B - 1) / B + 1");  // the pool check gives per state
+  const SweepResult good = run_sweep(grid, o);
+  CHECK(good.block_size == 4);
+  CHECK(good.spec_disagreements == 0);
+  CHECK(good.formula_unsafe_rows == 0);
+  for (const SweepRow& r : good.rows) {
+    INFO("W=" << r.config.window_keys << " k=" << r.config.drafts << " C=" << r.config.chunk_rows << " "
+              << order_flag_name(r.config.order) << ": " << r.below_hazard);
+    CHECK(r.min_safe_ring == paged_bound(r.config, 4));
+    CHECK(r.spec_bound == (spec_bound(r.config) - 1 + 3) / 4 + 1);
+    // One block fewer runs out: the correct cache refuses, it loses nothing.
+    REQUIRE(r.has_below);
+    CHECK(r.below_ring == r.min_safe_ring - 1);
+    CHECK(r.below_hazard.find("out-of-blocks") != std::string::npos);
+  }
+  o.impl = paged + " --bug free-early";
+  o.formula.reset();
+  const SweepResult bad = run_sweep(grid, o);
+  CHECK(bad.spec_disagreements == static_cast<std::int64_t>(grid.size()));
+  CHECK(bad.no_safe_rows == static_cast<std::int64_t>(grid.size()));
+  // A ring sweep has no B.
+  CHECK_THROWS_WITH(Formula::parse("W + B").evaluate(8, 0, 1), Catch::Contains("paged"));
+}
