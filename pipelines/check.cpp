@@ -128,6 +128,16 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                 result.reachable[i] ? "" : "(n/a)");
   }
   std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
+  if (result.block_size > 0 && result.ran() > 0) {
+    const double ran = static_cast<double>(result.ran());
+    std::printf(
+        "blocks: per case %.2f freed by the window, %.2f at finish or reset, %.2f reused (block size %lld; %lld, "
+        "%lld and %lld in %lld cases)\n",
+        static_cast<double>(result.block_window_frees) / ran, static_cast<double>(result.block_end_frees) / ran,
+        static_cast<double>(result.block_reuses) / ran, static_cast<long long>(result.block_size),
+        static_cast<long long>(result.block_window_frees), static_cast<long long>(result.block_end_frees),
+        static_cast<long long>(result.block_reuses), static_cast<long long>(result.ran()));
+  }
   if (!options.coverage_gate) {
     std::printf("coverage gate: off (%s): a class no case reached does not fail this check\n",
                 options.only_case_seed ? "--case-seed runs one case" : "--no-coverage-gate");

@@ -251,6 +251,13 @@ Json tally_json(const properties::CaseTally& t) {
   j["queries_not_output_checked"] = t.queries_not_output_checked;
   j["coverage_counts"] = t.coverage_counts;
   j["reachable"] = t.reachable;
+  if (t.block_size > 0) {
+    // A paged cache's block frees and reuses (optional: older documents lack them).
+    j["block_size"] = t.block_size;
+    j["block_window_frees"] = t.block_window_frees;
+    j["block_end_frees"] = t.block_end_frees;
+    j["block_reuses"] = t.block_reuses;
+  }
   j["first_failing_case"] = t.first_failing_case < 0 ? Json(nullptr) : Json(t.first_failing_case);
   return j;
 }
@@ -260,8 +267,18 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     const auto& j = shard.result;
     jr::check_keys(j, "result",
                    {"cases", "failures", "skipped", "refused", "queries", "queries_not_output_checked",
-                    "coverage_counts", "reachable", "first_failing_case"});
+                    "coverage_counts", "reachable", "first_failing_case", "block_size",
+                    "block_window_frees", "block_end_frees", "block_reuses"});
     properties::CaseTally t;
+    for (auto [key, into] : {std::pair<const char*, std::int64_t*>{"block_size", &t.block_size},
+                             {"block_window_frees", &t.block_window_frees},
+                             {"block_end_frees", &t.block_end_frees},
+                             {"block_reuses", &t.block_reuses}}) {
+      if (const auto* v = jr::find(j, key)) {
+        *into = jr::get_i64(*v, std::string("result.") + key);
+        if (*into < 0) jr::fail(ErrorId::kJsonValue, std::string("result.") + key, "must be at least 0");
+      }
+    }
     t.cases = jr::get_i64(jr::require(j, "result", "cases"), "result.cases");
     const std::int64_t expected =
         shard.index < cases ? (cases - shard.index + shard.count - 1) / shard.count : 0;

@@ -194,6 +194,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0},
       not_reproduced{0};
   std::vector<std::atomic<std::int64_t>> coverage(classes);
+  std::atomic<std::int64_t> block_window_frees{0}, block_end_frees{0}, block_reuses{0};
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
@@ -255,7 +256,12 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
         } else {
           queries.fetch_add(obs.queries);
           not_output_checked.fetch_add(obs.queries_not_output_checked);
-          const std::vector<bool> flags = coverage_flags(classify(sc, caps), options.profile);
+          Coverage cov = classify(sc, caps);
+          const BlockCounts blocks = classify_blocks(sc, obs, caps.block_size, &cov);
+          block_window_frees.fetch_add(blocks.window_frees);
+          block_end_frees.fetch_add(blocks.end_frees);
+          block_reuses.fetch_add(blocks.reuses);
+          const std::vector<bool> flags = coverage_flags(cov, options.profile);
           for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
         }
         if (!obs.passed) {
@@ -300,6 +306,10 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.queries = queries.load();
   tally.queries_not_output_checked = not_output_checked.load();
   for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
+  tally.block_size = caps.block_size;
+  tally.block_window_frees = block_window_frees.load();
+  tally.block_end_frees = block_end_frees.load();
+  tally.block_reuses = block_reuses.load();
   if (first_failure.load() < mine) {
     tally.first_failing_case = case_index(first_failure.load());
     tally.earlier_cases = std::move(first_failure_earlier);
@@ -324,6 +334,10 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.run_share_ok =
       static_cast<double>(result.ran()) >= options.min_run_share * static_cast<double>(result.cases);
   result.coverage_counts = tally.coverage_counts;
+  result.block_size = tally.block_size;
+  result.block_window_frees = tally.block_window_frees;
+  result.block_end_frees = tally.block_end_frees;
+  result.block_reuses = tally.block_reuses;
   result.reachable = tally.reachable;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
     if (result.reachable[k] && options.coverage_gate)
@@ -476,6 +490,10 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.crashes_not_reproduced += t.crashes_not_reproduced;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
+    total.block_size = std::max(total.block_size, t.block_size);
+    total.block_window_frees += t.block_window_frees;
+    total.block_end_frees += t.block_end_frees;
+    total.block_reuses += t.block_reuses;
     if (t.first_failing_case >= 0 &&
         (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
       total.first_failing_case = t.first_failing_case;

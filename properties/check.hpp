@@ -72,6 +72,12 @@ struct CheckResult {
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it at all (gated)
   bool coverage_ok = true;                      ///< every reachable class reached at least once
+  /// A paged cache (Capabilities::block_size > 0): its block size, and the
+  /// block frees and reuses summed over the cases that ran (BlockCounts).
+  std::int64_t block_size = 0;
+  std::int64_t block_window_frees = 0;
+  std::int64_t block_end_frees = 0;
+  std::int64_t block_reuses = 0;
   std::int64_t skipped = 0;                     ///< cases outside the cache's capabilities (not sent)
   std::int64_t refused = 0;                     ///< cases the cache refused at open
   std::int64_t queries = 0;                     ///< queries of the cases that ran
@@ -121,6 +127,10 @@ struct CaseTally {
   std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it
+  std::int64_t block_size = 0;                  ///< the cache's Capabilities::block_size (0: not paged)
+  std::int64_t block_window_frees = 0;          ///< paged caches: BlockCounts summed over the cases that ran
+  std::int64_t block_end_frees = 0;
+  std::int64_t block_reuses = 0;
   std::int64_t first_failing_case = -1;         ///< lowest failing case index, -1 when none
   /// The case indices that ran before first_failing_case in the same cache
   /// provider (one worker's adapter process), oldest first: the last

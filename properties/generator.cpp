@@ -972,7 +972,7 @@ BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::
     if (n > 0) hi = std::max(hi, (scenarios::step_first_position(p) + n - 1) / block_size + 1);
     scenarios::advance(p, s);
     if (s.kind == StepKind::kFinish || s.kind == StepKind::kReset) {
-      counts.frees += hi - lo;
+      counts.end_frees += hi - lo;
       lo = hi = 0;
       continue;
     }
@@ -980,7 +980,7 @@ BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::
     const std::int64_t next = p.pending() ? p.pending_first + 1 : p.length;
     const std::int64_t gone = std::min(std::max<std::int64_t>(next - keys + 1, 0) / block_size, hi);
     if (gone > lo) {
-      counts.frees += gone - lo;
+      counts.window_frees += gone - lo;
       cov->block_free = true;
       lo = gone;
     }

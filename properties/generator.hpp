@@ -128,11 +128,12 @@ struct RunObservation;
 
 /// Block frees and reuses of one run of a paged cache (layer 0).
 struct BlockCounts {
-  /// Blocks a cache that frees by the window frees: a block of a request
-  /// every row of which is below the first position its next query sees
-  /// (from the schedule and the block size), and the blocks a request
-  /// holds when it finishes or resets.
-  std::int64_t frees = 0;
+  /// Blocks a cache that frees by the window frees (from the schedule and
+  /// the block size): blocks of a request every row of which is below the
+  /// first position its next query sees...
+  std::int64_t window_frees = 0;
+  /// ...and the blocks a request holds when it finishes or resets.
+  std::int64_t end_frees = 0;
   /// Writes into a block that last held other rows (another request's, or
   /// another block of positions of the same request, or rows from before a
   /// reset), from the slots the cache reported: slot / block_size.
