@@ -76,7 +76,8 @@ properties::Profile profile_flag(const Args& args) {
   properties::Profile profile = properties::Profile::kDefault;
   const std::string name = args.get_or("--profile", "default");
   if (!properties::parse_profile(name, &profile)) {
-    throw Error(ErrorId::kUsage, "--profile", "must be default, production, trim or layers, got '" + name + "'");
+    throw Error(ErrorId::kUsage, "--profile",
+                "must be default, production, trim, layers, prefix or paged, got '" + name + "'");
   }
   return profile;
 }
@@ -98,9 +99,9 @@ std::string impl_flag(const Args& args, bool probe, const char* flag = "--impl")
     if (!probe) return name;
     std::string why;
     if (!pipelines::backend_available(name, &why)) throw Error(ErrorId::kDevice, flag, why);
-  } else if (name != "layer" && !engines::is_exec(name)) {
+  } else if (name != "layer" && name != "paged" && !engines::is_exec(name)) {
     throw Error(ErrorId::kUsage, flag,
-                "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
+                "unknown cache '" + name + "' (cpu, cuda, paged, layer, or exec:'COMMAND ARGS')");
   } else if (name == "exec:") {
     throw Error(ErrorId::kUsage, flag,
                 "exec: needs a command, e.g. exec:'python3 adapters/ring_cache.py'");

@@ -20,8 +20,9 @@ constexpr const char* kTitle = "verify LLM attention KV caches against a high-pr
 
 /// The notes below the usage lines, one paragraph each.
 constexpr const char* kImplNote =
-    "IMPL: cpu (default), cuda, layer (the layer-bound cache), or exec:'COMMAND ARGS' (an engine's adapter "
-    "speaking the JSON Lines protocol of adapters/PROTOCOL.md)";
+    "IMPL: cpu (default), cuda, paged (the CPU ring pool over a block table of 4-row blocks), layer (the "
+    "layer-bound cache), or exec:'COMMAND ARGS' (an engine's adapter speaking the JSON Lines protocol of "
+    "adapters/PROTOCOL.md)";
 constexpr const char* kShardNote =
     "--shard I/N runs the cases (check) or columns (sweep) whose index is I mod N and writes DIR/shard.json; "
     "`kvcheck merge` writes the whole run's report, byte for byte one process's; it runs no command from a "
@@ -74,8 +75,10 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--profile",
      "the distribution cases are drawn from: default (small shapes), production, trim (the default's "
      "cases with trims, for a cache that declares trim), layers (the default's cases with a window per "
-     "layer, sliding and global, for a cache that declares per_layer_windows), or prefix (the default's cases "
-     "with requests begun from shared prefixes, for a cache that declares prefix_sharing)"},
+     "layer, sliding and global, for a cache that declares per_layer_windows), prefix (the default's cases "
+     "with requests begun from shared prefixes, for a cache that declares prefix_sharing), or paged (cases "
+     "that cross many block boundaries: windows of 1..3 blocks, long and short requests, finishes and "
+     "verifies; the summary counts block frees and reuses)"},
     {"", "--min-run-share",
      "the share of cases that must run (neither refused nor skipped) for a pass, 0..1 (default 0.8)"},
     {"", "--no-coverage-gate",
@@ -114,6 +117,9 @@ constexpr FlagHelp kFlagHelp[] = {
     {"sweep", "--formula", "a bound to compare with the minimum found, e.g. W+max(k+1,C)"},
     {"sweep", "--counterexamples", "which counterexamples are written: auto (default), all or none"},
     {"sweep", "--impl", "the cache swept: cpu (default, the ring pool), layer or exec:'COMMAND ARGS'"},
+    {"sweep", "--layers-of",
+     "a scenario with per-layer windows: the smallest capacity for its sliding layers and for its global "
+     "layers, apart (as an iSWA cache sizes two caches), each beside its formula; no grid"},
     {"merge", "--impl", "the engine a check's failing case is re-run on: the one the shards ran"},
 };
 
@@ -188,7 +194,8 @@ std::vector<CommandSpec> make_table() {
         {"--impl", "layer|exec:CMD"},
         {"--step-timeout", "S"},
         {"--shard", "I/N"},
-        {"--memory-limit", "BYTES"}},
+        {"--memory-limit", "BYTES"},
+        {"--layers-of", "SCENARIO"}},
        "find the smallest safe ring per configuration"},
       {"merge",
        "SHARD_DIR...",

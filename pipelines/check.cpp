@@ -53,6 +53,22 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
         {names[i], result.coverage_counts[i], result.reachable[i] && options.coverage_gate ? 1 : 0});
   }
   summary.failing_case_seed = result.failing_case_seed;
+  const bool side_by_side = properties::runs_side_by_side(options.run);
+  if (side_by_side) {
+    reports::SideBySide b;
+    b.property = properties::side_by_side_property(options.run);
+    b.first = options.run.backend;
+    b.second = properties::second_run(options.run).backend;
+    b.bitwise = options.run.bitwise || options.run.repeat_bitwise;
+    b.cases_compared = result.cases_compared;
+    b.steps_compared = result.steps_compared;
+    b.resident_compared = result.resident_compared;
+    b.queries_compared = result.queries_compared;
+    b.reads_compared = result.reads_compared;
+    b.outputs_compared = result.outputs_compared;
+    for (const auto& d : result.difference.differences) b.differences.push_back(properties::difference_text(d));
+    summary.side_by_side = std::move(b);
+  }
   if (result.found_failure) {
     // Written with the reports, as one set (write_reports); the directory
     // is made now, as a failure to make it shows as the set's write error.
@@ -90,6 +106,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     summary.replay_command = "kvcheck replay " + replayed + properties::shell_quote(file.string()) + " " +
                              properties::replay_arguments(options.run);
     report.runs.push_back(result.shrunk_run);
+    if (side_by_side) report.runs.push_back(result.shrunk_run_b);
   }
   report.check = summary;
   // The counts lead: "PASS" over cases that never ran is not a verdict.
@@ -109,6 +126,10 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   if (result.skipped > 0) {
     std::printf("skipped: %lld cases outside the cache's declared capabilities\n",
                 static_cast<long long>(result.skipped));
+  }
+  if (side_by_side) {
+    // A PASS must have compared something: the counts say how much.
+    std::printf("%s\n", reports::side_by_side_text(*summary.side_by_side).c_str());
   }
   std::printf("not output-checked: %lld of %lld queries\n",
               static_cast<long long>(result.queries_not_output_checked),
@@ -182,7 +203,16 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
         result.shrunk.requests.size(), result.shrunk.steps.size(), result.original.steps.size(),
         static_cast<long long>(result.shrink_runs),
         static_cast<unsigned long long>(result.failing_case_seed));
-    std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
+    if (side_by_side) {
+      // The first difference on one screen, then every other differing step in one line each.
+      const auto& diffs = summary.side_by_side->differences;
+      std::printf("  first difference (A = %s, B = %s):\n    %s\n", summary.side_by_side->first.c_str(),
+                  summary.side_by_side->second.c_str(), diffs.empty() ? "(none)" : diffs.front().c_str());
+      for (std::size_t k = 1; k < diffs.size() && k < 8; ++k) std::printf("  then: %s\n", diffs[k].c_str());
+      if (diffs.size() > 8) std::printf("  ... %zu more differing steps (report.json)\n", diffs.size() - 8);
+    } else {
+      std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
+    }
     std::printf("  written to %s\n  replay: %s\n", summary.counterexample_file.c_str(),
                 summary.replay_command.c_str());
     properties::CheckOptions one = options;

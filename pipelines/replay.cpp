@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "engines/factory.hpp"
+#include "properties/agreement.hpp"
 #include "properties/memory_estimate.hpp"
 #include "reports/report_text.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -42,6 +43,38 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
     auto trace = std::make_shared<scenarios::TraceWriter>();
     report.runs = record_runs(loaded, options, trace);
     extra.push_back({*request.record, trace->text()});
+  } else if (properties::runs_side_by_side(options)) {
+    // Two caches side by side (--against, --repeat-bitwise): each file runs
+    // on both, both runs are reported, and the comparison is the verdict.
+    const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
+    const std::unique_ptr<engines::CacheProvider> second =
+        options.against.empty() ? nullptr : properties::make_provider(properties::second_run(options));
+    reports::CheckSummary check;
+    reports::SideBySide b;
+    b.property = properties::side_by_side_property(options);
+    b.first = options.backend;
+    b.second = properties::second_run(options).backend;
+    b.bitwise = options.bitwise || options.repeat_bitwise;
+    for (const auto& sc : loaded) {
+      properties::PairRun pair = properties::run_pair(sc, options, *provider, second ? *second : *provider);
+      const properties::PairComparison& c = pair.comparison;
+      ++check.cases;
+      if (c.both_skipped) ++(c.refused ? check.refused : check.skipped);
+      if (c.differ()) ++check.failures;
+      check.queries += c.queries_compared;
+      check.queries_not_output_checked += c.queries_compared - c.outputs_compared;
+      b.cases_compared += c.compared ? 1 : 0;
+      b.steps_compared += c.steps_compared;
+      b.resident_compared += c.resident_compared;
+      b.queries_compared += c.queries_compared;
+      b.reads_compared += c.reads_compared;
+      b.outputs_compared += c.outputs_compared;
+      for (const auto& d : c.differences) b.differences.push_back(sc.name + ": " + properties::difference_text(d));
+      report.runs.push_back(std::move(pair.a));
+      report.runs.push_back(std::move(pair.b));
+    }
+    check.side_by_side = std::move(b);
+    report.check = std::move(check);
   } else {
     // One provider for every file (one adapter process for exec).
     const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);

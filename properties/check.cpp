@@ -42,7 +42,23 @@ std::vector<Scenario> variants(const Scenario& sc) {
       const std::int64_t id = sc.requests[r].id;
       v.requests.erase(v.requests.begin() + static_cast<std::ptrdiff_t>(r));
       std::erase_if(v.steps, [id](const scenarios::Step& s) { return s.request == id; });
+      // A request that started from its prefix starts from nothing now.
+      for (auto& other : v.requests) {
+        if (other.prefix && other.prefix->request == id) other.prefix.reset();
+      }
       out.push_back(std::move(v));
+    }
+  }
+  // Drop a shared prefix (the request writes its own rows from 0), or share one position fewer.
+  for (std::size_t r = 0; r < sc.requests.size(); ++r) {
+    if (!sc.requests[r].prefix) continue;
+    Scenario v = sc;
+    v.requests[r].prefix.reset();
+    out.push_back(std::move(v));
+    if (sc.requests[r].prefix->positions > 1) {
+      Scenario w = sc;
+      w.requests[r].prefix->positions -= 1;
+      out.push_back(std::move(w));
     }
   }
   // Drop one step, or a verify together with its accept.
@@ -174,7 +190,41 @@ std::unique_ptr<engines::CacheProvider> new_provider(const CheckOptions& options
   return made;
 }
 
-CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& main_provider) {
+/// The second cache's provider of a side-by-side check (--against); null
+/// for --repeat-bitwise (the first cache's provider serves both runs) and
+/// for a check of one cache.
+std::unique_ptr<engines::CacheProvider> new_second_provider(const CheckOptions& options) {
+  if (options.run.against.empty()) return nullptr;
+  if (!options.against_provider_factory) return make_provider(second_run(options.run));
+  std::unique_ptr<engines::CacheProvider> made = options.against_provider_factory();
+  if (!made) throw Error(ErrorId::kUsage, "against_provider_factory", "the provider factory returned no provider");
+  return made;
+}
+
+/// What the check's cases are drawn inside: the cache's capabilities, or
+/// what both caches of a side-by-side check can run.
+engines::Capabilities check_capabilities(engines::CacheProvider& first, engines::CacheProvider* second) {
+  return second ? intersect_capabilities(first.capabilities(), second->capabilities()) : first.capabilities();
+}
+
+/// One case on the check's cache, or (side by side) on both caches,
+/// compared: `second` null runs the first cache's provider twice. `kept`
+/// receives both runs when given.
+RunObservation run_case(const Scenario& sc, const RunOptions& run, engines::CacheProvider& first,
+                        engines::CacheProvider* second, PairRun* kept = nullptr) {
+  if (!runs_side_by_side(run)) {
+    RunOptions one = run;
+    one.provider = &first;
+    return run_scenario(sc, one);
+  }
+  PairRun pair = run_pair(sc, run, first, second ? *second : first);
+  RunObservation summary = std::move(pair.summary);
+  if (kept) *kept = std::move(pair);
+  return summary;
+}
+
+CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& main_provider,
+                         engines::CacheProvider* main_second) {
   const Shard shard = options.shard;
   KVCHECK_ASSERT(shard.count >= 1 && shard.index >= 0 && shard.index < shard.count);
   const std::int64_t total = std::max<std::int64_t>(options.cases, 0);
@@ -183,7 +233,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   const auto case_index = [&shard](std::int64_t k) { return shard.index + k * shard.count; };
   const int threads = std::max(1, options.threads);
   // The coordinating provider's capabilities steer the generator.
-  const engines::Capabilities caps = main_provider.capabilities();
+  const engines::Capabilities caps = check_capabilities(main_provider, main_second);
+  const bool side_by_side = runs_side_by_side(options.run);
   CaseTally tally;
   tally.cases = mine;
   tally.reachable = reachable_coverage(caps, options.profile);
@@ -193,6 +244,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   // not depend on which worker ran what): nothing is sized by the case count.
   std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0},
       not_reproduced{0};
+  std::atomic<std::int64_t> cases_compared{0}, steps_compared{0}, resident_compared{0}, queries_compared{0},
+      reads_compared{0}, outputs_compared{0};
   std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> block_window_frees{0}, block_end_frees{0}, block_reuses{0};
   std::atomic<std::int64_t> next{0}, done{0};
@@ -211,7 +264,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
       RunOptions run = options.run;
       run.record_reads = false;
       run.record_ring = false;
-      std::unique_ptr<engines::CacheProvider> provider;
+      std::unique_ptr<engines::CacheProvider> provider, second;
       // The cases this worker's provider ran, oldest first (the last
       // kKeptEarlierCases); a worker's case indices only grow, so once one
       // of its cases failed no later one can be the lowest failure.
@@ -223,12 +276,14 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
         const std::int64_t i = case_index(k);
         if (!provider) {
           provider = new_provider(options);
+          second = new_second_provider(options);
           run.provider = provider.get();
         }
         const Scenario sc = generate_scenario(check_case_seed(options, i), caps, options.profile);
         RunObservation obs;
+        PairRun pair;
         try {
-          obs = run_scenario(sc, run);
+          obs = run_case(sc, run, *provider, second.get(), side_by_side ? &pair : nullptr);
         } catch (const Error& e) {
           // Name the case, so the failing schedule can be regenerated.
           throw Error(e.id(), e.where(),
@@ -250,6 +305,14 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           } else if (again.crashed) {
             provider.reset();  // spent: the next case starts a new one
           }
+        }
+        if (pair.comparison.compared) {
+          cases_compared.fetch_add(1);
+          steps_compared.fetch_add(pair.comparison.steps_compared);
+          resident_compared.fetch_add(pair.comparison.resident_compared);
+          queries_compared.fetch_add(pair.comparison.queries_compared);
+          reads_compared.fetch_add(pair.comparison.reads_compared);
+          outputs_compared.fetch_add(pair.comparison.outputs_compared);
         }
         if (obs.skipped) {
           (obs.refused ? refused : skipped).fetch_add(1);
@@ -305,6 +368,12 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.refused = refused.load();
   tally.queries = queries.load();
   tally.queries_not_output_checked = not_output_checked.load();
+  tally.cases_compared = cases_compared.load();
+  tally.steps_compared = steps_compared.load();
+  tally.resident_compared = resident_compared.load();
+  tally.queries_compared = queries_compared.load();
+  tally.reads_compared = reads_compared.load();
+  tally.outputs_compared = outputs_compared.load();
   for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
   tally.block_size = caps.block_size;
   tally.block_window_frees = block_window_frees.load();
@@ -329,6 +398,12 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.queries = tally.queries;
   result.queries_not_output_checked = tally.queries_not_output_checked;
   result.crashes_not_reproduced = tally.crashes_not_reproduced;
+  result.cases_compared = tally.cases_compared;
+  result.steps_compared = tally.steps_compared;
+  result.resident_compared = tally.resident_compared;
+  result.queries_compared = tally.queries_compared;
+  result.reads_compared = tally.reads_compared;
+  result.outputs_compared = tally.outputs_compared;
   // A check where most cases never ran judged little: it fails (README
   // "Counts"). Compared in doubles: min_run_share is a fraction in [0, 1].
   result.run_share_ok =
@@ -348,7 +423,9 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   engines::CacheProvider& provider = main_provider();
   result.found_failure = true;
   result.failing_case_seed = check_case_seed(options, tally.first_failing_case);
-  const engines::Capabilities caps = provider.capabilities();
+  const bool side_by_side = runs_side_by_side(options.run);
+  const std::unique_ptr<engines::CacheProvider> main_second = new_second_provider(options);
+  const engines::Capabilities caps = check_capabilities(provider, main_second.get());
   result.original = generate_scenario(result.failing_case_seed, caps, options.profile);
   // Runs as the check's workers ran them (no reads or ring kept), and as
   // the reported run is made (everything kept).
@@ -357,7 +434,8 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   quiet.record_ring = false;
   RunOptions final_run = options.run;
   const auto fails = [](const RunObservation& obs) { return !obs.passed && !obs.skipped; };
-  const std::string what = options.run.fault != "none"
+  const std::string what = side_by_side ? side_by_side_property(options.run)
+                           : options.run.fault != "none"
                                ? options.run.fault
                                : options.run.backend.substr(0, options.run.backend.find(':'));
   const std::string check_command =
@@ -380,19 +458,25 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   const std::string seed_text = "case seed " + std::to_string(result.failing_case_seed);
   say("running " + seed_text + " again alone in a fresh cache");
   RunObservation alone;
+  PairRun pair_alone;
   {
     const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
-    final_run.provider = fresh.get();
-    alone = run_scenario(result.original, final_run);
+    const std::unique_ptr<engines::CacheProvider> fresh_second = new_second_provider(options);
+    alone = run_case(result.original, final_run, *fresh, fresh_second.get(), &pair_alone);
   }
+  // Side by side, the reported runs are the first cache's and the second's.
+  const auto keep_pair = [&result](PairRun& pair) {
+    result.difference = std::move(pair.comparison);
+    result.shrunk_run_b = std::move(pair.b);
+    return std::move(pair.a);
+  };
   if (fails(alone)) {
-    quiet.provider = &provider;
     Scenario shrunk = shrink_scenario(
         result.original,
         [&](const Scenario& s) {
           say("shrinking " + seed_text + ": " + std::to_string(result.shrink_runs) + " runs, " +
               std::to_string(s.steps.size()) + " steps");
-          return fails(run_scenario(s, quiet));
+          return fails(run_case(s, quiet, provider, main_second.get()));
         },
         &result.shrink_runs);
     say("running the shrunk case again in a fresh cache");
@@ -402,11 +486,12 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
     // The shrunk case is replayed in a fresh cache too: shrinking ran every
     // variant in one cache, whose leftovers may have steered it.
     const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
-    final_run.provider = fresh.get();
-    RunObservation shrunk_run = run_scenario(shrunk, final_run);
+    const std::unique_ptr<engines::CacheProvider> fresh_second = new_second_provider(options);
+    PairRun pair_shrunk;
+    RunObservation shrunk_run = run_case(shrunk, final_run, *fresh, fresh_second.get(), &pair_shrunk);
     if (fails(shrunk_run)) {
       result.shrunk = std::move(shrunk);
-      result.shrunk_run = std::move(shrunk_run);
+      result.shrunk_run = side_by_side ? keep_pair(pair_shrunk) : std::move(shrunk_run);
     } else {
       const std::string name = result.shrunk.name;
       result.shrunk = result.original;
@@ -414,7 +499,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
       result.shrunk.description =
           "Case seed " + std::to_string(result.failing_case_seed) + " of " + check_command +
           ", as drawn: its shrunk variants fail only after other variants in one cache";
-      result.shrunk_run = std::move(alone);
+      result.shrunk_run = side_by_side ? keep_pair(pair_alone) : std::move(alone);
     }
     return result;
   }
@@ -433,7 +518,10 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.shrunk.description = "Case seed " + std::to_string(result.failing_case_seed) + " of " +
                               check_command +
                               ", as drawn: it failed after earlier cases in one process and passes alone";
-  result.shrunk_run = alone;
+  result.shrunk_run = side_by_side ? keep_pair(pair_alone) : alone;
+  // Side by side, the cases before it are not searched: the difference is
+  // reported as drawn, with the first difference there.
+  if (side_by_side) return result;
   const std::vector<std::int64_t>& kept = tally.earlier_cases;
   std::size_t tail = 0;
   for (std::size_t length = 1; !kept.empty(); length *= 2) {
@@ -470,7 +558,8 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
 
 CaseTally run_cases(const CheckOptions& options) {
   const std::unique_ptr<engines::CacheProvider> main_provider = new_provider(options);
-  return run_cases_with(options, *main_provider);
+  const std::unique_ptr<engines::CacheProvider> main_second = new_second_provider(options);
+  return run_cases_with(options, *main_provider, main_second.get());
 }
 
 CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
@@ -488,6 +577,12 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.queries += t.queries;
     total.queries_not_output_checked += t.queries_not_output_checked;
     total.crashes_not_reproduced += t.crashes_not_reproduced;
+    total.cases_compared += t.cases_compared;
+    total.steps_compared += t.steps_compared;
+    total.resident_compared += t.resident_compared;
+    total.queries_compared += t.queries_compared;
+    total.reads_compared += t.reads_compared;
+    total.outputs_compared += t.outputs_compared;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
     total.block_size = std::max(total.block_size, t.block_size);
@@ -507,13 +602,13 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
 
 bool case_fails_alone(const CheckOptions& options, std::int64_t case_index) {
   const std::unique_ptr<engines::CacheProvider> fresh = new_provider(options);
+  const std::unique_ptr<engines::CacheProvider> fresh_second = new_second_provider(options);
   RunOptions run = options.run;
   run.record_reads = false;
   run.record_ring = false;
-  run.provider = fresh.get();
-  const Scenario sc =
-      generate_scenario(check_case_seed(options, case_index), fresh->capabilities(), options.profile);
-  const RunObservation obs = run_scenario(sc, run);
+  const Scenario sc = generate_scenario(check_case_seed(options, case_index),
+                                        check_capabilities(*fresh, fresh_second.get()), options.profile);
+  const RunObservation obs = run_case(sc, run, *fresh, fresh_second.get());
   return !obs.passed && !obs.skipped;
 }
 
@@ -531,7 +626,8 @@ CheckResult run_check(const CheckOptions& options) {
   const std::unique_ptr<engines::CacheProvider> main_provider = new_provider(options);
   CheckOptions whole = options;
   whole.shard = Shard{};
-  const CaseTally tally = run_cases_with(whole, *main_provider);
+  const std::unique_ptr<engines::CacheProvider> main_second = new_second_provider(options);
+  const CaseTally tally = run_cases_with(whole, *main_provider, main_second.get());
   return finish_with(whole, tally, [&]() -> engines::CacheProvider& { return *main_provider; });
 }
 

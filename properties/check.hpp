@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/agreement.hpp"
 #include "properties/generator.hpp"
 #include "properties/observation.hpp"
 #include "properties/runner.hpp"
@@ -51,6 +52,10 @@ struct CheckOptions {
   /// Workers call it from their own threads, possibly at the same time.
   /// `run.provider` is ignored by run_check either way.
   std::function<std::unique_ptr<engines::CacheProvider>()> provider_factory;
+  /// With `run.against` set: makes the second cache's providers, as
+  /// provider_factory the first's (else make_provider(second_run(run))).
+  /// With --repeat-bitwise the first cache's provider serves both runs.
+  std::function<std::unique_ptr<engines::CacheProvider>()> against_provider_factory;
   /// Called from the coordinating thread with cases finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
   /// Called from the coordinating thread, after the cases, with what the
@@ -83,6 +88,17 @@ struct CheckResult {
   std::int64_t queries = 0;                     ///< queries of the cases that ran
   std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
   bool run_share_ok = true;                     ///< ran() >= min_run_share * cases
+  // Two caches side by side (run.against, run.repeat_bitwise): what was
+  // compared over every case (a PASS compared this much), and the shrunk
+  // difference's comparison and second run.
+  std::int64_t cases_compared = 0;    ///< cases both caches ran and were compared
+  std::int64_t steps_compared = 0;    ///< step observations (a step on one layer) compared
+  std::int64_t resident_compared = 0;  ///< of those, steps whose resident sets were compared
+  std::int64_t queries_compared = 0;  ///< queries of those
+  std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared
+  std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
+  PairComparison difference;          ///< the shrunk case's comparison (side by side, on failure)
+  RunObservation shrunk_run_b;        ///< the second cache's run of the shrunk case
   /// Cases that ran: neither refused nor skipped.
   std::int64_t ran() const noexcept { return cases - skipped - refused; }
   bool found_failure = false;
@@ -141,6 +157,13 @@ struct CaseTally {
   /// Cases whose cache crashed, then passed run again alone in a fresh cache
   /// (not failures). Kept in memory only (not in a shard document).
   std::int64_t crashes_not_reproduced = 0;
+  // Side by side only (kept in memory only, not in a shard document).
+  std::int64_t cases_compared = 0;
+  std::int64_t steps_compared = 0;
+  std::int64_t resident_compared = 0;
+  std::int64_t queries_compared = 0;
+  std::int64_t reads_compared = 0;
+  std::int64_t outputs_compared = 0;
   bool operator==(const CaseTally&) const = default;
 };
 

@@ -48,6 +48,12 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
       return shell_quote(options.run.backend);
     case CheckOption::kFault:
       return options.run.fault;
+    case CheckOption::kAgainst:
+      return options.run.against.empty() ? std::string("none") : shell_quote(options.run.against);
+    case CheckOption::kBitwise:
+      return std::string(options.run.bitwise ? "on" : "off");
+    case CheckOption::kRepeatBitwise:
+      return std::string(options.run.repeat_bitwise ? "on" : "off");
     case CheckOption::kPrecision:
       return std::to_string(options.run.precision_bits);
     case CheckOption::kStepTimeout:
@@ -99,7 +105,8 @@ std::string arguments(const CheckOptions& given, unsigned command, bool (*wanted
     const bool named = std::find(always.begin(), always.end(), row.id) != always.end();
     if (!named && text == option_text(row.id, defaults)) continue;
     if (!out.empty()) out += " ";
-    out += std::string(row.flag) + " " + *text;
+    // A boolean flag is given or not: the flag alone.
+    out += row.value.empty() ? std::string(row.flag) : std::string(row.flag) + " " + *text;
   }
   return out;
 }

@@ -51,6 +51,9 @@ enum class OptionEffect : std::uint8_t {
 #define KVCHECK_CHECK_OPTIONS(X)                                                                       \
   X(kImpl, "--impl", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "impl")                           \
   X(kFault, "--fault", "NAME", kForCheck | kForReplay | kRecorded, kRun, "fault")                        \
+  X(kAgainst, "--against", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "against")                  \
+  X(kBitwise, "--bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "bitwise")                      \
+  X(kRepeatBitwise, "--repeat-bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "repeat_bitwise")  \
   X(kPrecision, "--precision", "53|113|169", kForCheck | kForReplay | kRecorded, kRun, "precision_requested") \
   X(kStepTimeout, "--step-timeout", "S", kForCheck | kForReplay | kRecorded, kRun, "step_timeout_seconds")  \
   X(kReference, "--reference", "certified|mpfr", kForCheck | kForReplay, kNothing, "")                  \
@@ -120,7 +123,8 @@ std::string decimal_text(double value);
 /// The options that select the same run of one scenario, as replay takes
 /// them: "--impl NAME" and then, in table order, every option replay takes
 /// that changes a run (OptionEffect::kRun) and that `run` sets to other
-/// than its default ("--fault F", "--precision B", "--step-timeout S"),
+/// than its default ("--fault F", "--against B", "--precision B",
+/// "--step-timeout S"; a boolean flag as the flag alone),
 /// quoted for a shell. The replay command a failing check prints.
 std::string replay_arguments(const RunOptions& run);
 

@@ -1,6 +1,7 @@
 #include "properties/shadow.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "support/assert.hpp"
 
@@ -14,9 +15,104 @@ ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
 
 }  // namespace
 
+std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
+                                                   std::span<const std::int64_t> written) {
+  std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
+  for (std::int64_t p = 0; p < n; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    if (i < written.size() && written[i] >= 0) {
+      seqs[i] = ++write_seq_;
+      slots_[written[i]] = ShadowRow{request, p, seqs[i]};
+      latest_[{request, p}] = Latest{seqs[i], written[i]};
+      continue;
+    }
+    const auto src = latest_.find({source, p});
+    std::optional<Latest> held;
+    if (src != latest_.end() && at(src->second.slot).write_seq == src->second.write_seq) {
+      held = src->second;
+    } else if (src != latest_.end()) {
+      // Its home moved away (a copy-on-write's copy, since freed): any slot
+      // still holding the same write.
+      for (const auto& [slot, row] : slots_) {
+        if (row.write_seq == src->second.write_seq && !row.padding && (!held || slot < held->slot))
+          held = Latest{row.write_seq, slot};
+      }
+    }
+    if (held) {
+      latest_[{request, p}] = *held;  // one row, two requests
+    } else {
+      latest_.erase({request, p});
+    }
+  }
+  return seqs;
+}
+
 ShadowRow ShadowMap::at(std::int64_t slot) const {
   const auto it = slots_.find(slot);
   return it == slots_.end() ? ShadowRow{} : it->second;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> ShadowMap::resident() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> held;
+  held.reserve(slots_.size());
+  for (const auto& [slot, row] : slots_) {
+    if (row.request >= 0) held.emplace_back(row.request, row.position);
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
+void ShadowMap::move(std::span<const std::pair<std::int64_t, std::int64_t>> moved) {
+  for (const auto& [from, to] : moved) {
+    const auto it = slots_.find(from);
+    if (it == slots_.end()) {
+      slots_.erase(to);
+      continue;
+    }
+    const ShadowRow row = it->second;
+    if (!row.padding && is_latest(row)) latest_[{row.request, row.position}].slot = to;
+    slots_[to] = row;
+  }
+}
+
+void ShadowMap::pad(std::span<const std::int64_t> slots, std::int64_t request) {
+  for (const std::int64_t slot : slots) slots_[slot] = ShadowRow{request, -1, 0, true};
+}
+
+bool ShadowMap::is_latest(const ShadowRow& row) const {
+  const auto it = latest_.find({row.request, row.position});
+  return it != latest_.end() && it->second.write_seq == row.write_seq;
+}
+
+bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const {
+  for (const auto& [s, row] : slots_) {
+    if (s != slot && row.write_seq == write_seq && !row.padding) return true;
+  }
+  return false;
+}
+
+ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size) const {
+  Resident r;
+  std::map<std::int64_t, std::int64_t> rows_of;                        // request -> rows
+  std::map<std::int64_t, std::vector<std::int64_t>> blocks_of;         // request -> its blocks
+  std::vector<std::int64_t> blocks;
+  for (const auto& [slot, row] : slots_) {
+    if (row.padding || row.request < 0) continue;
+    ++r.rows;
+    ++rows_of[row.request];
+    if (block_size > 0) {
+      blocks.push_back(slot / block_size);
+      blocks_of[row.request].push_back(slot / block_size);
+    }
+  }
+  const auto distinct = [](std::vector<std::int64_t>& v) {
+    std::sort(v.begin(), v.end());
+    return static_cast<std::int64_t>(std::unique(v.begin(), v.end()) - v.begin());
+  };
+  r.blocks = distinct(blocks);
+  for (const auto& [request, n] : rows_of) r.request_rows = std::max(r.request_rows, n);
+  for (auto& [request, v] : blocks_of) r.request_blocks = std::max(r.request_blocks, distinct(v));
+  return r;
 }
 
 void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
@@ -26,6 +122,7 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
   const bool slots_known = f.has_written && f.has_reads;
   if (f.has_written) KVCHECK_ASSERT(f.written.size() == n);
   if (f.has_reads) KVCHECK_ASSERT(f.read_offsets.size() == n + 1);
+  move(f.moved);
 
   // Pre-step occupants of the slots this step writes (a causal read of such a
   // slot by a query before the writing row sees the occupant, and the
@@ -62,6 +159,10 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     }
   }
   obs->collisions.same_step = std::max(obs->collisions.same_step, f.duplicate_slots);
+  // Padding lands after the step's rows; the causal view's queries read the
+  // pool as it was before the step (and their own rows), so it lands after them.
+  const bool causal = f.view == engines::ReadView::kCausal;
+  if (!causal) pad(f.padded, f.request);
 
   // Causal view: which rows of this step went to each slot (row order), so a
   // read resolves in O(rows there) instead of a scan of the step's writes.
@@ -130,7 +231,8 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
       const auto it = latest_.find({f.request, j});
       const bool ok =
           it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
-            return row.request == f.request && row.position == j && row.write_seq == it->second.write_seq;
+            // Write numbers are unique: a shared prefix row is another request's write.
+            return row.position == j && row.write_seq == it->second.write_seq;
           });
       if (!ok) unmatched.push_back(j);
     }
@@ -153,6 +255,8 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     if (f.record_reads) q.reads = std::move(shown);
     obs->queries.push_back(std::move(q));
   }
+
+  if (causal) pad(f.padded, f.request);
 
   if (f.ring && f.record_ring && f.ring_rows <= 512 && f.has_written) {
     for (std::int64_t s = 0; s < f.ring_rows; ++s) {

@@ -7,6 +7,7 @@
 // traces) both observe through this one class.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -24,6 +25,9 @@ struct ShadowRow {
   std::int64_t request = -1;
   std::int64_t position = -1;
   std::uint64_t write_seq = 0;  ///< kvcheck's own counter of reported writes, from 1
+  /// Padding the cache wrote with request `request`'s step (no token:
+  /// position -1, write_seq 0); not a row of the resident set.
+  bool padding = false;
   bool operator==(const ShadowRow&) const = default;
 };
 
@@ -41,6 +45,12 @@ struct StepFacts {
   std::span<const std::int64_t> read_slots;    ///< -1 entries ignored
   engines::ReadView view = engines::ReadView::kAfterWrites;
   std::int64_t duplicate_slots = 0;  ///< collisions the cache itself counted
+  /// Rows moved (slot first's row copied to slot second), in order, before
+  /// the step's rows are written.
+  std::span<const std::pair<std::int64_t, std::int64_t>> moved;
+  /// Padding slots, written after the step's rows (before the reads in the
+  /// after-writes view; the causal view's reads see the pool before the step).
+  std::span<const std::int64_t> padded;
   /// Ring caches: slots of state b are [b * ring_rows, (b + 1) * ring_rows).
   bool ring = false;
   std::int64_t ring_rows = 0;
@@ -58,8 +68,63 @@ class ShadowMap {
   /// visible ranges are filled (the step is judged on outputs alone).
   void observe(const StepFacts& facts, StepObservation* obs);
 
+  /// `request` begins from the first `n` positions of `source` (a shared
+  /// prefix). Position p is stored again at written[p] when the cache says
+  /// so (a new write of `request`'s row); otherwise (-1, or no `written`)
+  /// it is `source`'s row where that still lies, the same row for both: a
+  /// later write there, seen by either, is an overwritten visible row. A
+  /// prefix row no slot holds any more (evicted, freed) is absent: a query
+  /// that needs it finds it missing. Returns each position's write number
+  /// (0 where shared or absent).
+  std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
+                                          std::span<const std::int64_t> written);
+
+  /// Copies slot `from`'s row to slot `to`, in order (an empty `from`
+  /// empties `to`); the copy becomes the row's home.
+  void move(std::span<const std::pair<std::int64_t, std::int64_t>> moved);
+  /// Writes padding of `request`'s step at `slots`.
+  void pad(std::span<const std::int64_t> slots, std::int64_t request);
+  /// Releases `slots` (they hold nothing after) except those in `keep` (the
+  /// step's own written slots). Returns the rows released for which
+  /// `visible` is true, each once per slot.
+  template <class Visible>
+  std::vector<ShadowRow> release(std::span<const std::int64_t> slots, std::span<const std::int64_t> keep,
+                                 Visible&& visible) {
+    std::vector<ShadowRow> lost;
+    for (const std::int64_t slot : slots) {
+      if (std::find(keep.begin(), keep.end(), slot) != keep.end()) continue;
+      const auto it = slots_.find(slot);
+      if (it == slots_.end()) continue;
+      // A copy freed while another slot still holds the same write (a
+      // copy-on-write's source) loses nothing.
+      if (!it->second.padding && is_latest(it->second) && visible(it->second) &&
+          !held_elsewhere(slot, it->second.write_seq))
+        lost.push_back(it->second);
+      slots_.erase(it);
+    }
+    return lost;
+  }
+  /// Whether `row` is the latest write of its (request, position).
+  bool is_latest(const ShadowRow& row) const;
+  /// Whether a slot other than `slot` holds write number `write_seq`.
+  bool held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const;
+
+  /// The resident set: slots holding a token's row (padding left out), and
+  /// blocks of `block_size` slots holding one (block_size 0: not counted);
+  /// in all and for the request holding most.
+  struct Resident {
+    std::int64_t rows = 0;
+    std::int64_t blocks = 0;
+    std::int64_t request_rows = 0;   ///< the most rows one request holds
+    std::int64_t request_blocks = 0;  ///< the most blocks one request holds
+  };
+  Resident resident_counts(std::int64_t block_size) const;
+
   /// What `slot` holds now.
   ShadowRow at(std::int64_t slot) const;
+  /// What every written slot holds now, as (request, position), sorted:
+  /// the resident set as the cache's reports show it, slot numbers left out.
+  std::vector<std::pair<std::int64_t, std::int64_t>> resident() const;
   /// Rows written so far (for memory accounting in tests).
   std::size_t slots_used() const noexcept { return slots_.size(); }
   /// Writes applied so far: the next step's row i gets write number write_count() + i + 1.

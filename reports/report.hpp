@@ -59,6 +59,7 @@ struct SideBySide {
   bool bitwise = false;  ///< outputs compared bit for bit (else within the larger tolerance)
   std::int64_t cases_compared = 0;    ///< cases both caches ran
   std::int64_t steps_compared = 0;    ///< step observations (a step on one layer) compared
+  std::int64_t resident_compared = 0;  ///< of those, steps whose resident sets were compared
   std::int64_t queries_compared = 0;  ///< queries of those
   std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared
   std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
@@ -69,8 +70,8 @@ struct SideBySide {
 
 /// The one line every writer shows for a side-by-side check, e.g.
 /// "agreement of cpu (A) and layer (B), outputs within the larger
-/// tolerance: 200 cases, 2900 steps, 5100 queries compared (5100 reads,
-/// 5100 outputs)".
+/// tolerance: 200 cases, 2900 steps (2900 resident sets), 5100 queries
+/// compared (5100 reads, 5100 outputs)".
 std::string side_by_side_text(const SideBySide& s);
 
 /// The outcome of a property check (absent for single scenario runs).

@@ -228,6 +228,7 @@ Json check_json(const CheckSummary& c) {
                              {"bitwise", b.bitwise},
                              {"cases_compared", b.cases_compared},
                              {"steps_compared", b.steps_compared},
+                             {"resident_compared", b.resident_compared},
                              {"queries_compared", b.queries_compared},
                              {"reads_compared", b.reads_compared},
                              {"outputs_compared", b.outputs_compared},

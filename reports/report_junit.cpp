@@ -157,10 +157,14 @@ std::string report_junit(const Report& report) {
   if (report.check) {
     const auto& c = *report.check;
     out += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"property check\"";
+    const std::string side = c.side_by_side ? "\n" + side_by_side_text(*c.side_by_side) : std::string();
     if (c.passed()) {
-      out += ">\n      <system-out>" + xml_escape(check_counts_text(c)) + "</system-out>\n    </testcase>\n";
+      out += ">\n      <system-out>" + xml_escape(check_counts_text(c) + side) + "</system-out>\n    </testcase>\n";
     } else {
-      std::string body = check_counts_text(c) + "\n";
+      std::string body = check_counts_text(c) + side + "\n";
+      if (c.side_by_side) {
+        for (const auto& d : c.side_by_side->differences) body += "differs: " + d + "\n";
+      }
       for (const auto& k : c.coverage) {
         if (!k.met()) {
           body += "coverage " + k.name + ": " + std::to_string(k.count) + " below minimum " +

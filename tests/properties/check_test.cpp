@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -268,4 +269,170 @@ TEST_CASE("Check: a fault travels by name, resolved by the provider that makes t
   REQUIRE(result.found_failure);
   CHECK(result.shrunk_run.fault == "accept-no-rollback");
   CHECK(result.shrunk.name.find("accept-no-rollback") != std::string::npos);
+}
+
+// ---- two caches side by side (--against, --repeat-bitwise) -------------------
+
+namespace {
+
+properties::CheckOptions side_by_side_options(const std::string& first, const std::string& second) {
+  properties::CheckOptions options;
+  options.cases = 40;
+  options.seed = 3;
+  options.threads = 2;
+  options.run.backend = first;
+  options.run.against = second;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("Side by side: the CPU ring pool and the layer-bound cache agree, and a pass says how much was compared") {
+  const properties::CheckOptions options = side_by_side_options("cpu", "layer");
+  const properties::CheckResult result = properties::run_check(options);
+  CHECK(result.failures == 0);
+  CHECK_FALSE(result.found_failure);
+  // A pass compared something: every case that ran, on every step and query.
+  CHECK(result.ran() > 0);
+  CHECK(result.cases_compared == result.ran());
+  CHECK(result.steps_compared >= result.cases_compared);
+  CHECK(result.queries_compared > 0);
+  CHECK(result.reads_compared == result.queries_compared);
+  CHECK(result.outputs_compared == result.queries_compared);
+}
+
+TEST_CASE("Side by side: a cache against the same cache with a planted fault differs, shrunk small") {
+  properties::CheckOptions options = side_by_side_options("cpu", "cpu");
+  options.cases = 60;
+  // The second cache's provider plants the fault (--against runs without --fault).
+  options.against_provider_factory = [] {
+    properties::RunOptions faulty;
+    faulty.fault = impl::fault_name(impl::Fault::kAcceptNoRollback);
+    return properties::make_provider(faulty);
+  };
+  const properties::CheckResult result = properties::run_check(options);
+  REQUIRE(result.found_failure);
+  CHECK(result.failures > 0);
+  CHECK(result.failures < result.cases);
+  CHECK(result.reproduces_alone);
+  CHECK(result.shrunk.requests.size() <= 3);
+  CHECK(result.shrunk.steps.size() <= 8);
+  CHECK(result.shrunk.name.find("agreement") != std::string::npos);
+  // The shrunk case's comparison lists its differing steps; both runs are kept.
+  REQUIRE(result.difference.differ());
+  CHECK(result.difference.compared);
+  const properties::StepDifference& first = result.difference.differences.front();
+  CHECK(first.step >= 0);
+  CHECK(first.step < static_cast<std::int64_t>(result.shrunk.steps.size()));
+  CHECK((first.what == "resident" || first.what == "reads" || first.what == "outputs"));
+  CHECK(result.shrunk_run.backend == "cpu");
+  CHECK(result.shrunk_run.fault == "none");
+  CHECK(result.shrunk_run_b.steps.size() > 0);
+  // The same comparison made again from the two kept runs.
+  const properties::PairComparison again =
+      properties::compare_runs(result.shrunk_run, result.shrunk_run_b, false);
+  CHECK(again.differences.size() == result.difference.differences.size());
+}
+
+TEST_CASE("Side by side: two runs of a deterministic cache are bitwise equal, of a drifting one not") {
+  properties::CheckOptions options = side_by_side_options("cpu", "");
+  options.run.repeat_bitwise = true;
+  options.cases = 30;
+  const properties::CheckResult same = properties::run_check(options);
+  CHECK(same.failures == 0);
+  CHECK(same.cases_compared == same.ran());
+  CHECK(same.outputs_compared > 0);
+
+  // Outputs that move by one unit in the last place on every other open.
+  struct Drifting final : engines::CacheUnderTest {
+    std::unique_ptr<engines::CacheUnderTest> inner;
+    bool drift = false;
+    engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+      const engines::StepStatus st = inner->call(c, answer);
+      if (!st && answer && drift) {
+        for (double& x : answer->out) x = std::nextafter(x, 2.0);
+      }
+      return st;
+    }
+  };
+  struct DriftingProvider final : engines::CacheProvider {
+    std::unique_ptr<engines::CacheProvider> inner = properties::make_provider(properties::RunOptions{});
+    int opened = 0;
+    const engines::Capabilities& capabilities() override { return inner->capabilities(); }
+    std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+      auto cache = inner->open(spec, refused);
+      if (!cache) return nullptr;
+      auto drifting = std::make_unique<Drifting>();
+      drifting->inner = std::move(cache);
+      drifting->drift = (opened++ % 2) == 1;
+      return drifting;
+    }
+    std::string name() const override { return "drifting"; }
+  };
+  options.run.probes = false;  // the wrapper takes no probes
+  options.provider_factory = [] { return std::make_unique<DriftingProvider>(); };
+  const properties::CheckResult drifting = properties::run_check(options);
+  REQUIRE(drifting.found_failure);
+  REQUIRE(drifting.difference.differ());
+  CHECK(drifting.difference.differences.front().what == "outputs");
+  CHECK(drifting.difference.differences.front().detail.find("not bitwise equal") != std::string::npos);
+  CHECK(drifting.shrunk.requests.size() == 1);
+}
+
+TEST_CASE("Side by side: a case is drawn inside what both caches can run") {
+  engines::Capabilities a, b;
+  a.name = "a";
+  b.name = "b";
+  a.formats = {scenarios::Format::kF64, scenarios::Format::kF32};
+  b.formats = {scenarios::Format::kF32};
+  a.verify = false;
+  b.max_positions = 64;
+  a.max_positions = 128;
+  a.head_dims.values = {4, 8, 16};
+  b.head_dims.multiple_of = 8;
+  b.full_window_only = true;
+  const engines::Capabilities both = properties::intersect_capabilities(a, b);
+  CHECK(both.formats == std::vector<scenarios::Format>{scenarios::Format::kF32});
+  CHECK_FALSE(both.verify);
+  CHECK(both.decode);
+  CHECK(both.max_positions == 64);
+  CHECK(both.full_window_only);
+  CHECK(both.head_dims.contains(8));
+  CHECK(both.head_dims.contains(16));
+  CHECK_FALSE(both.head_dims.contains(4));
+  CHECK_FALSE(both.head_dims.contains(24));
+  b.head_dims = engines::SizeSet{};
+  b.head_dims.values = {32};
+  CHECK_FALSE(properties::intersect_capabilities(a, b).head_dims.contains(32));
+  CHECK_FALSE(properties::intersect_capabilities(a, b).head_dims.contains(8));
+}
+
+TEST_CASE("Side by side: a refusal on one side only is a difference, never agreement") {
+  properties::RunObservation a, b;
+  b.skipped = true;
+  b.refused = true;
+  b.skip_reason = "b refused the configuration: full";
+  const properties::PairComparison one_sided = properties::compare_runs(a, b, false);
+  CHECK_FALSE(one_sided.compared);
+  REQUIRE(one_sided.differ());
+  CHECK(one_sided.differences.front().what == "refusal");
+  CHECK(one_sided.differences.front().detail.find("full") != std::string::npos);
+  a.skipped = true;
+  const properties::PairComparison neither = properties::compare_runs(a, b, false);
+  CHECK(neither.both_skipped);
+  CHECK_FALSE(neither.differ());
+  CHECK(neither.steps_compared == 0);
+  // A step one side refused and the other ran, and resident sets that differ.
+  properties::RunObservation c, d;
+  c.steps.resize(2);
+  d.steps.resize(2);
+  c.steps[0].resident = {{0, 0}, {0, 1}, {0, 2}};
+  d.steps[0].resident = {{0, 1}, {0, 2}, {0, 3}};
+  d.steps[1].error = "full: no free block";
+  const properties::PairComparison steps = properties::compare_runs(c, d, false);
+  REQUIRE(steps.differences.size() == 2);
+  CHECK(steps.differences[0].what == "resident");
+  CHECK(steps.differences[0].detail == "A holds r0 p0 that B does not; B holds r0 p3 that A does not");
+  CHECK(steps.differences[1].what == "refusal");
+  CHECK(steps.steps_compared == 1);
 }

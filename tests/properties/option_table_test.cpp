@@ -25,6 +25,15 @@ TEST_CASE("Option table: the replay command carries every run option other than 
   run = p::RunOptions{};
   run.precision_bits = 169;
   CHECK(p::replay_arguments(run) == "--impl cpu --precision 169");
+  // Two caches side by side: the second cache quoted, a boolean flag alone.
+  run = p::RunOptions{};
+  run.against = "exec:python3 adapters/paged_cache.py --bug free-early";
+  run.bitwise = true;
+  CHECK(p::replay_arguments(run) ==
+        "--impl cpu --against 'exec:python3 adapters/paged_cache.py --bug free-early' --bitwise");
+  run = p::RunOptions{};
+  run.repeat_bitwise = true;
+  CHECK(p::replay_arguments(run) == "--impl cpu --repeat-bitwise");
 }
 
 TEST_CASE("Option table: the check a case came from names what draws and runs it, not the case count") {

@@ -1,0 +1,309 @@
+#include "properties/agreement.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <numeric>
+#include <type_traits>
+#include <utility>
+
+namespace kvcheck::properties {
+
+namespace {
+
+using Held = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (request, position), sorted
+
+/// "r0 p3..5, r1 p7": consecutive positions of a request as one range, the
+/// first `limit` ranges, then how many more.
+std::string positions_text(const Held& held, std::size_t limit = 8) {
+  std::string out;
+  std::size_t ranges = 0, more = 0;
+  for (std::size_t i = 0; i < held.size();) {
+    std::size_t j = i;
+    while (j + 1 < held.size() && held[j + 1].first == held[i].first && held[j + 1].second <= held[j].second + 1)
+      ++j;
+    if (ranges < limit) {
+      if (!out.empty()) out += ", ";
+      out += "r" + std::to_string(held[i].first) + " p" + std::to_string(held[i].second);
+      if (held[j].second != held[i].second) out += ".." + std::to_string(held[j].second);
+    } else {
+      ++more;
+    }
+    ++ranges;
+    i = j + 1;
+  }
+  if (more > 0) out += ", ... (" + std::to_string(more) + " more ranges)";
+  return out.empty() ? "nothing" : out;
+}
+
+/// Of sorted `x`, what sorted `y` does not hold (as multisets).
+Held minus(const Held& x, const Held& y) {
+  Held out;
+  std::set_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(out));
+  return out;
+}
+
+/// "A holds r0 p3 that B does not; B holds r0 p9 that A does not".
+std::string sides_text(const Held& a, const Held& b, const std::string& verb) {
+  const Held only_a = minus(a, b), only_b = minus(b, a);
+  std::string out;
+  if (!only_a.empty()) out += "A " + verb + " " + positions_text(only_a) + " that B does not";
+  if (!only_b.empty()) out += std::string(out.empty() ? "" : "; ") + "B " + verb + " " + positions_text(only_b) + " that A does not";
+  return out;
+}
+
+Held read_positions(const QueryObservation& q) {
+  Held out;
+  for (const ReadTag& t : q.reads) {
+    if (t.request >= 0) out.emplace_back(t.request, t.position);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Whether a run's queries carry the positions they read (the cache reports
+/// read slots, or they were decoded from position-coded outputs).
+bool reads_known(const RunObservation& run) {
+  return run.observed.rfind("slots+outputs", 0) == 0 || run.observed.find("position-code") != std::string::npos;
+}
+
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", x);
+  return text;
+}
+
+/// The outputs of one query on both sides: "" when they agree.
+std::string outputs_difference(const QueryObservation& qa, const QueryObservation& qb, bool bitwise) {
+  const std::size_t n = qa.out.size();
+  std::size_t differing = 0, first = n;
+  double largest = 0;
+  bool non_finite = false;
+  for (std::size_t d = 0; d < n; ++d) {
+    const double x = qa.out[d], y = qb.out[d];
+    const bool same_bits = std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
+    if (same_bits) continue;
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      non_finite = true;
+    } else {
+      largest = std::max(largest, std::fabs(x - y));
+    }
+    ++differing;
+    if (first == n) first = d;
+  }
+  if (differing == 0) return "";
+  const std::string where = " (" + std::to_string(differing) + " of " + std::to_string(n) +
+                            " elements differ, the first at " + std::to_string(first) + ": A " +
+                            number(qa.out[first]) + ", B " + number(qb.out[first]) + ")";
+  if (bitwise) return "not bitwise equal, max |A - B| " + number(largest) + where;
+  const double tolerance = std::max(qa.tolerance, qb.tolerance);
+  if (!non_finite && largest <= tolerance) return "";
+  return "max |A - B| " + (non_finite ? std::string("non-finite") : number(largest)) +
+         " beyond the larger tolerance " + number(tolerance) + where;
+}
+
+/// How a run that did not run its scenario ended at open: "" when it ran.
+std::string open_outcome(const RunObservation& run) {
+  if (run.skipped) return run.skip_reason;
+  if (run.crashed && run.steps.empty()) return run.first_failure;
+  return "";
+}
+
+}  // namespace
+
+std::string difference_text(const StepDifference& d) {
+  if (d.step < 0) return "open: " + d.what + ": " + d.detail;
+  return "step " + std::to_string(d.step) + " (" + d.kind + ") layer " + std::to_string(d.layer) + " request " +
+         std::to_string(d.request) + ": " + d.what + ": " + d.detail;
+}
+
+PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bool bitwise, bool resident) {
+  PairComparison cmp;
+  const std::string open_a = open_outcome(a), open_b = open_outcome(b);
+  if (!open_a.empty() || !open_b.empty()) {
+    if (a.skipped && b.skipped) {
+      cmp.both_skipped = true;
+      cmp.refused = a.refused || b.refused;
+      return cmp;
+    }
+    // One side ran what the other refused (or crashed at open): shown, never agreement.
+    StepDifference d;
+    d.kind = "open";
+    d.what = "refusal";
+    d.detail = open_a.empty() ? "A ran the case; B did not: " + open_b
+                              : (open_b.empty() ? "B ran the case; A did not: " + open_a
+                                                : "A did not run it: " + open_a + "; B did not: " + open_b);
+    cmp.differences.push_back(std::move(d));
+    return cmp;
+  }
+  cmp.compared = true;
+  const bool reads = reads_known(a) && reads_known(b);
+  const std::size_t steps = std::max(a.steps.size(), b.steps.size());
+  for (std::size_t i = 0; i < steps; ++i) {
+    if (i >= a.steps.size() || i >= b.steps.size()) {
+      // One run ended earlier (a refusal or crash already shown, or a probe it got wrong).
+      const bool a_ended = i >= a.steps.size();
+      const StepObservation& s = a_ended ? b.steps[i] : a.steps[i];
+      const RunObservation& ended = a_ended ? a : b;
+      cmp.differences.push_back({s.step, s.layer, s.kind, s.request, "stopped",
+                                 std::string(a_ended ? "A" : "B") + "'s run ended before this step (" +
+                                     ended.first_failure + "); " + (a_ended ? "B" : "A") + " ran it"});
+      break;
+    }
+    const StepObservation& sa = a.steps[i];
+    const StepObservation& sb = b.steps[i];
+    auto differs = [&](const std::string& what, const std::string& detail) {
+      cmp.differences.push_back({sa.step, sa.layer, sa.kind, sa.request, what, detail});
+    };
+    if (!sa.error.empty() || !sb.error.empty()) {
+      // Both refused: nothing compared here (the runs end); one refused: a difference.
+      if (sa.error.empty() != sb.error.empty()) {
+        differs("refusal", sa.error.empty() ? "B: " + sb.error + "; A ran it" : "A: " + sa.error + "; B ran it");
+      }
+      continue;
+    }
+    ++cmp.steps_compared;
+    const std::size_t queries = std::min(sa.queries.size(), sb.queries.size());
+    cmp.queries_compared += static_cast<std::int64_t>(queries);
+    std::string reads_found, outputs_found;
+    for (std::size_t k = 0; k < queries; ++k) {
+      const QueryObservation& qa = sa.queries[k];
+      const QueryObservation& qb = sb.queries[k];
+      if (reads) {
+        ++cmp.reads_compared;
+        const Held ra = read_positions(qa), rb = read_positions(qb);
+        if (reads_found.empty() && ra != rb)
+          reads_found = "query at position " + std::to_string(qa.position) + ": " + sides_text(ra, rb, "read");
+      }
+      if (!qa.out.empty() && qa.out.size() == qb.out.size()) {
+        ++cmp.outputs_compared;
+        if (outputs_found.empty()) {
+          const std::string o = outputs_difference(qa, qb, bitwise);
+          if (!o.empty()) outputs_found = "query at position " + std::to_string(qa.position) + ": " + o;
+        }
+      }
+    }
+    if (resident) ++cmp.resident_compared;
+    if (resident && sa.resident != sb.resident) differs("resident", sides_text(sa.resident, sb.resident, "holds"));
+    if (!reads_found.empty()) differs("reads", reads_found);
+    if (!outputs_found.empty()) differs("outputs", outputs_found);
+  }
+  return cmp;
+}
+
+engines::Capabilities intersect_capabilities(const engines::Capabilities& a, const engines::Capabilities& b) {
+  engines::Capabilities c = a;
+  c.name = a.name + " & " + b.name;
+#define KVCHECK_INTERSECT_STEP(id, member, kind, order) c.member = a.member && b.member;
+  KVCHECK_STEP_CAPABILITIES(KVCHECK_INTERSECT_STEP)
+#undef KVCHECK_INTERSECT_STEP
+  const auto both = [](const auto& x, const auto& y) {
+    std::decay_t<decltype(x)> out;
+    for (const auto& v : x) {
+      if (std::find(y.begin(), y.end(), v) != y.end()) out.push_back(v);
+    }
+    return out;
+  };
+  c.formats = both(a.formats, b.formats);
+  c.rope_styles = both(a.rope_styles, b.rope_styles);
+  c.gqa = a.gqa && b.gqa;
+  c.shared_row = a.shared_row && b.shared_row;
+  c.sink = a.sink && b.sink;
+  c.softmax_scale = a.softmax_scale && b.softmax_scale;
+  c.partial_rope = a.partial_rope && b.partial_rope;
+  c.full_window_only = a.full_window_only || b.full_window_only;
+  const auto sizes = [](const engines::SizeSet& x, const engines::SizeSet& y) {
+    engines::SizeSet s;
+    s.min = std::max(x.min, y.min);
+    s.max = x.max == 0 ? y.max : (y.max == 0 ? x.max : std::min(x.max, y.max));
+    s.multiple_of = std::lcm(std::max<std::int64_t>(x.multiple_of, 1), std::max<std::int64_t>(y.multiple_of, 1));
+    const auto listed = x.values.empty() ? y.values : x.values;
+    for (const std::int64_t v : listed) {
+      if (x.contains(v) && y.contains(v)) s.values.push_back(v);
+    }
+    if (s.values.empty() && (!x.values.empty() || !y.values.empty())) {
+      s.min = 2;  // nothing in common: no size is in [2, 1]
+      s.max = 1;
+    }
+    return s;
+  };
+  c.head_dims = sizes(a.head_dims, b.head_dims);
+  c.rotary_dims = sizes(a.rotary_dims, b.rotary_dims);
+  const auto limit = [](std::int64_t x, std::int64_t y) { return x == 0 ? y : (y == 0 ? x : std::min(x, y)); };
+  c.max_states = limit(a.max_states, b.max_states);
+  c.max_layers = limit(a.max_layers, b.max_layers);
+  c.max_step_rows = limit(a.max_step_rows, b.max_step_rows);
+  c.max_heads = limit(a.max_heads, b.max_heads);
+  c.max_kv_heads = limit(a.max_kv_heads, b.max_kv_heads);
+  c.max_window_keys = limit(a.max_window_keys, b.max_window_keys);
+  c.max_positions = limit(a.max_positions, b.max_positions);
+  c.computes_outputs = a.computes_outputs && b.computes_outputs;
+  c.reports_written_slots = a.reports_written_slots && b.reports_written_slots;
+  c.reports_read_slots = a.reports_read_slots && b.reports_read_slots;
+  c.ring_addressing = a.ring_addressing && b.ring_addressing;
+  c.per_layer_windows = a.per_layer_windows && b.per_layer_windows;
+  c.prefix_sharing = a.prefix_sharing && b.prefix_sharing;
+  c.reports_frees = a.reports_frees && b.reports_frees;
+  if (a.fast_kernel_runs && b.fast_kernel_runs) {
+    c.fast_kernel_runs = [fa = a.fast_kernel_runs, fb = b.fast_kernel_runs](const engines::CacheSpec& spec) {
+      return fa(spec) || fb(spec);
+    };
+  } else if (!a.fast_kernel_runs) {
+    c.fast_kernel_runs = b.fast_kernel_runs;
+  }
+  return c;
+}
+
+bool runs_side_by_side(const RunOptions& run) noexcept { return !run.against.empty() || run.repeat_bitwise; }
+
+RunOptions second_run(const RunOptions& first) {
+  RunOptions second = first;
+  second.provider = nullptr;
+  if (!first.against.empty()) {
+    second.backend = first.against;
+    second.fault = "none";
+  }
+  second.against.clear();
+  second.repeat_bitwise = false;
+  return second;
+}
+
+std::string side_by_side_property(const RunOptions& run) {
+  return run.against.empty() ? "repeat-bitwise" : "agreement";
+}
+
+PairRun run_pair(const scenarios::Scenario& scenario, const RunOptions& options, engines::CacheProvider& a,
+                 engines::CacheProvider& b) {
+  PairRun pair;
+  RunOptions first = options;
+  first.record_reads = true;
+  first.record_outputs = true;
+  first.record_resident = true;
+  first.provider = &a;
+  RunOptions second = second_run(first);
+  second.provider = &b;
+  pair.a = run_scenario(scenario, first);
+  pair.b = run_scenario(scenario, second);
+  const bool bitwise = options.bitwise || (options.repeat_bitwise && options.against.empty());
+  pair.comparison = compare_runs(pair.a, pair.b, bitwise,
+                                 a.capabilities().reports_frees == b.capabilities().reports_frees);
+  RunObservation& s = pair.summary;
+  s.scenario_name = scenario.name;
+  s.backend = options.backend;
+  s.fault = options.fault;
+  s.skipped = pair.comparison.both_skipped;
+  s.refused = pair.comparison.refused;
+  s.skip_reason = pair.a.skip_reason;
+  s.queries = pair.comparison.queries_compared;
+  s.queries_not_output_checked = pair.comparison.queries_compared - pair.comparison.outputs_compared;
+  s.passed = !pair.comparison.differ();
+  if (!s.passed) {
+    s.first_failing_step = 0;
+    s.first_failure = difference_text(pair.comparison.differences.front());
+  }
+  return pair;
+}
+
+}  // namespace kvcheck::properties
