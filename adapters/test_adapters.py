@@ -301,7 +301,8 @@ class Case:
                 if kind == "accept":
                     msg["accepted"] = step["accepted"]
                 a = self.adapter.send(msg)
-                if a != {"ok": True}:
+                # ok, with the slots it freed when the cache reports frees.
+                if a.get("ok") is not True or set(a) - {"ok", "freed"}:
                     self.fail(f"step {index} ({kind}): refused: {a}")
                     return False
                 continue
@@ -526,7 +527,9 @@ class ProtocolTest(AdapterTest):
                                                   "decode", "verify", "accept", "finish", "reset"} |
                              ({"trim"} if script == RING else set()))
             self.assertEqual(caps["formats"], ["f64", "f32", "bf16"])
-            self.assertEqual(caps["reports"], {"written_slots": True, "read_slots": True})
+            # The paged cache also answers the slots it frees.
+            self.assertEqual(caps["reports"], {"written_slots": True, "read_slots": True} |
+                             ({"frees": True} if script == PAGED else {}))
             answer, rc = adapter.bye()
             self.assertEqual(answer, {"ok": True})
             self.assertEqual(rc, 0)
@@ -539,8 +542,10 @@ class ProtocolTest(AdapterTest):
 
     def test_list_bugs_and_bad_flags(self):
         for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one", "zero-output", "bf16-truncate",
-                                      "keep-drafts-on-finish", "trim-keeps-drafts"]),
-                              (PAGED, ["free-speculative", "free-early", "left-as-keys"])):
+                                      "keep-drafts-on-finish", "trim-keeps-drafts", "padding-through-ring",
+                                      "layer-window-swapped"]),
+                              (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
+                                       "no-window-free", "free-shared", "cow-skipped", "evicted-prefix-reused"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -650,6 +655,35 @@ class ProtocolTest(AdapterTest):
         self.assertTrue(caps["outputs"])
         self.assertEqual(adapter.send({"op": "open", "spec": make_spec(head_dim=2)})["ok"], False)
 
+    def test_padding_and_frees_are_answered(self):
+        spec = make_spec(states=1, capacity=8, param=4)
+        t = {"layer": 0, "request": 1, "state": 0}
+        # --pad-prefill 4: a 3-row prefill pads one row, at a scratch slot
+        # outside the ring; with padding-through-ring at position 3's ring slot.
+        for args, pad in ((("--pad-prefill", "4"), None),
+                          (("--bug", "padding-through-ring", "--pad-prefill", "4"), [3])):
+            adapter = self.start(RING, *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            a = send_rows_step(adapter, t, "prefill", 0, 3, rows=3, order="store_then_load")
+            self.assertEqual(len(a["padded"]), 1, a)
+            if pad is None:
+                self.assertGreaterEqual(a["padded"][0], 8)
+            else:
+                self.assertEqual(a["padded"], pad)
+            self.assertNotIn("padded", send_rows_step(adapter, t, "decode", 3))
+        # The paged cache answers the slots of the blocks it frees: a finish
+        # returns the request's two blocks of two rows.
+        adapter = self.start(PAGED, "--block-size", "2")
+        self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+        self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+        a = send_rows_step(adapter, t, "prefill", 0, 3, rows=3, order="store_then_load")
+        self.assertNotIn("freed", a)
+        slots = a["written"]
+        freed = adapter.send({"op": "finish", **t})["freed"]
+        self.assertEqual(len(freed), 4)
+        self.assertTrue(set(slots) <= set(freed))
+
     def test_typed_refusals_change_nothing(self):
         for script in (RING, PAGED):
             adapter = self.start(script)
@@ -679,12 +713,12 @@ class ProtocolTest(AdapterTest):
             self.assertEqual(error(step("decode", 5)), "verify-pending")
             self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": 3})), "bad-accept")
             self.assertEqual(error(adapter.send({"op": "accept", **t, "accepted": -1})), "bad-accept")
-            self.assertEqual(adapter.send({"op": "accept", **t, "accepted": 1}), {"ok": True})
+            self.assertTrue(adapter.send({"op": "accept", **t, "accepted": 1})["ok"])
             self.assertEqual(error(step("decode", 5)), "position-mismatch")
             self.assertTrue(step("decode", 4)["ok"])
-            self.assertEqual(adapter.send({"op": "reset", **t}), {"ok": True})
+            self.assertTrue(adapter.send({"op": "reset", **t})["ok"])
             self.assertTrue(step("decode", 0)["ok"])
-            self.assertEqual(adapter.send({"op": "finish", **t}), {"ok": True})
+            self.assertTrue(adapter.send({"op": "finish", **t})["ok"])
             self.assertEqual(error(adapter.send({"op": "finish", **t})), "state-free")
             self.assertEqual(adapter.send({"op": "close"}), {"ok": True})
             self.assertEqual(error(adapter.send({"op": "begin", **t})), "not-open")
@@ -724,6 +758,37 @@ class ProtocolTest(AdapterTest):
         self.addCleanup(paged.kill)
         hello = paged.hello()
         self.assertNotIn("trim", hello["capabilities"]["steps"])
+
+    def test_per_layer_windows_and_the_swapped_window_bug(self):
+        # Layer 0 slides over 2 keys, layer 1 is global: each reads its own
+        # window; with layer-window-swapped layer 1 reads layer 0's 2 keys.
+        # (The paged adapter runs the same WindowCache code; kvcheck replays the
+        # bundled scenario layer-windows-w2-global-left3 on both adapters.)
+        for script, extra in ((RING, ()),):
+            for bugs, global_reads in (((), [0, 1, 2, 3, 4]), (("--bug", "layer-window-swapped"), [3, 4])):
+                adapter = Adapter(script, *extra, *bugs)
+                self.addCleanup(adapter.kill)
+                self.assertTrue(adapter.hello()["capabilities"]["per_layer_windows"])
+                spec = make_spec(states=1, capacity=8, param=2, layers=2, max_step_rows=5)
+                spec["layer_windows"] = [{"param": 2, "convention": "keys", "keys": 2},
+                                         {"param": None, "convention": None, "keys": None}]
+                self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+                reads = {}
+                for layer in (0, 1):
+                    t = {"layer": layer, "request": 1, "state": 0}
+                    self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+                    answer = send_rows_step(adapter, t, "prefill", 0, n=5, rows=5, order="store_then_load")
+                    self.assertTrue(answer["ok"], answer)
+                    reads[layer] = answer["read"][-1]  # the query at position 4
+                self.assertEqual(len(reads[0]), 2, script)
+                self.assertEqual(len(reads[1]), len(global_reads), (script, bugs))
+                # One entry for two layers: a bad request naming the field.
+                self.assertEqual(adapter.send({"op": "close"}), {"ok": True})
+                bad = dict(spec, layer_windows=[{"param": 2, "convention": "keys", "keys": 2}])
+                answer = adapter.send({"op": "open", "spec": bad})
+                self.assertFalse(answer["ok"])
+                self.assertIn("spec.layer_windows", answer.get("detail", ""))
+                adapter.send({"op": "bye"})
 
     def test_schema_rejects_bad_messages(self):
         if REQUEST_SCHEMA is None:

@@ -113,8 +113,20 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
            ": " + std::to_string(obs.encoding_mismatches) +
            " stored rows differ from the reference encoding; first: " + obs.encoding_detail);
     }
+    run.freed_visible += obs.freed_visible;
+    if (obs.freed_visible > 0) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+           ": freed " + std::to_string(obs.freed_visible) + " rows still visible; first: " + obs.freed_detail);
+    }
+    const bool over_bound = obs.bound_limit > 0 && obs.bound_held > obs.bound_limit;
+    if (over_bound) {
+      ++run.steps_over_bound;
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+           ": holds " + std::to_string(obs.bound_held) + " " + obs.bound_unit +
+           ", over its declared resident bound of " + std::to_string(obs.bound_limit));
+    }
     obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() ||
-                 obs.encoding_mismatches > 0 ||
+                 obs.encoding_mismatches > 0 || obs.freed_visible > 0 || over_bound ||
                  std::any_of(obs.queries.begin(), obs.queries.end(),
                              [](const QueryObservation& q) { return q.failed; });
   }

@@ -63,6 +63,11 @@ class Engine:
     def begin(self, layer, state, request):
         pass
 
+    # An engine that shares prefixes defines begin_prefix(layer, state,
+    # request, prefix) (a kvcheck.protocol.Prefix): its hello then says
+    # "prefix_sharing"; it returns None or {"written": [slot or -1, ...]}.
+    begin_prefix = None
+
     @classmethod
     def hello_capabilities(cls):
         """The hello answer's "capabilities", from the attributes and the
@@ -88,6 +93,8 @@ class Engine:
             caps["outputs"] = False
         if cls.addressing is not None:
             caps["addressing"] = cls.addressing
+        if cls.begin_prefix is not None:
+            caps["prefix_sharing"] = True
         caps.update(cls.capabilities)
         return caps
 
@@ -97,20 +104,22 @@ class _Case(protocol.Cache):
     def __init__(self, engine):
         self.engine = engine
 
-    def begin(self, layer, state, request):
-        self.engine.begin(layer, state, request)
+    def begin(self, layer, state, request, prefix=None):
+        if prefix is not None:
+            return self.engine.begin_prefix(layer, state, request, prefix)
+        return self.engine.begin(layer, state, request)
 
     def accept(self, layer, state, request, accepted):
-        self.engine.accept(layer, state, request, accepted)
+        return self.engine.accept(layer, state, request, accepted)
 
     def finish(self, layer, state, request):
-        self.engine.finish(layer, state, request)
+        return self.engine.finish(layer, state, request)
 
     def reset(self, layer, state, request):
-        self.engine.reset(layer, state, request)
+        return self.engine.reset(layer, state, request)
 
     def trim(self, layer, state, request, positions):
-        self.engine.trim(layer, state, request, positions)
+        return self.engine.trim(layer, state, request, positions)
 
     def write(self, step):
         result = getattr(self.engine, step.kind)(step)
@@ -155,13 +164,16 @@ def serve(engine_class, argv=None):
     raise SystemExit(code)
 
 
-def answer(out=None, written=None, read=None, stored=None, causal=False):
+def answer(out=None, written=None, read=None, stored=None, causal=False, padded=None, moved=None,
+           freed=None):
     """A writing step's answer: `out` (one output row per new row), `written`
     (one slot per new row), `read` (one list of slots per query; -1 entries
     are ignored), `stored` (from `stored_rows`), `causal` (True for a
     load_then_store prefill whose queries read the pool as it was before the
-    step: read_view "causal"). Lists, numpy arrays or tensors."""
+    step: read_view "causal"). Lists, numpy arrays or tensors. The slot
+    events (`slot_events`) go in too when given."""
     result = {"ok": True}
+    result.update(slot_events(padded, moved, freed))
     if out is not None:
         result["out"] = out
     if written is not None:
@@ -172,6 +184,19 @@ def answer(out=None, written=None, read=None, stored=None, causal=False):
     if stored is not None:
         result["stored"] = stored
     return result
+
+
+def slot_events(padded=None, moved=None, freed=None):
+    """The slot events of a step (adapters/PROTOCOL.md "Padding, moves and
+    frees"), as a step method returns them for a step without rows (or
+    `answer` puts them in a writing step's answer): `padded`, slots written
+    with no token; `moved`, [from, to] pairs, a row copied from slot to
+    slot; `freed`, slots released. Empty ones are left out."""
+    events = {}
+    for key, value in (("padded", padded), ("moved", moved), ("freed", freed)):
+        if value is not None and len(value) > 0:
+            events[key] = value
+    return events
 
 
 def ring_slot(spec, state, position):

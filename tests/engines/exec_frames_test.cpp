@@ -430,3 +430,39 @@ TEST_CASE("ExecFrames: an adapter that ends or stalls inside a frame fails the s
   CHECK_THAT(run("sleep 5", 1.0), Catch::StartsWith("steps[1] (prefill, layer 0): the adapter sent 8 of the "
                                                     "frame's 192 bytes within 1 s (--step-timeout)"));
 }
+
+TEST_CASE("ExecAnswer: padded, moved and freed slots are read, and a malformed one is an error naming the field") {
+  const std::string hello = hello_answer("");
+  Json j = Json::parse(json_answer());
+  j["padded"] = {7, 8};
+  j["moved"] = {{0, 5}, {1, 6}};
+  j["freed"] = {4};
+  const Session s = run_prefill(hello, j.dump() + "\n", en::ExecEncoding::kJson);
+  CHECK(s.answer.padded == std::vector<std::int64_t>{7, 8});
+  CHECK(s.answer.moved == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 5}, {1, 6}});
+  CHECK(s.answer.freed == std::vector<std::int64_t>{4});
+  CHECK(run_prefill(hello, json_answer(), en::ExecEncoding::kJson).answer.freed.empty());
+
+  const std::string at = "steps[1] (prefill, layer 0) answer";
+  const std::pair<const char*, std::string> twists[] = {
+      {R"({"padded": 3})", at + ".padded: expected an array of slots"},
+      {R"({"padded": [1, -1]})", at + ".padded[1]: slot -1 is outside the protocol's slot ids"},
+      {R"({"freed": ["4"]})", at + ".freed[0]: expected an integer"},
+      {R"({"moved": [[0, 1], [2]]})", at + ".moved[1]: expected [from, to]: two slots"},
+      {R"({"moved": [[0, 1.5]]})", at + ".moved[0][1]: expected an integer"},
+      {R"({"moved": {"0": 1}})", at + ".moved: expected an array of [from, to] slot pairs"},
+  };
+  for (const auto& [extra, expected] : twists) {
+    INFO(expected);
+    Json bad = Json::parse(json_answer());
+    bad.update(Json::parse(extra));
+    std::string error;
+    try {
+      Session t;
+      run_prefill_into(t, hello, bad.dump() + "\n", en::ExecEncoding::kJson);
+    } catch (const kvcheck::Error& e) {
+      error = e.where() + ": " + e.rule();
+    }
+    CHECK_THAT(error, Catch::StartsWith(expected));
+  }
+}

@@ -284,3 +284,48 @@ TEST_CASE("Capabilities: each hello step name sets exactly its row of the step-c
     }
   }
 }
+
+TEST_CASE("ExecHello: frees and the resident bound, and the limit kvcheck derives for a case") {
+  namespace en = kvcheck::engines;
+  Json h = ring_hello();
+  h["capabilities"]["reports"]["frees"] = true;
+  h["capabilities"]["resident_bound"] = {{"unit", "rows"}, {"per", "request"}, {"limit", 12}};
+  Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.reports_frees);
+  CHECK(c.resident_bound.unit == en::ResidentBound::Unit::kRows);
+  CHECK(c.resident_bound.per_request);
+  en::CacheSpec spec;
+  spec.cache.states = 3;
+  spec.cache.ring_rows = 10;
+  CHECK(en::resident_limit(c, spec) == 12);
+  // Without a limit: what kvcheck gives the case.
+  c.resident_bound.limit = 0;
+  CHECK(en::resident_limit(c, spec) == 10);
+  c.resident_bound.per_request = false;
+  CHECK(en::resident_limit(c, spec) == 30);
+  c.resident_bound.unit = en::ResidentBound::Unit::kBlocks;
+  spec.pool_blocks = 9;
+  CHECK(en::resident_limit(c, spec) == 9);
+  c.resident_bound.per_request = true;
+  CHECK(en::resident_limit(c, spec) == 3);
+  CHECK(en::resident_limit(parse_hello_answer(ring_hello(), "cmd"), spec) == 0);  // none declared
+
+  const std::pair<Json, std::string> twists[] = {
+      {Json{{"unit", "bytes"}}, ".resident_bound.unit: unknown value \"bytes\""},
+      {Json{{"unit", "rows"}, {"per", "layer"}}, ".resident_bound.per: unknown value \"layer\""},
+      {Json{{"unit", "rows"}, {"limit", 0}}, ".resident_bound.limit: out of range: 0"},
+      {Json{{"per", "cache"}}, ".resident_bound.unit: missing"},
+      {Json{{"unit", "rows"}, {"limits", 3}}, ".resident_bound.limits: unknown key"},
+      {Json{{"unit", "blocks"}}, ".resident_bound.unit: a bound in blocks needs \"addressing\": \"paged\""},
+      {Json(4), ".resident_bound: expected an object"},
+  };
+  for (const auto& [bound, expected] : twists) {
+    INFO(expected);
+    Json bad = ring_hello();
+    bad["capabilities"]["resident_bound"] = bound;
+    CHECK_THAT(error_of(bad), Catch::StartsWith("hello answer.capabilities" + expected));
+  }
+  h = ring_hello();
+  h["capabilities"]["reports"]["frees"] = "yes";
+  CHECK(error_of(h) == "hello answer.capabilities.reports.frees: expected true or false");
+}
