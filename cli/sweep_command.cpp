@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,7 +32,9 @@
 #include "properties/memory_estimate.hpp"
 #include "reports/output_set.hpp"
 #include "support/error.hpp"
+#include "scenarios/scenario_json.hpp"
 #include "sweep/formula.hpp"
+#include "sweep/layer_minima.hpp"
 #include "sweep/sweep.hpp"
 
 namespace kvcheck::cli {
@@ -53,6 +56,19 @@ int command_sweep(int argc, char** argv) {
     // Every rank would sweep the whole grid; a sweep splits with --shard.
     throw Error(ErrorId::kUsage, "mpirun",
                 "sweep does not run over MPI ranks; use --shard I/N and kvcheck merge");
+  }
+  if (const auto file = args.get("--layers-of")) {
+    // Per-layer minima of one scenario: no grid, the scenario's own steps.
+    properties::RunOptions run;
+    if (const auto impl = args.get("--impl")) run.backend = *impl;
+    run.step_timeout_seconds = args.seconds("--step-timeout", 10.0, 86400);
+    run.probes = false;
+    const auto provider = properties::make_provider(run);
+    run.provider = provider.get();
+    const sweep::LayerMinima m = sweep::layer_minima(scenarios::load_scenario_file(*file), run);
+    std::fputs(sweep::layer_minima_text(m).c_str(), stdout);
+    const bool safe = m.sliding_min >= 0 && m.global_min >= 0;
+    return safe ? 0 : 1;
   }
   pipelines::SweepRequest request;
   sweep::SweepGrid& grid = request.grid;

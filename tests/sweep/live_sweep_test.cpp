@@ -8,6 +8,11 @@
 
 #include <string>
 
+#include "properties/runner.hpp"
+#include "scenarios/scenario_json.hpp"
+#include "scenarios/step_semantics.hpp"
+#include "support/error.hpp"
+#include "sweep/layer_minima.hpp"
 #include "sweep/sweep.hpp"
 
 using namespace kvcheck;
@@ -125,7 +130,7 @@ TEST_CASE("Sweep shape: one head of the smallest declared head_dim with slots, a
   CHECK(sc.cache.q_heads == sc.cache.kv_heads);
 }
 
-TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / B) + 1; freeing early has none") {
+TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / B) + 1, freeing early has none") {
   SweepGrid grid;
   grid.windows = {3, 6};
   grid.drafts = {0, 2};
@@ -157,4 +162,40 @@ TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / 
   CHECK(bad.no_safe_rows == static_cast<std::int64_t>(grid.size()));
   // A ring sweep has no B.
   CHECK_THROWS_WITH(Formula::parse("W + B").evaluate(8, 0, 1), Catch::Contains("paged"));
+}
+
+TEST_CASE("Per-layer minima: the sliding and the global layers of a scenario are sized apart") {
+  using namespace kvcheck;
+  const auto sc = scenarios::load_scenario_file(std::string(KVCHECK_SOURCE_DIR) +
+                                                "/scenarios/fast/layer-windows-w2-global-left3.json");
+  properties::RunOptions options;
+  const sweep::LayerMinima m = sweep::layer_minima(sc, options);
+  CHECK(m.sliding_layers == std::vector<std::int32_t>{0, 2});
+  CHECK(m.global_layers == std::vector<std::int32_t>{1});
+  // A correct ring pool needs exactly the formulas: W + k for the widest
+  // sliding layer, and every position written for the global one.
+  CHECK(m.sliding_min == m.sliding_formula);
+  CHECK(m.global_min == m.global_formula);
+  CHECK(m.global_min > m.sliding_min);
+  CHECK(m.global_formula == scenarios::schedule_end(sc.steps));
+  // Between the two minima only the global layer loses rows.
+  scenarios::Scenario between = sc;
+  between.cache.ring_rows = m.sliding_min;
+  between.expect.reset();
+  const auto run = properties::run_scenario(between, options);
+  bool sliding_failed = false, global_failed = false;
+  for (const auto& s : run.steps) (s.layer == 1 ? global_failed : sliding_failed) |= s.failed;
+  CHECK(global_failed);
+  CHECK_FALSE(sliding_failed);
+  CHECK(sweep::layer_minima_text(m).find("agree yes") != std::string::npos);
+  // A scenario without layer windows is a usage error naming the flag.
+  scenarios::Scenario plain = sc;
+  plain.cache.layer_windows.clear();
+  plain.cache.layers = 1;
+  try {
+    (void)sweep::layer_minima(plain, options);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.where() == "--layers-of");
+  }
 }
