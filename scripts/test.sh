@@ -53,7 +53,9 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # shorter test here also takes: the 2000-case fault and adapter-bug
   # sweeps, the full sweep grid, the 100,000-row runs, the production
   # profile through the CLI (properties_test's 40 production cases stay),
-  # 2000 adapter cases and their byte-identity twin, the output-only live
+  # 2000 adapter cases and their byte-identity twin, an adapter checked
+  # --against its bug switch (properties_test's side-by-side cases stay),
+  # the output-only live
   # sweep, the Python protocol tests (pure Python) and schema traffic, the
   # three-shard merge test (properties_test merges shards in process) and
   # the shape-space test (the hello's checks: engines_test); the report
@@ -74,6 +76,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     '100000-row'
     'RoPE angles formed in float32'
     'every adapter bug switch'
+    'check --against an adapter'
     'check --profile production runs production cases'
     'an output-only ring adapter has the slot-reporting'
     'the bundled ring and paged adapters pass 2000 cases'

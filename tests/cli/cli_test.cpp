@@ -221,11 +221,14 @@ TEST_CASE(
       {"ring_cache.py", "bf16-truncate"},  // caught from the stored rows the adapter reports
       {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
       {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
-      {"ring_cache.py", "trim-keeps-drafts"}};     // trims with drafts pending: --profile trim
+      {"ring_cache.py", "trim-keeps-drafts"},      // trims with drafts pending: --profile trim
+      {"ring_cache.py", "layer-window-swapped"}};  // per-layer windows: --profile layers (paged: same code)
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
-    const std::string profile = std::string(bug).starts_with("trim") ? " --profile trim" : "";
+    const std::string profile = std::string(bug).starts_with("trim")     ? " --profile trim"
+                                : std::string(bug).starts_with("layer-") ? " --profile layers"
+                                                                        : "";
     const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " +
                           kExecCases + " --seed 1" + profile + " --out " + out.string());
     INFO(o.out << o.err);
@@ -242,6 +245,44 @@ TEST_CASE(
           1);
     CHECK(run("replay " + file.string() + " --impl " + adapter(script)).code == 0);
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI exec: check --against an adapter's bug switch differs, shrunk small, and its replay reproduces it") {
+  const fs::path dir = temp_dir("against");
+  const std::string a = adapter("paged_cache.py"), b = adapter("paged_cache.py", "--bug free-early");
+  const Outcome o = run("check --impl " + a + " --against " + b + " --cases 200 --seed 1 --out " + dir.string());
+  INFO(o.out << o.err);
+  CHECK(o.code == 1);
+  CHECK(o.out.find("agreement of exec:") != std::string::npos);
+  CHECK(o.out.find("first difference (A = exec:") != std::string::npos);
+  const fs::path file = dir / "counterexample-agreement-seed1.json";
+  REQUIRE(fs::exists(file));
+  const auto sc = kvcheck::scenarios::load_scenario_file(file);
+  CHECK(sc.requests.size() <= 3);
+  CHECK(sc.steps.size() <= 8);
+  // The printed replay command names both caches; run, it differs again; the
+  // adapter against itself agrees on the same file.
+  CHECK(o.out.find("replay: kvcheck replay " + file.string() + " --impl " + a + " --against " + b) !=
+        std::string::npos);
+  const Outcome again = run("replay " + file.string() + " --impl " + a + " --against " + b);
+  CHECK(again.code == 1);
+  CHECK(again.out.find("differs: ") != std::string::npos);
+  CHECK(run("replay " + file.string() + " --impl " + a + " --against " + a).code == 0);
+  // Two in-tree caches agree, and the pass says how much was compared.
+  const Outcome pass = run("check --impl cpu --against layer --cases 100 --out " + (dir / "cpu").string());
+  INFO(pass.out << pass.err);
+  CHECK(pass.code == 0);
+  CHECK(pass.out.find("0 failing") != std::string::npos);
+  CHECK(pass.out.find("agreement of cpu (A) and layer (B), outputs within the larger tolerance: 100 cases, ") !=
+        std::string::npos);
+  // What cannot be run side by side is refused before any work, naming the flag.
+  const Outcome bitwise = run("check --bitwise --out " + (dir / "x").string());
+  CHECK(bitwise.code == 2);
+  CHECK(bitwise.err.find("--bitwise") != std::string::npos);
+  const Outcome shard = run("check --against layer --shard 0/2 --out " + (dir / "y").string());
+  CHECK(shard.code == 2);
+  CHECK(shard.err.find("--shard") != std::string::npos);
   fs::remove_all(dir);
 }
 

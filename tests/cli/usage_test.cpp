@@ -86,7 +86,8 @@ TEST_CASE("Usage: each command's --help lists exactly the flags its parser accep
   CHECK(find_command("check")->bool_flags() == properties::option_flags(properties::kForCheck, true));
   CHECK(find_command("replay")->value_flags() == properties::option_flags(properties::kForReplay, false));
   CHECK(find_command("replay")->bool_flags() == properties::option_flags(properties::kForReplay, true));
-  CHECK(find_command("check")->bool_flags() == std::set<std::string>{"--no-coverage-gate"});
+  CHECK(find_command("check")->bool_flags() ==
+        std::set<std::string>{"--bitwise", "--no-coverage-gate", "--repeat-bitwise"});
   // A required flag is shown bare, an optional one in brackets.
   const std::string trace = command_synopsis(*find_command("trace"));
   CHECK(trace.find(" --window W ") != std::string::npos);

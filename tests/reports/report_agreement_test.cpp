@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "properties/agreement.hpp"
 #include "properties/runner.hpp"
 #include "reports/report.hpp"
 #include "reports/report_html.hpp"
@@ -522,4 +523,65 @@ TEST_CASE("Reports agree: a paged cache's block tables and block lifetimes, in e
   const Report ring = replay({{"fast/state-reuse-after-finish.json", "none"}}, &ring_steps);
   CHECK_FALSE(Json::parse(kvcheck::reports::report_json_text(ring)).at("runs").at(0).contains("paged"));
   CHECK(kvcheck::reports::report_html(ring).find("block-tables") == std::string::npos);
+}
+
+TEST_CASE("Reports agree: two caches side by side, what was compared and every differing step, in every format") {
+  // A real pair of runs: the scenario on the CPU ring pool as written and
+  // with its planted fault (the second cache), compared step by step.
+  const auto sc = kvcheck::scenarios::load_scenario_file(kSource + "/scenarios/regressions/fault-accept-no-rollback.json");
+  kvcheck::properties::RunOptions plain;
+  kvcheck::properties::RunOptions faulty;
+  faulty.fault = "accept-no-rollback";
+  const auto first = kvcheck::properties::make_provider(plain);
+  const auto second = kvcheck::properties::make_provider(faulty);
+  plain.against = "cpu";
+  kvcheck::properties::PairRun pair = kvcheck::properties::run_pair(sc, plain, *first, *second);
+  REQUIRE(pair.comparison.differ());
+  Report report;
+  report.context.command = "kvcheck check (report agreement test)";
+  kvcheck::reports::CheckSummary check;
+  check.cases = 1;
+  check.failures = 1;
+  check.queries = pair.comparison.queries_compared;
+  check.queries_not_output_checked = pair.comparison.queries_compared - pair.comparison.outputs_compared;
+  kvcheck::reports::SideBySide side;
+  side.property = "agreement";
+  side.first = "cpu";
+  side.second = "cpu";
+  side.cases_compared = 1;
+  side.steps_compared = pair.comparison.steps_compared;
+  side.resident_compared = pair.comparison.resident_compared;
+  side.queries_compared = pair.comparison.queries_compared;
+  side.reads_compared = pair.comparison.reads_compared;
+  side.outputs_compared = pair.comparison.outputs_compared;
+  for (const auto& d : pair.comparison.differences) side.differences.push_back(kvcheck::properties::difference_text(d));
+  check.side_by_side = side;
+  report.check = check;
+  report.runs.push_back(pair.a);
+  report.runs.push_back(pair.b);
+  const std::string line = kvcheck::reports::side_by_side_text(side);
+  CHECK(line.find(std::to_string(side.steps_compared) + " steps") != std::string::npos);
+  const std::string text = kvcheck::reports::report_text(report);
+  const Json json = kvcheck::reports::report_to_json(report);
+  const std::string junit = unescape(kvcheck::reports::report_junit(report));
+  const std::string html = unescape(kvcheck::reports::report_html(report));
+  CHECK(text.find(line) != std::string::npos);
+  CHECK(junit.find(line) != std::string::npos);
+  CHECK(html.find(line) != std::string::npos);
+  const Json& j = json["check"]["side_by_side"];
+  CHECK(j["steps_compared"] == side.steps_compared);
+  CHECK(j["resident_compared"] == side.resident_compared);
+  CHECK(j["queries_compared"] == side.queries_compared);
+  CHECK(j["reads_compared"] == side.reads_compared);
+  CHECK(j["outputs_compared"] == side.outputs_compared);
+  CHECK(j["differences"].size() == side.differences.size());
+  for (const auto& d : side.differences) {
+    INFO(d);
+    CHECK(text.find("differs: " + d) != std::string::npos);
+    CHECK(junit.find("differs: " + d) != std::string::npos);
+    CHECK(html.find("<li>" + d + "</li>") != std::string::npos);
+  }
+  // A report of one cache has no side-by-side field at all.
+  report.check->side_by_side.reset();
+  CHECK_FALSE(kvcheck::reports::report_to_json(report)["check"].contains("side_by_side"));
 }
