@@ -61,7 +61,8 @@ enum class OptionEffect : std::uint8_t {
   X(kCases, "--cases", "N", kForCheck | kRecorded, kCases, "cases")                                      \
   X(kSeed, "--seed", "X", kForCheck | kRecorded, kCases, "seed")                                         \
   X(kCaseSeed, "--case-seed", "X", kForCheck | kRecorded, kCases, "case_seed")                           \
-  X(kProfile, "--profile", "default|production|trim", kForCheck | kRecorded, kCases, "profile")               \
+  X(kProfile, "--profile", "default|production|trim|paged|layers|prefix", kForCheck | kRecorded, kCases, \
+    "profile")                                                                                           \
   X(kMinRunShare, "--min-run-share", "F", kForCheck | kRecorded, kVerdict, "min_run_share")              \
   X(kNoCoverageGate, "--no-coverage-gate", "", kForCheck | kRecorded, kVerdict, "coverage_gate")         \
   X(kMemoryLimit, "--memory-limit", "BYTES", kForCheck | kForReplay | kRecorded, kNothing, "")           \
