@@ -84,17 +84,23 @@ class ShadowMap {
   void move(std::span<const std::pair<std::int64_t, std::int64_t>> moved);
   /// Writes padding of `request`'s step at `slots`.
   void pad(std::span<const std::int64_t> slots, std::int64_t request);
-  /// Releases `slots` (they hold nothing after) except those in `keep` (the
-  /// step's own written slots). Returns the rows released for which
-  /// `visible` is true, each once per slot.
+  /// Releases `slots` (they hold nothing after). Returns the rows released
+  /// for which `visible` is true, each once per slot. A slot in `keep` (the
+  /// step's own written slots) was freed either before the step wrote it (a
+  /// block freed and taken again within the step: it keeps the step's row
+  /// while that row is visible) or after (its row is then out of every
+  /// window): released without a count when its row is not visible.
   template <class Visible>
   std::vector<ShadowRow> release(std::span<const std::int64_t> slots, std::span<const std::int64_t> keep,
                                  Visible&& visible) {
     std::vector<ShadowRow> lost;
     for (const std::int64_t slot : slots) {
-      if (std::find(keep.begin(), keep.end(), slot) != keep.end()) continue;
       const auto it = slots_.find(slot);
       if (it == slots_.end()) continue;
+      if (std::find(keep.begin(), keep.end(), slot) != keep.end()) {
+        if (it->second.padding || !visible(it->second)) slots_.erase(it);
+        continue;
+      }
       // A copy freed while another slot still holds the same write (a
       // copy-on-write's source) loses nothing.
       if (!it->second.padding && is_latest(it->second) && visible(it->second) &&

@@ -929,6 +929,12 @@ TEST_CASE("Shadow map: rows follow their moves; a move that drops a visible row 
   CHECK(freed.resident_counts(2).rows == 2);
   CHECK(freed.resident_counts(2).blocks == 2);  // slots 1 and 2: blocks 0 and 1 of two slots
   CHECK(freed.resident_counts(4).blocks == 1);
+  // A slot the step wrote keeps its row while it is visible (freed before
+  // the write), and is emptied without a count when it is not.
+  const std::vector<std::int64_t> written{1, 2};
+  CHECK(freed.release(written, written, [](const ShadowRow& r) { return r.position == 2; }).empty());
+  CHECK(freed.at(1).request < 0);
+  CHECK(freed.at(2).position == 2);
 }
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails; a freed visible row fails") {
