@@ -210,14 +210,20 @@ class SharingPagedCache(PagedCache):
     there (freed by that request's window, or evicted) is stored again from
     the rows kvcheck sends, and answered in `written`. A write into a block
     another table holds copies it first (copy-on-write, answered as "moved").
-    finish keeps the request's table in the prefix cache; when the pool runs
-    out, the least recently used finished request's blocks are evicted."""
+    finish keeps the request's table in the prefix cache, which holds the
+    tables of at most `--prefix-cache-size` finished requests (default 1):
+    past that, and whenever the pool runs out, the least recently used
+    finished request's blocks are evicted (freed where no live table holds
+    them)."""
 
-    def __init__(self, spec, bugs, block_size):
+    def __init__(self, spec, bugs, block_size, max_cached=1):
         super().__init__(spec, bugs, block_size)
         self.free_shared = "free-shared" in bugs
         self.cow_skipped = "cow-skipped" in bugs
         self.reuse_evicted = "evicted-prefix-reused" in bugs
+        # Finished requests whose blocks the prefix cache keeps (LRU): a
+        # finish past this many evicts the least recently used.
+        self.max_cached = max_cached
         self.moved_now = []
 
     def new_layer(self):
@@ -244,13 +250,17 @@ class SharingPagedCache(PagedCache):
             layer.free.append(block)
             self.note_freed(range(block * self.B, block * self.B + self.B))
 
+    def _evict(self, layer):
+        """Evicts the least recently used finished request's blocks."""
+        request, table = layer.cached.popitem(last=False)
+        if self.reuse_evicted:
+            layer.ghosts[request] = table
+        for block in table.values():
+            self._drop(layer, block)
+
     def _alloc(self, layer):
         while not layer.free and layer.next_new >= layer.total and layer.cached:
-            request, table = layer.cached.popitem(last=False)  # least recently used
-            if self.reuse_evicted:
-                layer.ghosts[request] = table
-            for block in table.values():
-                self._drop(layer, block)
+            self._evict(layer)
         if not layer.free and layer.next_new >= layer.total:
             raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks has none free")
         block = layer.alloc()
@@ -312,11 +322,13 @@ class SharingPagedCache(PagedCache):
     def finish(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
         table, st.table = st.table, {}
-        result = super().finish(layer, state, request)
+        super().finish(layer, state, request)
         lay.cached.pop(request, None)
-        lay.cached[request] = table  # kept for a later prefix; evicted when the pool runs out
+        lay.cached[request] = table  # kept for a later prefix
         lay.ghosts.pop(request, None)
-        return result
+        while len(lay.cached) > self.max_cached:
+            self._evict(lay)
+        return self.events()
 
     def begin(self, layer, state, request, prefix=None):
         result = super().begin(layer, state, request)
@@ -384,6 +396,8 @@ class PagedAdapter(window_cache.WindowAdapter):
     def add_arguments(self, parser):
         parser.add_argument("--block-size", type=int, default=4, metavar="N",
                             help="rows per block (default 4)")
+        parser.add_argument("--prefix-cache-size", type=int, default=1, metavar="N",
+                            help="finished requests whose blocks the prefix cache keeps (default 1)")
         parser.add_argument("--prefix-cache", action="store_true",
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
                                  "finished requests' blocks kept until evicted (implied by the prefix bugs)")
@@ -393,6 +407,9 @@ class PagedAdapter(window_cache.WindowAdapter):
             raise SystemExit("paged-cache: --block-size must be >= 1")
         self.block_size = args.block_size
         self.prefix_cache = args.prefix_cache or any(b in PREFIX_BUGS for b in args.bug)
+        if args.prefix_cache_size < 0:
+            raise SystemExit("paged-cache: --prefix-cache-size must be >= 0")
+        self.prefix_cache_size = args.prefix_cache_size
 
     def display_name(self):
         return f"{super().display_name()}/B={self.block_size}"
@@ -416,7 +433,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         if getattr(self, "prefix_cache", False):
-            return SharingPagedCache(spec, self.active_bugs, self.block_size)
+            return SharingPagedCache(spec, self.active_bugs, self.block_size, self.prefix_cache_size)
         return PagedCache(spec, self.active_bugs, self.block_size)
 
 

@@ -73,6 +73,9 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
 
   double written = 0, visible = 0, max_step = 1;
   std::map<std::int64_t, scenarios::RequestProgress> progress;
+  for (const auto& r : sc.requests) {
+    if (r.prefix) progress[r.id].length = r.prefix->positions;  // a shared prefix's rows are not written
+  }
   for (const auto& s : sc.steps) {
     scenarios::RequestProgress& p = progress[s.request];
     const double n = static_cast<double>(scenarios::step_rows(s));
@@ -245,6 +248,9 @@ StepReads step_reads(const scenarios::Scenario& sc) {
   const double keys = static_cast<double>(window_keys(sc.cache));
   StepReads r;
   std::map<std::int64_t, scenarios::RequestProgress> progress;
+  for (const auto& q : sc.requests) {
+    if (q.prefix) progress[q.id].length = q.prefix->positions;
+  }
   for (std::size_t i = 0; i < sc.steps.size(); ++i) {
     const auto& s = sc.steps[i];
     scenarios::RequestProgress& p = progress[s.request];

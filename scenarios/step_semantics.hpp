@@ -106,8 +106,13 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
 /// One past the last position any step of `steps` writes, over all requests
 /// (1 for a schedule that writes nothing): what a cache without a sliding
 /// window must hold. Steps are assumed valid (refusals are skipped).
-inline std::int64_t schedule_end(const std::vector<Step>& steps) {
+/// A request that starts from a shared prefix (Request::prefix) starts at
+/// length n: pass the scenario's requests.
+inline std::int64_t schedule_end(const std::vector<Step>& steps, const std::vector<Request>& requests = {}) {
   std::map<std::int64_t, RequestProgress> progress;
+  for (const Request& r : requests) {
+    if (r.prefix) progress[r.id].length = r.prefix->positions;
+  }
   std::int64_t end = 1;
   for (const Step& s : steps) {
     RequestProgress& p = progress[s.request];
@@ -158,17 +163,22 @@ class RequestLifecycle {
     return !h || *h == request;
   }
 
-  /// `request` begins on `state`: active with an empty progress, the state its own.
-  void begin(std::int64_t request, std::int64_t state) {
-    requests_[request] = Entry{Phase::kActive, state, RequestProgress{}};
+  /// `request` begins on `state`: active with an empty progress (or, from a
+  /// shared prefix of `prefix_positions` positions, at that length), the
+  /// state its own.
+  void begin(std::int64_t request, std::int64_t state, std::int64_t prefix_positions = 0) {
+    RequestProgress start;
+    start.length = prefix_positions;
+    requests_[request] = Entry{Phase::kActive, state, start};
     holders_[state] = request;
   }
 
-  /// One step of `request` on `state`: an idle request begins first; its
-  /// progress advances; a kind that ends the request frees the state. On a
-  /// refusal the progress is unchanged (the request has still begun).
-  StepRefusal step(std::int64_t request, std::int64_t state, const Step& step) {
-    if (phase(request) == Phase::kIdle) begin(request, state);
+  /// One step of `request` on `state`: an idle request begins first (at
+  /// `prefix_positions`, its shared prefix's length); its progress advances;
+  /// a kind that ends the request frees the state. On a refusal the progress
+  /// is unchanged (the request has still begun).
+  StepRefusal step(std::int64_t request, std::int64_t state, const Step& step, std::int64_t prefix_positions = 0) {
+    if (phase(request) == Phase::kIdle) begin(request, state, prefix_positions);
     Entry& e = requests_[request];
     const StepRefusal refusal = advance(e.progress, step);
     if (refusal != StepRefusal::kNone) return refusal;
