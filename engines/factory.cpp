@@ -18,14 +18,15 @@ std::unique_ptr<CacheProvider> make_provider(const std::string& impl, const std:
     throw Error(ErrorId::kUsage, "--fault", "unknown fault '" + fault_name + "' (see `kvcheck faults`)");
   }
   if (impl == "cpu" || impl == "cuda") return make_ring_pool_provider(impl, fault);
+  if (impl == "paged") return make_paged_pool_provider("cpu", fault);  // the CPU ring pool over a block table
   if (fault != impl::Fault::kNone) {
     throw Error(ErrorId::kUsage, "--fault",
-                "named faults belong to the ring pool (--impl cpu or cuda), not to " + impl);
+                "named faults belong to the ring pool (--impl cpu, cuda or paged), not to " + impl);
   }
   if (impl == "layer") return make_layer_cache_provider();
   if (is_exec(impl)) return make_exec_provider(impl.substr(5), exec);
   throw Error(ErrorId::kUsage, "--impl",
-              "unknown cache '" + impl + "' (cpu, cuda, layer, or exec:'COMMAND ARGS')");
+              "unknown cache '" + impl + "' (cpu, cuda, paged, layer, or exec:'COMMAND ARGS')");
 }
 
 }  // namespace kvcheck::engines

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "impl/block_table.hpp"
 #include "impl/cpu/cpu_backend.hpp"
 #include "impl/ring_pool.hpp"
 #include "support/assert.hpp"
@@ -104,7 +105,7 @@ class RingPoolCache final : public CacheUnderTest {
     const auto width = static_cast<std::size_t>(spec.kv_heads) * static_cast<std::size_t>(spec.head_dim);
     std::vector<double> k(width), v(width);
     std::uint64_t h = fnv1a(nullptr, 0);
-    for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
+    for (std::int64_t slot = 0; slot < impl::pool_slot_count(spec); ++slot) {  // a paged pool's blocks too
       read_back(pool.backend_const(), slot, k.data(), v.data());
       h = hash_words(k.data(), width * sizeof(double), h);
       h = hash_words(v.data(), width * sizeof(double), h);
@@ -164,9 +165,12 @@ class RingPoolCache final : public CacheUnderTest {
 
 class RingPoolProvider final : public CacheProvider {
  public:
-  RingPoolProvider(std::string backend, impl::Fault fault) : backend_(std::move(backend)), fault_(fault) {
-    caps_.name = "ring-pool/" + backend_;
-    caps_.ring_addressing = true;
+  /// `block_rows` 0: the ring; else a block table of blocks that size (paged).
+  RingPoolProvider(std::string backend, impl::Fault fault, std::int64_t block_rows = 0)
+      : backend_(std::move(backend)), fault_(fault), block_rows_(block_rows) {
+    caps_.name = block_rows_ > 0 ? "paged-pool/" + backend_ : "ring-pool/" + backend_;
+    caps_.ring_addressing = block_rows_ == 0;
+    caps_.block_size = block_rows_;
     caps_.per_layer_windows = true;  // one pool per layer, each with its own window
     caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
     // The CPU kernel table rotates keys and queries in double (std::cos/sin
@@ -181,7 +185,7 @@ class RingPoolProvider final : public CacheProvider {
     }
   }
   const Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return backend_; }
+  std::string name() const override { return block_rows_ > 0 ? "paged" : backend_; }
 
   std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) override {
     std::vector<std::unique_ptr<impl::RingPool>> layers;
@@ -198,7 +202,8 @@ class RingPoolProvider final : public CacheProvider {
       auto backend = impl::make_backend(backend_, &why);
       if (!backend) throw Error(ErrorId::kDevice, "--impl", why);
       std::unique_ptr<impl::RingPool> pool;
-      const impl::Status st = impl::RingPool::create(std::move(backend), pool_spec, &pool);
+      const impl::Status st = block_rows_ > 0 ? create_paged(std::move(backend), spec, &pool_spec, &pool)
+                                              : impl::RingPool::create(std::move(backend), pool_spec, &pool);
       if (!st.ok()) {
         *refused = refusal(st);
         return nullptr;
@@ -209,8 +214,26 @@ class RingPoolProvider final : public CacheProvider {
   }
 
  private:
+  /// One layer's pool over a block table: ceil(capacity / B) entries per
+  /// state, the spec's pool of blocks (paged_pool_blocks when it gives none).
+  impl::Status create_paged(std::unique_ptr<impl::KvBackend> backend, const CacheSpec& spec,
+                            impl::PoolSpec* pool_spec, std::unique_ptr<impl::RingPool>* out) const {
+    const std::int64_t blocks = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, block_rows_);
+    const std::int64_t entries = (spec.cache.ring_rows + block_rows_ - 1) / block_rows_;
+    std::unique_ptr<impl::BlockTable> table;
+    if (const impl::Status st = impl::BlockTable::create(spec.cache.states, block_rows_, entries, blocks, &table);
+        !st.ok()) {
+      return st;
+    }
+    if (__builtin_mul_overflow(blocks, block_rows_, &pool_spec->pool_slots)) {
+      return impl::Status::fail(impl::CacheError::kSizeOverflow, "paged pool: blocks * block rows overflows");
+    }
+    return impl::RingPool::create(std::move(backend), *pool_spec, std::move(table), out);
+  }
+
   std::string backend_;
   impl::Fault fault_;
+  std::int64_t block_rows_ = 0;
   Capabilities caps_;
 };
 
@@ -252,6 +275,14 @@ std::unique_ptr<CacheProvider> make_ring_pool_provider(const std::string& backen
   std::string why;
   if (!impl::make_backend(backend, &why)) throw Error(ErrorId::kDevice, "--impl", why);
   return std::make_unique<RingPoolProvider>(backend, fault);
+}
+
+std::unique_ptr<CacheProvider> make_paged_pool_provider(const std::string& backend, impl::Fault fault,
+                                                        std::int64_t block_rows) {
+  if (block_rows < 1) throw Error(ErrorId::kUsage, "--impl", "a paged pool needs blocks of at least one row");
+  std::string why;
+  if (!impl::make_backend(backend, &why)) throw Error(ErrorId::kDevice, "--impl", why);
+  return std::make_unique<RingPoolProvider>(backend, fault, block_rows);
 }
 
 }  // namespace kvcheck::engines

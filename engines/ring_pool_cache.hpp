@@ -23,4 +23,17 @@ impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault);
 /// Throws kvcheck::Error(kDevice) when the backend is unavailable.
 std::unique_ptr<CacheProvider> make_ring_pool_provider(const std::string& backend, impl::Fault fault);
 
+/// The block size of `--impl paged`.
+inline constexpr std::int64_t kPagedPoolBlockRows = 4;
+
+/// Provider of paged pools (`--impl paged`): the same ring pool over a
+/// block table (impl/block_table.hpp) of `block_rows`-row blocks on backend
+/// `backend`, declaring paged addressing (Capabilities::block_size). Each
+/// state has ceil(capacity / block_rows) table entries (reused in place as
+/// its window slides), the pool the spec's pool_blocks (paged_pool_blocks
+/// when 0); blocks go back to a shared free list, the last freed first, when
+/// a request finishes, and the next request takes them.
+std::unique_ptr<CacheProvider> make_paged_pool_provider(const std::string& backend, impl::Fault fault,
+                                                        std::int64_t block_rows = kPagedPoolBlockRows);
+
 }  // namespace kvcheck::engines

@@ -3,6 +3,7 @@
 // lowest failing case and shrunk counterexample, whatever the shard count.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "engines/cache_under_test.hpp"
+#include "engines/ring_pool_cache.hpp"
 #include "impl/kv_cache.hpp"
 #include "properties/check.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -435,4 +437,53 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   CHECK(steps.differences[0].detail == "A holds r0 p0 that B does not; B holds r0 p3 that A does not");
   CHECK(steps.differences[1].what == "refusal");
   CHECK(steps.steps_compared == 1);
+}
+
+// ---- paged pools (--impl paged, --profile paged) ------------------------------
+
+TEST_CASE("Paged: --impl paged passes the paged and default profiles, counts blocks, and a faulted pool fails") {
+  properties::CheckOptions options;
+  options.cases = 60;
+  options.seed = 7;
+  options.threads = 2;
+  options.run.backend = "paged";
+  options.profile = properties::Profile::kPaged;
+  const properties::CheckResult paged = properties::run_check(options);
+  INFO(paged.shrunk_run.first_failure);
+  CHECK(paged.failures == 0);
+  CHECK(paged.ran() == paged.cases);
+  CHECK(paged.coverage_ok);
+  CHECK(paged.block_size == engines::kPagedPoolBlockRows);
+  // The paged profile's own classes are gated and reached.
+  const auto names = properties::coverage_names(properties::Profile::kPaged);
+  for (const char* name : {"block_free", "block_reuse_after_free", "verify_straddles_block"}) {
+    const auto at = std::find(names.begin(), names.end(), name);
+    REQUIRE(at != names.end());
+    const auto k = static_cast<std::size_t>(at - names.begin());
+    CHECK(paged.reachable[k]);
+    CHECK(paged.coverage_counts[k] > 0);
+  }
+  // The default profile, on the same cache, passes and crosses fewer blocks.
+  options.profile = properties::Profile::kDefault;
+  const properties::CheckResult plain = properties::run_check(options);
+  CHECK(plain.failures == 0);
+  CHECK(plain.block_window_frees < paged.block_window_frees);
+  CHECK(plain.block_reuses < paged.block_reuses);
+  // A ring cache has no block size: the paged classes are not reachable, nothing is counted.
+  options.run.backend = "cpu";
+  options.profile = properties::Profile::kPaged;
+  options.cases = 10;
+  const properties::CheckResult ring = properties::run_check(options);
+  CHECK(ring.failures == 0);
+  CHECK(ring.block_size == 0);
+  CHECK(ring.block_window_frees + ring.block_end_frees + ring.block_reuses == 0);
+  CHECK_FALSE(ring.reachable.back());
+  // A named fault in the paged pool fails, shrunk small.
+  options.run.backend = "paged";
+  options.run.fault = impl::fault_name(impl::Fault::kAcceptNoRollback);
+  options.cases = 40;
+  const properties::CheckResult faulted = properties::run_check(options);
+  REQUIRE(faulted.found_failure);
+  CHECK(faulted.shrunk.requests.size() <= 3);
+  CHECK(faulted.shrunk.steps.size() <= 8);
 }
