@@ -163,7 +163,10 @@ Json sweep_shard_rows_json(const SweepResult& result, std::int64_t index, std::i
                               : std::filesystem::path(row.counterexample).filename().string();
     rows.push_back(std::move(j));
   }
-  return Json{{"rows", std::move(rows)}};
+  Json out{{"rows", std::move(rows)}};
+  // A paged cache's rows are pools in blocks of this many rows (absent for rings).
+  if (result.block_size > 0) out["block_size"] = result.block_size;
+  return out;
 }
 
 SweepResult merge_sweep_shards(const std::vector<ShardResult>& shards) {
@@ -172,7 +175,9 @@ SweepResult merge_sweep_shards(const std::vector<ShardResult>& shards) {
   for (const pipelines::ShardResult& shard : shards) {
     try {
       if (&shard == &shards.front()) result = frame_from(shard);
-      jr::check_keys(shard.result, "result", {"rows"});
+      jr::check_keys(shard.result, "result", {"rows", "block_size"});
+      if (shard.result.contains("block_size"))
+        result.block_size = jr::get_i64(shard.result.at("block_size"), "result.block_size");
       const auto& rows = jr::as_array(jr::require(shard.result, "result", "rows"), "result.rows");
       // Exactly this shard's rows, each once, in grid order.
       std::size_t at = 0;
