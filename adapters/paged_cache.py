@@ -26,6 +26,14 @@ length is at least p + 1. Block j (rows jB .. jB + B - 1) is freed when
 (j + 1) * B <= the first position still visible. finish and reset return all
 of the request's blocks. A position whose block was freed reads as -1.
 
+`--trims` lists trim in hello. A trim takes a request back over rows its
+window had passed, so the cache then also keeps the last `capacity`
+positions it wrote (kvcheck's trim profile grows the capacity by the depth
+its trims reach) and frees only below both limits; a store_then_load step
+frees what neither its queries nor a rewind need before it stores. Without
+`--trims` the cache frees by its window alone (the bug switches are
+measured that way).
+
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates.
 """
@@ -49,6 +57,7 @@ class PagedLayer(window_cache.Layer):
         self.total = total_blocks
         self.free = []       # LIFO stack of freed block ids
         self.next_new = 0    # blocks never handed out yet: next_new .. total - 1
+        self.top = [0] * states  # per state: one past the highest position written since begin or reset
 
     def available(self):
         return len(self.free) + self.total - self.next_new
@@ -91,6 +100,13 @@ class PagedCache(window_cache.WindowCache):
         # (the request's memory grows with its length, past its bound).
         self.no_window_free = "no-window-free" in bugs
         self.report_frees = True
+        # --trims: a trim takes a request back over rows its window already
+        # passed, so the cache also keeps the last `keep_rows` (the capacity)
+        # positions written, top - capacity .. top - 1 (top: one past the
+        # highest written since begin or reset); kvcheck's trim profile grows
+        # the capacity by the depth its trims reach. None: frees by the window only.
+        self.keep_rows = None
+        self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
 
     def new_layer(self):
         layer = PagedLayer(self.spec.states, self.pool_blocks)
@@ -103,6 +119,7 @@ class PagedCache(window_cache.WindowCache):
         if block is None:
             block = layer.alloc()  # reserve() made sure there is one
             st.table[p // B] = block
+        layer.top[b] = max(layer.top[b], p + 1)
         return block * B + p % B
 
     def read_slot(self, layer, st, b, p):
@@ -148,17 +165,33 @@ class PagedCache(window_cache.WindowCache):
             nxt = st.length
         return nxt - keys + 1 + self.early
 
+    def _keep_limit(self, layer, b, p=-1):
+        """With --trims, rows below this may go once position p is written:
+        the last keep_rows positions written stay (a trim's rewind reads them)."""
+        if self.keep_rows is None:
+            return float("inf")
+        return max(layer.top[b], p + 1) - self.keep_rows
+
     def after_step(self, layer, st, b):
         if self.no_window_free:
             return
-        self._free_below(layer, st, self.first_still_visible(layer, st))
+        self._free_below(layer, st, min(self.first_still_visible(layer, st), self._keep_limit(layer, b)))
 
     def before_store(self, layer, st, b, first, j):
         if self.no_window_free:
             return
-        self._free_below(layer, st, self._lts_limit(layer, first, j))
+        self._free_below(layer, st, min(self._lts_limit(layer, first, j), self._keep_limit(layer, b, first + j)))
+
+    def _stl_limit(self, layer, b, first, n):
+        """With --trims, a store_then_load step frees first what neither its
+        queries nor a rewind need (else the rows kept and the chunk's would not fit)."""
+        keys = self.free_keys(layer)
+        if self.keep_rows is None or keys is None:
+            return float("-inf")
+        return min(first - keys + 1, self._keep_limit(layer, b, first + n - 1))
 
     def release(self, layer, st, b):
+        layer.top[b] = 0
         self._free_below(layer, st, float("inf"))
         if self.double_free:
             layer.free.extend(layer.freed[b])  # the window already freed these
@@ -177,13 +210,17 @@ class PagedCache(window_cache.WindowCache):
             if load_then_store:
                 # Blocks freed before the first new row of this block is stored.
                 j = max(first, j_block * B) - first
-                limit = self._lts_limit(layer, first, j)
-                freeable = sum(1 for i in table if (i + 1) * B <= limit)
+                limit = min(self._lts_limit(layer, first, j), self._keep_limit(layer, b, first + j))
+            else:
+                limit = self._stl_limit(layer, b, first, n)
+            freeable = sum(1 for i in table if (i + 1) * B <= limit)
             allocated += 1
             if allocated > avail + freeable and not self.no_window_free:
                 raise kp.Refusal("out-of-blocks",
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
+        if not load_then_store and not self.no_window_free:
+            self._free_below(layer, st, self._stl_limit(layer, b, first, n))
 
 
 # Bugs of the prefix cache (each switches --prefix-cache on).
@@ -386,6 +423,8 @@ class PagedAdapter(window_cache.WindowAdapter):
                                 "window taken from the wrong layer)",
         "no-window-free": "never frees a block that slid out of the window (only at finish and reset) "
                           "and takes new blocks past its pool: memory grows past the declared bound",
+        "trim-keeps-drafts": "a trim rewinds the length but leaves a pending verify's drafts pending "
+                             "(implies --trims)",
         **PREFIX_BUGS,
     }
 
@@ -398,6 +437,9 @@ class PagedAdapter(window_cache.WindowAdapter):
                             help="rows per block (default 4)")
         parser.add_argument("--prefix-cache-size", type=int, default=1, metavar="N",
                             help="finished requests whose blocks the prefix cache keeps (default 1)")
+        parser.add_argument("--trims", action="store_true",
+                            help="run trim (hello lists it): the cache also keeps the last `capacity` "
+                                 "positions written, which a rewind reads again")
         parser.add_argument("--prefix-cache", action="store_true",
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
                                  "finished requests' blocks kept until evicted (implied by the prefix bugs)")
@@ -410,6 +452,9 @@ class PagedAdapter(window_cache.WindowAdapter):
         if args.prefix_cache_size < 0:
             raise SystemExit("paged-cache: --prefix-cache-size must be >= 0")
         self.prefix_cache_size = args.prefix_cache_size
+        self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
+        if self.trims and self.prefix_cache:
+            raise SystemExit("paged-cache: --trims does not go with the prefix cache")
 
     def display_name(self):
         return f"{super().display_name()}/B={self.block_size}"
@@ -434,7 +479,10 @@ class PagedAdapter(window_cache.WindowAdapter):
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         if getattr(self, "prefix_cache", False):
             return SharingPagedCache(spec, self.active_bugs, self.block_size, self.prefix_cache_size)
-        return PagedCache(spec, self.active_bugs, self.block_size)
+        cache = PagedCache(spec, self.active_bugs, self.block_size)
+        if self.trims:
+            cache.keep_rows = spec.capacity
+        return cache
 
 
 if __name__ == "__main__":

@@ -545,7 +545,8 @@ class ProtocolTest(AdapterTest):
                                       "keep-drafts-on-finish", "trim-keeps-drafts", "padding-through-ring",
                                       "layer-window-swapped"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
-                                       "no-window-free", "free-shared", "cow-skipped", "evicted-prefix-reused"])):
+                                       "no-window-free", "trim-keeps-drafts", "free-shared", "cow-skipped",
+                                       "evicted-prefix-reused"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -758,6 +759,53 @@ class ProtocolTest(AdapterTest):
         self.addCleanup(paged.kill)
         hello = paged.hello()
         self.assertNotIn("trim", hello["capabilities"]["steps"])
+
+    def test_paged_declares_its_block_size_and_sizes_its_pool_from_pool_blocks(self):
+        adapter = self.start(PAGED, "--block-size", "2")
+        hello = adapter.hello()
+        self.assertEqual(hello["capabilities"]["addressing"], "paged")
+        self.assertEqual(hello["capabilities"]["block_size"], 2)
+        # 6 rows stored before 8 keys are read: 3 blocks of 2. capacity alone
+        # would give ceil(8 / 2) + 1 = 5; the pool is what pool_blocks says.
+        spec = make_spec(states=1, capacity=8, param=8, max_step_rows=8)
+        t = {"layer": 0, "request": 0, "state": 0}
+        for blocks, ok in ((2, False), (3, True)):
+            self.assertEqual(adapter.send({"op": "open", "spec": dict(spec, block_size=2, pool_blocks=blocks)}),
+                             {"ok": True})
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            answer = send_rows_step(adapter, t, "prefill", 0, 6, rows=6, order="store_then_load")
+            self.assertEqual(answer["ok"], ok, answer)
+            if not ok:
+                self.assertEqual(answer["error"], "out-of-blocks")
+        # A block size other than the one declared, or one without the other, is a bad request.
+        for bad in (dict(spec, block_size=4, pool_blocks=3), dict(spec, pool_blocks=3)):
+            answer = adapter.send({"op": "open", "spec": bad})
+            self.assertFalse(answer["ok"], answer)
+
+    def test_paged_trims_keep_the_last_capacity_rows(self):
+        # Without --trims the paged cache frees by its window and lists no
+        # trim; with it a rewind reads rows the window had passed, kept
+        # because they are among the last `capacity` written.
+        self.assertNotIn("trim", self.start(PAGED).hello()["capabilities"]["steps"])
+        adapter = self.start(PAGED, "--block-size", "2", "--trims")
+        self.assertIn("trim", adapter.hello()["capabilities"]["steps"])
+        # kvcheck's pool: R = max(capacity 8, keys - 1 + C 10) rows, ceil(10 / 2) + 1 blocks.
+        spec = make_spec(states=1, capacity=8, param=2, max_step_rows=9)
+        self.assertEqual(adapter.send({"op": "open", "spec": dict(spec, block_size=2, pool_blocks=6)}),
+                         {"ok": True})
+        t = {"layer": 0, "request": 0, "state": 0}
+        self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+        first = send_rows_step(adapter, t, "prefill", 0, 8, rows=8, order="load_then_store")
+        self.assertTrue(first["ok"], first)
+        self.assertEqual(adapter.send({"op": "trim", **t, "positions": 5}), {"ok": True})
+        answer = send_rows_step(adapter, t, "decode", 3)
+        self.assertTrue(answer["ok"], answer)
+        self.assertEqual(answer["read"], [first["written"][2:4]])  # position 2 still held, 3 rewritten in place
+        # Past the capacity the oldest blocks go: after positions 4..12, rows
+        # below 13 - 8 = 5 are freed (blocks 0 and 1), none a query still sees.
+        answer = send_rows_step(adapter, t, "prefill", 4, 9, rows=9, order="store_then_load")
+        self.assertTrue(answer["ok"], answer)
+        self.assertEqual(sorted(answer.get("freed", [])), sorted(first["written"][0:4]))
 
     def test_per_layer_windows_and_the_swapped_window_bug(self):
         # Layer 0 slides over 2 keys, layer 1 is global: each reads its own

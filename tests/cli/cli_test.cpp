@@ -222,15 +222,20 @@ TEST_CASE(
       {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
       {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
       {"ring_cache.py", "trim-keeps-drafts"},      // trims with drafts pending: --profile trim
-      {"ring_cache.py", "layer-window-swapped"}};  // per-layer windows: --profile layers (paged: same code)
+      {"ring_cache.py", "layer-window-swapped"},   // per-layer windows: --profile layers (paged: same code)
+      {"paged_cache.py", "double-free"}};  // a block freed by the window and again at finish: --profile paged
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
     const std::string profile = std::string(bug).starts_with("trim")     ? " --profile trim"
                                 : std::string(bug).starts_with("layer-") ? " --profile layers"
-                                                                        : "";
-    const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " +
-                          kExecCases + " --seed 1" + profile + " --out " + out.string());
+                                : std::string(bug) == "double-free"      ? " --profile paged"
+                                                                         : "";
+    // The paged profile's cases are long (many blocks each): 300 of them
+    // catch double-free (about one in seven fails), 2000 would cost a minute.
+    const std::string cases = profile == " --profile paged" ? "300" : kExecCases;
+    const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " + cases +
+                          " --seed 1" + profile + " --out " + out.string());
     INFO(o.out << o.err);
     CHECK(o.code == 1);
     const fs::path file = out / "counterexample-exec-seed1.json";
