@@ -60,12 +60,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     b.first = options.run.backend;
     b.second = properties::second_run(options.run).backend;
     b.bitwise = options.run.bitwise || options.run.repeat_bitwise;
-    b.cases_compared = result.cases_compared;
-    b.steps_compared = result.steps_compared;
-    b.resident_compared = result.resident_compared;
-    b.queries_compared = result.queries_compared;
-    b.reads_compared = result.reads_compared;
-    b.outputs_compared = result.outputs_compared;
+    b.compared = result.compared;
     for (const auto& d : result.difference.differences) b.differences.push_back(properties::difference_text(d));
     summary.side_by_side = std::move(b);
   }

@@ -61,14 +61,9 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
       ++check.cases;
       if (c.both_skipped) ++(c.refused ? check.refused : check.skipped);
       if (c.differ()) ++check.failures;
-      check.queries += c.queries_compared;
-      check.queries_not_output_checked += c.queries_compared - c.outputs_compared;
-      b.cases_compared += c.compared ? 1 : 0;
-      b.steps_compared += c.steps_compared;
-      b.resident_compared += c.resident_compared;
-      b.queries_compared += c.queries_compared;
-      b.reads_compared += c.reads_compared;
-      b.outputs_compared += c.outputs_compared;
+      check.queries += c.counts.queries;
+      check.queries_not_output_checked += c.counts.queries - c.counts.outputs;
+      b.compared += c.counts;
       for (const auto& d : c.differences) b.differences.push_back(sc.name + ": " + properties::difference_text(d));
       report.runs.push_back(std::move(pair.a));
       report.runs.push_back(std::move(pair.b));

@@ -138,7 +138,8 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
     cmp.differences.push_back(std::move(d));
     return cmp;
   }
-  cmp.compared = true;
+  ComparedCounts& n = cmp.counts;
+  n.cases = 1;
   const bool reads = reads_known(a) && reads_known(b);
   const std::size_t steps = std::max(a.steps.size(), b.steps.size());
   for (std::size_t i = 0; i < steps; ++i) {
@@ -164,28 +165,28 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
       }
       continue;
     }
-    ++cmp.steps_compared;
+    ++n.steps;
     const std::size_t queries = std::min(sa.queries.size(), sb.queries.size());
-    cmp.queries_compared += static_cast<std::int64_t>(queries);
+    n.queries += static_cast<std::int64_t>(queries);
     std::string reads_found, outputs_found;
     for (std::size_t k = 0; k < queries; ++k) {
       const QueryObservation& qa = sa.queries[k];
       const QueryObservation& qb = sb.queries[k];
       if (reads) {
-        ++cmp.reads_compared;
+        ++n.reads;
         const Held ra = read_positions(qa), rb = read_positions(qb);
         if (reads_found.empty() && ra != rb)
           reads_found = "query at position " + std::to_string(qa.position) + ": " + sides_text(ra, rb, "read");
       }
       if (!qa.out.empty() && qa.out.size() == qb.out.size()) {
-        ++cmp.outputs_compared;
+        ++n.outputs;
         if (outputs_found.empty()) {
           const std::string o = outputs_difference(qa, qb, bitwise);
           if (!o.empty()) outputs_found = "query at position " + std::to_string(qa.position) + ": " + o;
         }
       }
     }
-    if (resident) ++cmp.resident_compared;
+    if (resident) ++n.resident;
     if (resident && sa.resident != sb.resident) differs("resident", sides_text(sa.resident, sb.resident, "holds"));
     if (!reads_found.empty()) differs("reads", reads_found);
     if (!outputs_found.empty()) differs("outputs", outputs_found);
@@ -208,11 +209,13 @@ engines::Capabilities intersect_capabilities(const engines::Capabilities& a, con
   };
   c.formats = both(a.formats, b.formats);
   c.rope_styles = both(a.rope_styles, b.rope_styles);
-  c.gqa = a.gqa && b.gqa;
-  c.shared_row = a.shared_row && b.shared_row;
-  c.sink = a.sink && b.sink;
-  c.softmax_scale = a.softmax_scale && b.softmax_scale;
-  c.partial_rope = a.partial_rope && b.partial_rope;
+  using C = engines::Capabilities;
+  // What the cache supports or reports: both must.
+  for (bool C::*m : {&C::gqa, &C::shared_row, &C::sink, &C::softmax_scale, &C::partial_rope, &C::computes_outputs,
+                     &C::reports_written_slots, &C::reports_read_slots, &C::ring_addressing, &C::per_layer_windows,
+                     &C::prefix_sharing, &C::reports_frees}) {
+    c.*m = a.*m && b.*m;
+  }
   c.full_window_only = a.full_window_only || b.full_window_only;
   const auto sizes = [](const engines::SizeSet& x, const engines::SizeSet& y) {
     engines::SizeSet s;
@@ -231,21 +234,11 @@ engines::Capabilities intersect_capabilities(const engines::Capabilities& a, con
   };
   c.head_dims = sizes(a.head_dims, b.head_dims);
   c.rotary_dims = sizes(a.rotary_dims, b.rotary_dims);
-  const auto limit = [](std::int64_t x, std::int64_t y) { return x == 0 ? y : (y == 0 ? x : std::min(x, y)); };
-  c.max_states = limit(a.max_states, b.max_states);
-  c.max_layers = limit(a.max_layers, b.max_layers);
-  c.max_step_rows = limit(a.max_step_rows, b.max_step_rows);
-  c.max_heads = limit(a.max_heads, b.max_heads);
-  c.max_kv_heads = limit(a.max_kv_heads, b.max_kv_heads);
-  c.max_window_keys = limit(a.max_window_keys, b.max_window_keys);
-  c.max_positions = limit(a.max_positions, b.max_positions);
-  c.computes_outputs = a.computes_outputs && b.computes_outputs;
-  c.reports_written_slots = a.reports_written_slots && b.reports_written_slots;
-  c.reports_read_slots = a.reports_read_slots && b.reports_read_slots;
-  c.ring_addressing = a.ring_addressing && b.ring_addressing;
-  c.per_layer_windows = a.per_layer_windows && b.per_layer_windows;
-  c.prefix_sharing = a.prefix_sharing && b.prefix_sharing;
-  c.reports_frees = a.reports_frees && b.reports_frees;
+  // Limits (0: none): the lower one.
+  for (std::int64_t C::*m : {&C::max_states, &C::max_layers, &C::max_step_rows, &C::max_heads, &C::max_kv_heads,
+                             &C::max_window_keys, &C::max_positions}) {
+    c.*m = a.*m == 0 ? b.*m : (b.*m == 0 ? a.*m : std::min(a.*m, b.*m));
+  }
   if (a.fast_kernel_runs && b.fast_kernel_runs) {
     c.fast_kernel_runs = [fa = a.fast_kernel_runs, fb = b.fast_kernel_runs](const engines::CacheSpec& spec) {
       return fa(spec) || fb(spec);
@@ -296,8 +289,8 @@ PairRun run_pair(const scenarios::Scenario& scenario, const RunOptions& options,
   s.skipped = pair.comparison.both_skipped;
   s.refused = pair.comparison.refused;
   s.skip_reason = pair.a.skip_reason;
-  s.queries = pair.comparison.queries_compared;
-  s.queries_not_output_checked = pair.comparison.queries_compared - pair.comparison.outputs_compared;
+  s.queries = pair.comparison.counts.queries;
+  s.queries_not_output_checked = pair.comparison.counts.queries - pair.comparison.counts.outputs;
   s.passed = !pair.comparison.differ();
   if (!s.passed) {
     s.first_failing_step = 0;

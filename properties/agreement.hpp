@@ -38,14 +38,11 @@ struct StepDifference {
 
 /// What comparing two runs of one scenario found.
 struct PairComparison {
-  bool compared = false;            ///< both caches ran it (neither skipped nor refused at open)
-  bool both_skipped = false;        ///< neither ran it (capabilities or refusal at open): nothing compared
-  bool refused = false;             ///< with both_skipped: a cache refused it at open
-  std::int64_t steps_compared = 0;  ///< step observations (a step on one layer) both ran and compared
-  std::int64_t resident_compared = 0;  ///< of those, steps whose resident sets were compared
-  std::int64_t queries_compared = 0;  ///< queries of those steps
-  std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared (both report reads)
-  std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
+  bool both_skipped = false;  ///< neither ran it (capabilities or refusal at open): nothing compared
+  bool refused = false;       ///< with both_skipped: a cache refused it at open
+  /// What was compared: cases 1 when both caches ran it (neither skipped
+  /// nor refused at open), else 0 and nothing compared.
+  ComparedCounts counts;
   std::vector<StepDifference> differences;  ///< every differing step, in order
   bool differ() const noexcept { return !differences.empty(); }
 };

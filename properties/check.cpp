@@ -244,8 +244,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   // not depend on which worker ran what): nothing is sized by the case count.
   std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0},
       not_reproduced{0};
-  std::atomic<std::int64_t> cases_compared{0}, steps_compared{0}, resident_compared{0}, queries_compared{0},
-      reads_compared{0}, outputs_compared{0};
+  std::mutex compared_mutex;
+  ComparedCounts compared;  // guarded by compared_mutex
   std::vector<std::atomic<std::int64_t>> coverage(classes);
   std::atomic<std::int64_t> block_window_frees{0}, block_end_frees{0}, block_reuses{0};
   std::atomic<std::int64_t> next{0}, done{0};
@@ -306,13 +306,9 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
             provider.reset();  // spent: the next case starts a new one
           }
         }
-        if (pair.comparison.compared) {
-          cases_compared.fetch_add(1);
-          steps_compared.fetch_add(pair.comparison.steps_compared);
-          resident_compared.fetch_add(pair.comparison.resident_compared);
-          queries_compared.fetch_add(pair.comparison.queries_compared);
-          reads_compared.fetch_add(pair.comparison.reads_compared);
-          outputs_compared.fetch_add(pair.comparison.outputs_compared);
+        if (side_by_side) {
+          const std::lock_guard<std::mutex> lock(compared_mutex);
+          compared += pair.comparison.counts;
         }
         if (obs.skipped) {
           (obs.refused ? refused : skipped).fetch_add(1);
@@ -368,12 +364,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.refused = refused.load();
   tally.queries = queries.load();
   tally.queries_not_output_checked = not_output_checked.load();
-  tally.cases_compared = cases_compared.load();
-  tally.steps_compared = steps_compared.load();
-  tally.resident_compared = resident_compared.load();
-  tally.queries_compared = queries_compared.load();
-  tally.reads_compared = reads_compared.load();
-  tally.outputs_compared = outputs_compared.load();
+  tally.compared = compared;
   for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
   tally.block_size = caps.block_size;
   tally.block_window_frees = block_window_frees.load();
@@ -398,12 +389,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.queries = tally.queries;
   result.queries_not_output_checked = tally.queries_not_output_checked;
   result.crashes_not_reproduced = tally.crashes_not_reproduced;
-  result.cases_compared = tally.cases_compared;
-  result.steps_compared = tally.steps_compared;
-  result.resident_compared = tally.resident_compared;
-  result.queries_compared = tally.queries_compared;
-  result.reads_compared = tally.reads_compared;
-  result.outputs_compared = tally.outputs_compared;
+  result.compared = tally.compared;
   // A check where most cases never ran judged little: it fails (README
   // "Counts"). Compared in doubles: min_run_share is a fraction in [0, 1].
   result.run_share_ok =
@@ -577,12 +563,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.queries += t.queries;
     total.queries_not_output_checked += t.queries_not_output_checked;
     total.crashes_not_reproduced += t.crashes_not_reproduced;
-    total.cases_compared += t.cases_compared;
-    total.steps_compared += t.steps_compared;
-    total.resident_compared += t.resident_compared;
-    total.queries_compared += t.queries_compared;
-    total.reads_compared += t.reads_compared;
-    total.outputs_compared += t.outputs_compared;
+    total.compared += t.compared;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
     total.block_size = std::max(total.block_size, t.block_size);

@@ -91,12 +91,7 @@ struct CheckResult {
   // Two caches side by side (run.against, run.repeat_bitwise): what was
   // compared over every case (a PASS compared this much), and the shrunk
   // difference's comparison and second run.
-  std::int64_t cases_compared = 0;    ///< cases both caches ran and were compared
-  std::int64_t steps_compared = 0;    ///< step observations (a step on one layer) compared
-  std::int64_t resident_compared = 0;  ///< of those, steps whose resident sets were compared
-  std::int64_t queries_compared = 0;  ///< queries of those
-  std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared
-  std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
+  ComparedCounts compared;            ///< summed over every case
   PairComparison difference;          ///< the shrunk case's comparison (side by side, on failure)
   RunObservation shrunk_run_b;        ///< the second cache's run of the shrunk case
   /// Cases that ran: neither refused nor skipped.
@@ -158,12 +153,7 @@ struct CaseTally {
   /// (not failures). Kept in memory only (not in a shard document).
   std::int64_t crashes_not_reproduced = 0;
   // Side by side only (kept in memory only, not in a shard document).
-  std::int64_t cases_compared = 0;
-  std::int64_t steps_compared = 0;
-  std::int64_t resident_compared = 0;
-  std::int64_t queries_compared = 0;
-  std::int64_t reads_compared = 0;
-  std::int64_t outputs_compared = 0;
+  ComparedCounts compared;
   bool operator==(const CaseTally&) const = default;
 };
 

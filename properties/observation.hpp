@@ -107,6 +107,27 @@ struct StepObservation {
   bool failed = false;  ///< the verdict of this step (set once, by the runner)
 };
 
+/// How much two caches side by side compared (properties/agreement.hpp),
+/// for one case or summed over many.
+struct ComparedCounts {
+  std::int64_t cases = 0;     ///< cases both caches ran
+  std::int64_t steps = 0;     ///< step observations (a step on one layer) both ran and compared
+  std::int64_t resident = 0;  ///< of those, steps whose resident sets were compared
+  std::int64_t queries = 0;   ///< queries of those steps
+  std::int64_t reads = 0;     ///< of those, queries whose read positions were compared
+  std::int64_t outputs = 0;   ///< of those, queries whose outputs were compared
+  ComparedCounts& operator+=(const ComparedCounts& o) noexcept {
+    cases += o.cases;
+    steps += o.steps;
+    resident += o.resident;
+    queries += o.queries;
+    reads += o.reads;
+    outputs += o.outputs;
+    return *this;
+  }
+  bool operator==(const ComparedCounts&) const = default;
+};
+
 /// Totals and the verdict of one run.
 struct RunObservation {
   std::string scenario_name;

@@ -107,11 +107,10 @@ std::string check_counts_text(const CheckSummary& c) {
 
 std::string side_by_side_text(const SideBySide& s) {
   return s.property + " of " + s.first + " (A) and " + s.second + " (B), outputs " +
-         (s.bitwise ? "bit for bit" : "within the larger tolerance") + ": " + std::to_string(s.cases_compared) +
-         " cases, " + std::to_string(s.steps_compared) + " steps (" + std::to_string(s.resident_compared) +
-         " resident sets), " + std::to_string(s.queries_compared) +
-         " queries compared (" + std::to_string(s.reads_compared) + " reads, " +
-         std::to_string(s.outputs_compared) + " outputs)";
+         (s.bitwise ? "bit for bit" : "within the larger tolerance") + ": " + std::to_string(s.compared.cases) +
+         " cases, " + std::to_string(s.compared.steps) + " steps (" + std::to_string(s.compared.resident) +
+         " resident sets), " + std::to_string(s.compared.queries) + " queries compared (" +
+         std::to_string(s.compared.reads) + " reads, " + std::to_string(s.compared.outputs) + " outputs)";
 }
 
 std::int64_t steps_observed(const properties::RunObservation& run) noexcept {

@@ -57,12 +57,7 @@ struct SideBySide {
   std::string first;     ///< the first cache (--impl), "A" in every difference
   std::string second;    ///< the second cache (--against; the first again for repeat-bitwise), "B"
   bool bitwise = false;  ///< outputs compared bit for bit (else within the larger tolerance)
-  std::int64_t cases_compared = 0;    ///< cases both caches ran
-  std::int64_t steps_compared = 0;    ///< step observations (a step on one layer) compared
-  std::int64_t resident_compared = 0;  ///< of those, steps whose resident sets were compared
-  std::int64_t queries_compared = 0;  ///< queries of those
-  std::int64_t reads_compared = 0;    ///< of those, queries whose reads were compared
-  std::int64_t outputs_compared = 0;  ///< of those, queries whose outputs were compared
+  properties::ComparedCounts compared;  ///< what was compared, over every case
   /// The reported case's differing steps, one line each, in step order
   /// (empty when every case agreed).
   std::vector<std::string> differences;

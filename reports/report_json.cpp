@@ -226,12 +226,12 @@ Json check_json(const CheckSummary& c) {
                              {"first", b.first},
                              {"second", b.second},
                              {"bitwise", b.bitwise},
-                             {"cases_compared", b.cases_compared},
-                             {"steps_compared", b.steps_compared},
-                             {"resident_compared", b.resident_compared},
-                             {"queries_compared", b.queries_compared},
-                             {"reads_compared", b.reads_compared},
-                             {"outputs_compared", b.outputs_compared},
+                             {"cases_compared", b.compared.cases},
+                             {"steps_compared", b.compared.steps},
+                             {"resident_compared", b.compared.resident},
+                             {"queries_compared", b.compared.queries},
+                             {"reads_compared", b.compared.reads},
+                             {"outputs_compared", b.compared.outputs},
                              {"differences", b.differences}};
   }
   if (c.depends_on_earlier) {

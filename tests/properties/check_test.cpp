@@ -296,11 +296,11 @@ TEST_CASE("Side by side: the CPU ring pool and the layer-bound cache agree, and 
   CHECK_FALSE(result.found_failure);
   // A pass compared something: every case that ran, on every step and query.
   CHECK(result.ran() > 0);
-  CHECK(result.cases_compared == result.ran());
-  CHECK(result.steps_compared >= result.cases_compared);
-  CHECK(result.queries_compared > 0);
-  CHECK(result.reads_compared == result.queries_compared);
-  CHECK(result.outputs_compared == result.queries_compared);
+  CHECK(result.compared.cases == result.ran());
+  CHECK(result.compared.steps >= result.compared.cases);
+  CHECK(result.compared.queries > 0);
+  CHECK(result.compared.reads == result.compared.queries);
+  CHECK(result.compared.outputs == result.compared.queries);
 }
 
 TEST_CASE("Side by side: a cache against the same cache with a planted fault differs, shrunk small") {
@@ -322,7 +322,7 @@ TEST_CASE("Side by side: a cache against the same cache with a planted fault dif
   CHECK(result.shrunk.name.find("agreement") != std::string::npos);
   // The shrunk case's comparison lists its differing steps; both runs are kept.
   REQUIRE(result.difference.differ());
-  CHECK(result.difference.compared);
+  CHECK(result.difference.counts.cases == 1);
   const properties::StepDifference& first = result.difference.differences.front();
   CHECK(first.step >= 0);
   CHECK(first.step < static_cast<std::int64_t>(result.shrunk.steps.size()));
@@ -342,8 +342,8 @@ TEST_CASE("Side by side: two runs of a deterministic cache are bitwise equal, of
   options.cases = 30;
   const properties::CheckResult same = properties::run_check(options);
   CHECK(same.failures == 0);
-  CHECK(same.cases_compared == same.ran());
-  CHECK(same.outputs_compared > 0);
+  CHECK(same.compared.cases == same.ran());
+  CHECK(same.compared.outputs > 0);
 
   // Outputs that move by one unit in the last place on every other open.
   struct Drifting final : engines::CacheUnderTest {
@@ -415,7 +415,7 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   b.refused = true;
   b.skip_reason = "b refused the configuration: full";
   const properties::PairComparison one_sided = properties::compare_runs(a, b, false);
-  CHECK_FALSE(one_sided.compared);
+  CHECK(one_sided.counts.cases == 0);
   REQUIRE(one_sided.differ());
   CHECK(one_sided.differences.front().what == "refusal");
   CHECK(one_sided.differences.front().detail.find("full") != std::string::npos);
@@ -423,7 +423,7 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   const properties::PairComparison neither = properties::compare_runs(a, b, false);
   CHECK(neither.both_skipped);
   CHECK_FALSE(neither.differ());
-  CHECK(neither.steps_compared == 0);
+  CHECK(neither.counts == properties::ComparedCounts{});
   // A step one side refused and the other ran, and resident sets that differ.
   properties::RunObservation c, d;
   c.steps.resize(2);
@@ -436,7 +436,8 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   CHECK(steps.differences[0].what == "resident");
   CHECK(steps.differences[0].detail == "A holds r0 p0 that B does not; B holds r0 p3 that A does not");
   CHECK(steps.differences[1].what == "refusal");
-  CHECK(steps.steps_compared == 1);
+  CHECK(steps.counts.steps == 1);
+  CHECK(steps.counts.resident == 1);
 }
 
 // ---- paged pools (--impl paged, --profile paged) ------------------------------
