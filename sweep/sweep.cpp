@@ -173,51 +173,87 @@ void sweep_shape(const SweepConfig& config, std::int64_t ring_rows, std::int64_t
   if (coded) sc->data.profile = scenarios::ValueProfile::kPositionCode;
 }
 
-scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
-                                        std::int64_t states, const engines::Capabilities& caps) {
+namespace {
+
+/// The step shapes of a worst-case schedule: decode, prefill(C) in the
+/// configuration's order, verify(k).
+struct ProbeSteps {
+  scenarios::Step decode;
+  scenarios::Step prefill;
+  scenarios::Step verify;
+};
+
+ProbeSteps probe_steps(const SweepConfig& config) {
+  ProbeSteps s;
+  s.decode.kind = StepKind::kDecode;
+  s.prefill.kind = StepKind::kPrefill;
+  s.prefill.order = config.order == SweepOrder::kStoreThenLoad ? scenarios::Order::kStoreThenLoad
+                                                               : scenarios::Order::kLoadThenStore;
+  s.prefill.rows = config.chunk_rows;
+  s.verify.kind = StepKind::kVerify;
+  s.verify.drafts = config.drafts;
+  return s;
+}
+
+/// One step of a fill: a load_then_store prefill of `rows` rows, or a decode
+/// when the cache does not take it.
+scenarios::Step fill_step(std::int64_t rows, const engines::Capabilities& caps) {
+  scenarios::Step st;
+  st.kind = StepKind::kPrefill;
+  st.order = scenarios::Order::kLoadThenStore;
+  st.rows = rows;
+  if (!caps.supports_step(st) || (caps.max_step_rows > 0 && st.rows > caps.max_step_rows)) {
+    st = scenarios::Step{};
+    st.kind = StepKind::kDecode;
+  }
+  return st;
+}
+
+/// A live worst-case scenario before its requests and steps: `name`, the
+/// cache at `capacity` rows on `states` states, in a shape the cache declares.
+scenarios::Scenario live_frame(const SweepConfig& config, std::int64_t capacity, std::int64_t states,
+                               const engines::Capabilities& caps, std::string name, std::string description) {
   scenarios::Scenario sc;
-  sc.name = "sweep-live-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) +
-            "-c" + std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" +
-            std::to_string(ring_rows);
-  sc.description = "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) +
-                   " (W=" + std::to_string(config.window_keys) + ", k=" + std::to_string(config.drafts) +
-                   ", C=" + std::to_string(config.chunk_rows) + ", " + order_file_name(config.order) + ")";
+  sc.name = std::move(name);
+  sc.description = std::move(description);
   sc.cache.window = config.window_keys;
   sc.cache.convention = scenarios::Convention::kKeys;
-  sc.cache.ring_rows = ring_rows;
+  sc.cache.ring_rows = capacity;
   sc.cache.states = states;
   sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
   sc.data.seed = 1;
-  sweep_shape(config, ring_rows, states, caps, &sc);
-  const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
-                                     ? scenarios::Order::kStoreThenLoad
-                                     : scenarios::Order::kLoadThenStore;
+  sweep_shape(config, capacity, states, caps, &sc);
+  return sc;
+}
+
+/// "W=.., k=.., C=.., order" of a configuration.
+std::string config_text(const SweepConfig& config) {
+  return "W=" + std::to_string(config.window_keys) + ", k=" + std::to_string(config.drafts) +
+         ", C=" + std::to_string(config.chunk_rows) + ", " + order_file_name(config.order);
+}
+
+}  // namespace
+
+scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t ring_rows,
+                                        std::int64_t states, const engines::Capabilities& caps) {
+  scenarios::Scenario sc = live_frame(
+      config, ring_rows, states, caps,
+      "sweep-live-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
+          std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-s" +
+          std::to_string(ring_rows),
+      "kvcheck sweep worst-case schedule at capacity " + std::to_string(ring_rows) + " (" + config_text(config) +
+          ")");
+  const auto [decode, prefill, verify] = probe_steps(config);
   std::vector<scenarios::Step> program;
   auto add = [&](scenarios::Step st) {
     if (caps.supports_step(st)) program.push_back(st);
   };
-  scenarios::Step decode;
-  decode.kind = StepKind::kDecode;
   const std::int64_t fill = history_rows(config.window_keys, ring_rows, 0);
   const std::int64_t chunk = std::min(config.window_keys, ring_rows);
   for (std::int64_t done = 0; done < fill;) {
-    scenarios::Step st;
-    st.kind = StepKind::kPrefill;
-    st.order = scenarios::Order::kLoadThenStore;
-    st.rows = std::min(chunk, fill - done);
-    if (!caps.supports_step(st) || (caps.max_step_rows > 0 && st.rows > caps.max_step_rows)) {
-      st = decode;
-    }
-    program.push_back(st);
-    done += scenarios::step_rows(st);
+    program.push_back(fill_step(std::min(chunk, fill - done), caps));
+    done += scenarios::step_rows(program.back());
   }
-  scenarios::Step prefill;
-  prefill.kind = StepKind::kPrefill;
-  prefill.order = order;
-  prefill.rows = config.chunk_rows;
-  scenarios::Step verify;
-  verify.kind = StepKind::kVerify;
-  verify.drafts = config.drafts;
   add(decode);
   add(prefill);
   for (std::int64_t a = 0; a <= config.drafts && caps.verify; ++a) {
@@ -255,37 +291,18 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
                                               std::int64_t states, const engines::Capabilities& caps) {
   KVCHECK_ASSERT(block_size >= 1 && states >= 1);
   const std::int64_t capacity = spec_bound(config);
-  scenarios::Scenario sc;
-  sc.name = "sweep-paged-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
-            std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-b" +
-            std::to_string(block_size);
-  sc.description = "kvcheck sweep worst-case schedule for a paged cache of blocks of " +
-                   std::to_string(block_size) + " rows (W=" + std::to_string(config.window_keys) +
-                   ", k=" + std::to_string(config.drafts) + ", C=" + std::to_string(config.chunk_rows) + ", " +
-                   order_file_name(config.order) + ")";
-  sc.cache.window = config.window_keys;
-  sc.cache.convention = scenarios::Convention::kKeys;
-  sc.cache.ring_rows = capacity;
-  sc.cache.states = 1;  // one live request: each takes the state the one before freed
-  sc.cache.format = caps.formats.empty() ? scenarios::Format::kF64 : caps.formats.front();
-  sc.data.seed = 1;
-  sweep_shape(config, capacity, 1, caps, &sc);
-  const scenarios::Order order = config.order == SweepOrder::kStoreThenLoad
-                                     ? scenarios::Order::kStoreThenLoad
-                                     : scenarios::Order::kLoadThenStore;
+  // One live request: each takes the one state the request before it freed.
+  scenarios::Scenario sc = live_frame(
+      config, capacity, 1, caps,
+      "sweep-paged-w" + std::to_string(config.window_keys) + "-k" + std::to_string(config.drafts) + "-c" +
+          std::to_string(config.chunk_rows) + "-" + order_file_name(config.order) + "-b" + std::to_string(block_size),
+      "kvcheck sweep worst-case schedule for a paged cache of blocks of " + std::to_string(block_size) +
+          " rows (" + config_text(config) + ")");
+  const auto [decode, prefill, verify] = probe_steps(config);
   // One request live at a time: each finishes before the next begins (a
   // cache without finish runs every phase on one request).
   const std::int64_t requests = caps.finish ? std::min(states, block_size) : 1;
   for (std::int64_t b = 0; b < requests; ++b) sc.requests.push_back(scenarios::Request{b, 0});
-  scenarios::Step decode;
-  decode.kind = StepKind::kDecode;
-  scenarios::Step prefill;
-  prefill.kind = StepKind::kPrefill;
-  prefill.order = order;
-  prefill.rows = config.chunk_rows;
-  scenarios::Step verify;
-  verify.kind = StepKind::kVerify;
-  verify.drafts = config.drafts;
   const std::int64_t fill = config.window_keys + 2 * block_size;
   for (std::int64_t b = 0; b < requests; ++b) {
     std::int64_t length = 0;  // the request's committed length
@@ -299,11 +316,7 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
     };
     const std::int64_t chunk = std::min(config.window_keys, capacity);
     while (length < fill) {
-      scenarios::Step st;
-      st.kind = StepKind::kPrefill;
-      st.order = scenarios::Order::kLoadThenStore;
-      st.rows = std::min(chunk, fill - length);
-      if (!caps.supports_step(st) || (caps.max_step_rows > 0 && st.rows > caps.max_step_rows)) st = decode;
+      const scenarios::Step st = fill_step(std::min(chunk, fill - length), caps);
       push(st, scenarios::step_rows(st));
     }
     for (std::int64_t phase = b; phase < block_size; phase += requests) {
