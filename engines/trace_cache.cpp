@@ -91,7 +91,11 @@ class TraceCache final : public CacheUnderTest {
       }
     }
     if (rec.refused) return parse_refusal(*rec.refused);
-    if (begin || !scenarios::trace_kind_writes(rec.kind) || answer == nullptr) return std::nullopt;
+    if (begin || answer == nullptr) return std::nullopt;
+    answer->padded = rec.padded;
+    answer->moved = rec.moved;
+    answer->freed = rec.freed;
+    if (!scenarios::trace_kind_writes(rec.kind)) return std::nullopt;
 
     const std::int64_t n = rec.rows;
     const auto q_width =
@@ -107,7 +111,7 @@ class TraceCache final : public CacheUnderTest {
     answer->written = rec.written;
     answer->has_reads = true;
     answer->read_offsets.push_back(0);
-    for (const auto& list : scenarios::trace_read_slots(rec, scenarios::trace_window_keys(run_->header))) {
+    for (const auto& list : scenarios::trace_read_slots(rec, scenarios::trace_layer_window_keys(run_->header, rec.layer))) {
       answer->read_slots.insert(answer->read_slots.end(), list.begin(), list.end());
       answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
     }
@@ -127,6 +131,7 @@ class TraceProvider final : public CacheProvider {
   explicit TraceProvider(const TraceRun& run) : run_(std::make_shared<const TraceRun>(run)) {
     caps_.name = "trace:" + run.header.name;
     caps_.ring_addressing = run.header.addressing == scenarios::Addressing::kRing;
+    caps_.per_layer_windows = !run.header.layer_windows.empty();  // the recording's own windows
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
   }
@@ -236,6 +241,11 @@ class RecordingCache final : public CacheUnderTest {
       s.accepted = c.step.accepted;
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kPositions)
       s.positions = c.step.positions;
+    if (c.op != StepCall::Op::kBegin && !st && answer != nullptr) {
+      s.padded = answer->padded;
+      s.moved = answer->moved;
+      s.freed = answer->freed;
+    }
     if (scenarios::trace_kind_writes(s.kind)) {
       s.position = c.position;
       s.rows = c.rows;
@@ -302,6 +312,7 @@ class Recorder final : public RecordingProvider {
     h.name = run_name_ ? *run_name_ : (runs_ == 1 ? base_ : base_ + "#" + std::to_string(runs_));
     h.window = spec.cache.window;
     h.convention = spec.cache.convention;
+    h.layer_windows = spec.cache.layer_windows;
     h.capacity = spec.cache.ring_rows;
     h.states = spec.cache.states;
     h.addressing = inner_->capabilities().ring_addressing ? scenarios::Addressing::kRing

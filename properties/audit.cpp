@@ -73,6 +73,8 @@ bool split_indexed(const std::string& where, const std::string& prefix, std::siz
     where = at_line(r.line, rest);
   } else if (w == "cache.window") {
     where = at_line(o.header_line, "window.param");
+  } else if (w.rfind("cache.layer_windows", 0) == 0) {
+    where = at_line(o.header_line, w.substr(6));  // the header's own layer_windows
   } else if (w == "cache.ring_rows") {
     where = at_line(o.header_line, "capacity");
   } else if (w == "cache.states") {
@@ -106,8 +108,8 @@ TraceScenario trace_scenario(const TraceRun& run) {
   // Cache: the header, else the defaults; sizes not given come from the records.
   std::int32_t max_layer = 0;
   std::int64_t max_state = 0, max_slot = -1;
-  const std::int64_t keys = scenarios::trace_window_keys(h);
   for (const TraceStep& s : run.steps) {
+    const std::int64_t keys = scenarios::trace_layer_window_keys(h, s.layer);
     max_layer = std::max(max_layer, s.layer);
     max_state = std::max(max_state, s.state);
     for (const std::int64_t slot : s.written) max_slot = std::max(max_slot, slot);
@@ -120,6 +122,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
   scenarios::CacheConfig& c = sc.cache;
   c.window = h.window;
   c.convention = h.convention;
+  c.layer_windows = h.layer_windows;  // validation names a count that disagrees with the layers
   c.q_heads = tc.q_heads;
   c.kv_heads = tc.kv_heads;
   c.head_dim = tc.head_dim;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scenarios/scenario.hpp"
@@ -68,6 +69,9 @@ struct TraceHeader {
   std::optional<std::int64_t> states;    ///< absent: 1 + the largest state used
   Addressing addressing = Addressing::kOpaque;
   std::optional<TraceCache> cache;  ///< absent: TraceCache defaults, outputs not judged
+  /// Each layer's own window (JSON "layer_windows", as a scenario's
+  /// cache.layer_windows); empty: every layer has `window`.
+  std::vector<LayerWindow> layer_windows;
   /// What the run expects, as a scenario file's "expect" (a recording of a
   /// replayed scenario carries the scenario's); absent: no lost row, no
   /// collision, outputs within the format's tolerance.
@@ -112,6 +116,11 @@ struct TraceStep {
   /// Optional row data (rows before RoPE, as in the exec protocol) and the
   /// outputs; empty when absent. v is absent for shared rows.
   std::vector<std::vector<double>> k, v, q, out;
+  /// Any step: slots written with no token, rows moved [from, to], slots
+  /// released (adapters/PROTOCOL.md "Padding, moves and frees"); empty when absent.
+  std::vector<std::int64_t> padded;
+  std::vector<std::pair<std::int64_t, std::int64_t>> moved;
+  std::vector<std::int64_t> freed;
   /// "code: detail" when the cache refused this call (the run stops there).
   std::optional<std::string> refused;
   bool operator==(const TraceStep&) const = default;
@@ -162,6 +171,15 @@ inline Step trace_record_step(const TraceStep& s) noexcept {
 /// Keys a query sees under the header's window (keys: W; left, off-by-one: W + 1).
 constexpr std::int64_t trace_window_keys(const TraceHeader& h) noexcept {
   return h.convention == Convention::kKeys ? h.window : h.window + 1;
+}
+
+/// Keys a query of `layer` sees: its own window when the header lists layer
+/// windows (kGlobalWindowKeys for a global layer), else the header's.
+constexpr std::int64_t trace_layer_window_keys(const TraceHeader& h, std::int32_t layer) noexcept {
+  if (layer < 0 || static_cast<std::size_t>(layer) >= h.layer_windows.size()) return trace_window_keys(h);
+  const LayerWindow& w = h.layer_windows[static_cast<std::size_t>(layer)];
+  if (!w.window) return kGlobalWindowKeys;
+  return w.convention == Convention::kKeys ? *w.window : *w.window + 1;
 }
 
 }  // namespace kvcheck::scenarios

@@ -137,7 +137,8 @@ TraceCache read_cache(const json& j, const std::string& path) {
 
 TraceHeader read_header(const json& j) {
   check_keys(j, "",
-             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect"});
+             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect",
+              "layer_windows"});
   const json& version = require(j, "", "kvcheck_trace");
   if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
     fail(ErrorId::kJsonValue, "kvcheck_trace",
@@ -164,6 +165,38 @@ TraceHeader read_header(const json& j) {
            "keys " + std::to_string(keys) + " disagrees with param " + std::to_string(h.window) +
                " under convention '" + std::string(convention_name(h.convention)) + "' (" +
                std::to_string(trace_window_keys(h)) + " keys)");
+    }
+  }
+  if (const json* v = find(j, "layer_windows")) {
+    // One entry per layer, as an exec open's: {"param", "convention", "keys"},
+    // all three null for a global layer; keys optional.
+    as_array(*v, "layer_windows");
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string p = join_index("layer_windows", i);
+      const json& e = as_object((*v)[i], p);
+      check_keys(e, p, {"param", "convention", "keys"});
+      const json& param = require(e, p, "param");
+      if (param.is_null()) {
+        for (const char* key : {"convention", "keys"}) {
+          if (const json* x = find(e, key); x != nullptr && !x->is_null()) {
+            fail(ErrorId::kJsonValue, join_key(p, key), "a global layer (param null) has no " + std::string(key));
+          }
+        }
+        h.layer_windows.push_back(LayerWindow{std::nullopt, Convention::kKeys});
+        continue;
+      }
+      LayerWindow lw;
+      lw.window = get_range(param, join_key(p, "param"), 1, kMaxRows - 1, "window");
+      lw.convention = get_enum(require(e, p, "convention"), join_key(p, "convention"), kConventions, convention_name);
+      if (const json* k = find(e, "keys")) {
+        const std::int64_t want = lw.convention == Convention::kKeys ? *lw.window : *lw.window + 1;
+        if (get_i64(*k, join_key(p, "keys")) != want) {
+          fail(ErrorId::kJsonValue, join_key(p, "keys"),
+               "keys disagree with param " + std::to_string(*lw.window) + " under convention '" +
+                   std::string(convention_name(lw.convention)) + "' (" + std::to_string(want) + " keys)");
+        }
+      }
+      h.layer_windows.push_back(lw);
     }
   }
   if (const json* v = find(j, "capacity"))
@@ -258,6 +291,7 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   s.kind = get_enum(require(j, "", "kind"), "kind", kKinds, trace_kind_name);
   const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
   std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused"};
+  if (s.kind != TraceKind::kBegin) allowed.insert(allowed.end(), {"padded", "moved", "freed"});
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {
     allowed.insert(allowed.end(),
@@ -290,6 +324,21 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   }
   if (fields == StepFields::kPositions) {
     s.positions = get_range(require(j, "", "positions", owner), "positions", 1, kMaxRows - 1, "positions");
+  }
+  // Slot events of any step (a refused one has none).
+  for (const char* key : {"padded", "moved", "freed"}) {
+    if (s.refused && find(j, key)) fail(ErrorId::kJsonValue, key, "a refused step reports no slots or outputs");
+  }
+  if (const json* v = find(j, "padded")) s.padded = int_list(*v, "padded", 0, kSlotMax, "slot");
+  if (const json* v = find(j, "freed")) s.freed = int_list(*v, "freed", 0, kSlotMax, "slot");
+  if (const json* v = find(j, "moved")) {
+    as_array(*v, "moved");
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string pi = join_index("moved", i);
+      const std::vector<std::int64_t> pair = int_list((*v)[i], pi, 0, kSlotMax, "slot");
+      if (pair.size() != 2) fail(ErrorId::kJsonValue, pi, "expected [from, to]: two slots");
+      s.moved.emplace_back(pair[0], pair[1]);
+    }
   }
   if (!writes) return s;
 
@@ -602,6 +651,24 @@ std::string trace_header_line(const TraceHeader& h) {
   w["convention"] = convention_name(h.convention);
   w["keys"] = trace_window_keys(h);
   j["window"] = std::move(w);
+  if (!h.layer_windows.empty()) {  // only when listed: other traces keep their bytes
+    ojson layers = ojson::array();
+    for (std::size_t l = 0; l < h.layer_windows.size(); ++l) {
+      const LayerWindow& lw = h.layer_windows[l];
+      ojson e = ojson::object();
+      if (lw.window) {
+        e["param"] = *lw.window;
+        e["convention"] = convention_name(lw.convention);
+        e["keys"] = trace_layer_window_keys(h, static_cast<std::int32_t>(l));
+      } else {
+        e["param"] = nullptr;
+        e["convention"] = nullptr;
+        e["keys"] = nullptr;
+      }
+      layers.push_back(std::move(e));
+    }
+    j["layer_windows"] = std::move(layers);
+  }
   if (h.capacity) j["capacity"] = *h.capacity;
   if (h.states) j["states"] = *h.states;
   j["addressing"] = addressing_name(h.addressing);
@@ -657,6 +724,13 @@ std::string trace_step_line(const TraceStep& s) {
   }
   if (trace_kind_fields(s.kind) == StepFields::kAccepted) j["accepted"] = s.accepted;
   if (trace_kind_fields(s.kind) == StepFields::kPositions) j["positions"] = s.positions;
+  if (!s.padded.empty()) j["padded"] = s.padded;
+  if (!s.moved.empty()) {
+    ojson moved = ojson::array();
+    for (const auto& [from, to] : s.moved) moved.push_back(ojson::array({from, to}));
+    j["moved"] = std::move(moved);
+  }
+  if (!s.freed.empty()) j["freed"] = s.freed;
   if (s.refused) j["refused"] = *s.refused;
   return dump_line(j);
 }
