@@ -329,3 +329,34 @@ TEST_CASE("ExecHello: frees and the resident bound, and the limit kvcheck derive
   h["capabilities"]["reports"]["frees"] = "yes";
   CHECK(error_of(h) == "hello answer.capabilities.reports.frees: expected true or false");
 }
+
+TEST_CASE("ExecHello: paged addressing with a block size, and the pool kvcheck gives a paged case") {
+  namespace en = kvcheck::engines;
+  Json h = ring_hello();
+  h["capabilities"]["addressing"] = "paged";
+  CHECK(parse_hello_answer(h, "cmd").block_size == 0);  // "paged" alone: opaque slots, as before block sizes
+  h["capabilities"]["block_size"] = 16;
+  const Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.block_size == 16);
+  CHECK_FALSE(c.ring_addressing);
+  Json ring = ring_hello();
+  ring["capabilities"]["block_size"] = 16;
+  CHECK(error_of(ring) ==
+        "hello answer.capabilities.block_size: a block size needs \"addressing\": \"paged\" (addressing is "
+        "\"ring\")");
+  h["capabilities"]["block_size"] = 0;
+  CHECK_THAT(error_of(h), Catch::StartsWith("hello answer.capabilities.block_size: out of range: 0"));
+  h["capabilities"]["block_size"] = "16";
+  CHECK(error_of(h) == "hello answer.capabilities.block_size: expected an integer");
+  // states * (ceil(R / B) + 1) with R = max(capacity, keys - 1 + max_step_rows).
+  en::CacheSpec spec;
+  spec.cache.states = 3;
+  spec.cache.ring_rows = 12;
+  spec.window_keys = 8;
+  spec.max_step_rows = 9;  // a store-then-attend engine holds 8 - 1 + 9 = 16 rows of a request
+  CHECK(en::paged_pool_blocks(spec, 4) == 3 * (4 + 1));
+  CHECK(en::paged_pool_blocks(spec, 16) == 3 * (1 + 1));
+  spec.cache.ring_rows = 17;  // the capacity when it is larger
+  CHECK(en::paged_pool_blocks(spec, 4) == 3 * (5 + 1));
+  CHECK(en::paged_pool_blocks(spec, 0) == 0);  // not paged
+}
