@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
 #include "support/formats.hpp"
 
@@ -921,4 +922,29 @@ TEST_CASE("Scenarios: layer windows read with the cache's defaults, round-trip a
   CHECK(plain.cache.layer_windows.empty());
   CHECK(layer_window_keys(plain.cache, 0) == 4);
   CHECK(save_scenario(plain).find("layer_windows") == std::string::npos);
+}
+
+TEST_CASE("Traces: a header's layer windows round-trip, and keys that disagree name the entry") {
+  TraceHeader h;
+  h.name = "layers";
+  h.window = 3;
+  h.capacity = 9;
+  h.addressing = Addressing::kRing;
+  h.layer_windows = {LayerWindow{3, Convention::kLeft}, LayerWindow{std::nullopt, Convention::kKeys}};
+  const std::string line = trace_header_line(h);
+  CHECK(line.find(R"("layer_windows":[{"param":3,"convention":"left","keys":4},{"param":null,"convention":null,"keys":null}])") !=
+        std::string::npos);
+  const auto runs = parse_trace(line + "\n", "t");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].header == h);
+  CHECK(trace_layer_window_keys(h, 0) == 4);
+  CHECK(trace_layer_window_keys(h, 1) == kGlobalWindowKeys);
+  // Without layer windows the header line has none.
+  TraceHeader plain = h;
+  plain.layer_windows.clear();
+  CHECK(trace_header_line(plain).find("layer_windows") == std::string::npos);
+  std::string bad = line;
+  bad.replace(bad.find(R"("keys":4)"), 8, R"("keys":3)");
+  const Error e = catch_error([&] { (void)parse_trace(bad + "\n", "t"); });
+  CHECK(e.where().find("layer_windows[0].keys") != std::string::npos);
 }
