@@ -353,6 +353,17 @@ class SharingPagedCache(PagedCache):
         answer = super().write_step(step)
         if self.moved_now:
             answer["moved"] = self.moved_now
+        if "freed" in answer:
+            # Net frees: a block freed and taken again within the step (a
+            # load_then_store chunk sliding past it) is held at its end, and
+            # its rows may still be a later prefix's.
+            lay = self.layers[step.layer]
+            held = {b for st in lay.states if st.table for b in st.table.values()}
+            held.update(b for t in lay.cached.values() for b in t.values())
+            freed = [s for s in answer["freed"] if s // self.B not in held]
+            answer["freed"] = list(dict.fromkeys(freed))
+            if not freed:
+                del answer["freed"]
         return answer
 
     # -- steps -------------------------------------------------------------------

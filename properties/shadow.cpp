@@ -69,8 +69,9 @@ void ShadowMap::move(std::span<const std::pair<std::int64_t, std::int64_t>> move
       slots_.erase(to);
       continue;
     }
-    const ShadowRow row = it->second;
+    ShadowRow row = it->second;
     if (!row.padding && is_latest(row)) latest_[{row.request, row.position}].slot = to;
+    row.copied = true;
     slots_[to] = row;
   }
 }
@@ -96,13 +97,39 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size) const {
   std::map<std::int64_t, std::int64_t> rows_of;                        // request -> rows
   std::map<std::int64_t, std::vector<std::int64_t>> blocks_of;         // request -> its blocks
   std::vector<std::int64_t> blocks;
+  // A row copied into a slot (a copy-on-write's copy of a shared prefix
+  // row) is held by the request whose block it is in: the requests that
+  // wrote rows of their own in that block; without a block size, or in a
+  // block of copies only, by its own request unless the original is still
+  // where it was written (then only the pool counts the copy). Without
+  // copies every slot counts for its request.
+  std::unordered_map<std::uint64_t, bool> original;             // write -> still where it was written
+  std::map<std::int64_t, std::vector<std::int64_t>> owners;     // block -> requests that wrote in it
+  for (const auto& [slot, row] : slots_) {
+    if (row.padding || row.request < 0 || row.copied) continue;
+    original[row.write_seq] = true;
+    if (block_size > 0) {
+      auto& o = owners[slot / block_size];
+      if (std::find(o.begin(), o.end(), row.request) == o.end()) o.push_back(row.request);
+    }
+  }
+  const auto hold = [&](std::int64_t request, std::int64_t slot) {
+    ++rows_of[request];
+    if (block_size > 0) blocks_of[request].push_back(slot / block_size);
+  };
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0) continue;
     ++r.rows;
-    ++rows_of[row.request];
-    if (block_size > 0) {
-      blocks.push_back(slot / block_size);
-      blocks_of[row.request].push_back(slot / block_size);
+    if (block_size > 0) blocks.push_back(slot / block_size);
+    if (!row.copied) {
+      hold(row.request, slot);
+      continue;
+    }
+    const auto o = block_size > 0 ? owners.find(slot / block_size) : owners.end();
+    if (o != owners.end()) {
+      for (const std::int64_t request : o->second) hold(request, slot);
+    } else if (!original.contains(row.write_seq)) {
+      hold(row.request, slot);
     }
   }
   const auto distinct = [](std::vector<std::int64_t>& v) {

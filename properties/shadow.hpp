@@ -28,7 +28,11 @@ struct ShadowRow {
   /// Padding the cache wrote with request `request`'s step (no token:
   /// position -1, write_seq 0); not a row of the resident set.
   bool padding = false;
-  bool operator==(const ShadowRow&) const = default;
+  /// The row came here by a move (a copy of a row written elsewhere); not compared.
+  bool copied = false;
+  bool operator==(const ShadowRow& o) const noexcept {
+    return request == o.request && position == o.position && write_seq == o.write_seq && padding == o.padding;
+  }
 };
 
 /// What one step did, as the cache (or a trace) reported it.
