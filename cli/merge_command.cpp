@@ -126,12 +126,13 @@ void cross_check_command(const pipelines::ShardResult& shard) {
 
 /// --impl of merge: the engine failing cases are re-run on.
 std::string merge_impl_flag(const std::string& name) {
-  if (name == "cpu" || name == "cuda" || name == "layer" || (engines::is_exec(name) && name != "exec:")) {
+  if (name == "cpu" || name == "cuda" || name == "paged" || name == "layer" ||
+      (engines::is_exec(name) && name != "exec:")) {
     return name;
   }
   throw Error(
       ErrorId::kUsage, "--impl",
-      "unknown cache '" + name + "' (cpu, cuda, layer, or exec:'COMMAND ARGS': the engine the shards ran)");
+      "unknown cache '" + name + "' (cpu, cuda, paged, layer, or exec:'COMMAND ARGS': the engine the shards ran)");
 }
 
 }  // namespace

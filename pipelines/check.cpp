@@ -508,7 +508,7 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
   // cache without running anything a shard names: the engine of --impl,
   // or an in-process cache that needs no device.
   std::optional<std::string> known = engine;
-  if (!known && (o.impl == "cpu" || o.impl == "layer")) known = o.impl;
+  if (!known && (o.impl == "cpu" || o.impl == "paged" || o.impl == "layer")) known = o.impl;
   if (known) {
     properties::RunOptions run = options.run;
     run.backend = *known;

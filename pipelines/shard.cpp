@@ -207,10 +207,10 @@ CheckShardOptions check_options_from_json(const ShardResult& shard) {
     if (o.cases < 1 || o.cases > kMaxCheckCases) {
       jr::fail(ErrorId::kJsonValue, "options.cases", "must be in 1.." + std::to_string(kMaxCheckCases));
     }
-    if (o.impl != "cpu" && o.impl != "cuda" && o.impl != "layer" &&
+    if (o.impl != "cpu" && o.impl != "cuda" && o.impl != "paged" && o.impl != "layer" &&
         !(o.impl.rfind("exec:", 0) == 0 && o.impl.size() > 5)) {
       jr::fail(ErrorId::kJsonValue, "options.impl",
-               "is not a cache kvcheck has (cpu, cuda, layer, exec:COMMAND)");
+               "is not a cache kvcheck has (cpu, cuda, paged, layer, exec:COMMAND)");
     }
     o.seed = jr::get_u64(jr::require(j, "options", "seed"), "options.seed");
     if (o.seed > static_cast<std::uint64_t>(INT64_MAX)) {

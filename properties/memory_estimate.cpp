@@ -176,7 +176,7 @@ std::int64_t read_number(const char* path, const char* key) {
 }  // namespace
 
 bool backend_owns_pool(const std::string& backend) {
-  return backend == "cpu" || backend == "cuda" || backend == "layer";
+  return backend == "cpu" || backend == "cuda" || backend == "paged" || backend == "layer";
 }
 
 MemoryEstimate estimate_run(const scenarios::Scenario& scenario, const RunOptions& options) {

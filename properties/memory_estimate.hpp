@@ -28,7 +28,7 @@ struct MemoryEstimate {
 };
 
 /// Whether kvcheck allocates the cache's pool for `backend`: its own caches
-/// (cpu, cuda, layer) yes; an exec adapter or a trace holds its slots
+/// (cpu, cuda, paged, layer) yes; an exec adapter or a trace holds its slots
 /// itself, so only each step's rows and answers are charged for them.
 bool backend_owns_pool(const std::string& backend);
 
