@@ -546,3 +546,46 @@ TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line"
            R"({"step":0,"layer":0,"kind":"finish","request":0,"state":1})"})) == "line 2: state");
   CHECK(audit_where(lines({kHeader, prefill})) == "no error");
 }
+
+TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map, and read back exactly") {
+  // Window 3. Request 0 writes positions 0..2 at slots 0..2, then decodes 3.
+  const std::string prefill =
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":[0,1,2],"read":[[0],[0,1],[0,1,2]])";
+  const std::string decode =
+      R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]])";
+  const auto audit = [](const std::string& text) {
+    const auto runs = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+    REQUIRE(runs.size() == 1);
+    return runs[0];
+  };
+  // Padding at a scratch slot and freeing position 0 (out of the window after the decode): clean.
+  const RunObservation clean = audit(lines({kHeader, prefill + R"(,"padded":[90]})", decode + R"(,"freed":[0]})"}));
+  CHECK(clean.passed);
+  // Padding over position 1 (written after the step's rows, before its
+  // reads): overwritten for the queries at 1, 2 and 3.
+  const RunObservation padded = audit(lines({kHeader, prefill + R"(,"padded":[1]})", decode + "}"}));
+  CHECK_FALSE(padded.passed);
+  CHECK(padded.lost_rows == 3);
+  CHECK(padded.steps[0].queries[1].overwritten == std::vector<std::int64_t>{1});
+  // Freeing position 2 with the decode: the next query (at 4) still sees it.
+  const RunObservation freed = audit(lines({kHeader, prefill + "}", decode + R"(,"freed":[2]})"}));
+  CHECK_FALSE(freed.passed);
+  CHECK(freed.freed_visible == 1);
+  CHECK_THAT(freed.first_failure, Catch::Contains("freed 1 rows still visible"));
+  // A move of position 1 onto slot 2 drops position 2.
+  const RunObservation moved = audit(lines({kHeader, prefill + "}", decode + R"(,"moved":[[1,2]]})"}));
+  CHECK_FALSE(moved.passed);
+
+  const auto parsed = scenarios::parse_trace(lines({kHeader, prefill + R"(,"padded":[7],"moved":[[1,5]],"freed":[4]})",
+                                                    R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0,"freed":[0,1]})"}),
+                                             "");
+  REQUIRE(parsed[0].steps.size() == 2);
+  CHECK(parsed[0].steps[0].moved == std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 5}});
+  CHECK(parsed[0].steps[1].freed == std::vector<std::int64_t>{0, 1});
+  CHECK(scenarios::trace_step_line(parsed[0].steps[0]).find(R"("padded":[7],"moved":[[1,5]],"freed":[4])") !=
+        std::string::npos);
+  CHECK(parse_where(lines({kHeader, prefill + R"(,"moved":[[1]]})"})) == "line 2: moved[0]");
+  CHECK(parse_where(lines({kHeader, prefill + R"(,"freed":[-1]})"})) == "line 2: freed[0]");
+  CHECK(parse_where(lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":0,"state":0,"freed":[1]})"})) ==
+        "line 2: freed");
+}
