@@ -82,9 +82,11 @@ int command_sweep(int argc, char** argv) {
   if (const auto impl = args.get("--impl"); impl && *impl != "cpu") {
     // Any other cache is driven through the step-level interface: each
     // candidate capacity goes to the cache, the worst-case schedule runs.
-    if (*impl != "layer" && impl->rfind("exec:", 0) != 0) {
+    if (*impl != "layer" && *impl != "paged" && impl->rfind("exec:", 0) != 0) {
       throw Error(ErrorId::kUsage, "--impl",
-                  "sweep runs cpu (the ring pool), layer or exec:'COMMAND ARGS', got '" + *impl + "'");
+                  "sweep runs cpu (the ring pool), paged (the pool over a block table: its pool in blocks), layer "
+                  "or exec:'COMMAND ARGS', got '" +
+                      *impl + "'");
     }
     options.impl = *impl;
   }

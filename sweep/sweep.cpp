@@ -282,6 +282,10 @@ std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noe
   return (rows - 1 + block_size - 1) / block_size + 1;
 }
 
+std::int64_t paged_ring_bound(const SweepConfig& config, std::int64_t block_size) noexcept {
+  return (spec_bound(config) + block_size - 1) / block_size;
+}
+
 std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept {
   const std::int64_t rows = config.window_keys - 1 + std::max(config.drafts + 1, config.chunk_rows);
   return (rows + block_size - 1) / block_size + 1;
@@ -614,7 +618,8 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
           prev_window = row.config.window_keys;
           prev_min = row.min_safe_ring;
           row.probes = stats.probes;
-          row.spec_agrees = row.spec_bound == row.min_safe_ring;
+          row.spec_agrees = row.spec_bound == row.min_safe_ring ||
+                            (block_size > 0 && row.min_safe_ring == paged_ring_bound(row.config, block_size));
           if (row.has_formula) row.formula_safe = row.formula_ring >= row.min_safe_ring;
           if (row.min_safe_ring > 1) {
             row.has_below = true;

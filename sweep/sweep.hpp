@@ -220,6 +220,13 @@ std::int64_t spec_bound(const SweepConfig& config) noexcept;
 
 /// Blocks one live request needs at once: ceil((m - 1) / B) + 1, m = spec_bound(config).
 std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noexcept;
+/// Blocks a cache needs that keeps each request's rows as a ring of m rows
+/// laid over its blocks (slot p mod m, through the block table: `--impl
+/// paged`), rewriting slots in place rather than freeing blocks the window
+/// left: ceil(m / B), the least any cache holding m rows can have. It is
+/// paged_bound or one block less; a paged row agrees when its minimum is
+/// either.
+std::int64_t paged_ring_bound(const SweepConfig& config, std::int64_t block_size) noexcept;
 /// The pool `check` gives a paged cache per state (engines::paged_pool_blocks
 /// at capacity m): ceil((W - 1 + max(k + 1, C)) / B) + 1.
 std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept;

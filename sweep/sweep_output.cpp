@@ -134,6 +134,7 @@ std::string sweep_json(const SweepResult& result) {
     j["probes"] = r.probes;
     j["spec_bound"] = r.spec_bound;
     j["spec_agrees"] = r.spec_agrees;
+    if (result.block_size > 0) j["ring_bound"] = paged_ring_bound(r.config, result.block_size);
     j["seed_ring"] = r.seed_ring;
     j["seed_slack"] = r.seed_ring - r.min_safe_ring;
     // Live caches: capacities the cache refused (a result, not an error).
@@ -282,7 +283,8 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   if (paged) {
     s << "paged cache, blocks of " << result.block_size
       << " rows: min = smallest pool in blocks (one live request), bound = ceil((m - 1) / B) + 1 with m = "
-         "max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store; check = the pool check gives\n";
+         "max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store (agree: yes = bound; ring = "
+         "ceil(m / B), a ring of m rows laid over blocks); check = the pool check gives\n";
   }
   std::snprintf(line, sizeof line, "%6s %3s %5s %-16s %6s %6s %-5s %9s", "W", "k", "C", "order", "min",
                 paged ? "bound" : "spec", "agree", paged ? "check(+)" : "seed(+)");
@@ -305,7 +307,7 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
                   static_cast<long long>(r.config.window_keys), static_cast<long long>(r.config.drafts),
                   static_cast<long long>(r.config.chunk_rows), order_flag_name(r.config.order),
                   static_cast<long long>(r.min_safe_ring), static_cast<long long>(r.spec_bound),
-                  r.spec_agrees ? "yes" : "NO", seed);
+                  !r.spec_agrees ? "NO" : (paged && r.min_safe_ring != r.spec_bound ? "ring" : "yes"), seed);
     if (r.unsupported) {
       // The cache ran no capacity of this configuration.
       std::snprintf(line, sizeof line, "%6lld %3lld %5lld %-16s %6s",
