@@ -191,7 +191,7 @@ std::vector<CommandSpec> make_table() {
         {"--out", "DIR"},
         {"--counterexamples", "auto|all|none"},
         {"--threads", "T"},
-        {"--impl", "layer|exec:CMD"},
+        {"--impl", "layer|paged|exec:CMD"},
         {"--step-timeout", "S"},
         {"--shard", "I/N"},
         {"--memory-limit", "BYTES"},
