@@ -223,7 +223,9 @@ TEST_CASE(
       {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
       {"ring_cache.py", "trim-keeps-drafts"},      // trims with drafts pending: --profile trim
       {"ring_cache.py", "layer-window-swapped"},   // per-layer windows: --profile layers (paged: same code)
-      {"paged_cache.py", "double-free"}};  // a block freed by the window and again at finish: --profile paged
+      {"paged_cache.py", "double-free"},  // a block freed by the window and again at finish: --profile paged
+      {"ring_cache.py", "padding-through-ring"},  // padding answered as "padded", over live rows
+      {"paged_cache.py", "no-window-free"}};      // past its declared resident bound (frees answered)
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
