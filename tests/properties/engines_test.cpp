@@ -687,6 +687,46 @@ TEST_CASE("Generator: the trim profile draws trims only for a cache that declare
   CHECK(properties::reachable_coverage(no_trim, properties::Profile::kTrim).back() == false);
 }
 
+TEST_CASE("Generator: the prefix profile draws shared prefixes only for a cache that shares them, the others none") {
+  engines::Capabilities caps;  // every capability on; prefix sharing is off by default
+  caps.prefix_sharing = true;
+  const engines::Capabilities plain_caps;
+  properties::Coverage reached;
+  int shared = 0;
+  for (std::uint64_t seed = 1; seed <= 80; ++seed) {
+    const auto plain = properties::generate_scenario(seed, plain_caps);
+    auto without = properties::generate_scenario(seed, plain_caps, properties::Profile::kPrefix);
+    const auto with = properties::generate_scenario(seed, caps, properties::Profile::kPrefix);
+    for (const auto& r : plain.requests) CHECK_FALSE(r.prefix);
+    // Without prefix sharing the prefix profile is the default's case under another name.
+    without.name = plain.name;
+    without.description = plain.description;
+    CHECK(without == plain);
+    std::string why;
+    CHECK_FALSE(plain_caps.supports(with, &why) == std::any_of(with.requests.begin(), with.requests.end(),
+                                                               [](const scenarios::Request& r) { return bool(r.prefix); }));
+    shared += std::any_of(with.requests.begin(), with.requests.end(),
+                          [](const scenarios::Request& r) { return bool(r.prefix); });
+    caps.block_size = 4;
+    const auto cov = properties::classify(with, caps);
+    caps.block_size = 0;
+    reached.prefix_of_live = reached.prefix_of_live || cov.prefix_of_live;
+    reached.prefix_of_finished = reached.prefix_of_finished || cov.prefix_of_finished;
+    reached.cow_write_into_shared_block = reached.cow_write_into_shared_block || cov.cow_write_into_shared_block;
+    reached.window_free_of_shared_block = reached.window_free_of_shared_block || cov.window_free_of_shared_block;
+  }
+  CHECK(shared >= 25);
+  CHECK(reached.prefix_of_live);
+  CHECK(reached.prefix_of_finished);
+  CHECK(reached.cow_write_into_shared_block);
+  CHECK(reached.window_free_of_shared_block);
+  const auto names = properties::coverage_names(properties::Profile::kPrefix);
+  CHECK(names.size() == properties::coverage_names().size() + 4);
+  CHECK(names.back() == "window_free_of_shared_block");
+  CHECK(properties::reachable_coverage(plain_caps, properties::Profile::kPrefix).back() == false);
+  CHECK(properties::reachable_coverage(caps, properties::Profile::kPrefix).back() == true);
+}
+
 namespace {
 
 /// Opens every layer with layer 0's window: the per-layer window taken from
@@ -935,6 +975,80 @@ TEST_CASE("Shadow map: rows follow their moves; a move that drops a visible row 
   CHECK(freed.release(written, written, [](const ShadowRow& r) { return r.position == 2; }).empty());
   CHECK(freed.at(1).request < 0);
   CHECK(freed.at(2).position == 2);
+}
+
+namespace {
+
+/// A decode of `request` at position `p` written at `slot`, reading `reads`
+/// (window `keys`), after the step's moves.
+QueryObservation decode_of(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
+                           std::vector<std::int64_t> reads, std::int64_t keys,
+                           std::vector<std::pair<std::int64_t, std::int64_t>> moved = {}) {
+  const std::vector<std::int64_t> written{slot};
+  const std::vector<std::int64_t> offsets{0, static_cast<std::int64_t>(reads.size())};
+  StepFacts f;
+  f.request = request;
+  f.first_position = p;
+  f.rows = 1;
+  f.window_keys = keys;
+  f.has_written = f.has_reads = true;
+  f.written = written;
+  f.read_offsets = offsets;
+  f.read_slots = reads;
+  f.moved = moved;
+  StepObservation obs;
+  shadow.observe(f, &obs);
+  REQUIRE(obs.queries.size() == 1);
+  return obs.queries[0];
+}
+
+}  // namespace
+
+TEST_CASE("Shadow map: a shared prefix is one row of two requests; changed under a sharer it is overwritten, evicted it is missing") {
+  // Request 0 wrote positions 0..2 at slots 0..2; request 1 begins from them.
+  const std::vector<std::int64_t> none;
+  ShadowMap shared;
+  write_rows(shared, 3, 3);
+  CHECK(shared.begin_prefix(1, 0, 3, none) == std::vector<std::uint64_t>{0, 0, 0});
+  CHECK(reads_correct(decode_of(shared, 1, 3, 10, {1, 2, 10}, 3)));
+  CHECK_FALSE(reads_correct(decode_of(shared, 1, 4, 11, {1, 10, 11}, 3)));  // position 2 not read: missing
+
+  // The source writes into a shared slot (no copy-on-write): the sharer's
+  // row changed under it.
+  ShadowMap under;
+  write_rows(under, 3, 3);
+  under.begin_prefix(1, 0, 3, none);
+  decode_of(under, 0, 3, 2, {2}, 1);
+  const QueryObservation q = decode_of(under, 1, 3, 20, {1, 2, 20}, 3);
+  CHECK(q.overwritten == std::vector<std::int64_t>{2});
+  CHECK(q.missing.empty());
+
+  // Copy-on-write: the shared rows copied (moved) into the sharer's block
+  // read back as its own; the pool counts them, each request holds one block.
+  ShadowMap cow;
+  write_rows(cow, 3, 3);
+  cow.begin_prefix(1, 0, 3, none);
+  CHECK(reads_correct(decode_of(cow, 1, 3, 7, {5, 6, 7}, 3, {{0, 4}, {1, 5}, {2, 6}})));
+  CHECK(reads_correct(decode_of(cow, 0, 3, 3, {1, 2, 3}, 3)));
+  CHECK(cow.resident_counts(4).rows == 8);
+  CHECK(cow.resident_counts(4).blocks == 2);
+  CHECK(cow.resident_counts(4).request_blocks == 1);
+
+  // Evicted before the begin: position 0 is in no slot, so the sharer's
+  // read of it is missing; a row stored again at the begin is its own.
+  ShadowMap evicted;
+  write_rows(evicted, 3, 4);
+  const std::vector<std::int64_t> gone{0}, keep;
+  evicted.release(gone, keep, [](const ShadowRow&) { return false; });
+  const std::vector<std::int64_t> stored{-1, 30, -1};
+  const std::vector<std::uint64_t> seqs = evicted.begin_prefix(1, 0, 3, stored);
+  CHECK(seqs[0] == 0);
+  CHECK(seqs[1] > 0);
+  CHECK(evicted.at(30).request == 1);
+  const QueryObservation e = decode_of(evicted, 1, 3, 20, {0, 30, 2, 20}, 4);
+  CHECK(e.missing == std::vector<std::int64_t>{0});
+  CHECK(e.overwritten.empty());
+  CHECK(reads_correct(decode_of(evicted, 1, 4, 21, {30, 2, 20, 21}, 4)));
 }
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails; a freed visible row fails") {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "scenarios/step_semantics.hpp"
 #include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
 #include "support/formats.hpp"
@@ -293,6 +294,14 @@ TEST_CASE("Scenarios: malformed documents fail with the right id and path") {
       {"no prefill order", erase("/steps/0", "order"), ErrorId::kJsonMissingKey, "steps[0].order"},
       {"no verify drafts", erase("/steps/2", "drafts"), ErrorId::kJsonMissingKey, "steps[2].drafts"},
       {"no request state", erase("/requests/1", "state"), ErrorId::kJsonMissingKey, "requests[1].state"},
+      // shared prefixes (request 0 has committed 3 positions when request 1 begins)
+      {"prefix as number", set("/requests/1/prefix", 3), ErrorId::kJsonType, "requests[1].prefix"},
+      {"prefix unknown key", set("/requests/1/prefix", json{{"request", 0}, {"positions", 2}, {"start", 0}}), ErrorId::kJsonUnknownKey, "requests[1].prefix.start"},
+      {"prefix without positions", set("/requests/1/prefix", json{{"request", 0}}), ErrorId::kJsonMissingKey, "requests[1].prefix.positions"},
+      {"prefix of 0 positions", set("/requests/1/prefix", json{{"request", 0}, {"positions", 0}}), ErrorId::kJsonValue, "requests[1].prefix.positions"},
+      {"prefix past the committed length", set("/requests/1/prefix", json{{"request", 0}, {"positions", 4}}), ErrorId::kJsonValue, "requests[1].prefix.positions"},
+      {"prefix of itself", set("/requests/1/prefix", json{{"request", 1}, {"positions", 1}}), ErrorId::kJsonValue, "requests[1].prefix.request"},
+      {"prefix of a request not begun", set("/requests/0/prefix", json{{"request", 1}, {"positions", 1}}), ErrorId::kJsonValue, "requests[0].prefix.request"},
       {"no row k", erase("/data/rows/0", "k"), ErrorId::kJsonMissingKey, "data.rows[0].k"},
       {"no expectation counts", erase("/expect/overwritten/0", "counts"), ErrorId::kJsonMissingKey, "expect.overwritten[0].counts"},
       // enum names and versions
@@ -437,6 +446,24 @@ TEST_CASE("Scenarios: malformed documents fail with the right id and path") {
       CHECK(e.where() == c.where);
     }
   }
+}
+
+TEST_CASE("Scenarios: a shared prefix round-trips and starts its request at the prefix's length") {
+  json j = base();
+  j["requests"][1]["prefix"] = json{{"request", 0}, {"positions", 3}};
+  const Scenario sc = parse_scenario(j.dump(), "prefix");
+  REQUIRE(sc.requests[1].prefix);
+  CHECK(sc.requests[1].prefix->request == 0);
+  CHECK(sc.requests[1].prefix->positions == 3);
+  CHECK_FALSE(sc.requests[0].prefix);
+  CHECK(parse_scenario(save_scenario(sc), "again") == sc);
+  // Request 1's decode writes position 3, not 0: the schedule reaches 4 (the
+  // verify of request 0 reaches 3 + 2 + 1 = 6 either way).
+  std::vector<kvcheck::scenarios::Step> decode_only = {sc.steps[0], sc.steps[1]};
+  CHECK(kvcheck::scenarios::schedule_end(decode_only, sc.requests) == 4);
+  CHECK(kvcheck::scenarios::schedule_end(decode_only) == 3);
+  // Without a prefix the file carries no prefix key.
+  CHECK(save_scenario(parse_scenario(kBase, "plain")).find("prefix") == std::string::npos);
 }
 
 TEST_CASE("Scenarios: a request writing 2^40 rows over its schedule is a size error") {
