@@ -25,6 +25,10 @@ positions >= L - keys + 1; while a verify at p is pending the next committed
 length is at least p + 1. Block j (rows jB .. jB + B - 1) is freed when
 (j + 1) * B <= the first position still visible. finish and reset return all
 of the request's blocks. A position whose block was freed reads as -1.
+Every answer lists the slots of the blocks the step freed ("freed"), and
+hello declares the bound "resident_bound": blocks per request (the pool over
+the states): kvcheck fails a free of a row still visible and a request that
+holds more (--bug no-window-free).
 
 `--trims` lists trim in hello. A trim takes a request back over rows its
 window had passed, so the cache then also keeps the last `capacity`
