@@ -123,9 +123,11 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
   PairComparison cmp;
   const std::string open_a = open_outcome(a), open_b = open_outcome(b);
   if (!open_a.empty() || !open_b.empty()) {
-    if (a.skipped && b.skipped) {
-      cmp.both_skipped = true;
-      cmp.refused = a.refused || b.refused;
+    const bool excluded_a = a.skipped && !a.refused, excluded_b = b.skipped && !b.refused;
+    if (excluded_a || excluded_b || (a.refused && b.refused)) {
+      cmp.skipped = true;
+      cmp.refused = a.refused && b.refused;
+      cmp.skip_reason = excluded_a ? "A: " + a.skip_reason : (excluded_b ? "B: " + b.skip_reason : "A: " + a.skip_reason + "; B: " + b.skip_reason);
       return cmp;
     }
     // One side ran what the other refused (or crashed at open): shown, never agreement.
@@ -286,9 +288,9 @@ PairRun run_pair(const scenarios::Scenario& scenario, const RunOptions& options,
   s.scenario_name = scenario.name;
   s.backend = options.backend;
   s.fault = options.fault;
-  s.skipped = pair.comparison.both_skipped;
+  s.skipped = pair.comparison.skipped;
   s.refused = pair.comparison.refused;
-  s.skip_reason = pair.a.skip_reason;
+  s.skip_reason = pair.comparison.skip_reason;
   s.queries = pair.comparison.counts.queries;
   s.queries_not_output_checked = pair.comparison.counts.queries - pair.comparison.counts.outputs;
   s.passed = !pair.comparison.differ();

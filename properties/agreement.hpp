@@ -6,7 +6,8 @@
 // out), which positions each query read, and each query's output (beyond
 // the larger of the two caches' output tolerances, or bit for bit). A
 // refusal or a stop on one side only is a difference, shown as such; a
-// configuration both refuse is compared by neither.
+// configuration both refuse, or one a cache's capabilities exclude (replay
+// of a given scenario: a check draws inside both), is not compared.
 //
 // The property of a side-by-side check is "the two runs agree"; a case where
 // they do not is shrunk like any failing case (properties/check.hpp).
@@ -38,8 +39,11 @@ struct StepDifference {
 
 /// What comparing two runs of one scenario found.
 struct PairComparison {
-  bool both_skipped = false;  ///< neither ran it (capabilities or refusal at open): nothing compared
-  bool refused = false;       ///< with both_skipped: a cache refused it at open
+  /// Not compared: a cache's declared capabilities exclude it (nothing was
+  /// sent to that cache), or both caches refused it at open.
+  bool skipped = false;
+  bool refused = false;     ///< with skipped: both caches refused it at open
+  std::string skip_reason;  ///< with skipped: why, naming the cache
   /// What was compared: cases 1 when both caches ran it (neither skipped
   /// nor refused at open), else 0 and nothing compared.
   ComparedCounts counts;

@@ -173,7 +173,8 @@ std::string report_text(const Report& report) {
              std::to_string(k.minimum) + ")" + (k.met() ? "" : "  BELOW MINIMUM") + "\n";
     }
     if (!c.counterexample_file.empty()) out += "  counterexample: " + c.counterexample_file + "\n";
-    if (c.failures != 0) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+    // A check's failing case (a side-by-side replay has failures and no case seed).
+    if (c.failures != 0 && !c.counterexample_file.empty()) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
     if (c.depends_on_earlier) {
       out += "  " + earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed) + "\n";
       if (!c.depends_on_earlier->reproduced)

@@ -419,9 +419,18 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   REQUIRE(one_sided.differ());
   CHECK(one_sided.differences.front().what == "refusal");
   CHECK(one_sided.differences.front().detail.find("full") != std::string::npos);
+  // A case outside one cache's capabilities is compared by neither (nothing was sent).
   a.skipped = true;
+  a.skip_reason = "a does not support verify";
+  const properties::PairComparison excluded = properties::compare_runs(a, b, false);
+  CHECK(excluded.skipped);
+  CHECK_FALSE(excluded.refused);
+  CHECK_FALSE(excluded.differ());
+  CHECK(excluded.skip_reason == "A: a does not support verify");
+  a.refused = true;
   const properties::PairComparison neither = properties::compare_runs(a, b, false);
-  CHECK(neither.both_skipped);
+  CHECK(neither.skipped);
+  CHECK(neither.refused);
   CHECK_FALSE(neither.differ());
   CHECK(neither.counts == properties::ComparedCounts{});
   // A step one side refused and the other ran, and resident sets that differ.
