@@ -338,8 +338,9 @@ int command_check(int argc, char** argv) {
   {
     std::string limit_source;
     const std::int64_t limit = memory_limit_flag(args, &limit_source);
-    properties::require_memory(properties::estimate_check(options.profile, options.threads), limit,
-                               limit_source);
+    // Side by side, each worker holds two caches at a time (and keeps every read and output of a case).
+    const int caches = options.threads * (properties::runs_side_by_side(options.run) ? 2 : 1);
+    properties::require_memory(properties::estimate_check(options.profile, caches), limit, limit_source);
   }
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");

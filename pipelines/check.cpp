@@ -205,6 +205,13 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                   summary.side_by_side->second.c_str(), diffs.empty() ? "(none)" : diffs.front().c_str());
       for (std::size_t k = 1; k < diffs.size() && k < 8; ++k) std::printf("  then: %s\n", diffs[k].c_str());
       if (diffs.size() > 8) std::printf("  ... %zu more differing steps (report.json)\n", diffs.size() - 8);
+      // Each cache against the reference on the same case, for context.
+      for (const auto* run : {&result.shrunk_run, &result.shrunk_run_b}) {
+        std::printf("  %s against the reference: %s\n", run == &result.shrunk_run ? "A" : "B",
+                    run->skipped  ? ("not run: " + run->skip_reason).c_str()
+                    : run->passed ? "passes"
+                                  : ("fails: " + run->first_failure).c_str());
+      }
     } else {
       std::printf("  first failure: %s\n", result.shrunk_run.first_failure.c_str());
     }
