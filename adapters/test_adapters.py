@@ -685,6 +685,60 @@ class ProtocolTest(AdapterTest):
         self.assertEqual(len(freed), 4)
         self.assertTrue(set(slots) <= set(freed))
 
+    def test_paged_prefix_sharing_copy_on_write_and_eviction(self):
+        """--prefix-cache: a begin from a prefix shares the source's blocks
+        (written -1), a write into a shared block copies it first (moved),
+        and a finished request's prefix evicted past --prefix-cache-size is
+        stored again from the rows sent; each bug switch breaks its part."""
+        spec = make_spec(states=2, capacity=8, param=4)
+        r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
+        rows3 = {"k": [[0.1] * 4] * 3, "v": [[0.2] * 4] * 3}
+        self.assertNotIn("prefix_sharing", self.start(PAGED).hello()["capabilities"])
+
+        def share(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            self.assertTrue(adapter.hello()["capabilities"]["prefix_sharing"])
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            source = send_rows_step(adapter, r0, "prefill", 0, 3, rows=3, order="store_then_load")["written"]
+            begun = adapter.send({"op": "begin", **r1, "prefix": {"request": 0, "positions": 3}, **rows3})
+            return adapter, source, begun
+
+        adapter, source, begun = share("--prefix-cache")
+        self.assertEqual(begun, {"ok": True, "written": [-1, -1, -1]})
+        a = send_rows_step(adapter, r1, "decode", 3)
+        self.assertEqual([m[0] for m in a["moved"]], [source[2], source[2] + 1][:len(a["moved"])])
+        self.assertNotIn(a["written"][0], source)
+        self.assertEqual(a["read"][0][:2], source[:2])  # blocks the write did not touch stay shared
+        b = send_rows_step(adapter, r0, "decode", 3)
+        self.assertNotEqual(b["written"][0], a["written"][0])
+        # The source finishes (its blocks kept), another request finishes
+        # after it: the prefix cache keeps one, so the source's is evicted,
+        # and a later begin from it stores the rows again.
+        adapter.send({"op": "finish", **r0})
+        r2 = {"layer": 0, "request": 2, "state": 0}
+        adapter.send({"op": "begin", **r2})
+        send_rows_step(adapter, r2, "decode", 0)
+        self.assertIn("freed", adapter.send({"op": "finish", **r2}))
+        adapter.send({"op": "finish", **r1})
+        r3 = {"layer": 0, "request": 3, "state": 0}
+        again = adapter.send({"op": "begin", **r3, "prefix": {"request": 0, "positions": 3}, **rows3})
+        self.assertTrue(all(s >= 0 for s in again["written"]), again)
+
+        # cow-skipped: the sharer writes into the source's block in place.
+        adapter, source, _ = share("--bug", "cow-skipped")
+        a = send_rows_step(adapter, r1, "decode", 3)
+        self.assertNotIn("moved", a)
+        self.assertEqual(a["written"][0], source[2] + 1)
+        # evicted-prefix-reused: the evicted prefix is answered as shared.
+        adapter, source, _ = share("--bug", "evicted-prefix-reused")
+        adapter.send({"op": "finish", **r0})
+        adapter.send({"op": "begin", **{**r0, "request": 2}})
+        adapter.send({"op": "finish", **{**r0, "request": 2}})
+        adapter.send({"op": "finish", **r1})
+        again = adapter.send({"op": "begin", **r1, "request": 3, "prefix": {"request": 0, "positions": 3}, **rows3})
+        self.assertEqual(again["written"], [-1, -1, -1])
+
     def test_typed_refusals_change_nothing(self):
         for script in (RING, PAGED):
             adapter = self.start(script)
@@ -857,7 +911,7 @@ class ProtocolTest(AdapterTest):
             {"ok": True, "out": [[1.0]], "extra": 1},
             {"ok": True, "out": [[1.0]], "read_view": "sideways"},
             {"ok": False},
-            {"ok": True, "written": [1]},
+            {"ok": True, "written": [-2]},  # (written alone: a begin from a shared prefix)
             {"ok": True, "out": [[1.0]], "read": [[0.5]]},
         ]
         for msg in bad_answers:
