@@ -117,6 +117,16 @@ std::vector<Scenario> variants(const Scenario& sc) {
     out.push_back(std::move(v));
   };
   if (sc.cache.layers > 1) with([](auto& c) { c.layers = 1; });
+  // With a window per layer: one layer fewer, its window with it (a case
+  // needs only the layers whose windows differ where it fails).
+  if (sc.cache.layers > 1 && !sc.cache.layer_windows.empty()) {
+    for (std::size_t l = 0; l < sc.cache.layer_windows.size(); ++l) {
+      with([l](auto& c) {
+        c.layers -= 1;
+        c.layer_windows.erase(c.layer_windows.begin() + static_cast<std::ptrdiff_t>(l));
+      });
+    }
+  }
   if (sc.cache.q_heads > sc.cache.kv_heads) with([](auto& c) { c.q_heads = c.kv_heads; });
   if (sc.cache.kv_heads > 1)
     with([](auto& c) {

@@ -360,3 +360,12 @@ TEST_CASE("ExecHello: paged addressing with a block size, and the pool kvcheck g
   CHECK(en::paged_pool_blocks(spec, 4) == 3 * (5 + 1));
   CHECK(en::paged_pool_blocks(spec, 0) == 0);  // not paged
 }
+
+TEST_CASE("ExecHello: per_layer_windows is off unless declared, and must be a boolean") {
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").per_layer_windows);
+  Json with = ring_hello();
+  with["capabilities"]["per_layer_windows"] = true;
+  CHECK(parse_hello_answer(with, "cmd").per_layer_windows);
+  with["capabilities"]["per_layer_windows"] = 1;
+  CHECK(error_of(with).find(".capabilities.per_layer_windows") != std::string::npos);
+}
