@@ -142,6 +142,26 @@ def test_slot_helpers():
     assert [kvcheck.ring_slot(spec, 1, p) for p in (0, 4, 5, 12)] == [5, 9, 5, 7]
 
 
+class Rolling(kvcheck.Engine):
+    """Answers slot events: a decode pads one slot and moves one row, finish frees."""
+    outputs = False
+
+    def decode(self, step):
+        return kvcheck.answer(written=[0], read=[[0]], padded=[9], moved=[[0, 1]], freed=[])
+
+    def finish(self, layer, state, request):
+        return kvcheck.slot_events(freed=[0, 1])
+
+
+def test_slot_events_are_answered_by_any_step():
+    s, _, _ = session(Rolling)
+    assert ask(s, {"op": "begin", "layer": 0, "request": 7, "state": 1}) == {"ok": True}
+    assert ask(s, decode(0)) == {"ok": True, "written": [0], "read": [[0]], "read_view": "after_writes",
+                                 "padded": [9], "moved": [[0, 1]]}
+    assert ask(s, {"op": "finish", "layer": 0, "request": 7, "state": 1}) == {"ok": True, "freed": [0, 1]}
+    assert kvcheck.slot_events() == {}
+
+
 def test_python_m_kvcheck_serves_a_file_and_keeps_prints_off_stdout(tmp_path):
     module = tmp_path / "printing_cache.py"
     module.write_text("import kvcheck\nprint('imported')\n\n"
