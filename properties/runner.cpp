@@ -144,6 +144,7 @@ engines::CacheSpec cache_spec(const Scenario& scenario) {
   engines::CacheSpec spec;
   spec.cache = scenario.cache;
   spec.window_keys = window_keys(scenario.cache);
+  spec.pool_blocks = scenario.cache.pool_blocks.value_or(0);  // 0: derived from the capacity
   if (!scenario.cache.layer_windows.empty()) spec.layer_window_keys = layer_keys(scenario.cache);
   std::int64_t most = 1;
   for (const auto& s : scenario.steps) most = std::max(most, scenarios::step_rows(s));
@@ -254,7 +255,9 @@ class OutputJudge {
                     const ShadowMap& shadow) {
     if (caps_.computes_outputs) return;
     ReadRows& rr = read_rows_[static_cast<std::size_t>(layer)];
-    for (const std::uint64_t seq : replaced_seqs_) rr.forget(seq);
+    // A replaced row another slot still holds (moved or copied there) is read again.
+    for (const std::uint64_t seq : replaced_seqs_)
+      if (!shadow.held_elsewhere(-1, seq)) rr.forget(seq);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::uint64_t seq = seq_base_ + static_cast<std::uint64_t>(i) + 1;
       if (shadow.at(answer.written[static_cast<std::size_t>(i)]).write_seq != seq) rr.forget(seq);
@@ -835,8 +838,7 @@ class CrashGuard final : public engines::CacheUnderTest {
 template <class Real>
 RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::CacheProvider& provider) {
   const auto& cache = sc.cache;
-  engines::CacheSpec spec = cache_spec(sc);
-  if (options.pool_blocks > 0) spec.pool_blocks = options.pool_blocks;
+  const engines::CacheSpec spec = cache_spec(sc);
   RunObservation run;
   run.scenario_name = sc.name;
   run.backend = options.backend;

@@ -52,9 +52,6 @@ struct RunOptions {
   bool record_ring = true;                      ///< keep StepObservation::ring_positions (S <= 512)
   bool record_outputs = false;                  ///< keep each query's output in QueryObservation::out
   bool record_resident = false;                 ///< keep StepObservation::resident after every step
-  /// A paged cache's pool in blocks per layer (`sweep` searches it); 0: the
-  /// pool the capacity gives (engines::paged_pool_blocks).
-  std::int64_t pool_blocks = 0;
   bool check_outputs = true;                    ///< false: tags only (faster; used by sweeps)
   /// `--against IMPL`: the second cache a check or replay runs every case on
   /// beside this one, compared step by step (properties/agreement.hpp); ""

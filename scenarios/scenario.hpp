@@ -62,6 +62,10 @@ struct CacheConfig {
   /// layer (JSON `layer_windows`; an entry without a window takes `window`,
   /// without a convention `window_convention`).
   std::vector<LayerWindow> layer_windows;
+  /// A paged cache's pool in blocks per layer (JSON `pool_blocks`, written by
+  /// `sweep` below a paged cache's minimum); absent: the pool kvcheck
+  /// derives from ring_rows (engines::paged_pool_blocks). Other caches ignore it.
+  std::optional<std::int64_t> pool_blocks;
   bool operator==(const CacheConfig&) const = default;
 };
 

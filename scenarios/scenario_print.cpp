@@ -52,6 +52,7 @@ ojson to_document(const Scenario& s) {
     }
     cache["layer_windows"] = std::move(layers);
   }
+  if (c.pool_blocks) cache["pool_blocks"] = *c.pool_blocks;  // only when given, like layer_windows
   root["cache"] = std::move(cache);
 
   ojson data = ojson::object();

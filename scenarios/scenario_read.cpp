@@ -66,7 +66,8 @@ CacheConfig read_cache(const json& j, const std::string& path) {
   as_object(j, path);
   check_keys(j, path,
              {"window", "window_convention", "ring_rows", "states", "q_heads", "kv_heads", "head_dim",
-              "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit", "layer_windows"});
+              "shared_row", "format", "rope", "layers", "softmax_scale", "sink_logit", "layer_windows",
+              "pool_blocks"});
   CacheConfig c;
   c.window = get_i64(require(j, path, "window"), join_key(path, "window"));
   c.ring_rows = get_i64(require(j, path, "ring_rows"), join_key(path, "ring_rows"));
@@ -90,6 +91,7 @@ CacheConfig read_cache(const json& j, const std::string& path) {
     c.sink_logit = get_optional_f64(*v, join_key(path, "sink_logit"));
   }
   if (const json* v = find(j, "layer_windows")) c.layer_windows = read_layer_windows(*v, path, c);
+  if (const json* v = find(j, "pool_blocks")) c.pool_blocks = get_i64(*v, join_key(path, "pool_blocks"));
   return c;
 }
 

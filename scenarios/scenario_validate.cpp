@@ -81,6 +81,7 @@ void validate_cache(const CacheConfig& c) {
   check_count(c.kv_heads, 1, std::numeric_limits<std::int32_t>::max(), "cache.kv_heads", "kv_heads");
   check_count(c.head_dim, 1, std::numeric_limits<std::int32_t>::max(), "cache.head_dim", "head_dim");
   check_count(c.layers, 1, std::numeric_limits<std::int32_t>::max(), "cache.layers", "layers");
+  if (c.pool_blocks) check_count(*c.pool_blocks, 1, kMaxRows - 1, "cache.pool_blocks", "pool_blocks");
   if (!c.layer_windows.empty()) {
     if (c.layer_windows.size() != static_cast<std::size_t>(c.layers)) {
       fail(ErrorId::kJsonValue, "cache.layer_windows",
@@ -253,7 +254,10 @@ Simulation simulate(const Scenario& s) {
       check_count(step.drafts, 0, kMaxDrafts, join_key(p, "drafts"), "drafts");
     }
     // How the step changes the request: scenarios/step_semantics.hpp, the one place.
-    const std::int64_t first = step_first_position(lifecycle.progress(step.request));
+    // (A request's first step begins it, at its shared prefix's length.)
+    const std::int64_t first = phase == RequestLifecycle::Phase::kIdle
+                                   ? prefix_positions
+                                   : step_first_position(lifecycle.progress(step.request));
     switch (lifecycle.step(step.request, r.state, step, prefix_positions)) {
       case StepRefusal::kNone: break;
       case StepRefusal::kWriteWhileVerifyPending:

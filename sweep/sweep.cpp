@@ -367,8 +367,9 @@ ProbeResult probe_live(const SweepConfig& config, std::int64_t ring_rows, const 
 /// One probe of a paged cache: its worst-case schedule with a pool of
 /// `pool_blocks` blocks per layer.
 ProbeResult probe_paged(const scenarios::Scenario& sc, std::int64_t pool_blocks, properties::RunOptions run) {
-  run.pool_blocks = pool_blocks;
-  return probe_scenario(sc, pool_blocks, std::move(run));
+  scenarios::Scenario at = sc;
+  at.cache.pool_blocks = pool_blocks;
+  return probe_scenario(at, pool_blocks, std::move(run));
 }
 
 ProbeResult probe_scenario(const scenarios::Scenario& sc, std::int64_t ring_rows, properties::RunOptions run) {
@@ -630,12 +631,20 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
             row.below_collisions = below.collisions.total();
             if (below.refused) row.below_hazard = "refused: " + below.refusal;
             if (write_files && options.impl.empty()) counterexample_for(options, below, &row);
-            // A paged counterexample would need its pool, which a scenario
-            // file does not carry: the row's hazard names it instead.
-            if (write_files && !options.impl.empty() && !below.refused && block_size == 0) {
-              // Live: the worst-case schedule at S_min - 1 is the counterexample.
-              const auto sc = worst_case_scenario(row.config, row.below_ring, options.probe.states,
-                                                  provider->capabilities());
+            if (write_files && !options.impl.empty() && !below.refused) {
+              // Live: the worst-case schedule at S_min - 1 is the counterexample
+              // (a paged cache's with its pool of S_min - 1 blocks).
+              scenarios::Scenario sc =
+                  block_size > 0
+                      ? worst_case_paged_scenario(row.config, block_size, options.probe.states,
+                                                  provider->capabilities())
+                      : worst_case_scenario(row.config, row.below_ring, options.probe.states,
+                                            provider->capabilities());
+              if (block_size > 0) {
+                sc.cache.pool_blocks = row.below_ring;
+                sc.name += "-n" + std::to_string(row.below_ring);
+                sc.description += ", pool of " + std::to_string(row.below_ring) + " blocks";
+              }
               const std::filesystem::path path = options.out_dir / (sc.name + ".json");
               scenarios::write_scenario_file(path, sc);
               row.counterexample = path.string();

@@ -233,7 +233,7 @@ std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_si
 
 /// The worst-case schedule of `config` for a paged cache of `block_size`
 /// rows per block (capacity m = spec_bound(config), pool given at open by
-/// RunOptions::pool_blocks): `states` requests one after another on one
+/// the scenario's cache.pool_blocks): `states` requests one after another on one
 /// state (the scenario declares one state: one live request), each
 /// filling its window plus two blocks, then running the steps of
 /// worst_case_scenario (decode, prefill(C), verify(k) with every accept(a)

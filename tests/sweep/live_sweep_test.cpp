@@ -6,6 +6,7 @@
 // an `unsupported` row, not the end of the sweep.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include "properties/runner.hpp"
@@ -162,6 +163,30 @@ TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / 
   CHECK(bad.no_safe_rows == static_cast<std::int64_t>(grid.size()));
   // A ring sweep has no B.
   CHECK_THROWS_WITH(Formula::parse("W + B").evaluate(8, 0, 1), Catch::Contains("paged"));
+
+  // The counterexample one block below the minimum is the schedule with its
+  // pool (cache.pool_blocks): replayed, it fails; with one block more it passes.
+  SweepGrid one;
+  one.windows = {6};
+  one.drafts = {2};
+  one.chunks = {1};
+  one.orders = {SweepOrder::kStoreThenLoad};
+  o.impl = paged;
+  o.counterexamples = CounterexampleMode::kAll;
+  o.out_dir = std::filesystem::temp_directory_path() / "kvcheck-live-sweep-paged";
+  std::filesystem::remove_all(o.out_dir);
+  const SweepResult ce = run_sweep(one, o);
+  REQUIRE(ce.rows.size() == 1);
+  REQUIRE_FALSE(ce.rows[0].counterexample.empty());
+  scenarios::Scenario sc = scenarios::load_scenario_file(ce.rows[0].counterexample);
+  REQUIRE(sc.cache.pool_blocks == ce.rows[0].min_safe_ring - 1);
+  properties::RunOptions run;
+  run.backend = paged;
+  run.check_outputs = false;
+  CHECK_FALSE(properties::run_scenario(sc, run).passed);
+  sc.cache.pool_blocks = ce.rows[0].min_safe_ring;
+  CHECK(properties::run_scenario(sc, run).passed);
+  std::filesystem::remove_all(o.out_dir);
 }
 
 TEST_CASE("Per-layer minima: the sliding and the global layers of a scenario are sized apart") {
