@@ -90,6 +90,20 @@ class TraceCache final : public CacheUnderTest {
               std::to_string(c.step.positions));
       }
     }
+    if (begin && c.prefix_positions > 0) {
+      // A begin from a shared prefix: the recorded prefix, and where the
+      // cache stored rows again (no written: every row shared).
+      const auto text = [](std::int64_t r, std::int64_t n) {
+        return "{request " + std::to_string(r) + ", positions " + std::to_string(n) + "}";
+      };
+      agree(rec.prefix && rec.prefix->request == c.prefix_request && rec.prefix->positions == c.prefix_positions,
+            "prefix", rec.prefix ? text(rec.prefix->request, rec.prefix->positions) : std::string("none"),
+            text(c.prefix_request, c.prefix_positions));
+      if (!rec.refused && answer != nullptr && !rec.written.empty()) {
+        answer->has_written = true;
+        answer->written = rec.written;
+      }
+    }
     if (rec.refused) return parse_refusal(*rec.refused);
     if (begin || answer == nullptr) return std::nullopt;
     answer->padded = rec.padded;
@@ -131,7 +145,9 @@ class TraceProvider final : public CacheProvider {
   explicit TraceProvider(const TraceRun& run) : run_(std::make_shared<const TraceRun>(run)) {
     caps_.name = "trace:" + run.header.name;
     caps_.ring_addressing = run.header.addressing == scenarios::Addressing::kRing;
+    caps_.block_size = run.header.block_size;  // a recorded paged cache's blocks
     caps_.per_layer_windows = !run.header.layer_windows.empty();  // the recording's own windows
+    for (const TraceStep& s : run.steps) caps_.prefix_sharing = caps_.prefix_sharing || s.prefix.has_value();
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
   }
@@ -223,7 +239,7 @@ class RecordingCache final : public CacheUnderTest {
   void track(const StepCall& c) {
     scenarios::RequestLifecycle& life = layers_[c.layer];
     if (c.op == StepCall::Op::kBegin) {
-      life.begin(c.step.request, c.state);
+      life.begin(c.step.request, c.state, c.prefix_positions);
     } else {
       life.step(c.step.request, c.state, c.step);
     }
@@ -237,6 +253,10 @@ class RecordingCache final : public CacheUnderTest {
     s.request = c.step.request;
     s.state = c.state;
     if (st) s.refused = refusal_text(*st);
+    if (c.op == StepCall::Op::kBegin && c.prefix_positions > 0) {
+      s.prefix = scenarios::Prefix{c.prefix_request, c.prefix_positions};
+      if (!st && answer != nullptr && answer->has_written) s.written = answer->written;
+    }
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kAccepted)
       s.accepted = c.step.accepted;
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kPositions)
@@ -315,8 +335,14 @@ class Recorder final : public RecordingProvider {
     h.layer_windows = spec.cache.layer_windows;
     h.capacity = spec.cache.ring_rows;
     h.states = spec.cache.states;
-    h.addressing = inner_->capabilities().ring_addressing ? scenarios::Addressing::kRing
-                                                          : scenarios::Addressing::kOpaque;
+    const Capabilities& caps = inner_->capabilities();
+    h.addressing = caps.ring_addressing    ? scenarios::Addressing::kRing
+                   : caps.block_size > 0 ? scenarios::Addressing::kPaged
+                                         : scenarios::Addressing::kOpaque;
+    if (caps.block_size > 0) {
+      h.block_size = caps.block_size;
+      h.pool_blocks = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, caps.block_size);
+    }
     scenarios::TraceCache c;
     c.q_heads = spec.cache.q_heads;
     c.kv_heads = spec.cache.kv_heads;

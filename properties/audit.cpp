@@ -160,7 +160,8 @@ TraceScenario trace_scenario(const TraceRun& run) {
   for (const TraceStep& s : run.steps) {
     const auto [it, fresh] = request_state.emplace(s.request, std::pair(s.state, s.line));
     if (fresh) {
-      sc.requests.push_back({s.request, s.state});
+      // A begin from a shared prefix gives the request its prefix.
+      sc.requests.push_back({s.request, s.state, s.kind == TraceKind::kBegin ? s.prefix : std::nullopt});
       origins.request_lines.push_back(s.line);
       first_step_of[s.request] = s.step;
     } else if (it->second.first != s.state) {
@@ -212,6 +213,9 @@ TraceScenario trace_scenario(const TraceRun& run) {
   // Each writing record writes at its request's logical length.
   {
     std::map<std::int64_t, scenarios::RequestProgress> progress;
+    for (const auto& r : sc.requests) {
+      if (r.prefix) progress[r.id].length = r.prefix->positions;  // a shared prefix's length
+    }
     std::size_t next = 0;
     for (std::size_t i = 0; i < sc.steps.size(); ++i) {
       auto& p = progress[sc.steps[i].request];

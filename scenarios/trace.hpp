@@ -68,6 +68,11 @@ struct TraceHeader {
   std::optional<std::int64_t> capacity;  ///< rows per state; absent: 1 + the largest slot seen
   std::optional<std::int64_t> states;    ///< absent: 1 + the largest state used
   Addressing addressing = Addressing::kOpaque;
+  /// Paged addressing: rows per block (JSON "block_size", only with
+  /// addressing "paged"); 0: none. Replay and audit then show block tables
+  /// and count the paged classes, as for the cache that was recorded.
+  std::int64_t block_size = 0;
+  std::optional<std::int64_t> pool_blocks;  ///< with block_size: the pool per layer the cache was opened with
   std::optional<TraceCache> cache;  ///< absent: TraceCache defaults, outputs not judged
   /// Each layer's own window (JSON "layer_windows", as a scenario's
   /// cache.layer_windows); empty: every layer has `window`.
@@ -108,6 +113,10 @@ struct TraceStep {
   std::int64_t drafts = 0;              ///< verify k
   std::int64_t accepted = 0;            ///< accept a
   std::int64_t positions = 0;           ///< trim n
+  /// A begin from a shared prefix (Request::prefix): the request it starts
+  /// from and n; `written` then has n entries, the slot the cache stored
+  /// each row in or -1 where it shares the other request's row (empty: all shared).
+  std::optional<Prefix> prefix;
   std::vector<std::int64_t> written;    ///< [rows] slot of each new row
   ReadForm read_form = ReadForm::kNone;
   std::vector<std::vector<std::int64_t>> read;  ///< [rows] slots each query read (-1 ignored)

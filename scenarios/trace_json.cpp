@@ -137,8 +137,8 @@ TraceCache read_cache(const json& j, const std::string& path) {
 
 TraceHeader read_header(const json& j) {
   check_keys(j, "",
-             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "cache", "expect",
-              "layer_windows"});
+             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "block_size", "pool_blocks",
+              "cache", "expect", "layer_windows"});
   const json& version = require(j, "", "kvcheck_trace");
   if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
     fail(ErrorId::kJsonValue, "kvcheck_trace",
@@ -206,6 +206,18 @@ TraceHeader read_header(const json& j) {
   if (h.addressing == Addressing::kRing && !h.capacity) {
     fail(ErrorId::kJsonMissingKey, "capacity",
          "ring addressing needs capacity (the slots of state b are b*capacity .. (b+1)*capacity - 1)");
+  }
+  if (const json* v = find(j, "block_size")) {
+    if (h.addressing != Addressing::kPaged) {
+      fail(ErrorId::kJsonValue, "block_size",
+           "a block size needs addressing \"paged\" (addressing is \"" +
+               std::string(addressing_name(h.addressing)) + "\")");
+    }
+    h.block_size = get_range(*v, "block_size", 1, kMaxRows - 1, "block_size");
+  }
+  if (const json* v = find(j, "pool_blocks")) {
+    if (h.block_size == 0) fail(ErrorId::kJsonValue, "pool_blocks", "pool_blocks needs a block_size");
+    h.pool_blocks = get_range(*v, "pool_blocks", 1, kMaxRows - 1, "pool_blocks");
   }
   if (const json* v = find(j, "cache")) h.cache = read_cache(*v, "cache");
   // The ranges of "expect" are checked against the schedule by `kvcheck
@@ -292,6 +304,7 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
   std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused"};
   if (s.kind != TraceKind::kBegin) allowed.insert(allowed.end(), {"padded", "moved", "freed"});
+  if (s.kind == TraceKind::kBegin) allowed.insert(allowed.end(), {"prefix", "written"});
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {
     allowed.insert(allowed.end(),
@@ -324,6 +337,23 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   }
   if (fields == StepFields::kPositions) {
     s.positions = get_range(require(j, "", "positions", owner), "positions", 1, kMaxRows - 1, "positions");
+  }
+  if (const json* p = find(j, "prefix")) {
+    // A begin from a shared prefix: which request, how many positions, and
+    // optionally where the cache stored rows again (-1: shared).
+    const json& o = as_object(*p, "prefix");
+    check_keys(o, "prefix", {"request", "positions"}, "a prefix");
+    s.prefix = Prefix{get_range(require(o, "prefix", "request", "a prefix"), "prefix.request", 0,
+                                std::numeric_limits<std::int64_t>::max(), "request"),
+                      get_range(require(o, "prefix", "positions", "a prefix"), "prefix.positions", 1, kMaxRows - 1,
+                                "positions")};
+    if (s.prefix->request == s.request) fail(ErrorId::kJsonValue, "prefix.request", "a request cannot start from its own prefix");
+    if (const json* w = find(j, "written")) {
+      s.written = int_list(*w, "written", -1, kSlotMax, "slot");
+      check_count_of(*w, "written", s.prefix->positions, "one slot per prefix position (-1: shared)");
+    }
+  } else if (s.kind == TraceKind::kBegin && find(j, "written")) {
+    fail(ErrorId::kJsonValue, "written", "only a begin from a shared prefix reports written slots");
   }
   // Slot events of any step (a refused one has none).
   for (const char* key : {"padded", "moved", "freed"}) {
@@ -672,6 +702,10 @@ std::string trace_header_line(const TraceHeader& h) {
   if (h.capacity) j["capacity"] = *h.capacity;
   if (h.states) j["states"] = *h.states;
   j["addressing"] = addressing_name(h.addressing);
+  if (h.block_size > 0) {  // only for a paged cache: other traces keep their bytes
+    j["block_size"] = h.block_size;
+    if (h.pool_blocks) j["pool_blocks"] = *h.pool_blocks;
+  }
   if (h.cache) {
     const TraceCache& c = *h.cache;
     ojson cache = ojson::object();
@@ -724,6 +758,10 @@ std::string trace_step_line(const TraceStep& s) {
   }
   if (trace_kind_fields(s.kind) == StepFields::kAccepted) j["accepted"] = s.accepted;
   if (trace_kind_fields(s.kind) == StepFields::kPositions) j["positions"] = s.positions;
+  if (s.kind == TraceKind::kBegin && s.prefix) {
+    j["prefix"] = ojson{{"request", s.prefix->request}, {"positions", s.prefix->positions}};
+    if (!s.written.empty()) j["written"] = s.written;
+  }
   if (!s.padded.empty()) j["padded"] = s.padded;
   if (!s.moved.empty()) {
     ojson moved = ojson::array();
