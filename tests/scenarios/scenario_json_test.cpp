@@ -975,3 +975,46 @@ TEST_CASE("Traces: a header's layer windows round-trip, and keys that disagree n
   const Error e = catch_error([&] { (void)parse_trace(bad + "\n", "t"); });
   CHECK(e.where().find("layer_windows[0].keys") != std::string::npos);
 }
+
+TEST_CASE("Traces: a paged header's block size and pool round-trip, and only with paged addressing") {
+  TraceHeader h;
+  h.name = "paged";
+  h.window = 4;
+  h.addressing = Addressing::kPaged;
+  h.block_size = 16;
+  h.pool_blocks = 12;
+  const std::string line = trace_header_line(h);
+  CHECK(line.find(R"("addressing":"paged","block_size":16,"pool_blocks":12)") != std::string::npos);
+  const auto runs = parse_trace(line + "\n", "t");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].header == h);
+  // Without a block size the header line has neither key (other traces keep their bytes).
+  TraceHeader plain = h;
+  plain.block_size = 0;
+  plain.pool_blocks.reset();
+  CHECK(trace_header_line(plain).find("block_") == std::string::npos);
+  const std::pair<std::string, std::string> twists[] = {
+      {R"("addressing":"opaque","block_size":16)", "block_size"},
+      {R"("addressing":"paged","block_size":0)", "block_size"},
+      {R"("addressing":"paged","pool_blocks":3)", "pool_blocks"},
+  };
+  for (const auto& [header, where] : twists) {
+    INFO(header);
+    const std::string bad = R"({"kvcheck_trace":1,"name":"p","window":{"param":4,"convention":"keys"},)" + header + "}\n";
+    const Error e = catch_error([&] { (void)parse_trace(bad, "t"); });
+    CHECK(e.where().find(where) != std::string::npos);
+  }
+}
+
+TEST_CASE("Scenarios: a paged pool (cache.pool_blocks) round-trips, and files without it keep their text") {
+  json doc = base();
+  doc["cache"]["pool_blocks"] = 5;
+  const Scenario s = parse_scenario(doc.dump(), "pool");
+  REQUIRE(s.cache.pool_blocks == 5);
+  const std::string text = save_scenario(s);
+  CHECK(text.find("\"pool_blocks\": 5") != std::string::npos);
+  CHECK(parse_scenario(text, "") == s);
+  const Scenario plain = parse_scenario(kBase, "base");
+  CHECK_FALSE(plain.cache.pool_blocks.has_value());
+  CHECK(save_scenario(plain).find("pool_blocks") == std::string::npos);
+}
