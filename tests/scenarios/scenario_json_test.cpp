@@ -318,6 +318,9 @@ TEST_CASE("Scenarios: malformed documents fail with the right id and path") {
       {"global layer with a convention", set("/cache/layer_windows", json::array({json{{"window", nullptr}, {"convention", "left"}}})), ErrorId::kJsonValue, "cache.layer_windows[0].convention"},
       {"two layer windows for one layer", set("/cache/layer_windows", json::array({json::object(), json{{"window", nullptr}}})), ErrorId::kJsonValue, "cache.layer_windows"},
       {"bad rope style", set("/cache/rope", json{{"style", "yarn"}}), ErrorId::kJsonValue, "cache.rope.style"},
+      // a paged pool
+      {"pool_blocks 0", set("/cache/pool_blocks", 0), ErrorId::kSize, "cache.pool_blocks"},
+      {"pool_blocks as string", set("/cache/pool_blocks", "4"), ErrorId::kJsonType, "cache.pool_blocks"},
       {"bad step kind", set("/steps/1/kind", "decod"), ErrorId::kJsonValue, "steps[1].kind"},
       {"bad order", set("/steps/0/order", "store_first"), ErrorId::kJsonValue, "steps[0].order"},
       {"empty name", set("/name", ""), ErrorId::kJsonValue, "name"},
