@@ -503,6 +503,38 @@ TEST_CASE("Audit: a recorded refusal fails the run at that step") {
   CHECK(begun[0].first_failure.find("begin refused: state-busy") != std::string::npos);
 }
 
+TEST_CASE("Audit: a begin from a shared prefix; a prefix row read from its slot passes, evicted it is missing") {
+  // Window 3. Request 0 writes positions 0 and 1 at slots 0, 1 and finishes;
+  // request 1 begins from its first 2 positions and decodes at 2.
+  const std::string r0 =
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";
+  const std::string fin = R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0})";
+  const std::string begin = R"({"step":2,"layer":0,"kind":"begin","request":1,"state":0,"prefix":{"request":0,"positions":2}})";
+  const std::string decode =
+      R"({"step":2,"layer":0,"kind":"decode","request":1,"state":0,"position":2,"rows":1,"written":[5],"read":[[0,1,5]]})";
+  const auto shared = audit_trace(scenarios::parse_trace(lines({kHeader, r0, fin, begin, decode}), ""), AuditOptions{});
+  REQUIRE(shared.size() == 1);
+  INFO(shared[0].first_failure);
+  CHECK(shared[0].passed);
+  // The finish freed slot 0 (evicted): position 0 is missing for the sharer.
+  const std::string evicted = R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0,"freed":[0]})";
+  const auto gone = audit_trace(scenarios::parse_trace(lines({kHeader, r0, evicted, begin, decode}), ""), AuditOptions{});
+  CHECK_FALSE(gone[0].passed);
+  CHECK(gone[0].first_failure.find("missing [0]") != std::string::npos);
+  // Stored again at the begin (written 7), and read there: passes.
+  const std::string stored =
+      R"({"step":2,"layer":0,"kind":"begin","request":1,"state":0,"prefix":{"request":0,"positions":2},"written":[7,-1]})";
+  const std::string decode7 =
+      R"({"step":2,"layer":0,"kind":"decode","request":1,"state":0,"position":2,"rows":1,"written":[5],"read":[[7,1,5]]})";
+  CHECK(audit_trace(scenarios::parse_trace(lines({kHeader, r0, evicted, stored, decode7}), ""), AuditOptions{})[0].passed);
+  // Written needs one slot per prefix position, and only a prefix begin has one.
+  CHECK(parse_where(lines({kHeader, r0, fin,
+                           R"({"step":2,"layer":0,"kind":"begin","request":1,"state":0,"prefix":{"request":0,"positions":2},"written":[7]})",
+                           decode})) == "line 4: written");
+  CHECK(parse_where(lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":1,"state":0,"written":[7]})"})) ==
+        "line 2: written");
+}
+
 TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line") {
   const std::string prefill =
       R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";
