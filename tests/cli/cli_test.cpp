@@ -211,6 +211,15 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   fs::remove_all(dir);
 }
 
+namespace {
+
+/// The paged adapter's shared-prefix bugs (paged_cache.py PREFIX_BUGS).
+bool prefix_bug(const std::string& bug) {
+  return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused";
+}
+
+}  // namespace
+
 TEST_CASE(
     "CLI exec: every adapter bug switch is caught within 2000 cases and shrunk to <= 3 requests, 8 steps") {
   const fs::path dir = temp_dir("exec-bugs");
@@ -225,13 +234,18 @@ TEST_CASE(
       {"ring_cache.py", "layer-window-swapped"},   // per-layer windows: --profile layers (paged: same code)
       {"paged_cache.py", "double-free"},  // a block freed by the window and again at finish: --profile paged
       {"ring_cache.py", "padding-through-ring"},  // padding answered as "padded", over live rows
-      {"paged_cache.py", "no-window-free"}};      // past its declared resident bound (frees answered)
+      {"paged_cache.py", "no-window-free"},       // past its declared resident bound (frees answered)
+      // Shared prefixes (--profile prefix; each switch turns on --prefix-cache):
+      {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
+      {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
+      {"paged_cache.py", "evicted-prefix-reused"}};  // an evicted prefix's block ids reused as if present
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / bug;
     const std::string profile = std::string(bug).starts_with("trim")     ? " --profile trim"
                                 : std::string(bug).starts_with("layer-") ? " --profile layers"
                                 : std::string(bug) == "double-free"      ? " --profile paged"
+                                : prefix_bug(bug)                        ? " --profile prefix"
                                                                          : "";
     // The paged profile's cases are long (many blocks each): 300 of them
     // catch double-free (about one in seven fails), 2000 would cost a minute.
@@ -250,7 +264,9 @@ TEST_CASE(
                      adapter(script, std::string("--bug ") + bug)) != std::string::npos);
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, std::string("--bug ") + bug)).code ==
           1);
-    CHECK(run("replay " + file.string() + " --impl " + adapter(script)).code == 0);
+    // Without the bug (the prefix bugs' cache shares prefixes: --prefix-cache) the case passes.
+    CHECK(run("replay " + file.string() + " --impl " + adapter(script, prefix_bug(bug) ? "--prefix-cache" : ""))
+              .code == 0);
   }
   fs::remove_all(dir);
 }
