@@ -30,6 +30,11 @@ hello declares the bound "resident_bound": blocks per request (the pool over
 the states): kvcheck fails a free of a row still visible and a request that
 holds more (--bug no-window-free).
 
+`--store-first` frees nothing while a step stores, in either order, as an
+engine that stores a step's rows before its queries attend: it holds
+keys - 1 + C rows of a request at once, which the pool kvcheck gives
+(pool_blocks) covers and `capacity` alone may not.
+
 `--trims` lists trim in hello. A trim takes a request back over rows its
 window had passed, so the cache then also keeps the last `capacity`
 positions it wrote (kvcheck's trim profile grows the capacity by the depth
@@ -110,6 +115,10 @@ class PagedCache(window_cache.WindowCache):
         # highest written since begin or reset); kvcheck's trim profile grows
         # the capacity by the depth its trims reach. None: frees by the window only.
         self.keep_rows = None
+        # --store-first: no block is freed while a step stores (a
+        # load_then_store step too): the engine holds keys - 1 + C rows of a
+        # request at once, the pool kvcheck sizes (pool_blocks).
+        self.store_first = False
         self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
 
     def new_layer(self):
@@ -182,7 +191,7 @@ class PagedCache(window_cache.WindowCache):
         self._free_below(layer, st, min(self.first_still_visible(layer, st), self._keep_limit(layer, b)))
 
     def before_store(self, layer, st, b, first, j):
-        if self.no_window_free:
+        if self.no_window_free or self.store_first:
             return
         self._free_below(layer, st, min(self._lts_limit(layer, first, j), self._keep_limit(layer, b, first + j)))
 
@@ -211,7 +220,7 @@ class PagedCache(window_cache.WindowCache):
             if j_block in table:
                 continue
             freeable = 0
-            if load_then_store:
+            if load_then_store and not self.store_first:
                 # Blocks freed before the first new row of this block is stored.
                 j = max(first, j_block * B) - first
                 limit = min(self._lts_limit(layer, first, j), self._keep_limit(layer, b, first + j))
@@ -452,6 +461,9 @@ class PagedAdapter(window_cache.WindowAdapter):
                             help="rows per block (default 4)")
         parser.add_argument("--prefix-cache-size", type=int, default=1, metavar="N",
                             help="finished requests whose blocks the prefix cache keeps (default 1)")
+        parser.add_argument("--store-first", action="store_true",
+                            help="free no block while a step stores, in either order (an engine that stores a "
+                                 "step's rows before it attends): it needs the pool open gives, not capacity")
         parser.add_argument("--trims", action="store_true",
                             help="run trim (hello lists it): the cache also keeps the last `capacity` "
                                  "positions written, which a rewind reads again")
@@ -468,6 +480,7 @@ class PagedAdapter(window_cache.WindowAdapter):
             raise SystemExit("paged-cache: --prefix-cache-size must be >= 0")
         self.prefix_cache_size = args.prefix_cache_size
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
+        self.store_first = args.store_first
         if self.trims and self.prefix_cache:
             raise SystemExit("paged-cache: --trims does not go with the prefix cache")
 
@@ -495,6 +508,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         if getattr(self, "prefix_cache", False):
             return SharingPagedCache(spec, self.active_bugs, self.block_size, self.prefix_cache_size)
         cache = PagedCache(spec, self.active_bugs, self.block_size)
+        cache.store_first = self.store_first
         if self.trims:
             cache.keep_rows = spec.capacity
         return cache
