@@ -61,10 +61,26 @@ struct Terms {
       "per-layer buffers, layers*(32 KiB + (window + longest step)*(slot bytes + 32 + 8*q_heads))";
 };
 
+/// Keys the widest layer's queries see: the cache's window, or the widest
+/// of its layer windows (a global layer's: every position, which the
+/// visible-row sums cap at each query's position).
+double widest_keys(const scenarios::CacheConfig& c) {
+  std::int64_t keys = window_keys(c);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layer_windows.size()); ++l)
+    keys = std::max(keys, scenarios::layer_window_keys(c, l));
+  return static_cast<double>(keys);
+}
+
 Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   const auto& c = sc.cache;
   const double layers = c.layers;
-  const double keys = static_cast<double>(window_keys(c));
+  // Reads: the widest layer's window. Scratch: a pool's window is capped at
+  // its ring and a step's rows (engines/ring_pool_cache.cpp).
+  const double read_keys = widest_keys(c);
+  std::int64_t most_rows = 1;
+  for (const auto& s : sc.steps) most_rows = std::max(most_rows, scenarios::step_rows(s));
+  const double keys =
+      c.layer_windows.empty() ? read_keys : std::min(read_keys, static_cast<double>(c.ring_rows + most_rows));
   const double kv_width = static_cast<double>(c.kv_heads) * c.head_dim;
   const double q_width = static_cast<double>(c.q_heads) * c.head_dim;
   const double row = static_cast<double>(format_row_bytes(c.format, std::int64_t{c.kv_heads} * c.head_dim));
@@ -80,7 +96,7 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
     scenarios::RequestProgress& p = progress[s.request];
     const double n = static_cast<double>(scenarios::step_rows(s));
     written += n;
-    visible += visible_sum(static_cast<double>(scenarios::step_first_position(p)), n, keys);
+    visible += visible_sum(static_cast<double>(scenarios::step_first_position(p)), n, read_keys);
     max_step = std::max(max_step, n);
     scenarios::advance(p, s);
   }
@@ -245,7 +261,7 @@ struct StepReads {
 };
 
 StepReads step_reads(const scenarios::Scenario& sc) {
-  const double keys = static_cast<double>(window_keys(sc.cache));
+  const double keys = widest_keys(sc.cache);
   StepReads r;
   std::map<std::int64_t, scenarios::RequestProgress> progress;
   for (const auto& q : sc.requests) {
