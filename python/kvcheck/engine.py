@@ -217,10 +217,15 @@ def block_slot(block_table, position, block_size):
     return -1 if block < 0 else block * block_size + position % block_size
 
 
-def window(spec, position):
+def window(spec, position, layer=None):
     """The positions a query at `position` sees: max(0, position - keys + 1)
-    .. position (spec.keys, the window in keys, itself included)."""
-    return range(max(0, position - spec.keys + 1), position + 1)
+    .. position (spec.keys, the window in keys, itself included). With
+    `layer`, that layer's own window (spec.window_of(layer); a global layer
+    sees 0 .. position)."""
+    keys = spec.keys if layer is None else spec.window_of(layer)
+    if keys is None:
+        return range(0, position + 1)
+    return range(max(0, position - keys + 1), position + 1)
 
 
 def stored_rows(k, v=None):

@@ -188,3 +188,23 @@ def test_a_class_kvcheck_cannot_reach_is_named():
     with pytest.raises(TypeError, match="top level of a module"):
         testing.adapter_command(Local, "/nonexistent")
     assert testing.adapter_command("python3 my_adapter.py", "/nonexistent") == "python3 my_adapter.py"
+
+
+def test_per_layer_windows_in_the_spec_and_window():
+    # A sliding layer of 2 keys and a global layer: each layer's window.
+    layered = dict(SPEC, layers=2, layer_windows=[{"param": 1, "convention": "left", "keys": 2},
+                                                  {"param": None, "convention": None, "keys": None}])
+    spec = protocol.Spec(layered)
+    assert spec.layer_keys == [2, None]
+    assert list(kvcheck.window(spec, 5, 0)) == [4, 5]
+    assert list(kvcheck.window(spec, 5, 1)) == [0, 1, 2, 3, 4, 5]
+    assert list(kvcheck.window(spec, 5)) == [3, 4, 5]  # the spec's own window
+    assert protocol.Spec(SPEC).layer_keys == [3]
+    for bad, field in ((dict(layered, layer_windows=layered["layer_windows"][:1]), "spec.layer_windows"),
+                       (dict(layered, layer_windows=[{"param": 1, "convention": "left", "keys": 1},
+                                                     layered["layer_windows"][1]]), "spec.layer_windows[0].keys"),
+                       (dict(layered, layer_windows=[layered["layer_windows"][0],
+                                                     {"param": None, "convention": "keys", "keys": None}]),
+                        "spec.layer_windows[1]")):
+        with pytest.raises(protocol.BadRequest, match=field.replace("[", r"\[").replace("]", r"\]")):
+            protocol.Spec(bad)
