@@ -899,14 +899,16 @@ void write_rows(ShadowMap& shadow, std::int64_t n, std::int64_t keys) {
   for (const auto& q : obs.queries) REQUIRE(reads_correct(q));
 }
 
-/// A decode of position `p` written at `slot`, its query reading `reads`,
-/// with the step's moves and padding; returns its query's observation.
+/// A decode of position `p` (of `request`) written at `slot`, its query
+/// reading `reads`, with the step's moves and padding; returns its query's
+/// observation.
 QueryObservation decode(ShadowMap& shadow, std::int64_t p, std::int64_t slot, std::vector<std::int64_t> reads,
                         std::int64_t keys, std::vector<std::pair<std::int64_t, std::int64_t>> moved = {},
-                        std::vector<std::int64_t> padded = {}) {
+                        std::vector<std::int64_t> padded = {}, std::int64_t request = 0) {
   const std::vector<std::int64_t> written{slot};
   const std::vector<std::int64_t> offsets{0, static_cast<std::int64_t>(reads.size())};
   StepFacts f;
+  f.request = request;
   f.first_position = p;
   f.rows = 1;
   f.window_keys = keys;
@@ -984,22 +986,7 @@ namespace {
 QueryObservation decode_of(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
                            std::vector<std::int64_t> reads, std::int64_t keys,
                            std::vector<std::pair<std::int64_t, std::int64_t>> moved = {}) {
-  const std::vector<std::int64_t> written{slot};
-  const std::vector<std::int64_t> offsets{0, static_cast<std::int64_t>(reads.size())};
-  StepFacts f;
-  f.request = request;
-  f.first_position = p;
-  f.rows = 1;
-  f.window_keys = keys;
-  f.has_written = f.has_reads = true;
-  f.written = written;
-  f.read_offsets = offsets;
-  f.read_slots = reads;
-  f.moved = moved;
-  StepObservation obs;
-  shadow.observe(f, &obs);
-  REQUIRE(obs.queries.size() == 1);
-  return obs.queries[0];
+  return decode(shadow, p, slot, std::move(reads), keys, std::move(moved), {}, request);
 }
 
 }  // namespace
