@@ -53,12 +53,20 @@ struct PairComparison {
 
 /// Compares two runs of the same scenario (runs made with record_reads,
 /// record_outputs and record_resident). `bitwise`: outputs must be equal
-/// bit for bit. `resident`: compare the resident sets (run_pair does when
-/// both caches report frees or neither does: a cache that reports none
-/// keeps every row it wrote until the slot is written again, one that
-/// reports them does not, and the two sets would differ by that alone).
+/// bit for bit. `resident`: compare the resident sets too (run_pair: when
+/// resident_sets_comparable).
 PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bool bitwise,
                             bool resident = true);
+
+/// Whether two caches' resident sets mean the same thing: both report the
+/// rows they free, or neither does and both declare the same addressing (a
+/// ring, or paged with one block size, or neither). A cache that reports no
+/// frees holds a row, as its reports show it, until its slot is written
+/// again, which depends on how it addresses: a ring of S rows per state and
+/// a pool of blocks holding the same live rows keep different stale ones,
+/// and one that reports frees keeps none. Against a full-window cache
+/// (whose cases never overwrite a row) neither reporting frees suffices.
+bool resident_sets_comparable(const engines::Capabilities& a, const engines::Capabilities& b) noexcept;
 
 /// What both caches can run: a case of a side-by-side check is drawn inside
 /// it (every step kind, format, shape and limit both declare).

@@ -301,6 +301,8 @@ TEST_CASE("Side by side: the CPU ring pool and the layer-bound cache agree, and 
   CHECK(result.compared.queries > 0);
   CHECK(result.compared.reads == result.compared.queries);
   CHECK(result.compared.outputs == result.compared.queries);
+  // The layer-bound cache runs full-window cases only: no row is overwritten, the resident sets compare.
+  CHECK(result.compared.resident == result.compared.steps);
 }
 
 TEST_CASE("Side by side: a cache against the same cache with a planted fault differs, shrunk small") {
@@ -403,6 +405,19 @@ TEST_CASE("Side by side: a case is drawn inside what both caches can run") {
   CHECK(both.head_dims.contains(16));
   CHECK_FALSE(both.head_dims.contains(4));
   CHECK_FALSE(both.head_dims.contains(24));
+  // Resident sets compare when both caches report frees, or neither does and they address alike.
+  engines::Capabilities ring, paged, freeing;
+  ring.ring_addressing = true;
+  paged.block_size = 16;
+  freeing.block_size = 16;
+  freeing.reports_frees = true;
+  CHECK(properties::resident_sets_comparable(ring, ring));
+  CHECK(properties::resident_sets_comparable(paged, paged));
+  CHECK_FALSE(properties::resident_sets_comparable(ring, paged));
+  CHECK_FALSE(properties::resident_sets_comparable(paged, freeing));
+  CHECK(properties::resident_sets_comparable(freeing, freeing));
+  paged.full_window_only = true;  // its cases never write a slot twice
+  CHECK(properties::resident_sets_comparable(ring, paged));
   b.head_dims = engines::SizeSet{};
   b.head_dims.values = {32};
   CHECK_FALSE(properties::intersect_capabilities(a, b).head_dims.contains(32));
