@@ -433,3 +433,73 @@ TEST_CASE("HTML report: a large ring is drawn as runs of slots") {
   REQUIRE(count(html, "class=\"slot ") == 0);
   REQUIRE(count(html, "class=\"slots ") >= 2);
 }
+
+TEST_CASE("Paged view: block tables and lifetimes from the written slots; the lost row's block is named") {
+  // Blocks of 2 rows. Request 0 writes positions 0..3 to blocks 5, 3; request 1
+  // then writes its positions 0..1 into block 5 (request 0's block 0 reused);
+  // request 0's query at 4 reads slot 10 (block 5) for position 1, overwritten.
+  RunObservation run;
+  run.scenario_name = "paged";
+  run.block_size = 2;
+  run.pool_blocks = 6;
+  run.passed = false;
+  StepObservation a;
+  a.step = 0;
+  a.kind = "prefill";
+  a.request = 0;
+  a.first_position = 0;
+  a.written_slots = {10, 11, 6, 7};
+  StepObservation b;
+  b.step = 1;
+  b.kind = "prefill";
+  b.request = 1;
+  b.state = 1;
+  b.first_position = 0;
+  b.written_slots = {10, 11};
+  StepObservation c;
+  c.step = 2;
+  c.kind = "decode";
+  c.request = 0;
+  c.first_position = 4;
+  c.written_slots = {0};
+  QueryObservation q;
+  q.position = 4;
+  q.visible_first = 1;
+  q.overwritten = {1};
+  q.failed = true;
+  q.reads = {ReadTag{11, 1, 1, 6}, ReadTag{6, 0, 2, 3}, ReadTag{7, 0, 3, 4}, ReadTag{0, 0, 4, 7}};
+  c.queries = {q};
+  c.failed = true;
+  run.steps = {a, b, c};
+  run.first_failing_step = 2;
+  run.first_failure = "step 2 (decode) layer 0 query 4: overwritten [1]";
+  const auto view = kvcheck::reports::paged_view(run, 2);
+  CHECK(view.blocks == 3);
+  CHECK(view.reuses == 1);
+  CHECK(view.reused_by_other == 1);
+  REQUIRE(view.tables.size() == 2);
+  CHECK(kvcheck::reports::block_table_text(view.tables[0]) == "[0:5 reused, 1:3, 2:0]");
+  CHECK(kvcheck::reports::block_table_text(view.tables[1]) == "[0:5]");
+  // A tenancy's last use is its request's last write or read there: block 3 was read at step 2, while
+  // request 0's read of block 5 at step 2 is no use of a tenancy that ended at step 1.
+  const auto* lost = kvcheck::reports::tenancy_of(view, 0, 1);
+  REQUIRE(lost != nullptr);
+  CHECK(kvcheck::reports::tenancy_text(*lost) ==
+        "block 5 (request 0's block 0): written at step 0, last used at step 0, reused by request 1 (its block 0) "
+        "at step 1");
+  CHECK(kvcheck::reports::tenancy_text(*kvcheck::reports::tenancy_of(view, 0, 3)) ==
+        "block 3 (request 0's block 1): written at step 0, last used at step 2, still held");
+  // Through step 0 nothing was reused yet; a ring run (block size 0) has no view.
+  CHECK(kvcheck::reports::paged_view(run, 0).reuses == 0);
+  RunObservation ring = run;
+  ring.block_size = 0;
+  CHECK(kvcheck::reports::paged_view(ring, 2).block_size == 0);
+  // The text explains the lost row with its block's life.
+  Report report;
+  report.runs.push_back(run);
+  const std::string text = kvcheck::reports::report_text(report);
+  CHECK(text.find("  blocks of layer 0 through step 2 (B=2): 3 blocks written, 1 reuses (1 by another request)\n"
+                  "  block table of request 0: [0:5 reused, 1:3, 2:0]\n"
+                  "  position 1 lost: block 5 (request 0's block 0): written at step 0, last used at step 0, "
+                  "reused by request 1 (its block 0) at step 1\n") != std::string::npos);
+}
