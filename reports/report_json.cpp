@@ -191,6 +191,9 @@ Json run_json(const properties::RunObservation& r) {
   totals["stored_rows_checked"] = r.stored_rows_checked;
   totals["encoding_mismatches"] = r.encoding_mismatches;
   totals["mpfr_queries"] = r.mpfr_queries;
+  // Only when not zero (a cache that frees or declares a bound): other reports keep their bytes.
+  if (r.freed_visible > 0) totals["freed_visible"] = r.freed_visible;
+  if (r.steps_over_bound > 0) totals["steps_over_bound"] = r.steps_over_bound;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));
