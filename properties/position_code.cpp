@@ -85,6 +85,13 @@ void PositionDecoder::record_writes(std::int64_t request, std::int64_t first, st
   }
 }
 
+void PositionDecoder::share_prefix(std::int64_t request, std::int64_t source, std::int64_t n) {
+  for (std::int64_t p = 0; p < n; ++p) {
+    const auto it = latest_.find({source, p});
+    if (it != latest_.end()) latest_[{request, p}] = it->second;
+  }
+}
+
 void PositionDecoder::decode(std::int64_t request, const double* out, QueryObservation* q) const {
   if (!usable()) return;
   const auto M = static_cast<std::size_t>(layout_.classes);

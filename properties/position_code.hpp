@@ -99,6 +99,10 @@ class PositionDecoder {
   /// Records the n rows a step wrote for `request` at first..first+n-1.
   void record_writes(std::int64_t request, std::int64_t first, std::int64_t n, std::int64_t step_index);
 
+  /// `request` begins from the first `n` positions of `source` (a shared
+  /// prefix): their latest rows are its rows there.
+  void share_prefix(std::int64_t request, std::int64_t source, std::int64_t n);
+
   /// Decodes the output row of one query ([q_heads * head_dim]) of
   /// `request`, whose visible positions are q->visible_first..q->position,
   /// into q->overwritten, q->missing and q->extra (slot -1: unknown).

@@ -557,6 +557,7 @@ class StepDriver {
         begin.step.request, req.prefix->request, n,
         answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>());
     judge_.share_prefix(l, begin.step.request, req.prefix->request, n, seqs);
+    if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, req.prefix->request, n);
     if (l == 0) {
       for (std::int64_t p = 0; p < n; ++p) writer_[{begin.step.request, p}] = writer_.at({req.prefix->request, p});
     }
