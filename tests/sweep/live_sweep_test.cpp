@@ -158,9 +158,12 @@ TEST_CASE("Live sweep: a paged cache's minimum pool in blocks is ceil((m - 1) / 
   }
   o.impl = paged + " --bug free-early";
   o.formula.reset();
-  const SweepResult bad = run_sweep(grid, o);
-  CHECK(bad.spec_disagreements == static_cast<std::int64_t>(grid.size()));
-  CHECK(bad.no_safe_rows == static_cast<std::int64_t>(grid.size()));
+  SweepGrid few = grid;  // each row searches up to 4 * bound + 64 blocks: a few rows
+  few.drafts = {2};
+  few.chunks = {1};
+  const SweepResult bad = run_sweep(few, o);
+  CHECK(bad.spec_disagreements == static_cast<std::int64_t>(few.size()));
+  CHECK(bad.no_safe_rows == static_cast<std::int64_t>(few.size()));
   // A ring sweep has no B.
   CHECK_THROWS_WITH(Formula::parse("W + B").evaluate(8, 0, 1), Catch::Contains("paged"));
 
