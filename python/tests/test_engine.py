@@ -208,3 +208,28 @@ def test_per_layer_windows_in_the_spec_and_window():
                         "spec.layer_windows[1]")):
         with pytest.raises(protocol.BadRequest, match=field.replace("[", r"\[").replace("]", r"\]")):
             protocol.Spec(bad)
+
+
+class Sharing(Ring):
+    """A ring that takes shared prefixes: it stores the prefix rows it is sent."""
+    prefixes = []
+
+    def begin_prefix(self, layer, state, request, prefix):
+        Sharing.prefixes.append(prefix)
+        return {"written": [kvcheck.ring_slot(self.spec, state, p) for p in range(prefix.positions)]}
+
+
+def test_begin_prefix_declares_prefix_sharing_and_answers_written():
+    assert "prefix_sharing" not in Ring.hello_capabilities()
+    s, hello, _ = session(Sharing)
+    assert hello["capabilities"]["prefix_sharing"] is True
+    begin = {"op": "begin", "layer": 0, "request": 1, "state": 1, "prefix": {"request": 0, "positions": 2},
+             "k": [[1.0, 2.0], [3.0, 4.0]], "v": [[5.0, 6.0], [7.0, 8.0]]}
+    assert json.loads(s.handle(json.dumps(begin).encode())) == {"ok": True, "written": [5, 6]}
+    prefix = Sharing.prefixes[-1]
+    assert (prefix.request, prefix.positions, prefix.k[1], prefix.v[0]) == (0, 2, [3.0, 4.0], [5.0, 6.0])
+    # Rows for a prefix are checked as a step's are: two rows for two positions.
+    bad = dict(begin, k=[[1.0, 2.0]])
+    assert json.loads(s.handle(json.dumps(bad).encode()))["ok"] is False
+    # A plain begin still reaches begin().
+    assert json.loads(s.handle(b'{"op":"begin","layer":0,"request":2,"state":0}')) == {"ok": True}
