@@ -170,10 +170,11 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
       const ShadowRow& old = replaced[i];
       if (f.view == engines::ReadView::kAfterWrites && old.request == f.request && old.position < first &&
           old.position >= first - f.window_keys + 1) {
-        // Live: the replaced row is the latest write of its position, and a
-        // query of this step (the first one reaches furthest back) must read it.
+        // Live: the replaced row is the latest write of its position, this
+        // slot its home (not a copy left behind by a move), and a query of
+        // this step (the first one reaches furthest back) must read it.
         const auto live = latest_.find({old.request, old.position});
-        if (live != latest_.end() && live->second.write_seq == old.write_seq) {
+        if (live != latest_.end() && live->second.write_seq == old.write_seq && live->second.slot == slot) {
           ++obs->collisions.replaced_needed;
         }
       }

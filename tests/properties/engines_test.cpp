@@ -1078,3 +1078,90 @@ TEST_CASE("Resident bound: a cache holding more than it declares fails; a freed 
   CHECK(over > 5);
   CHECK(freed_visible > 0);
 }
+
+namespace {
+
+/// A rolling cache that computes no outputs (a block manager without a
+/// kernel): W slots, the oldest row at slot 0. Once full, each decode first
+/// shifts every row one slot down (moved 1 -> 0, 2 -> 1, ...) and writes the
+/// new row at slot W - 1; `wrong_order` shifts from the top down, which
+/// copies one row twice and drops another.
+class RollingCache final : public engines::CacheUnderTest {
+ public:
+  RollingCache(std::int64_t slots, bool wrong_order) : w_(slots), wrong_order_(wrong_order) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    if (answer) answer->clear();
+    if (c.op == engines::StepCall::Op::kBegin || c.step.kind != scenarios::StepKind::kDecode) return std::nullopt;
+    if (answer == nullptr) return std::nullopt;
+    const std::int64_t p = c.position;
+    std::int64_t slot = p;
+    if (p >= w_) {
+      slot = w_ - 1;
+      for (std::int64_t s = 1; s < w_; ++s) {
+        const std::int64_t from = wrong_order_ ? w_ - s : s;
+        answer->moved.emplace_back(from, from - 1);
+      }
+    }
+    answer->out.assign(static_cast<std::size_t>(c.rows * 4), 0.0);
+    answer->has_written = answer->has_reads = true;
+    answer->written = {slot};
+    answer->read_offsets = {0};
+    for (std::int64_t s = 0; s <= slot; ++s) answer->read_slots.push_back(s);
+    answer->read_offsets.push_back(static_cast<std::int64_t>(answer->read_slots.size()));
+    return std::nullopt;
+  }
+
+ private:
+  std::int64_t w_;
+  bool wrong_order_;
+};
+
+class RollingProvider final : public engines::CacheProvider {
+ public:
+  RollingProvider(std::int64_t slots, bool wrong_order) : slots_(slots), wrong_order_(wrong_order) {
+    caps_.name = "rolling";
+    caps_.computes_outputs = false;
+    caps_.accumulation = engines::Accumulation::kF64;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "rolling"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec&, engines::Refusal*) override {
+    return std::make_unique<RollingCache>(slots_, wrong_order_);
+  }
+
+ private:
+  std::int64_t slots_;
+  bool wrong_order_;
+  engines::Capabilities caps_;
+};
+
+}  // namespace
+
+TEST_CASE("Moves: a rolling bookkeeping-only cache passes; shifting in the wrong order loses a row") {
+  // Window 4 keys; the cache keeps exactly 4 rows and rolls them. kvcheck
+  // computes the outputs over the rows its shadow map holds, moved rows too.
+  scenarios::Scenario sc;
+  sc.name = "rolling";
+  sc.cache.window = sc.cache.ring_rows = 4;
+  sc.cache.head_dim = 4;
+  sc.requests = {{0, 0}};
+  for (int i = 0; i < 10; ++i) {
+    scenarios::Step d;
+    d.kind = scenarios::StepKind::kDecode;
+    sc.steps.push_back(d);
+  }
+  RollingProvider rolling(4, false), wrong(4, true);
+  RunOptions o;
+  o.provider = &rolling;
+  const RunObservation ok = run_scenario(sc, o);
+  INFO(ok.first_failure);
+  CHECK(ok.passed);
+  CHECK(ok.queries == 10);
+  CHECK(ok.queries_not_output_checked == 0);
+  o.provider = &wrong;
+  const RunObservation lost = run_scenario(sc, o);
+  CHECK_FALSE(lost.passed);
+  REQUIRE(lost.first_failing_step == 4);  // the first shift
+  CHECK(lost.lost_rows > 0);
+  CHECK_THAT(lost.first_failure, Catch::Contains("step 4 (decode) layer 0 query 4: overwritten ["));
+}
