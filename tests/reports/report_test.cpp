@@ -434,7 +434,7 @@ TEST_CASE("HTML report: a large ring is drawn as runs of slots") {
   REQUIRE(count(html, "class=\"slots ") >= 2);
 }
 
-TEST_CASE("Paged view: block tables and lifetimes from the written slots; the lost row's block is named") {
+TEST_CASE("Paged view: block tables and lifetimes from the written slots, and the lost row's block named") {
   // Blocks of 2 rows. Request 0 writes positions 0..3 to blocks 5, 3; request 1
   // then writes its positions 0..1 into block 5 (request 0's block 0 reused);
   // request 0's query at 4 reads slot 10 (block 5) for position 1, overwritten.
