@@ -503,7 +503,7 @@ TEST_CASE("Audit: a recorded refusal fails the run at that step") {
   CHECK(begun[0].first_failure.find("begin refused: state-busy") != std::string::npos);
 }
 
-TEST_CASE("Audit: a begin from a shared prefix; a prefix row read from its slot passes, evicted it is missing") {
+TEST_CASE("Audit: a begin from a shared prefix: a prefix row read from its slot passes, evicted it is missing") {
   // Window 3. Request 0 writes positions 0 and 1 at slots 0, 1 and finishes;
   // request 1 begins from its first 2 positions and decodes at 2.
   const std::string r0 =

@@ -750,7 +750,7 @@ class LayerZeroWindowProvider final : public engines::CacheProvider {
 
 }  // namespace
 
-TEST_CASE("Layer windows: each layer's queries see their own window; layer 0's window for all fails") {
+TEST_CASE("Layer windows: each layer's queries see their own window: layer 0's window for all fails") {
   const auto sc = scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
                                                 "layer-windows-w2-global-left3.json");
   RunOptions o;
@@ -944,7 +944,7 @@ TEST_CASE("Shadow map: padding on a live row is an overwritten row, padding else
   CHECK(q.reads[0].position == -1);  // what the slot held: padding
 }
 
-TEST_CASE("Shadow map: rows follow their moves; a move that drops a visible row loses it") {
+TEST_CASE("Shadow map: rows follow their moves: a move that drops a visible row loses it") {
   // A rolling cache of 3 slots: each decode shifts the rows one slot down
   // (1 -> 0, then 2 -> 1) and writes the new row at slot 2.
   ShadowMap rolling;
@@ -991,7 +991,7 @@ QueryObservation decode_of(ShadowMap& shadow, std::int64_t request, std::int64_t
 
 }  // namespace
 
-TEST_CASE("Shadow map: a shared prefix is one row of two requests; changed under a sharer it is overwritten, evicted it is missing") {
+TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under a sharer it is overwritten, evicted it is missing") {
   // Request 0 wrote positions 0..2 at slots 0..2; request 1 begins from them.
   const std::vector<std::int64_t> none;
   ShadowMap shared;
@@ -1038,7 +1038,7 @@ TEST_CASE("Shadow map: a shared prefix is one row of two requests; changed under
   CHECK(reads_correct(decode_of(evicted, 1, 4, 21, {30, 2, 20, 21}, 4)));
 }
 
-TEST_CASE("Resident bound: a cache holding more than it declares fails; a freed visible row fails") {
+TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
   std::int64_t over = 0, freed_visible = 0, ran = 0;
   BoundedProvider ring_bound(0, false), tiny_bound(2, false), frees_visible(0, true);
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
@@ -1137,7 +1137,7 @@ class RollingProvider final : public engines::CacheProvider {
 
 }  // namespace
 
-TEST_CASE("Moves: a rolling bookkeeping-only cache passes; shifting in the wrong order loses a row") {
+TEST_CASE("Moves: a rolling bookkeeping-only cache passes: shifting in the wrong order loses a row") {
   // Window 4 keys; the cache keeps exactly 4 rows and rolls them. kvcheck
   // computes the outputs over the rows its shadow map holds, moved rows too.
   scenarios::Scenario sc;
