@@ -661,6 +661,7 @@ TEST_CASE("CLI: check --profile production runs production cases, an unknown pro
   CHECK(o.out.find("fast_cpu_kernel=") != std::string::npos);
   const Outcome bad = run("check --profile huge");
   CHECK(bad.code == 2);
-  CHECK(bad.err == "kvcheck error 100 at --profile: must be default or production, got 'huge'\n");
+  CHECK(bad.err ==
+        "kvcheck error 100 at --profile: must be default, production, trim, layers, prefix or paged, got 'huge'\n");
   fs::remove_all(dir);
 }
