@@ -182,10 +182,11 @@ bool all_finite(const double* data, std::int64_t count) {
 class RecordingCache final : public CacheUnderTest {
  public:
   RecordingCache(std::unique_ptr<CacheUnderTest> inner, std::shared_ptr<scenarios::TraceWriter> writer,
-                 const scenarios::TraceHeader& header, const CacheSpec& spec)
+                 const scenarios::TraceHeader& header, const CacheSpec& spec, bool computes_outputs)
       : inner_(std::move(inner)),
         writer_(std::move(writer)),
         spec_(spec),
+        computes_outputs_(computes_outputs),
         buffer_(scenarios::trace_header_line(header)) {}
 
   ~RecordingCache() override {
@@ -290,7 +291,9 @@ class RecordingCache final : public CacheUnderTest {
         }
         s.read_view = answer->view == ReadView::kCausal ? scenarios::TraceReadView::kCausal
                                                         : scenarios::TraceReadView::kAfterWrites;
-        s.out = rows_of(answer->out.data(), c.rows, q_width());
+        // A bookkeeping-only engine answers no outputs: its steps carry none,
+        // so an audit judges its slots (observed=slots), not zeros.
+        if (computes_outputs_) s.out = rows_of(answer->out.data(), c.rows, q_width());
       }
     }
     buffer_ += scenarios::trace_step_line(s);
@@ -299,6 +302,7 @@ class RecordingCache final : public CacheUnderTest {
   std::unique_ptr<CacheUnderTest> inner_;
   std::shared_ptr<scenarios::TraceWriter> writer_;
   CacheSpec spec_;
+  bool computes_outputs_;
   std::string buffer_;
   std::map<std::int32_t, scenarios::RequestLifecycle> layers_;  // layer -> its requests and state holders
 };
@@ -355,7 +359,7 @@ class Recorder final : public RecordingProvider {
     c.sink_logit = spec.cache.sink_logit;
     h.cache = c;
     h.expect = expect_;
-    return std::make_unique<RecordingCache>(std::move(cache), writer_, h, spec);
+    return std::make_unique<RecordingCache>(std::move(cache), writer_, h, spec, caps.computes_outputs);
   }
 
  private:

@@ -1,0 +1,31 @@
+import json
+import subprocess
+
+import pytest
+
+import kvcheck.testing
+from paged_prefix_cache import PagedPrefixCache, SkipCopyOnWrite
+
+
+@pytest.mark.parametrize("profile", ["paged", "prefix", "layers"])
+def test_paged_prefix_cache(check_engine, profile):
+    check_engine(PagedPrefixCache, cases=150, profile=profile)
+
+
+def test_skipped_copy_on_write_is_caught_shrunk_and_audited(request, tmp_path):
+    # The planted bug fails the prefix profile with a small counterexample, and
+    # the audit of its recording fails as the live run did; the recording of
+    # the correct cache audits clean (its steps carry slots, no outputs).
+    binary = kvcheck.testing.find_binary(request.config.getoption("--kvcheck-binary"))
+    with pytest.raises(kvcheck.testing.CheckFailed) as failed:
+        kvcheck.testing.check(SkipCopyOnWrite, cases=150, binary=binary, out=str(tmp_path / "bug"),
+                              args=["--profile", "prefix", "--record", str(tmp_path / "bug.jsonl")])
+    case = json.loads(failed.value.counterexample)
+    assert len(case["requests"]) <= 3 and len(case["steps"]) <= 8, failed.value.counterexample
+    assert "overwritten" in failed.value.first_failure
+    kvcheck.testing.check(PagedPrefixCache, cases=20, binary=binary, out=str(tmp_path / "ok"),
+                          args=["--profile", "prefix", "--record", str(tmp_path / "ok.jsonl")])
+    audits = {name: subprocess.run([binary, "audit", str(tmp_path / f"{name}.jsonl")], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True) for name in ("ok", "bug")}
+    assert audits["ok"].returncode == 0, audits["ok"].stdout
+    assert audits["bug"].returncode == 1 and "overwritten" in audits["bug"].stdout, audits["bug"].stdout
