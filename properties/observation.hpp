@@ -128,6 +128,19 @@ struct ComparedCounts {
   bool operator==(const ComparedCounts&) const = default;
 };
 
+/// A request that began from the first `positions` positions of another
+/// (a shared prefix), as the run began it.
+struct PrefixObservation {
+  std::int64_t request = 0;    ///< the request that began from the prefix
+  std::int64_t source = 0;     ///< the request whose rows it began from
+  std::int64_t positions = 0;  ///< n: positions 0 .. n-1
+  /// Of those, positions the cache said it stored again at the begin (on
+  /// layer 0); the rest it shares with `source`.
+  std::int64_t stored_again = 0;
+  std::int64_t begin_step = 0;  ///< scenario step whose call began the request
+  bool operator==(const PrefixObservation&) const = default;
+};
+
 /// Totals and the verdict of one run.
 struct RunObservation {
   std::string scenario_name;
@@ -149,6 +162,9 @@ struct RunObservation {
   std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer, as the cache was opened
   std::string format;
   int precision_bits = 0;  ///< reference significand bits
+  /// Requests that began from a shared prefix, in the order they began
+  /// (empty for a run without prefixes).
+  std::vector<PrefixObservation> prefixes;
   std::vector<StepObservation> steps;
   std::int64_t lost_rows = 0;  ///< sum of overwritten + missing over all queries
   std::int64_t extra_reads = 0;

@@ -560,6 +560,16 @@ class StepDriver {
     if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, req.prefix->request, n);
     if (l == 0) {
       for (std::int64_t p = 0; p < n; ++p) writer_[{begin.step.request, p}] = writer_.at({req.prefix->request, p});
+      PrefixObservation began;
+      began.request = begin.step.request;
+      began.source = req.prefix->request;
+      began.positions = n;
+      if (answer_.has_written) {
+        began.stored_again = std::count_if(answer_.written.begin(), answer_.written.end(),
+                                           [](std::int64_t slot) { return slot >= 0; });
+      }
+      began.begin_step = static_cast<std::int64_t>(step_index);
+      run_.prefixes.push_back(began);
     }
     return true;
   }
@@ -645,10 +655,13 @@ class StepDriver {
     if (!answer_.freed.empty()) {
       const std::span<const std::int64_t> keep =
           answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
-      const std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visibility_after(step_index, layer));
+      std::vector<std::int64_t> lost_slots;
+      const std::vector<ShadowRow> lost =
+          shadow.release(answer_.freed, keep, visibility_after(step_index, layer), &lost_slots);
       obs->freed_visible = static_cast<std::int64_t>(lost.size());
       if (!lost.empty()) {
-        obs->freed_detail = "slot holding request " + std::to_string(lost.front().request) + " position " +
+        obs->freed_detail = "slot " + std::to_string(lost_slots.front()) + " holding request " +
+                            std::to_string(lost.front().request) + " position " +
                             std::to_string(lost.front().position);
       }
     }

@@ -94,9 +94,10 @@ class ShadowMap {
   /// block freed and taken again within the step: it keeps the step's row
   /// while that row is visible) or after (its row is then out of every
   /// window): released without a count when its row is not visible.
+  /// `lost_slots`, when given, gets the slot of each row returned, in order.
   template <class Visible>
   std::vector<ShadowRow> release(std::span<const std::int64_t> slots, std::span<const std::int64_t> keep,
-                                 Visible&& visible) {
+                                 Visible&& visible, std::vector<std::int64_t>* lost_slots = nullptr) {
     std::vector<ShadowRow> lost;
     for (const std::int64_t slot : slots) {
       const auto it = slots_.find(slot);
@@ -108,8 +109,10 @@ class ShadowMap {
       // A copy freed while another slot still holds the same write (a
       // copy-on-write's source) loses nothing.
       if (!it->second.padding && is_latest(it->second) && visible(it->second) &&
-          !held_elsewhere(slot, it->second.write_seq))
+          !held_elsewhere(slot, it->second.write_seq)) {
         lost.push_back(it->second);
+        if (lost_slots != nullptr) lost_slots->push_back(slot);
+      }
       slots_.erase(it);
     }
     return lost;

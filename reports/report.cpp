@@ -169,6 +169,41 @@ std::string resident_text(const properties::StepObservation& s) {
   return out;
 }
 
+std::string prefix_text(const properties::PrefixObservation& p) {
+  const std::int64_t shared = p.positions - p.stored_again;
+  const std::string how = p.stored_again == 0 ? "shared"
+                          : shared == 0       ? "stored again"
+                                              : std::to_string(p.stored_again) + " stored again, " +
+                                              std::to_string(shared) + " shared";
+  return "request " + std::to_string(p.request) + " began from request " + std::to_string(p.source) +
+         "'s first " + std::to_string(p.positions) + (p.positions == 1 ? " position (" : " positions (") + how +
+         ")";
+}
+
+const properties::PrefixObservation* prefix_begun_at(const properties::RunObservation& run,
+                                                     const properties::StepObservation& step) noexcept {
+  for (const auto& p : run.prefixes) {
+    if (p.begin_step == step.step && p.request == step.request) return &p;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> prefix_lines(const properties::RunObservation& run, std::int64_t through,
+                                      std::size_t limit) {
+  std::vector<std::string> lines;
+  std::size_t more = 0;
+  for (const auto& p : run.prefixes) {
+    if (through >= 0 && p.begin_step > through) continue;
+    if (lines.size() < limit) {
+      lines.push_back(prefix_text(p));
+    } else {
+      ++more;
+    }
+  }
+  if (more > 0) lines.push_back("\u2026 (" + std::to_string(more) + " more)");
+  return lines;
+}
+
 std::string window_text(const properties::RunObservation& run) {
   std::string out = std::to_string(run.window) + "(" + run.window_convention + ")";
   if (!run.layer_window_keys.empty()) out += " layers=" + layer_windows_text(run);

@@ -224,6 +224,23 @@ bool format_stores_exact_rows(std::string_view format) noexcept;
 /// writer shows this line and counts nothing itself).
 std::string resident_text(const properties::StepObservation& step);
 
+/// A request that began from a shared prefix, as every writer says it:
+/// "request 1 began from request 0's first 5 positions (shared)"; "(stored
+/// again)" when the cache stored every row again at the begin, "(2 stored
+/// again, 3 shared)" when some.
+std::string prefix_text(const properties::PrefixObservation& prefix);
+
+/// The shared prefix whose begin came with `step`'s call (the first step of
+/// a request that began from one), or nullptr.
+const properties::PrefixObservation* prefix_begun_at(const properties::RunObservation& run,
+                                                     const properties::StepObservation& step) noexcept;
+
+/// The run's shared prefixes begun through scenario step `through` (every
+/// one when `through` < 0), each as prefix_text, at most `limit` of them and
+/// then "… (N more)": the lines a failing run's explanation gives.
+std::vector<std::string> prefix_lines(const properties::RunObservation& run, std::int64_t through,
+                                      std::size_t limit = 4);
+
 /// The window as the scenario gives it, its own parameter with the
 /// convention: "5(keys)", "4(left)" (4 rows to the left: 5 keys).
 std::string window_text(const properties::RunObservation& run);

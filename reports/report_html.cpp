@@ -28,6 +28,8 @@ constexpr std::size_t kFailingRunsPictured = 50;
 constexpr std::int64_t kMaxSlotElements = 1024;
 // Rings up to this size get a position label inside every slot.
 constexpr std::int64_t kMaxLabelledSlots = 160;
+// Shared prefixes listed per run.
+constexpr std::size_t kPrefixesListed = 32;
 // Steps listed per run table (failing steps are always listed, up to this many).
 constexpr std::size_t kStepsListed = 100;
 // Bars drawn per chart.
@@ -497,6 +499,8 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
                                 : s.queries.empty()     ? std::string()
                                                         : std::string("not judged");
     std::string note = s.error.empty() ? std::string() : "refusal: " + s.error;
+    if (const auto* prefix = prefix_begun_at(run, s); prefix != nullptr)
+      note += (note.empty() ? "" : "; ") + prefix_text(*prefix);
     if (s.expectation_failed) note += (note.empty() ? "" : "; ") + ("expectation: " + s.expectation_detail);
     if (const std::string resident = resident_text(s); !resident.empty()) note += (note.empty() ? "" : "; ") + resident;
     const std::string cls = static_cast<std::int64_t>(i) == pictured ? " class=\"pictured\""
@@ -641,6 +645,12 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
       out += "</div>\n";
     } else {
       out += "<p>No steps were observed.</p>\n";
+    }
+    if (!r.prefixes.empty()) {
+      // The requests that began from a shared prefix (the step table notes each at its begin).
+      out += "<p>Shared prefixes:</p>\n<ul class=\"prefixes\">\n";
+      for (const std::string& line : prefix_lines(r, -1, kPrefixesListed)) out += "<li>" + xml_escape(line) + "</li>\n";
+      out += "</ul>\n";
     }
     out += steps_table(r, step_index);
     out += "</section>\n";

@@ -199,6 +199,19 @@ Json run_json(const properties::RunObservation& r) {
   for (const auto& s : r.steps) steps.push_back(step_json(s));
   j["steps"] = std::move(steps);
   if (r.block_size > 0) j["paged"] = paged_json(r);
+  if (!r.prefixes.empty()) {
+    // Only for a run with shared prefixes: other reports keep their bytes.
+    Json prefixes = Json::array();
+    for (const auto& p : r.prefixes) {
+      prefixes.push_back(Json{{"request", p.request},
+                              {"source", p.source},
+                              {"positions", p.positions},
+                              {"stored_again", p.stored_again},
+                              {"begin_step", p.begin_step},
+                              {"text", prefix_text(p)}});
+    }
+    j["prefixes"] = std::move(prefixes);
+  }
   return j;
 }
 

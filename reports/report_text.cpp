@@ -87,6 +87,8 @@ std::string run_explanation(const Report& report, const properties::RunObservati
            ", layer " + std::to_string(s.layer) + ", request " + std::to_string(s.request) + ", state " +
            std::to_string(s.state) + ", first position " + std::to_string(s.first_position) + ", " +
            std::to_string(s.queries.size()) + " queries)\n";
+    // The shared prefixes begun so far: where a request's first rows came from.
+    for (const std::string& line : prefix_lines(run, s.step)) out += "  " + line + "\n";
     out += "  overwritten rows per query: " + overwritten_counts(s) + "\n";
 
     // The step's counts (StepCounts), as every writer gives them.

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -378,14 +380,61 @@ TEST_CASE("Reports agree: a command of parts says in every format what it showed
 
 namespace {
 
-// A paged cache in another process: the bundled adapter (blocks of 4 rows).
-kvcheck::properties::RunObservation run_paged(const std::string& scenario_json, const std::string& bug) {
+// A paged cache in another process: the bundled adapter (blocks of 4 rows)
+// with `flags` (e.g. "--prefix-cache") and `bug`, if any.
+kvcheck::properties::RunObservation run_paged(const std::string& scenario_json, const std::string& bug,
+                                              const std::string& flags = "") {
   const auto sc = kvcheck::scenarios::parse_scenario(scenario_json, "paged scenario");
   kvcheck::properties::RunOptions options;
   options.backend = "exec:/usr/bin/python3 " + kSource + "/adapters/paged_cache.py --block-size 4" +
-                    (bug.empty() ? std::string() : " --bug " + bug);
+                    (flags.empty() ? std::string() : " " + flags) + (bug.empty() ? std::string() : " --bug " + bug);
   return kvcheck::properties::run_scenario(sc, options);
 }
+
+// A run that freed a visible row names, in its first failure, the slot and
+// the (request, position) it held; that slot is where the JSON's steps say
+// the row was last written (a shared prefix's row: its source's write).
+void check_freed_detail(const Report& report) {
+  const Json json = Json::parse(kvcheck::reports::report_json_text(report));
+  const Json& run = json.at("runs").at(0);
+  const Json* freeing = nullptr;
+  for (const Json& step : run.at("steps")) {
+    if (step.contains("resident") && step.at("resident").at("freed_visible").get<std::int64_t>() > 0) {
+      freeing = &step;
+      break;
+    }
+  }
+  REQUIRE(freeing != nullptr);
+  const std::string detail = freeing->at("resident").at("freed_detail");
+  INFO(detail);
+  long long slot = -1, request = -1, position = -1;
+  REQUIRE(std::sscanf(detail.c_str(), "slot %lld holding request %lld position %lld", &slot, &request, &position) == 3);
+  CHECK(run.at("first_failure").get<std::string>().find("rows still visible; first: " + detail) != std::string::npos);
+  long long last_slot = -1;
+  for (const Json& step : run.at("steps")) {
+    if (&step == freeing) break;  // the row was written before the step that freed it
+    if (step.at("request") != request || step.at("layer") != freeing->at("layer")) continue;
+    const long long at = position - step.at("first_position").get<long long>();
+    const Json& written = step.at("written_slots");
+    if (at >= 0 && at < static_cast<long long>(written.size()))
+      last_slot = written.at(static_cast<std::size_t>(at)).get<long long>();
+  }
+  CHECK(last_slot == slot);
+}
+
+// The shrunk counterexample of `check --profile prefix` on paged_cache.py
+// --prefix-cache --bug cow-skipped (seed 1): request 0 begins from request
+// 1's first 5 positions; its first write goes into the shared block in
+// place, and request 1's next write there overwrites request 0's row 5.
+const char* const kPrefixScenario = R"({"schema_version": 1, "name": "prefix", "description": "",
+  "cache": {"window": 5, "window_convention": "keys", "ring_rows": 7, "states": 3, "q_heads": 1, "kv_heads": 1,
+            "head_dim": 2, "format": "f64", "layers": 1},
+  "data": {"seed": 5349745935428482834, "rows": []},
+  "requests": [{"id": 0, "state": 2, "prefix": {"request": 1, "positions": 5}}, {"id": 1, "state": 0}],
+  "steps": [{"kind": "decode", "request": 1}, {"kind": "prefill", "request": 1, "rows": 3, "order": "store_then_load"},
+            {"kind": "decode", "request": 1}, {"kind": "prefill", "request": 0, "rows": 1, "order": "store_then_load"},
+            {"kind": "prefill", "request": 1, "rows": 1, "order": "store_then_load"},
+            {"kind": "verify", "request": 0, "drafts": 0}]})";
 
 std::string paged_scenario(const std::string& requests, const std::string& steps) {
   return R"({"schema_version": 1, "name": "paged", "description": "",
@@ -517,6 +566,8 @@ TEST_CASE("Reports agree: a paged cache's block tables and block lifetimes, in e
   bad.runs.push_back(run_paged(reuse, "free-early"));
   REQUIRE_FALSE(bad.passed());
   paged_cross_check(bad);
+  // It fails at the free: the first failure names the slot it freed and the row there.
+  check_freed_detail(bad);
 
   // A ring run carries no block tables.
   std::vector<std::size_t> ring_steps;
@@ -579,4 +630,73 @@ TEST_CASE("Reports agree: two caches side by side, what was compared and every d
   // A report of one cache has no side-by-side field at all.
   report.check->side_by_side.reset();
   CHECK_FALSE(kvcheck::reports::report_to_json(report)["check"].contains("side_by_side"));
+}
+
+TEST_CASE("Reports agree: a request begun from a shared prefix is named once, in every format") {
+  Report bad;
+  bad.context.command = "kvcheck replay (report agreement test, prefix cow-skipped)";
+  bad.runs.push_back(run_paged(kPrefixScenario, "cow-skipped", "--prefix-cache"));
+  REQUIRE_FALSE(bad.passed());
+  const auto& run = bad.runs[0];
+  REQUIRE(run.prefixes.size() == 1);
+  const auto& p = run.prefixes[0];
+  CHECK(p.request == 0);
+  CHECK(p.source == 1);
+  CHECK(p.positions == 5);
+  CHECK(p.stored_again == 0);  // the adapter shares the rows, it does not store them again
+  CHECK(p.begin_step == 3);    // request 0's first step
+  const std::string said = kvcheck::reports::prefix_text(p);
+  CHECK(said == "request 0 began from request 1's first 5 positions (shared)");
+
+  const std::string text = kvcheck::reports::report_text(bad);
+  const Json json = Json::parse(kvcheck::reports::report_json_text(bad));
+  const std::string junit = kvcheck::reports::report_junit(bad);
+  const std::string html = kvcheck::reports::report_html(bad);
+  INFO(text);
+  // JSON: the run's prefixes, each with its text.
+  const Json& jp = json.at("runs").at(0).at("prefixes");
+  REQUIRE(jp.size() == 1);
+  CHECK(jp.at(0).at("request") == p.request);
+  CHECK(jp.at(0).at("source") == p.source);
+  CHECK(jp.at(0).at("positions") == p.positions);
+  CHECK(jp.at(0).at("stored_again") == p.stored_again);
+  CHECK(jp.at(0).at("begin_step") == p.begin_step);
+  CHECK(jp.at(0).at("text") == said);
+  // Text and JUnit's failure: once, in the explanation, after the failing step's line.
+  const std::string line = "  " + said + "\n";
+  const std::size_t at = text.find(line);
+  REQUIRE(at != std::string::npos);
+  CHECK(text.find(line, at + 1) == std::string::npos);
+  CHECK(text.rfind("\n  step 5 (verify, layer 0, request 0", at) != std::string::npos);
+  const std::string escaped = kvcheck::reports::detail::xml_escape(said);
+  CHECK(junit.find(escaped) != std::string::npos);
+  // HTML: the run's list of prefixes and the note of the step that began the request.
+  const std::size_t section = html.find("<section class=\"run\" id=\"run-0\"");
+  REQUIRE(section != std::string::npos);
+  CHECK(html.find("<ul class=\"prefixes\">\n<li>" + escaped + "</li>\n</ul>", section) != std::string::npos);
+  std::int64_t noted = 0;
+  for (const auto& row : table_rows(html, "steps", section)) {
+    if (row.size() < 13) continue;
+    const bool has = row[12].find(said) != std::string::npos;
+    CHECK(has == (row[0] == std::to_string(p.begin_step) && row[3] == std::to_string(p.request)));
+    noted += has ? 1 : 0;
+  }
+  CHECK(noted == 1);
+
+  // The correct cache passes the same case, and still says where request 0 began.
+  Report good;
+  good.context.command = "kvcheck replay (report agreement test, prefix)";
+  good.runs.push_back(run_paged(kPrefixScenario, "", "--prefix-cache"));
+  REQUIRE(good.passed());
+  REQUIRE(good.runs[0].prefixes.size() == 1);
+  CHECK(good.runs[0].prefixes[0] == p);
+  CHECK(Json::parse(kvcheck::reports::report_json_text(good)).at("runs").at(0).at("prefixes").at(0).at("text") == said);
+
+  // A run without prefixes says nothing of them.
+  std::vector<std::size_t> steps;
+  const Report plain = replay({{"regressions/fault-freed-state-readable.json", "freed-state-readable"}}, &steps);
+  REQUIRE_FALSE(plain.passed());
+  CHECK_FALSE(Json::parse(kvcheck::reports::report_json_text(plain)).at("runs").at(0).contains("prefixes"));
+  CHECK(kvcheck::reports::report_text(plain).find("began from") == std::string::npos);
+  CHECK(kvcheck::reports::report_html(plain).find("prefixes") == std::string::npos);
 }
