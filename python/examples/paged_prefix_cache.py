@@ -16,12 +16,15 @@ import kvcheck
 
 class Request:
     def __init__(self, length=0):
-        self.table = []       # logical block -> block id, -1 where freed
+        self.table = []       # logical block -> block id, -1 where freed; a block held holds every
+        #                       position of it below length (a later prefix of this request may read any)
         self.length = length  # committed positions; the next write goes here
 
 
 class PagedPrefixCache(kvcheck.Engine):
     outputs = False
+    formats = kvcheck.protocol.FORMATS  # no kernel: any element format will do
+    prefill_orders = ["store_then_load", "load_then_store"]  # every position has its own slot: same reads
     addressing = "paged"
     block_size = 4
     copy_on_write = True      # False plants a bug: a sharer writes into the shared block
@@ -54,9 +57,10 @@ class PagedPrefixCache(kvcheck.Engine):
         keys = self.spec.window_of(layer)  # None: a global layer sees every position
         return 0 if keys is None else max(0, position - keys + 1)
 
-    def slide(self, layer, req, freed):
-        # Release the blocks no query still to run can see (the next one is at req.length).
-        lo = self.first_seen(layer, req.length)
+    def slide(self, layer, req, freed, pending=False):
+        # Release the blocks no query still to run can see: the next one is at
+        # req.length, or past it while a verify awaits its accept.
+        lo = self.first_seen(layer, req.length + pending)
         for i in range(min(lo // self.B, len(req.table))):
             if req.table[i] >= 0:
                 self.drop(layer, req.table[i], freed)
@@ -80,7 +84,7 @@ class PagedPrefixCache(kvcheck.Engine):
                 self.refs[layer][source.table[i]] += 1
             else:                      # the source no longer holds it: store the rows sent again
                 req.table.append(self.take(layer))
-                for p in range(max(i * B, lo), min((i + 1) * B, n)):
+                for p in range(i * B, min((i + 1) * B, n)):  # the whole block: a later prefix may read it
                     written[p] = kvcheck.block_slot(req.table, p, B)
         return {"written": written}
 
@@ -89,26 +93,27 @@ class PagedPrefixCache(kvcheck.Engine):
         req = self.requests[layer, step.request]
         last = step.positions[-1]
         need = sum(1 for i in range(step.position // B, last // B + 1)
-                   if i >= len(req.table) or self.refs[layer][req.table[i]] > 1)
+                   if i >= len(req.table) or (self.copy_on_write and self.refs[layer][req.table[i]] > 1))
         if need > len(self.free[layer]):  # refuse before changing anything
             raise kvcheck.Refusal("out-of-blocks", f"layer {layer}: {need} blocks wanted")
-        moved, freed = [], []
+        causal = step.order == "load_then_store"  # the old window is copied out before any block changes
+        old_table, moved, freed = list(req.table), [], []
         for i in range(step.position // B, last // B + 1):
             if i == len(req.table):
                 req.table.append(self.take(layer))
             elif self.copy_on_write and self.refs[layer][req.table[i]] > 1:
                 old, new = req.table[i], self.take(layer)
-                for p in range(max(i * B, self.first_seen(layer, step.position)), step.position):
+                for p in range(i * B, min((i + 1) * B, step.position)):
                     moved.append([old * B + p % B, new * B + p % B])
                 req.table[i] = new
                 self.drop(layer, old, freed)  # still held by the other table: frees nothing
         written = [kvcheck.block_slot(req.table, p, B) for p in step.positions]
-        read = [[kvcheck.block_slot(req.table, j, B) for j in range(self.first_seen(layer, p), p + 1)]
-                for p in step.positions]
+        read = [[kvcheck.block_slot(old_table if causal and j < step.position else req.table, j, B)
+                 for j in range(self.first_seen(layer, p), p + 1)] for p in step.positions]
         if step.kind != "verify":
             req.length = last + 1
-        self.slide(layer, req, freed)
-        return kvcheck.answer(written=written, read=read, moved=moved, freed=freed)
+        self.slide(layer, req, freed, pending=step.kind == "verify")
+        return kvcheck.answer(written=written, read=read, moved=moved, freed=freed, causal=causal)
 
     prefill = verify = decode
 
