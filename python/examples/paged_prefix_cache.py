@@ -24,7 +24,6 @@ class Request:
 class PagedPrefixCache(kvcheck.Engine):
     outputs = False
     formats = kvcheck.protocol.FORMATS  # no kernel: any element format will do
-    prefill_orders = ["store_then_load", "load_then_store"]  # every position has its own slot: same reads
     addressing = "paged"
     block_size = 4
     copy_on_write = True      # False plants a bug: a sharer writes into the shared block
@@ -96,8 +95,7 @@ class PagedPrefixCache(kvcheck.Engine):
                    if i >= len(req.table) or (self.copy_on_write and self.refs[layer][req.table[i]] > 1))
         if need > len(self.free[layer]):  # refuse before changing anything
             raise kvcheck.Refusal("out-of-blocks", f"layer {layer}: {need} blocks wanted")
-        causal = step.order == "load_then_store"  # the old window is copied out before any block changes
-        old_table, moved, freed = list(req.table), [], []
+        moved, freed = [], []
         for i in range(step.position // B, last // B + 1):
             if i == len(req.table):
                 req.table.append(self.take(layer))
@@ -108,14 +106,14 @@ class PagedPrefixCache(kvcheck.Engine):
                 req.table[i] = new
                 self.drop(layer, old, freed)  # still held by the other table: frees nothing
         written = [kvcheck.block_slot(req.table, p, B) for p in step.positions]
-        read = [[kvcheck.block_slot(old_table if causal and j < step.position else req.table, j, B)
-                 for j in range(self.first_seen(layer, p), p + 1)] for p in step.positions]
+        read = [[kvcheck.block_slot(req.table, j, B) for j in range(self.first_seen(layer, p), p + 1)]
+                for p in step.positions]
         if step.kind != "verify":
             req.length = last + 1
         self.slide(layer, req, freed, pending=step.kind == "verify")
-        return kvcheck.answer(written=written, read=read, moved=moved, freed=freed, causal=causal)
+        return kvcheck.answer(written=written, read=read, moved=moved, freed=freed)
 
-    prefill = verify = decode
+    prefill = verify = decode  # store_then_load prefills only: this cache stores a chunk before it attends
 
     def accept(self, layer, state, request, accepted):
         req = self.requests[layer, request]
