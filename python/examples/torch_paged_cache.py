@@ -9,8 +9,9 @@ tensor [states, table_width] (int64, -1: no block) and one free list (LIFO).
 A write step allocates blocks for its new positions, rotates the keys (RoPE
 at each row's position), scatters keys and values into the pool
 (index_copy_ on the slots block_table[p // B] * B + p % B), then each query
-gathers its window's rows through the block table (index_select) and
-attends, sink included; blocks no later query can see are freed after the
+gathers the step's window span through the block table once (index_select)
+and attends, each query masked to its own window, sink included, in batches
+of queries; blocks no later query can see are freed after the
 step. Rows arrive as numpy arrays (rows = "numpy") and leave as tensors.
 """
 
@@ -68,11 +69,9 @@ class PagedLayer:
 
     def release(self, state, below):
         """Frees the state's blocks that hold only positions < below."""
-        for j in range(min(below // BLOCK_SIZE, self.block_table.shape[1])):
-            block = int(self.block_table[state, j])
-            if block >= 0:
-                self.free.append(block)
-                self.block_table[state, j] = -1
+        table = self.block_table[state, :max(0, min(below // BLOCK_SIZE, self.block_table.shape[1]))]
+        self.free.extend(table[table >= 0].tolist())  # in table order, as a loop over j would
+        table.fill_(-1)
 
 
 class TorchPagedCache(kvcheck.Engine):
@@ -116,26 +115,39 @@ class TorchPagedCache(kvcheck.Engine):
             layer.v_pool.index_copy_(0, written, v)
 
         q = rope(torch.from_numpy(step.q).view(n, spec.q_heads, d), positions, spec).to(self.dtype)
-        out, read = [], []
-        for i in range(n):
-            p = step.position + i
-            visible = torch.arange(max(0, p - spec.keys + 1), p + 1)
-            slots = layer.slots(step.state, visible)
-            held = slots[slots >= 0]  # a row whose block is gone is not read (and kvcheck sees it missing)
-            keys = layer.k_pool.index_select(0, held).repeat_interleave(spec.group, dim=1)  # [m, q_heads, d]
-            values = layer.v_pool.index_select(0, held).repeat_interleave(spec.group, dim=1)
-            scores = torch.einsum("hd,mhd->hm", q[i], keys) * spec.softmax_scale  # [q_heads, m]
+        q = q.view(n, kvh, spec.group, d)  # query heads grouped by the KV head they share
+        # Every query of the step reads through the block table at once: the
+        # step's window span lo..last, each query masked to its own window.
+        lo = max(0, step.position - spec.keys + 1)
+        span = torch.arange(lo, step.position + n)
+        span_slots = layer.slots(step.state, span)  # -1: the block is gone (kvcheck sees the row missing)
+        keys = layer.k_pool.index_select(0, span_slots.clamp(min=0))  # [m, kv_heads, d]
+        values = layer.v_pool.index_select(0, span_slots.clamp(min=0))
+        out = torch.empty((n, kvh, spec.group, d), dtype=self.dtype)
+        # Batches of queries, each over the part of the span its queries see (g
+        # queries see keys + g - 1 positions): at most max(keys, 64) queries
+        # and 4M scores a batch.
+        group = max(1, min(max(spec.keys, 64), (1 << 22) // (spec.q_heads * 2 * spec.keys)))
+        for a in range(0, n, group):
+            b = min(n, a + group)
+            s0, s1 = max(0, step.position + a - spec.keys + 1) - lo, step.position + b - lo
+            first = (positions[a:b] - spec.keys + 1)[:, None]  # [g, 1] each query's first visible position
+            seen = (span[None, s0:s1] >= first) & (span[None, s0:s1] <= positions[a:b, None]) \
+                & (span_slots[None, s0:s1] >= 0)
+            scores = torch.einsum("gkcd,mkd->gkcm", q[a:b], keys[s0:s1]) * spec.softmax_scale
+            scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
             if spec.sink is not None:
-                sink = torch.full((spec.q_heads, 1), spec.sink, dtype=self.dtype)
-                weights = torch.softmax(torch.cat([scores, sink], dim=1), dim=1)[:, :-1]
+                sink = torch.full(scores.shape[:-1] + (1,), spec.sink, dtype=self.dtype)
+                weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
             else:
-                weights = torch.softmax(scores, dim=1)
-            out.append(torch.einsum("hm,mhd->hd", weights, values).reshape(-1))
-            read.append(slots)
+                weights = torch.softmax(scores, dim=-1)
+            out[a:b] = torch.einsum("gkcm,mkd->gkcd", weights, values[s0:s1])
+        read = [span_slots[max(0, p - spec.keys + 1) - lo:p + 1 - lo] for p in range(step.position, step.position + n)]
+        out = out.reshape(n, -1)
 
         layer.release(step.state, step.position + n - spec.keys + 1)  # what the next query still sees
         stored = kvcheck.stored_rows(k.reshape(n, -1), None if spec.shared_row else v.reshape(n, -1))
-        return kvcheck.answer(out=torch.stack(out), written=written, read=read, stored=stored)
+        return kvcheck.answer(out=out, written=written, read=read, stored=stored)
 
     prefill = decode  # store_then_load: every row of the chunk is stored, then every query reads
 
