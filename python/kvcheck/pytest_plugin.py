@@ -39,7 +39,8 @@ def pytest_addoption(parser):
                     help=f"seed of every check_engine call, or 'random' (default: the call's or the kvcheck "
                          f"marker's, else {DEFAULT_SEED})")
     group.addoption("--kvcheck-profile", default=None, metavar="NAME",
-                    help="kvcheck's --profile for every check_engine call: default or production (default: the "
+                    help="kvcheck's --profile for every check_engine call: default, production, trim, layers, "
+                         "prefix or paged (default: the "
                          "call's or the kvcheck marker's, else kvcheck's own)")
     group.addoption("--kvcheck-binary", default=None, metavar="PATH",
                     help="the kvcheck executable (default: $KVCHECK, else kvcheck on PATH)")
