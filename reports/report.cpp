@@ -365,12 +365,30 @@ PagedView paged_view(const properties::RunObservation& run, std::int64_t through
   return view;
 }
 
-const BlockTenancy* tenancy_of(const PagedView& view, std::int64_t request, std::int64_t position) noexcept {
-  if (view.block_size <= 0 || position < 0) return nullptr;
-  const std::int64_t logical = position / view.block_size;
-  for (std::size_t i = view.lifetimes.size(); i-- > 0;) {
-    const BlockTenancy& t = view.lifetimes[i];
-    if (t.request == request && t.logical == logical) return &t;
+const BlockTenancy* tenancy_of(const PagedView& view, const properties::RunObservation& run, std::int64_t through,
+                               std::int64_t request, std::int64_t position) noexcept {
+  if (view.block_size <= 0 || position < 0 || through < 0) return nullptr;
+  // The step (of the view's layer, up to `through`) that last wrote the
+  // position for the request, and the block it wrote it to.
+  const std::int64_t last = std::min<std::int64_t>(through, static_cast<std::int64_t>(run.steps.size()) - 1);
+  for (std::int64_t i = last; i >= 0; --i) {
+    const auto& s = run.steps[static_cast<std::size_t>(i)];
+    if (s.layer != view.layer || s.request != request) continue;
+    const std::int64_t k = position - s.first_position;
+    if (k < 0 || k >= static_cast<std::int64_t>(s.written_slots.size())) continue;
+    const std::int64_t slot = s.written_slots[static_cast<std::size_t>(k)];
+    if (slot < 0) continue;
+    // The tenancy in force then: the latest of that block, request and
+    // logical block begun at or before that step (a later one of the same
+    // request began after another tenant took the block between).
+    const std::int64_t block = slot / view.block_size;
+    const std::int64_t logical = position / view.block_size;
+    for (std::size_t j = view.lifetimes.size(); j-- > 0;) {
+      const BlockTenancy& t = view.lifetimes[j];
+      if (t.block == block && t.request == request && t.logical == logical && t.first_written_step <= s.step)
+        return &t;
+    }
+    return nullptr;
   }
   return nullptr;
 }

@@ -300,9 +300,12 @@ struct PagedView {
 /// run is not paged or `through` < 0.
 PagedView paged_view(const properties::RunObservation& run, std::int64_t through);
 
-/// The tenancy that held position `position` of `request` in `view` when it
-/// was last written there (the latest tenancy of its logical block), or nullptr.
-const BlockTenancy* tenancy_of(const PagedView& view, std::int64_t request, std::int64_t position) noexcept;
+/// The tenancy that held position `position` of `request` in `view` (made
+/// by paged_view(run, through)) when the request last wrote it, up to
+/// `run.steps[through]`: the one in force at that write, not a later
+/// tenancy of the same logical block; nullptr when none.
+const BlockTenancy* tenancy_of(const PagedView& view, const properties::RunObservation& run, std::int64_t through,
+                               std::int64_t request, std::int64_t position) noexcept;
 
 /// "block 3 (request 0's block 1): written at step 2, last used at step 4,
 /// reused by request 1 (its block 0) at step 5" (or "still held").

@@ -45,7 +45,7 @@ std::string paged_explanation(const properties::RunObservation& run, std::int64_
   const std::int64_t lost = !q.overwritten.empty() ? q.overwritten.front()
                             : !q.missing.empty()   ? q.missing.front()
                                                    : -1;
-  const BlockTenancy* t = lost >= 0 ? tenancy_of(view, s.request, lost) : nullptr;
+  const BlockTenancy* t = lost >= 0 ? tenancy_of(view, run, index, s.request, lost) : nullptr;
   if (t != nullptr) out += "  position " + std::to_string(lost) + " lost: " + tenancy_text(*t) + "\n";
   return out;
 }

@@ -482,13 +482,29 @@ TEST_CASE("Paged view: block tables and lifetimes from the written slots, and th
   CHECK(kvcheck::reports::block_table_text(view.tables[1]) == "[0:5]");
   // A tenancy's last use is its request's last write or read there: block 3 was read at step 2, while
   // request 0's read of block 5 at step 2 is no use of a tenancy that ended at step 1.
-  const auto* lost = kvcheck::reports::tenancy_of(view, 0, 1);
+  const auto* lost = kvcheck::reports::tenancy_of(view, run, 2, 0, 1);
   REQUIRE(lost != nullptr);
   CHECK(kvcheck::reports::tenancy_text(*lost) ==
         "block 5 (request 0's block 0): written at step 0, last used at step 0, reused by request 1 (its block 0) "
         "at step 1");
-  CHECK(kvcheck::reports::tenancy_text(*kvcheck::reports::tenancy_of(view, 0, 3)) ==
+  CHECK(kvcheck::reports::tenancy_text(*kvcheck::reports::tenancy_of(view, run, 2, 0, 3)) ==
         "block 3 (request 0's block 1): written at step 0, last used at step 2, still held");
+  // Request 0 takes block 5 back for position 0 at step 3: position 1, written at step 0 and lost
+  // at step 1, is still told by the tenancy it was written in, not by the later one.
+  StepObservation d;
+  d.step = 3;
+  d.kind = "decode";
+  d.request = 0;
+  d.first_position = 0;
+  d.written_slots = {10};
+  RunObservation again = run;
+  again.steps.push_back(d);
+  const auto later = kvcheck::reports::paged_view(again, 3);
+  const auto* first_tenancy = kvcheck::reports::tenancy_of(later, again, 3, 0, 1);
+  REQUIRE(first_tenancy != nullptr);
+  CHECK(first_tenancy->first_written_step == 0);
+  CHECK(first_tenancy->ended_step == 1);
+  CHECK(kvcheck::reports::tenancy_of(later, again, 3, 0, 0)->first_written_step == 3);
   // Through step 0 nothing was reused yet; a ring run (block size 0) has no view.
   CHECK(kvcheck::reports::paged_view(run, 0).reuses == 0);
   RunObservation ring = run;
