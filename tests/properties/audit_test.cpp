@@ -621,3 +621,73 @@ TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map,
   CHECK(parse_where(lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":0,"state":0,"freed":[1]})"})) ==
         "line 2: freed");
 }
+
+namespace {
+
+/// The CPU ring pool declared bookkeeping-only (no outputs, as `"outputs":
+/// false` declares): its answers' outputs are zeros, which kvcheck ignores.
+class NoOutputs final : public engines::CacheUnderTest {
+ public:
+  explicit NoOutputs(std::unique_ptr<engines::CacheUnderTest> inner) : inner_(std::move(inner)) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const engines::StepStatus st = inner_->call(c, answer);
+    if (answer != nullptr) std::fill(answer->out.begin(), answer->out.end(), 0.0);
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+};
+
+class NoOutputsProvider final : public engines::CacheProvider {
+ public:
+  NoOutputsProvider() : inner_(engines::make_provider("cpu", "none")), caps_(inner_->capabilities()) {
+    caps_.computes_outputs = false;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "no-outputs"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+    auto cache = inner_->open(spec, refused);
+    return cache ? std::make_unique<NoOutputs>(std::move(cache)) : nullptr;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  engines::Capabilities caps_;
+};
+
+}  // namespace
+
+TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs and audits on its slots") {
+  // It computed no outputs: recording zeros as its outputs made the audit of
+  // a passing run fail on every query.
+  scenarios::Scenario sc;
+  sc.name = "no-outputs";
+  sc.cache.window = 4;
+  sc.cache.ring_rows = 5;
+  sc.cache.head_dim = 4;
+  sc.requests = {{0, 0}};
+  for (int i = 0; i < 8; ++i) {
+    scenarios::Step d;
+    d.kind = scenarios::StepKind::kDecode;
+    sc.steps.push_back(d);
+  }
+  auto writer = std::make_shared<scenarios::TraceWriter>();
+  auto recorder = engines::make_recording_provider(std::make_unique<NoOutputsProvider>(), writer, "unnamed");
+  recorder->set_scenario(sc);
+  RunOptions options;
+  options.provider = recorder.get();
+  const RunObservation live = run_scenario(sc, options);
+  INFO(live.first_failure);
+  REQUIRE(live.passed);
+  writer->check();
+  CHECK(writer->text().find("\"out\"") == std::string::npos);
+  const auto runs = scenarios::parse_trace(writer->text(), "recording");
+  REQUIRE(runs.size() == 1);
+  const auto audited = audit_trace(runs, AuditOptions{});
+  REQUIRE(audited.size() == 1);
+  INFO(audited.front().first_failure);
+  CHECK(audited.front().passed);
+  CHECK(audited.front().observed == "slots");
+  CHECK(audited.front().queries == 8);
+}
