@@ -9,7 +9,10 @@ a block another table still holds copies it first (copy-on-write, answered
 as `moved`); blocks that slid out of the layer's window are released
 (answered as `freed`); a global layer frees nothing while its request lives.
 
-    kvcheck check --impl "exec:python3 python/examples/paged_prefix_cache.py" --profile prefix
+    PYTHONPATH=python kvcheck check --impl "exec:python3 python/examples/paged_prefix_cache.py" --profile prefix
+
+Walked through in docs/python.md ("A paged engine with shared prefixes and
+per-layer windows").
 """
 import kvcheck
 
