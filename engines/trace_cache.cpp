@@ -150,6 +150,11 @@ class TraceProvider final : public CacheProvider {
     for (const TraceStep& s : run.steps) caps_.prefix_sharing = caps_.prefix_sharing || s.prefix.has_value();
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
+    if (const auto& b = run.header.resident_bound) {  // judged as the recorded cache's own bound
+      caps_.resident_bound.unit = b->blocks ? ResidentBound::Unit::kBlocks : ResidentBound::Unit::kRows;
+      caps_.resident_bound.per_request = b->per_request;
+      caps_.resident_bound.limit = b->limit;
+    }
   }
   const Capabilities& capabilities() override { return caps_; }
   std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal*) override {
@@ -346,6 +351,10 @@ class Recorder final : public RecordingProvider {
     if (caps.block_size > 0) {
       h.block_size = caps.block_size;
       h.pool_blocks = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, caps.block_size);
+    }
+    if (caps.resident_bound.declared()) {  // the bound this run was judged by, its limit resolved
+      h.resident_bound = scenarios::TraceResidentBound{caps.resident_bound.unit == ResidentBound::Unit::kBlocks,
+                                                       caps.resident_bound.per_request, resident_limit(caps, spec)};
     }
     scenarios::TraceCache c;
     c.q_heads = spec.cache.q_heads;

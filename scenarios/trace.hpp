@@ -8,7 +8,8 @@
 //
 // A run is a header line followed by its step records:
 //   {"kvcheck_trace":1,"name":...,"window":{"param":W,"convention":...},
-//    "capacity":S?,"states":B?,"addressing":"ring"|"paged"|"opaque","cache":{...}?,"expect":{...}?}
+//    "capacity":S?,"states":B?,"addressing":"ring"|"paged"|"opaque","resident_bound":{...}?,
+//    "cache":{...}?,"expect":{...}?}
 //   {"step":i,"layer":l,"kind":...,"request":r,"state":b, ...}
 // Plain values; no JSON here.
 #pragma once
@@ -60,6 +61,16 @@ struct TraceCache {
   bool operator==(const TraceCache&) const = default;
 };
 
+/// The header's optional "resident_bound": the memory bound the recorded
+/// cache declared (as an exec hello's resident_bound, its limit resolved).
+/// The audit fails a step after which the trace holds more, as check does.
+struct TraceResidentBound {
+  bool blocks = false;       ///< "unit": "blocks" (needs block_size), else "rows"
+  bool per_request = false;  ///< "per": "request", else "cache" (all requests of a layer)
+  std::int64_t limit = 1;    ///< rows or blocks, at least 1
+  bool operator==(const TraceResidentBound&) const = default;
+};
+
 /// The first line of a run.
 struct TraceHeader {
   std::string name;
@@ -73,6 +84,7 @@ struct TraceHeader {
   /// and count the paged classes, as for the cache that was recorded.
   std::int64_t block_size = 0;
   std::optional<std::int64_t> pool_blocks;  ///< with block_size: the pool per layer the cache was opened with
+  std::optional<TraceResidentBound> resident_bound;  ///< absent: no bound judged
   std::optional<TraceCache> cache;  ///< absent: TraceCache defaults, outputs not judged
   /// Each layer's own window (JSON "layer_windows", as a scenario's
   /// cache.layer_windows); empty: every layer has `window`.

@@ -135,10 +135,35 @@ TraceCache read_cache(const json& j, const std::string& path) {
   return c;
 }
 
+/// "resident_bound": {"unit": "rows"|"blocks", "per": "request"|"cache", "limit": N};
+/// per defaults to "cache"; blocks need the header's block_size.
+TraceResidentBound read_resident_bound(const json& j, const TraceHeader& h, const std::string& path) {
+  as_object(j, path);
+  check_keys(j, path, {"unit", "per", "limit"});
+  TraceResidentBound b;
+  const std::string unit = get_string(require(j, path, "unit"), join_key(path, "unit"));
+  if (unit != "rows" && unit != "blocks") {
+    fail(ErrorId::kJsonValue, join_key(path, "unit"), "unknown name '" + unit + "' (one of 'rows', 'blocks')");
+  }
+  b.blocks = unit == "blocks";
+  if (b.blocks && h.block_size == 0) {
+    fail(ErrorId::kJsonValue, join_key(path, "unit"), "a bound in blocks needs a block_size (addressing \"paged\")");
+  }
+  if (const json* v = find(j, "per")) {
+    const std::string per = get_string(*v, join_key(path, "per"));
+    if (per != "request" && per != "cache") {
+      fail(ErrorId::kJsonValue, join_key(path, "per"), "unknown name '" + per + "' (one of 'request', 'cache')");
+    }
+    b.per_request = per == "request";
+  }
+  b.limit = get_range(require(j, path, "limit"), join_key(path, "limit"), 1, kMaxRows - 1, "resident bound");
+  return b;
+}
+
 TraceHeader read_header(const json& j) {
   check_keys(j, "",
              {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "block_size", "pool_blocks",
-              "cache", "expect", "layer_windows"});
+              "resident_bound", "cache", "expect", "layer_windows"});
   const json& version = require(j, "", "kvcheck_trace");
   if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
     fail(ErrorId::kJsonValue, "kvcheck_trace",
@@ -219,6 +244,7 @@ TraceHeader read_header(const json& j) {
     if (h.block_size == 0) fail(ErrorId::kJsonValue, "pool_blocks", "pool_blocks needs a block_size");
     h.pool_blocks = get_range(*v, "pool_blocks", 1, kMaxRows - 1, "pool_blocks");
   }
+  if (const json* v = find(j, "resident_bound")) h.resident_bound = read_resident_bound(*v, h, "resident_bound");
   if (const json* v = find(j, "cache")) h.cache = read_cache(*v, "cache");
   // The ranges of "expect" are checked against the schedule by `kvcheck
   // audit`, which validates the scenario of the run.
@@ -705,6 +731,13 @@ std::string trace_header_line(const TraceHeader& h) {
   if (h.block_size > 0) {  // only for a paged cache: other traces keep their bytes
     j["block_size"] = h.block_size;
     if (h.pool_blocks) j["pool_blocks"] = *h.pool_blocks;
+  }
+  if (h.resident_bound) {  // only when the cache declared one: other traces keep their bytes
+    ojson b = ojson::object();
+    b["unit"] = h.resident_bound->blocks ? "blocks" : "rows";
+    b["per"] = h.resident_bound->per_request ? "request" : "cache";
+    b["limit"] = h.resident_bound->limit;
+    j["resident_bound"] = std::move(b);
   }
   if (h.cache) {
     const TraceCache& c = *h.cache;

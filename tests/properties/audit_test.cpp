@@ -622,6 +622,57 @@ TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map,
         "line 2: freed");
 }
 
+TEST_CASE("Audit: a trace's resident bound is judged as check judges it, and read strictly") {
+  // Window 3. Request 0 writes positions 0..2 at slots 0..2, then decodes 3 at slot 3.
+  const std::string prefill =
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":[0,1,2],"read":[[0],[0,1],[0,1,2]]})";
+  const std::string decode =
+      R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]])";
+  const auto header = [](const std::string& bound) {
+    return R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged","resident_bound":)" +
+           bound + "}";
+  };
+  const auto audit = [](const std::string& text) {
+    const auto runs = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+    REQUIRE(runs.size() == 1);
+    return runs[0];
+  };
+  const std::string three = R"({"unit":"rows","per":"cache","limit":3})";
+  // Without a bound the trace passes holding 4 rows; with 3 it fails at the
+  // decode; freeing position 0 (out of the window) keeps it within.
+  CHECK(audit(lines({kHeader, prefill, decode + "}"})).passed);
+  const RunObservation over = audit(lines({header(three), prefill, decode + "}"}));
+  CHECK_FALSE(over.passed);
+  CHECK(over.steps_over_bound == 1);
+  CHECK_THAT(over.first_failure, Catch::Contains("holds 4 rows in all, over its declared resident bound of 3"));
+  const RunObservation within = audit(lines({header(three), prefill, decode + R"(,"freed":[0]})"}));
+  INFO(within.first_failure);
+  CHECK(within.passed);
+  CHECK(within.steps_over_bound == 0);
+  // Per request: 4 rows of request 0, bound 4, passes.
+  CHECK(audit(lines({header(R"({"unit":"rows","per":"request","limit":4})"), prefill, decode + "}"})).passed);
+
+  // Written back as read; traces without it keep their header bytes.
+  const auto parsed = scenarios::parse_trace(lines({header(three), prefill}), "");
+  REQUIRE(parsed[0].header.resident_bound.has_value());
+  CHECK(parsed[0].header.resident_bound->limit == 3);
+  CHECK(scenarios::trace_header_line(parsed[0].header).find(R"("resident_bound":{"unit":"rows","per":"cache","limit":3})") !=
+        std::string::npos);
+  CHECK(scenarios::trace_header_line(scenarios::parse_trace(lines({kHeader, prefill}), "")[0].header).find("resident") ==
+        std::string::npos);
+
+  // Malformed bounds are errors naming the field.
+  CHECK(parse_where(lines({header(R"({"unit":"bytes","limit":3})"), prefill})) == "line 1: resident_bound.unit");
+  CHECK(parse_where(lines({header(R"({"unit":"blocks","limit":3})"), prefill})) == "line 1: resident_bound.unit");
+  CHECK(parse_where(lines({header(R"({"unit":"rows","per":"layer","limit":3})"), prefill})) ==
+        "line 1: resident_bound.per");
+  CHECK(parse_where(lines({header(R"({"unit":"rows","limit":0})"), prefill})) == "line 1: resident_bound.limit");
+  CHECK(parse_where(lines({header(R"({"unit":"rows"})"), prefill})) == "line 1: resident_bound.limit");
+  CHECK(parse_where(lines({header(R"({"unit":"rows","limit":3,"limits":3})"), prefill})) ==
+        "line 1: resident_bound.limits");
+  CHECK(parse_where(lines({header("4"), prefill})) == "line 1: resident_bound");
+}
+
 namespace {
 
 /// The CPU ring pool declared bookkeeping-only (no outputs, as `"outputs":
@@ -690,4 +741,60 @@ TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs a
   CHECK(audited.front().passed);
   CHECK(audited.front().observed == "slots");
   CHECK(audited.front().queries == 8);
+}
+
+namespace {
+
+/// The CPU ring pool declaring a resident bound of `limit` rows in all.
+class DeclaredBoundProvider final : public engines::CacheProvider {
+ public:
+  explicit DeclaredBoundProvider(std::int64_t limit)
+      : inner_(engines::make_provider("cpu", "none")), caps_(inner_->capabilities()) {
+    caps_.resident_bound.unit = engines::ResidentBound::Unit::kRows;
+    caps_.resident_bound.limit = limit;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "declared-bound"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+    return inner_->open(spec, refused);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  engines::Capabilities caps_;
+};
+
+}  // namespace
+
+TEST_CASE("Audit: a recording carries the cache's resident bound and audits to the live verdict on it") {
+  // A ring of 5 rows under 8 decodes holds 5 rows: within a bound of 5, over one of 4.
+  scenarios::Scenario sc;
+  sc.name = "bounded";
+  sc.cache.window = 4;
+  sc.cache.ring_rows = 5;
+  sc.cache.head_dim = 4;
+  sc.requests = {{0, 0}};
+  for (int i = 0; i < 8; ++i) {
+    scenarios::Step d;
+    d.kind = scenarios::StepKind::kDecode;
+    sc.steps.push_back(d);
+  }
+  for (const std::int64_t limit : {5, 4}) {
+    auto writer = std::make_shared<scenarios::TraceWriter>();
+    auto recorder = engines::make_recording_provider(std::make_unique<DeclaredBoundProvider>(limit), writer, "unnamed");
+    recorder->set_scenario(sc);
+    RunOptions options;
+    options.provider = recorder.get();
+    const RunObservation live = run_scenario(sc, options);
+    writer->check();
+    CHECK(writer->text().find(R"("resident_bound":{"unit":"rows","per":"cache","limit":)" + std::to_string(limit) +
+                              "}") != std::string::npos);
+    const auto audited = audit_trace(scenarios::parse_trace(writer->text(), "recording"), AuditOptions{});
+    REQUIRE(audited.size() == 1);
+    INFO("limit " << limit << ": " << live.first_failure << " / " << audited.front().first_failure);
+    CHECK(live.passed == (limit == 5));
+    CHECK(audited.front().passed == live.passed);
+    CHECK(audited.front().steps_over_bound == live.steps_over_bound);
+    CHECK(audited.front().first_failure == live.first_failure);
+  }
 }
