@@ -47,12 +47,18 @@ LayerMinima layer_minima(const scenarios::Scenario& scenario, const properties::
   m.searched_to = 2 * std::max(m.sliding_formula, m.global_formula) + 2;
   // safe[class][S]: no layer of the class lost a row at capacity S.
   std::vector<bool> sliding_safe, global_safe;
+  std::int64_t skipped = 0;
+  std::string skip_reason;
   for (std::int64_t s = 1; s <= m.searched_to; ++s) {
     scenarios::Scenario sc = scenario;
     sc.cache.ring_rows = s;
     sc.expect.reset();  // the scenario's own expectations are for its own capacity
     const properties::RunObservation run = properties::run_scenario(sc, options);
     ++m.runs;
+    if (run.skipped) {
+      ++skipped;
+      skip_reason = run.skip_reason;
+    }
     bool sliding_lost = run.skipped, global_lost = run.skipped;
     bool any_layer_failed = false;
     for (const auto& step : run.steps) {
@@ -68,6 +74,12 @@ LayerMinima layer_minima(const scenarios::Scenario& scenario, const properties::
     if (!run.passed && !any_layer_failed) sliding_lost = global_lost = true;
     sliding_safe.push_back(!sliding_lost);
     global_safe.push_back(!global_lost);
+  }
+  // A cache that runs the scenario at no capacity has no minimum to find.
+  if (skipped == m.runs) {
+    throw Error(ErrorId::kUsage, "--layers-of",
+                "the cache does not run scenario '" + scenario.name + "' at any capacity 1.." +
+                    std::to_string(m.searched_to) + ": " + skip_reason);
   }
   // The smallest S from which on every capacity searched was safe.
   auto minimum = [&](const std::vector<bool>& safe, bool present) -> std::int64_t {

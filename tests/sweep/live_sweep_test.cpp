@@ -226,6 +226,17 @@ TEST_CASE("Per-layer minima: the sliding and the global layers of a scenario are
   } catch (const Error& e) {
     CHECK(e.where() == "--layers-of");
   }
+  // A cache that declares no window per layer runs the scenario at no
+  // capacity: an error saying so, not "no safe capacity, agree NO".
+  properties::RunOptions layer_cache;
+  layer_cache.backend = "layer";
+  try {
+    (void)sweep::layer_minima(sc, layer_cache);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.where() == "--layers-of");
+    CHECK(std::string(e.what()).find("cache.layer_windows") != std::string::npos);
+  }
 }
 
 TEST_CASE("Live sweep: --impl paged, a ring laid over a block table, needs ceil(m / B) blocks") {
