@@ -4,6 +4,8 @@
         check_engine(MyCache)                 # kvcheck check, 200 cases, seed 1
         check_engine(MyCache, cases=50, args=["--profile", "production"])
         check_engine.replay("tests/kvcheck/", MyCache)
+        check_engine(MyCache, against=MyCacheV1)   # two caches side by side
+        check_engine(MyCache, repeat_bitwise=True)  # two runs, bitwise-equal outputs
 
 A failing check fails the test with the first-failure line, the shrunk
 counterexample (written under the test's tmp_path) and the exact replay
@@ -87,7 +89,8 @@ class EngineChecker:
             failure = str(e)
         pytest.fail(failure, pytrace=False)
 
-    def __call__(self, engine, cases=None, seed=None, profile=None, args=(), python=None, timeout=None):
+    def __call__(self, engine, cases=None, seed=None, profile=None, args=(), python=None, timeout=None,
+                 against=None, bitwise=False, repeat_bitwise=False):
         profile = self.config.getoption("--kvcheck-profile") or profile or self.marker.get("profile")
         if profile is not None:
             args = ["--profile", profile] + list(args)
@@ -104,15 +107,18 @@ class EngineChecker:
             rerun += f" --kvcheck-profile {shlex.quote(profile)}"
         try:
             return testing.check(engine, cases=cases, seed=seed, args=args, binary=self._find_binary(),
-                                 out=self._out(), python=python, timeout=timeout, rerun=rerun)
+                                 out=self._out(), python=python, timeout=timeout, rerun=rerun, against=against,
+                                 bitwise=bitwise, repeat_bitwise=repeat_bitwise)
         except testing.CheckFailed as e:
             failure = str(e)
         pytest.fail(failure, pytrace=False)  # outside the except: no "during handling" chain
 
-    def replay(self, path, engine, args=(), python=None, timeout=None):
+    def replay(self, path, engine, args=(), python=None, timeout=None, against=None, bitwise=False,
+               repeat_bitwise=False):
         try:
             return testing.replay(path, engine, args=args, binary=self._find_binary(), out=self._out(),
-                                  python=python, timeout=timeout)
+                                  python=python, timeout=timeout, against=against, bitwise=bitwise,
+                                  repeat_bitwise=repeat_bitwise)
         except testing.CheckFailed as e:
             failure = str(e)
         pytest.fail(failure, pytrace=False)

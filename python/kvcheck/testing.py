@@ -61,6 +61,9 @@ class CheckResult:
         lines = self.stdout.splitlines()
         self.summary = lines[0] if lines else ""
         self.first_failure = _field(lines, "first failure:")
+        if self.first_failure is None:
+            # Two caches side by side (against=, repeat_bitwise=): the first difference.
+            self.first_failure = _first_difference(lines)
         self.counterexample_path = _field(lines, "written to ")
         self.replay = _field(lines, "replay: ")
         if self.replay is not None and self.replay.startswith("kvcheck "):
@@ -81,9 +84,14 @@ class CheckResult:
         parts = []
         if self.exit_code == 1:
             parts.append("kvcheck found a failing case: " + self.summary)
-            for line in self.stdout.splitlines()[1:]:
-                if line.startswith(("counterexample:", "  first failure:")):
+            lines = self.stdout.splitlines()[1:]
+            for i, line in enumerate(lines):
+                if line.startswith(("agreement of ", "counterexample:", "  first failure:",
+                                    "  A against ", "  B against ")):
                     parts.append(line)
+                elif line.startswith("  first difference"):
+                    parts.append(line)
+                    parts.extend(d for d in _indented(lines[i + 1:]))
             if self.counterexample is not None:
                 text = self.counterexample.splitlines()
                 shown = "\n".join(text[:_SHOWN_LINES])
@@ -109,6 +117,41 @@ def _field(lines, marker):
         if at >= 0:
             return line[at + len(marker):].strip() if marker != "first failure:" else line.strip()
     return None
+
+
+def _indented(lines):
+    # The lines under a "first difference" header (indented deeper than it).
+    for line in lines:
+        if not line.startswith("    "):
+            break
+        yield line
+
+
+def _first_difference(lines):
+    for i, line in enumerate(lines):
+        if line.startswith("  first difference"):
+            shown = list(_indented(lines[i + 1:]))
+            return "first difference: " + shown[0].strip() if shown else line.strip()
+        if line.lstrip().startswith("differs: "):  # replay --against
+            return "first difference: " + line.strip()[len("differs: "):]
+    return None
+
+
+def _side_by_side_args(against, bitwise, repeat_bitwise, workdir, python):
+    # kvcheck's --against/--bitwise/--repeat-bitwise from check()'s keywords.
+    args = []
+    if against is not None:
+        if isinstance(against, str) and (against.startswith("exec:") or
+                                         (against and not any(c.isspace() or c == "/" for c in against))):
+            impl = against  # "exec:COMMAND" as it is, or an in-process cache's name (cpu, layer, paged)
+        else:
+            impl = "exec:" + adapter_command(against, workdir, python)
+        args += ["--against", impl]
+    if bitwise:
+        args.append("--bitwise")
+    if repeat_bitwise:
+        args.append("--repeat-bitwise")
+    return args
 
 
 def find_binary(binary=None):
@@ -168,31 +211,45 @@ def _run(argv, out, timeout):
     return CheckResult(argv, completed, out)
 
 
-def check(engine, cases=200, seed=1, args=(), binary=None, out=None, python=None, timeout=None, rerun=None):
+def check(engine, cases=200, seed=1, args=(), binary=None, out=None, python=None, timeout=None, rerun=None,
+          against=None, bitwise=False, repeat_bitwise=False):
     """Runs `kvcheck check` on `engine` with `cases` and `seed` (and extra
     kvcheck flags `args`), writing its reports and counterexample under
     `out` (default: a new temporary folder). Returns the CheckResult when
-    every case passed; raises CheckFailed otherwise."""
+    every case passed; raises CheckFailed otherwise.
+
+    Two caches side by side: `against` (an Engine class, an adapter command
+    line, "exec:COMMAND", or the name of a cache built into kvcheck such as
+    "cpu" - a str without spaces or "/") runs every case beside `engine`
+    (`--against`); any step where what they hold, read or output differs
+    fails, shrunk like a failure. `bitwise=True` asks for bit-equal outputs
+    then (`--bitwise`). `repeat_bitwise=True` runs every case twice on
+    `engine` and fails unless the two runs agree bit for bit
+    (`--repeat-bitwise`)."""
     binary = find_binary(binary)
     out = out or tempfile.mkdtemp(prefix="kvcheck-")
     os.makedirs(out, exist_ok=True)
     impl = "exec:" + adapter_command(engine, out, python)
     argv = [binary, "check", "--impl", impl, "--cases", str(cases), "--seed", str(seed), "--out", str(out)]
+    argv += _side_by_side_args(against, bitwise, repeat_bitwise, out, python)
     result = _run(argv + list(args), out, timeout)
     if not result.passed:
         raise CheckFailed(result.failure_message(rerun), result)
     return result
 
 
-def replay(path, engine, args=(), binary=None, out=None, python=None, timeout=None):
+def replay(path, engine, args=(), binary=None, out=None, python=None, timeout=None, against=None, bitwise=False,
+           repeat_bitwise=False):
     """Runs `kvcheck replay PATH` (a scenario, trace or counterexample file,
-    or a folder of them) on `engine`; raises CheckFailed unless it passes."""
+    or a folder of them) on `engine`; raises CheckFailed unless it passes.
+    `against`, `bitwise` and `repeat_bitwise` as for check()."""
     binary = find_binary(binary)
     out = out or tempfile.mkdtemp(prefix="kvcheck-")
     os.makedirs(out, exist_ok=True)
     impl = "exec:" + adapter_command(engine, out, python)
     argv = [binary, "replay", str(path), "--impl", impl, "--report", os.path.join(out, "report.json"),
             "--junit", os.path.join(out, "junit.xml")]
+    argv += _side_by_side_args(against, bitwise, repeat_bitwise, out, python)
     result = _run(argv + list(args), out, timeout)
     if not result.passed:
         raise CheckFailed(result.failure_message(), result)
