@@ -420,7 +420,10 @@ class SharingPagedCache(PagedCache):
                 continue
             block = self._alloc(lay)
             st.table[j] = block
-            for p in range(max(lo, j * B), min(n, (j + 1) * B)):
+            # The whole block, not only the positions the first query sees: a
+            # later prefix of this request (or a copy-on-write of the block)
+            # may need any position of it below n.
+            for p in range(j * B, min(n, (j + 1) * B)):
                 key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
                                                            self.key_rope_position(p), self.rope))
                 lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
