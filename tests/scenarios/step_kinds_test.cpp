@@ -130,7 +130,7 @@ TEST_CASE("StepKinds: every kind round-trips through a scenario file with exactl
 }
 
 TEST_CASE("StepKinds: every kind and begin round-trip through a trace record") {
-  std::string text = trace_header_line(TraceHeader{"kinds", 4, Convention::kKeys, 16, 1, Addressing::kRing, 0, {}, {}, {}, {}});
+  std::string text = trace_header_line(TraceHeader{"kinds", 4, Convention::kKeys, 16, 1, Addressing::kRing, 0, {}, {}, {}, {}, {}});
   // begin, prefill(3), verify(2), accept(1), trim(2), then the rest: each record at its logical position.
   std::vector<TraceStep> records;
   TraceStep begin;
