@@ -3,6 +3,7 @@
 #include <atomic>
 #include <utility>
 
+#include "properties/agreement.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
@@ -71,7 +72,31 @@ CheckResult check(const ProviderFactory& factory, const CheckOptions& options) {
     if (!handed_out->exchange(true)) return std::move(*first);
     return factory();
   };
+  if (options.against && options.repeat_bitwise) {
+    throw Error(ErrorId::kUsage, "repeat_bitwise", "two runs of one cache: not with against");
+  }
+  if (options.bitwise && !options.against) {
+    throw Error(ErrorId::kUsage, "bitwise", "compares two caches' outputs: needs against");
+  }
+  check.run.repeat_bitwise = out.repeat_bitwise = options.repeat_bitwise;
+  check.run.bitwise = out.bitwise = options.bitwise;
+  if (options.repeat_bitwise) out.against = out.cache;
+  if (options.against) {
+    // As the first: the provider made to read the name serves the first call.
+    auto second = std::make_shared<std::unique_ptr<engines::CacheProvider>>(options.against());
+    if (!*second) throw Error(ErrorId::kUsage, "against", "the against provider factory returned no provider");
+    out.against = (*second)->name();
+    check.run.against = out.against;
+    auto second_out = std::make_shared<std::atomic<bool>>(false);
+    check.against_provider_factory = [second, second_out,
+                                      against = options.against]() -> std::unique_ptr<engines::CacheProvider> {
+      if (!second_out->exchange(true)) return std::move(*second);
+      return against();
+    };
+  }
   properties::CheckResult r = properties::run_check(check);
+  out.compared = r.compared;
+  out.differences = r.difference.differences;
 
   out.cases = r.cases;
   out.failures = r.failures;
@@ -94,6 +119,7 @@ CheckResult check(const ProviderFactory& factory, const CheckOptions& options) {
                                      out.cache;
     out.counterexample_run = std::move(r.shrunk_run);
     out.counterexample_run.scenario_name = out.counterexample.name;
+    out.counterexample_run_against = std::move(r.shrunk_run_b);
     out.shrink_runs = r.shrink_runs;
     if (!options.counterexample_path.empty()) {
       const auto parent = options.counterexample_path.parent_path();
@@ -149,8 +175,19 @@ std::string summary(const CheckResult& result) {
   for (const auto& k : result.coverage) c.coverage.push_back({k.name, k.count, k.reachable ? 1 : 0});
   c.counterexample_file = result.counterexample_file.string();
   c.failing_case_seed = result.failing_case_seed;
+  if (!result.against.empty()) {
+    reports::SideBySide b;
+    b.property = result.repeat_bitwise ? "repeat-bitwise" : "agreement";
+    b.bitwise = result.bitwise || result.repeat_bitwise;
+    b.first = result.cache;
+    b.second = result.against;
+    b.compared = result.compared;
+    for (const auto& d : result.differences) b.differences.push_back(properties::difference_text(d));
+    c.side_by_side = std::move(b);
+  }
   report.check = c;
   if (result.found_failure) report.runs.push_back(result.counterexample_run);
+  if (result.found_failure && !result.against.empty()) report.runs.push_back(result.counterexample_run_against);
   return reports::report_text(report);
 }
 

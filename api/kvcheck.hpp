@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engines/cache_under_test.hpp"
+#include "properties/agreement.hpp"
 #include "properties/observation.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -82,6 +83,20 @@ struct CheckOptions {
   std::filesystem::path counterexample_path;
   /// Called from the calling thread with cases finished so far.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
+  /// Two caches side by side (`kvcheck check --against`): when set, every
+  /// case also runs on a cache of this second provider (one per worker plus
+  /// one for the calling thread, like `factory`'s), drawn inside what both
+  /// caches declare, and the check fails at every step where what the two
+  /// hold (resident rows), read or output (beyond the larger of their
+  /// tolerances) differs; the first differing case is shrunk like a failure.
+  /// E.g. the CPU and CUDA backends of one engine, or two versions of it.
+  ProviderFactory against;
+  /// With `against`: outputs must be equal bit for bit (`--bitwise`).
+  bool bitwise = false;
+  /// Every case runs twice, on fresh caches of `factory`'s provider, and the
+  /// two runs must agree with bitwise-equal outputs (`--repeat-bitwise`; its
+  /// own property). Not with `against`.
+  bool repeat_bitwise = false;
 };
 
 /// One coverage class of the generated cases.
@@ -109,6 +124,15 @@ struct CheckResult {
   properties::RunObservation counterexample_run;  ///< what kvcheck observed replaying it
   std::int64_t shrink_runs = 0;                   ///< scenarios run while shrinking
   std::filesystem::path counterexample_file;      ///< where it was written, empty when not
+  // Two caches side by side (CheckOptions::against or repeat_bitwise):
+  std::string against;  ///< the second provider's name() ("" when none; repeat_bitwise: `cache` again)
+  bool bitwise = false;         ///< CheckOptions::bitwise
+  bool repeat_bitwise = false;  ///< CheckOptions::repeat_bitwise
+  properties::ComparedCounts compared;  ///< what was compared over every case (steps, queries, ...)
+  /// The shrunk case's differing steps (`what`: "resident", "reads",
+  /// "outputs", "refusal", "stopped"), in step order; empty when all agreed.
+  std::vector<properties::StepDifference> differences;
+  properties::RunObservation counterexample_run_against;  ///< the second cache's run of it
 };
 
 /// Runs `options.cases` generated schedules on caches from `factory`, on

@@ -159,3 +159,46 @@ TEST_CASE("run_check: a provider factory that returns nothing is an error") {
   CHECK_THROWS_AS(api::check(api::ProviderFactory([] { return std::unique_ptr<engines::CacheProvider>(); })),
                   Error);
 }
+
+TEST_CASE("api::check against a second provider: agreement, a shrunk difference, repeat_bitwise") {
+  api::CheckOptions options;
+  options.cases = 100;
+  options.against = [] { return engines::make_provider("layer", "none"); };
+  const api::CheckResult same = api::check([] { return cpu(); }, options);
+  INFO(api::summary(same));
+  CHECK(same.passed);
+  CHECK(same.against == "layer");
+  CHECK(same.differences.empty());
+  CHECK(same.compared.cases > 0);
+  CHECK(same.compared.steps > 0);
+  CHECK(api::summary(same).find("agreement of cpu (A) and layer (B)") != std::string::npos);
+
+  // The second cache planted with a fault: the first differing case, shrunk.
+  options.against = [] { return cpu(impl::Fault::kRingSizedWindow); };
+  const api::CheckResult differ = api::check([] { return cpu(); }, options);
+  INFO(api::summary(differ));
+  REQUIRE(differ.found_failure);
+  CHECK_FALSE(differ.passed);
+  CHECK(differ.failures > 0);
+  REQUIRE_FALSE(differ.differences.empty());
+  CHECK(differ.counterexample.requests.size() <= 3);
+  CHECK(differ.counterexample.steps.size() <= 8);
+  CHECK(differ.counterexample_run.passed);  // A against the reference
+  CHECK(differ.counterexample_run_against.steps.size() == differ.counterexample_run.steps.size());
+  const auto first = properties::difference_text(differ.differences.front());
+  CHECK(api::summary(differ).find(first) != std::string::npos);
+
+  // bitwise needs a second cache; repeat_bitwise is two runs of one.
+  api::CheckOptions bad;
+  bad.bitwise = true;
+  CHECK_THROWS_AS(api::check([] { return cpu(); }, bad), Error);
+  api::CheckOptions twice;
+  twice.cases = 50;
+  twice.repeat_bitwise = true;
+  const api::CheckResult repeat = api::check([] { return cpu(); }, twice);
+  INFO(api::summary(repeat));
+  CHECK(repeat.passed);
+  CHECK(repeat.against == "cpu");
+  CHECK(repeat.compared.queries > 0);
+  CHECK(api::summary(repeat).find("repeat-bitwise") != std::string::npos);
+}
