@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -579,17 +580,28 @@ TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line"
   CHECK(audit_where(lines({kHeader, prefill})) == "no error");
 }
 
+namespace {
+
+// Records for kHeader (window 3), without their closing brace: request 0
+// writes positions 0..2 at slots 0..2, then decodes 3 at slot 3.
+const std::string kPrefill3 =
+    R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":[0,1,2],"read":[[0],[0,1],[0,1,2]])";
+const std::string kDecode3 =
+    R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]])";
+
+/// The audit of a one-run trace.
+RunObservation audit(const std::string& text) {
+  const auto runs = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+  REQUIRE(runs.size() == 1);
+  return runs[0];
+}
+
+}  // namespace
+
 TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map, and read back exactly") {
   // Window 3. Request 0 writes positions 0..2 at slots 0..2, then decodes 3.
-  const std::string prefill =
-      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":[0,1,2],"read":[[0],[0,1],[0,1,2]])";
-  const std::string decode =
-      R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]])";
-  const auto audit = [](const std::string& text) {
-    const auto runs = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
-    REQUIRE(runs.size() == 1);
-    return runs[0];
-  };
+  const std::string prefill = kPrefill3;
+  const std::string decode = kDecode3;
   // Padding at a scratch slot and freeing position 0 (out of the window after the decode): clean.
   const RunObservation clean = audit(lines({kHeader, prefill + R"(,"padded":[90]})", decode + R"(,"freed":[0]})"}));
   CHECK(clean.passed);
@@ -624,18 +636,11 @@ TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map,
 
 TEST_CASE("Audit: a trace's resident bound is judged as check judges it, and read strictly") {
   // Window 3. Request 0 writes positions 0..2 at slots 0..2, then decodes 3 at slot 3.
-  const std::string prefill =
-      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":[0,1,2],"read":[[0],[0,1],[0,1,2]]})";
-  const std::string decode =
-      R"({"step":1,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]])";
+  const std::string prefill = kPrefill3 + "}";
+  const std::string decode = kDecode3;
   const auto header = [](const std::string& bound) {
     return R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"addressing":"paged","resident_bound":)" +
            bound + "}";
-  };
-  const auto audit = [](const std::string& text) {
-    const auto runs = audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
-    REQUIRE(runs.size() == 1);
-    return runs[0];
   };
   const std::string three = R"({"unit":"rows","per":"cache","limit":3})";
   // Without a bound the trace passes holding 4 rows; with 3 it fails at the
@@ -690,16 +695,20 @@ class NoOutputs final : public engines::CacheUnderTest {
   std::unique_ptr<engines::CacheUnderTest> inner_;
 };
 
-class NoOutputsProvider final : public engines::CacheProvider {
+/// The CPU ring pool with its capabilities changed by `declare`; declared
+/// bookkeeping-only (computes_outputs false), its answers' outputs are zeros.
+class DeclaredProvider final : public engines::CacheProvider {
  public:
-  NoOutputsProvider() : inner_(engines::make_provider("cpu", "none")), caps_(inner_->capabilities()) {
-    caps_.computes_outputs = false;
+  explicit DeclaredProvider(const std::function<void(engines::Capabilities&)>& declare)
+      : inner_(engines::make_provider("cpu", "none")), caps_(inner_->capabilities()) {
+    declare(caps_);
   }
   const engines::Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return "no-outputs"; }
+  std::string name() const override { return "declared"; }
   std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
     auto cache = inner_->open(spec, refused);
-    return cache ? std::make_unique<NoOutputs>(std::move(cache)) : nullptr;
+    if (!cache || caps_.computes_outputs) return cache;
+    return std::make_unique<NoOutputs>(std::move(cache));
   }
 
  private:
@@ -707,13 +716,10 @@ class NoOutputsProvider final : public engines::CacheProvider {
   engines::Capabilities caps_;
 };
 
-}  // namespace
-
-TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs and audits on its slots") {
-  // It computed no outputs: recording zeros as its outputs made the audit of
-  // a passing run fail on every query.
+/// One request decoding 8 times on a ring of 5 rows, window 4.
+scenarios::Scenario eight_decodes(const std::string& name) {
   scenarios::Scenario sc;
-  sc.name = "no-outputs";
+  sc.name = name;
   sc.cache.window = 4;
   sc.cache.ring_rows = 5;
   sc.cache.head_dim = 4;
@@ -723,17 +729,38 @@ TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs a
     d.kind = scenarios::StepKind::kDecode;
     sc.steps.push_back(d);
   }
+  return sc;
+}
+
+/// A live run of `sc` through the recording provider, and its recording.
+struct LiveRecording {
+  RunObservation live;
+  std::string trace;
+};
+LiveRecording record_live(std::unique_ptr<engines::CacheProvider> provider, const scenarios::Scenario& sc) {
   auto writer = std::make_shared<scenarios::TraceWriter>();
-  auto recorder = engines::make_recording_provider(std::make_unique<NoOutputsProvider>(), writer, "unnamed");
+  auto recorder = engines::make_recording_provider(std::move(provider), writer, "unnamed");
   recorder->set_scenario(sc);
   RunOptions options;
   options.provider = recorder.get();
-  const RunObservation live = run_scenario(sc, options);
-  INFO(live.first_failure);
-  REQUIRE(live.passed);
+  LiveRecording r{run_scenario(sc, options), {}};
   writer->check();
-  CHECK(writer->text().find("\"out\"") == std::string::npos);
-  const auto runs = scenarios::parse_trace(writer->text(), "recording");
+  r.trace = writer->text();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs and audits on its slots") {
+  // It computed no outputs: recording zeros as its outputs made the audit of
+  // a passing run fail on every query.
+  const LiveRecording r =
+      record_live(std::make_unique<DeclaredProvider>([](engines::Capabilities& c) { c.computes_outputs = false; }),
+                  eight_decodes("no-outputs"));
+  INFO(r.live.first_failure);
+  REQUIRE(r.live.passed);
+  CHECK(r.trace.find("\"out\"") == std::string::npos);
+  const auto runs = scenarios::parse_trace(r.trace, "recording");
   REQUIRE(runs.size() == 1);
   const auto audited = audit_trace(runs, AuditOptions{});
   REQUIRE(audited.size() == 1);
@@ -743,58 +770,22 @@ TEST_CASE("Audit: the recording of a bookkeeping-only cache carries no outputs a
   CHECK(audited.front().queries == 8);
 }
 
-namespace {
-
-/// The CPU ring pool declaring a resident bound of `limit` rows in all.
-class DeclaredBoundProvider final : public engines::CacheProvider {
- public:
-  explicit DeclaredBoundProvider(std::int64_t limit)
-      : inner_(engines::make_provider("cpu", "none")), caps_(inner_->capabilities()) {
-    caps_.resident_bound.unit = engines::ResidentBound::Unit::kRows;
-    caps_.resident_bound.limit = limit;
-  }
-  const engines::Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return "declared-bound"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
-    return inner_->open(spec, refused);
-  }
-
- private:
-  std::unique_ptr<engines::CacheProvider> inner_;
-  engines::Capabilities caps_;
-};
-
-}  // namespace
-
 TEST_CASE("Audit: a recording carries the cache's resident bound and audits to the live verdict on it") {
   // A ring of 5 rows under 8 decodes holds 5 rows: within a bound of 5, over one of 4.
-  scenarios::Scenario sc;
-  sc.name = "bounded";
-  sc.cache.window = 4;
-  sc.cache.ring_rows = 5;
-  sc.cache.head_dim = 4;
-  sc.requests = {{0, 0}};
-  for (int i = 0; i < 8; ++i) {
-    scenarios::Step d;
-    d.kind = scenarios::StepKind::kDecode;
-    sc.steps.push_back(d);
-  }
   for (const std::int64_t limit : {5, 4}) {
-    auto writer = std::make_shared<scenarios::TraceWriter>();
-    auto recorder = engines::make_recording_provider(std::make_unique<DeclaredBoundProvider>(limit), writer, "unnamed");
-    recorder->set_scenario(sc);
-    RunOptions options;
-    options.provider = recorder.get();
-    const RunObservation live = run_scenario(sc, options);
-    writer->check();
-    CHECK(writer->text().find(R"("resident_bound":{"unit":"rows","per":"cache","limit":)" + std::to_string(limit) +
-                              "}") != std::string::npos);
-    const auto audited = audit_trace(scenarios::parse_trace(writer->text(), "recording"), AuditOptions{});
+    const LiveRecording r = record_live(std::make_unique<DeclaredProvider>([limit](engines::Capabilities& c) {
+                                          c.resident_bound.unit = engines::ResidentBound::Unit::kRows;
+                                          c.resident_bound.limit = limit;
+                                        }),
+                                        eight_decodes("bounded"));
+    CHECK(r.trace.find(R"("resident_bound":{"unit":"rows","per":"cache","limit":)" + std::to_string(limit) + "}") !=
+          std::string::npos);
+    const auto audited = audit_trace(scenarios::parse_trace(r.trace, "recording"), AuditOptions{});
     REQUIRE(audited.size() == 1);
-    INFO("limit " << limit << ": " << live.first_failure << " / " << audited.front().first_failure);
-    CHECK(live.passed == (limit == 5));
-    CHECK(audited.front().passed == live.passed);
-    CHECK(audited.front().steps_over_bound == live.steps_over_bound);
-    CHECK(audited.front().first_failure == live.first_failure);
+    INFO("limit " << limit << ": " << r.live.first_failure << " / " << audited.front().first_failure);
+    CHECK(r.live.passed == (limit == 5));
+    CHECK(audited.front().passed == r.live.passed);
+    CHECK(audited.front().steps_over_bound == r.live.steps_over_bound);
+    CHECK(audited.front().first_failure == r.live.first_failure);
   }
 }
