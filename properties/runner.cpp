@@ -666,7 +666,16 @@ class StepDriver {
       }
     }
     if (!caps_.reports_frees && !caps_.resident_bound.declared()) return;
-    const ShadowMap::Resident r = shadow.resident_counts(caps_.block_size);
+    // Per request, a shared row counts for the requests that still see it
+    // (a request's table drops a block its window left, while a sharer's
+    // keeps it): the visibility after this step decides.
+    const ShadowMap::Resident r =
+        caps_.resident_bound.declared() && caps_.resident_bound.per_request
+            ? shadow.resident_counts(caps_.block_size, visibility_after(step_index, layer),
+                                     [live = live_after(step_index)](std::int64_t request) {
+                                       return std::find(live.begin(), live.end(), request) != live.end();
+                                     })
+            : shadow.resident_counts(caps_.block_size);
     obs->resident_rows = r.rows;
     obs->resident_blocks = caps_.block_size > 0 ? r.blocks : -1;
     const engines::ResidentBound& bound = caps_.resident_bound;
@@ -676,6 +685,17 @@ class StepDriver {
     obs->bound_unit = std::string(blocks ? "blocks" : "rows") + (bound.per_request ? " per request" : " in all");
     obs->bound_held = blocks ? (bound.per_request ? r.request_blocks : r.blocks)
                              : (bound.per_request ? r.request_rows : r.rows);
+  }
+
+  /// The requests still live once step `step_index` is done (begun, not finished).
+  std::vector<std::int64_t> live_after(std::size_t step_index) const {
+    const scenarios::Step& step = sc_.steps[step_index];
+    std::vector<std::int64_t> live;
+    for (const auto& [id, r] : requests_) {
+      if (r.finished || (!r.begun && id != step.request)) continue;
+      if (id != step.request || step.kind != StepKind::kFinish) live.push_back(id);
+    }
+    return live;
   }
 
   /// Whether a row is still visible once step `step_index` is done: a row

@@ -92,53 +92,97 @@ bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const
   return false;
 }
 
-ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size) const {
+ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
+                                               const std::function<bool(const ShadowRow&)>& visible,
+                                               const std::function<bool(std::int64_t)>& live) const {
   Resident r;
-  std::map<std::int64_t, std::int64_t> rows_of;                        // request -> rows
-  std::map<std::int64_t, std::vector<std::int64_t>> blocks_of;         // request -> its blocks
-  std::vector<std::int64_t> blocks;
+  const auto add = [](std::vector<std::int64_t>& v, std::int64_t request) {
+    if (std::find(v.begin(), v.end(), request) == v.end()) v.push_back(request);
+  };
   // A row copied into a slot (a copy-on-write's copy of a shared prefix
   // row) is held by the request whose block it is in: the requests that
   // wrote rows of their own in that block; without a block size, or in a
   // block of copies only, by its own request unless the original is still
-  // where it was written (then only the pool counts the copy). Without
-  // copies every slot counts for its request.
-  std::unordered_map<std::uint64_t, bool> original;             // write -> still where it was written
-  std::map<std::int64_t, std::vector<std::int64_t>> owners;     // block -> requests that wrote in it
+  // where it was written (then only the pool counts the copy).
+  std::unordered_map<std::uint64_t, bool> original;                     // write -> still where it was written
+  std::map<std::int64_t, std::vector<std::int64_t>> owners;             // block -> requests that wrote in it
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0 || row.copied) continue;
     original[row.write_seq] = true;
-    if (block_size > 0) {
-      auto& o = owners[slot / block_size];
-      if (std::find(o.begin(), o.end(), row.request) == o.end()) o.push_back(row.request);
+    if (block_size > 0) add(owners[slot / block_size], row.request);
+  }
+  // An original row is held by the requests whose row of its position it
+  // is (the writer and its prefix sharers) and that still see it, less
+  // those reading their own copy of it; where none is left, by those of
+  // them that finished (a prefix cache's), else by its writer.
+  std::unordered_map<std::uint64_t, std::vector<std::int64_t>> readers;       // write -> requests it is the row of
+  for (const auto& [key, l] : latest_) readers[l.write_seq].push_back(key.first);
+  std::unordered_map<std::uint64_t, std::vector<std::int64_t>> copy_holders;  // write -> owners of a copy
+  for (const auto& [slot, row] : slots_) {
+    if (row.padding || row.request < 0 || !row.copied || block_size <= 0) continue;
+    const auto o = owners.find(slot / block_size);
+    if (o != owners.end()) {
+      for (const std::int64_t request : o->second) add(copy_holders[row.write_seq], request);
     }
   }
-  const auto hold = [&](std::int64_t request, std::int64_t slot) {
-    ++rows_of[request];
-    if (block_size > 0) blocks_of[request].push_back(slot / block_size);
-  };
+  std::map<std::int64_t, std::int64_t> rows_of;                    // request -> rows
+  std::map<std::int64_t, std::vector<std::int64_t>> seen_in;       // block -> requests holding a row they see
+  std::map<std::int64_t, std::vector<std::int64_t>> kept_in;       // block -> writers of rows none sees
+  std::vector<std::int64_t> holders;
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0) continue;
     ++r.rows;
-    if (block_size > 0) blocks.push_back(slot / block_size);
-    if (!row.copied) {
-      hold(row.request, slot);
-      continue;
-    }
+    holders.clear();
+    bool seen = true;
     const auto o = block_size > 0 ? owners.find(slot / block_size) : owners.end();
-    if (o != owners.end()) {
-      for (const std::int64_t request : o->second) hold(request, slot);
-    } else if (!original.contains(row.write_seq)) {
-      hold(row.request, slot);
+    if (row.copied) {
+      if (o != owners.end()) {
+        holders = o->second;
+      } else if (!original.contains(row.write_seq)) {
+        holders.push_back(row.request);
+      }
+    } else {
+      const auto rd = readers.find(row.write_seq);
+      const auto ch = copy_holders.find(row.write_seq);
+      std::vector<std::int64_t> finished;
+      if (rd != readers.end()) {
+        for (const std::int64_t request : rd->second) {
+          if (ch != copy_holders.end() && std::find(ch->second.begin(), ch->second.end(), request) != ch->second.end())
+            continue;
+          if (!visible || visible(ShadowRow{request, row.position, row.write_seq})) {
+            add(holders, request);
+          } else if (live && !live(request)) {
+            add(finished, request);
+          }
+        }
+      }
+      if (holders.empty()) {
+        holders = finished.empty() ? std::vector<std::int64_t>{row.request} : finished;
+        seen = false;
+      }
+    }
+    for (const std::int64_t request : holders) {
+      ++rows_of[request];
+      if (block_size > 0) add((seen ? seen_in : kept_in)[slot / block_size], request);
     }
   }
-  const auto distinct = [](std::vector<std::int64_t>& v) {
-    std::sort(v.begin(), v.end());
-    return static_cast<std::int64_t>(std::unique(v.begin(), v.end()) - v.begin());
-  };
-  r.blocks = distinct(blocks);
+  std::map<std::int64_t, std::int64_t> blocks_of;  // request -> blocks it holds
+  std::vector<std::int64_t> blocks;
+  if (block_size > 0) {
+    for (const auto& [slot, row] : slots_) {
+      if (!row.padding && row.request >= 0) blocks.push_back(slot / block_size);
+    }
+  }
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  r.blocks = static_cast<std::int64_t>(blocks.size());
+  for (const std::int64_t block : blocks) {
+    const auto s = seen_in.find(block);
+    const auto& by = s != seen_in.end() ? s->second : kept_in[block];
+    for (const std::int64_t request : by) ++blocks_of[request];
+  }
   for (const auto& [request, n] : rows_of) r.request_rows = std::max(r.request_rows, n);
-  for (auto& [request, v] : blocks_of) r.request_blocks = std::max(r.request_blocks, distinct(v));
+  for (const auto& [request, n] : blocks_of) r.request_blocks = std::max(r.request_blocks, n);
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <unordered_map>
@@ -131,7 +132,19 @@ class ShadowMap {
     std::int64_t request_rows = 0;   ///< the most rows one request holds
     std::int64_t request_blocks = 0;  ///< the most blocks one request holds
   };
-  Resident resident_counts(std::int64_t block_size) const;
+  /// Per request, a row is held by every request whose row of that position
+  /// it is (the writer, and the requests sharing it as a prefix) and that
+  /// can still see it (`visible`, asked with that request and position; none
+  /// given: every one can), a sharer that reads its own copy of it (a
+  /// copy-on-write) left out. A row none of them sees is held by those of
+  /// them that are no longer `live` (finished: a prefix cache keeps their
+  /// rows for a later begin; none given: every request is live), else by
+  /// the request that wrote it (a cache keeping a row past every window
+  /// keeps it for its writer). A block is held by the requests holding a
+  /// row of it they see, or, where none does, by those its unseen rows are
+  /// held by.
+  Resident resident_counts(std::int64_t block_size, const std::function<bool(const ShadowRow&)>& visible = {},
+                           const std::function<bool(std::int64_t)>& live = {}) const;
 
   /// What `slot` holds now.
   ShadowRow at(std::int64_t slot) const;

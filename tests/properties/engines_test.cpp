@@ -1021,6 +1021,32 @@ TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under
   CHECK(cow.resident_counts(4).blocks == 2);
   CHECK(cow.resident_counts(4).request_blocks == 1);
 
+  // Resident per request: request 0 wrote positions 0..9 (blocks of 4 at
+  // slots 0..9), request 1 began from its first 4 (block 0, shared); request
+  // 0's window (3 keys, next query at 10) left blocks 0 and 1 and the cache
+  // freed block 1, but block 0 stays for request 1 (next query at 4, sees 2..).
+  // Block 0 is request 1's, not its writer's: each request holds one block.
+  ShadowMap left;
+  write_rows(left, 10, 3);
+  left.begin_prefix(1, 0, 4, none);
+  const std::vector<std::int64_t> block1{4, 5, 6, 7};
+  left.release(block1, none, [](const ShadowRow&) { return false; });
+  const auto sees = [](std::int64_t sharer_from) {
+    return [sharer_from](const ShadowRow& r) { return r.position >= (r.request == 0 ? 8 : sharer_from); };
+  };
+  const auto live_both = [](std::int64_t) { return true; };
+  const auto live_writer = [](std::int64_t request) { return request == 0; };
+  CHECK(left.resident_counts(4).request_blocks == 2);  // no visibility given: every request sees every row
+  CHECK(left.resident_counts(4, sees(2), live_both).blocks == 2);
+  CHECK(left.resident_counts(4, sees(2), live_both).request_blocks == 1);
+  // Rows 0 and 1 none sees: held by their writer (rows), block 0 by its sharer.
+  CHECK(left.resident_counts(4, sees(2), live_both).request_rows == 4);
+  // Request 1 finished: a prefix cache keeps block 0 for it, still one each.
+  CHECK(left.resident_counts(4, sees(100), live_writer).request_blocks == 1);
+  // Request 1 live but past block 0: none holds it, so its writer does (a
+  // cache keeping a block past every window keeps it for the request that wrote it).
+  CHECK(left.resident_counts(4, sees(100), live_both).request_blocks == 2);
+
   // Evicted before the begin: position 0 is in no slot, so the sharer's
   // read of it is missing; a row stored again at the begin is its own.
   ShadowMap evicted;
