@@ -315,6 +315,9 @@ class SharingPagedCache(PagedCache):
             raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks has none free")
         block = layer.alloc()
         layer.refs[block] = 1
+        # A block freed and taken again within the step (a load_then_store
+        # chunk sliding past it) is held at the step's end: not a net free.
+        self.freed_now = [s for s in self.freed_now if s // self.B != block]
         return block
 
     def write_slot(self, layer, st, b, p):
@@ -366,17 +369,6 @@ class SharingPagedCache(PagedCache):
         answer = super().write_step(step)
         if self.moved_now:
             answer["moved"] = self.moved_now
-        if "freed" in answer:
-            # Net frees: a block freed and taken again within the step (a
-            # load_then_store chunk sliding past it) is held at its end, and
-            # its rows may still be a later prefix's.
-            lay = self.layers[step.layer]
-            held = {b for st in lay.states if st.table for b in st.table.values()}
-            held.update(b for t in lay.cached.values() for b in t.values())
-            freed = [s for s in answer["freed"] if s // self.B not in held]
-            answer["freed"] = list(dict.fromkeys(freed))
-            if not freed:
-                del answer["freed"]
         return answer
 
     # -- steps -------------------------------------------------------------------
@@ -429,7 +421,7 @@ class SharingPagedCache(PagedCache):
                 lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
                 written[p] = block * B + p % B
         st.length = n
-        return {"written": written} if self.slots else None
+        return {"written": written, **(self.events() or {})} if self.slots else self.events()
 
 
 

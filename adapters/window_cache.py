@@ -334,6 +334,7 @@ class WindowCache(kp.Cache):
 
     # -- steps ---------------------------------------------------------------
     def begin(self, layer, state, request):
+        self.freed_now = []  # a begin may free too (a prefix cache's eviction)
         lay = self._layer(layer)
         st = self._state(lay, state)
         if st.busy:
