@@ -44,7 +44,9 @@ frees what neither its queries nor a rewind need before it stores. Without
 measured that way).
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
-default cache passes every case kvcheck generates.
+default cache passes every case kvcheck generates. `--store-first`,
+`--bug double-free` and `--bug no-window-free` are the plain paged cache's:
+with the prefix cache (`--prefix-cache` or a prefix bug) they are refused.
 """
 
 import collections
@@ -478,6 +480,13 @@ class PagedAdapter(window_cache.WindowAdapter):
         self.store_first = args.store_first
         if self.trims and self.prefix_cache:
             raise SystemExit("paged-cache: --trims does not go with the prefix cache")
+        # The prefix cache frees and stores its own way: these switches of
+        # the plain paged cache would silently do nothing there.
+        if self.prefix_cache:
+            unsupported = [f"--bug {b}" for b in ("double-free", "no-window-free") if b in args.bug]
+            unsupported += ["--store-first"] if self.store_first else []
+            if unsupported:
+                raise SystemExit(f"paged-cache: {', '.join(unsupported)} does not go with the prefix cache")
 
     def display_name(self):
         return f"{super().display_name()}/B={self.block_size}"

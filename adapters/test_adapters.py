@@ -554,6 +554,13 @@ class ProtocolTest(AdapterTest):
             bad = subprocess.run([sys.executable, script, "--bug", "no-such-bug"], capture_output=True,
                                  text=True, input="")
             self.assertNotEqual(bad.returncode, 0)
+        # Switches of the plain paged cache that the prefix cache does not
+        # have are refused with it, not silently ignored.
+        for args in (["--prefix-cache", "--bug", "double-free"], ["--bug", "free-shared", "--bug", "no-window-free"],
+                     ["--prefix-cache", "--store-first"]):
+            bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
+            self.assertNotEqual(bad.returncode, 0, args)
+            self.assertIn("does not go with the prefix cache", bad.stderr)
 
     def test_open_refuses_fp8_and_checks_version(self):
         adapter = self.start(RING)
