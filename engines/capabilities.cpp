@@ -126,6 +126,7 @@ double Capabilities::probability_epsilon() const noexcept {
 }
 
 std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept {
+  if (spec.pool_blocks > 0) return spec.pool_blocks;
   if (block_size < 1) return 0;
   const std::int64_t rows =
       std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, 1});
@@ -138,7 +139,7 @@ std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noe
   if (b.limit > 0) return b.limit;
   const std::int64_t states = std::max<std::int64_t>(spec.cache.states, 1);
   if (b.unit == ResidentBound::Unit::kRows) return b.per_request ? spec.cache.ring_rows : states * spec.cache.ring_rows;
-  const std::int64_t pool = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, caps.block_size);
+  const std::int64_t pool = paged_pool_blocks(spec, caps.block_size);
   return b.per_request ? pool / states : pool;
 }
 

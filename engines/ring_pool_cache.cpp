@@ -218,7 +218,7 @@ class RingPoolProvider final : public CacheProvider {
   /// state, the spec's pool of blocks (paged_pool_blocks when it gives none).
   impl::Status create_paged(std::unique_ptr<impl::KvBackend> backend, const CacheSpec& spec,
                             impl::PoolSpec* pool_spec, std::unique_ptr<impl::RingPool>* out) const {
-    const std::int64_t blocks = spec.pool_blocks > 0 ? spec.pool_blocks : paged_pool_blocks(spec, block_rows_);
+    const std::int64_t blocks = paged_pool_blocks(spec, block_rows_);
     const std::int64_t entries = (spec.cache.ring_rows + block_rows_ - 1) / block_rows_;
     std::unique_ptr<impl::BlockTable> table;
     if (const impl::Status st = impl::BlockTable::create(spec.cache.states, block_rows_, entries, blocks, &table);

@@ -6,8 +6,10 @@
 #include <limits>
 #include <map>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <new>
+#include <optional>
 #include <set>
 #include <span>
 #include <utility>
@@ -403,7 +405,7 @@ class StepDriver {
       if (r.prefix) {
         // It begins at the prefix's length: positions 0 .. n-1 are shared.
         req.prefix = r.prefix;
-        req.progress.length = r.prefix->positions;
+        req.progress = scenarios::start_progress(r);
         prefix_sources_.insert(r.prefix->request);
       }
     }
@@ -419,10 +421,7 @@ class StepDriver {
   static std::vector<std::int64_t> trim_floors(const Scenario& sc) {
     constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
     std::vector<std::int64_t> after(sc.steps.size(), kNone);
-    std::map<std::int64_t, scenarios::RequestProgress> progress;
-    for (const auto& r : sc.requests) {
-      if (r.prefix) progress[r.id].length = r.prefix->positions;
-    }
+    std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
     for (std::size_t i = 0; i < sc.steps.size(); ++i) {
       scenarios::advance(progress[sc.steps[i].request], sc.steps[i]);
       if (sc.steps[i].kind == StepKind::kTrim) after[i] = progress[sc.steps[i].request].length;
@@ -652,12 +651,17 @@ class StepDriver {
     obs->padded_slots = static_cast<std::int64_t>(answer_.padded.size());
     obs->moved_rows = static_cast<std::int64_t>(answer_.moved.size());
     obs->freed_slots = static_cast<std::int64_t>(answer_.freed.size());
+    // Built once for the step's frees and its per-request counts.
+    std::optional<Visibility> visibility;
+    const auto visible = [&]() -> const Visibility& {
+      if (!visibility) visibility = visibility_after(step_index, layer);
+      return *visibility;
+    };
     if (!answer_.freed.empty()) {
       const std::span<const std::int64_t> keep =
           answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
       std::vector<std::int64_t> lost_slots;
-      const std::vector<ShadowRow> lost =
-          shadow.release(answer_.freed, keep, visibility_after(step_index, layer), &lost_slots);
+      const std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visible(), &lost_slots);
       obs->freed_visible = static_cast<std::int64_t>(lost.size());
       if (!lost.empty()) {
         obs->freed_detail = "slot " + std::to_string(lost_slots.front()) + " holding request " +
@@ -671,11 +675,9 @@ class StepDriver {
     // keeps it): the visibility after this step decides.
     const ShadowMap::Resident r =
         caps_.resident_bound.declared() && caps_.resident_bound.per_request
-            ? shadow.resident_counts(caps_.block_size, visibility_after(step_index, layer),
-                                     [live = live_after(step_index)](std::int64_t request) {
-                                       return std::find(live.begin(), live.end(), request) != live.end();
-                                     })
-            : shadow.resident_counts(caps_.block_size);
+            ? shadow.resident_counts(caps_.block_size, std::cref(visible()),
+                                     [&v = visible()](std::int64_t request) { return v.live(request); })
+            : shadow.resident_totals(caps_.block_size);
     obs->resident_rows = r.rows;
     obs->resident_blocks = caps_.block_size > 0 ? r.blocks : -1;
     const engines::ResidentBound& bound = caps_.resident_bound;
@@ -687,31 +689,35 @@ class StepDriver {
                              : (bound.per_request ? r.request_rows : r.rows);
   }
 
-  /// The requests still live once step `step_index` is done (begun, not finished).
-  std::vector<std::int64_t> live_after(std::size_t step_index) const {
-    const scenarios::Step& step = sc_.steps[step_index];
-    std::vector<std::int64_t> live;
-    for (const auto& [id, r] : requests_) {
-      if (r.finished || (!r.begun && id != step.request)) continue;
-      if (id != step.request || step.kind != StepKind::kFinish) live.push_back(id);
+  /// Which rows are still visible once a step is done: per live request
+  /// (begun, not finished), the positions [first - keys + 1, end) of its range.
+  struct Visibility {
+    std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> range;  // request -> [next, written)
+    std::int64_t keys = 1;
+    bool operator()(const ShadowRow& row) const {
+      const auto it = range.find(row.request);
+      return it != range.end() && row.position >= it->second.first - keys + 1 && row.position < it->second.second;
     }
-    return live;
-  }
+    /// Whether `request` is still live once the step is done.
+    bool live(std::int64_t request) const { return range.contains(request); }
+  };
 
   /// Whether a row is still visible once step `step_index` is done: a row
   /// of a live request that a query still to run may read (from the first
   /// position the next query sees, or a later trim takes it back to, back a
   /// window of `layer`, up to the written length).
-  auto visibility_after(std::size_t step_index, std::int32_t layer) const {
+  Visibility visibility_after(std::size_t step_index, std::int32_t layer) const {
     const scenarios::Step& step = sc_.steps[step_index];
-    std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> range;  // request -> [next, written)
+    Visibility v;
+    v.keys = layer_keys_[static_cast<std::size_t>(layer)];
+    auto& range = v.range;
     std::map<std::int64_t, scenarios::RequestProgress> ahead;             // request -> its progress
     for (const auto& [id, r] : requests_) {
       if (r.finished || (!r.begun && id != step.request)) continue;
       if (id == step.request && step.kind == StepKind::kFinish) continue;
       scenarios::RequestProgress p = r.progress;
       if (id == step.request) scenarios::advance(p, step);
-      range[id] = {p.pending() ? p.pending_first + 1 : p.length, p.speculative_length()};
+      range[id] = {p.next_query_first(), p.speculative_length()};
       ahead[id] = p;
     }
     // A later trim takes a request back: its rows from there are read again
@@ -728,10 +734,7 @@ class StepDriver {
       auto& first = range[later.request].first;
       if (later.kind == StepKind::kTrim) first = std::min(first, it->second.length);
     }
-    return [range = std::move(range), keys = layer_keys_[static_cast<std::size_t>(layer)]](const ShadowRow& row) {
-      const auto it = range.find(row.request);
-      return it != range.end() && row.position >= it->second.first - keys + 1 && row.position < it->second.second;
-    };
+    return v;
   }
 
   /// Slots: everything from what the cache reported, via the shadow map
@@ -891,7 +894,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   const engines::Capabilities& caps = provider.capabilities();
   run.block_size = caps.block_size;
   if (caps.block_size > 0)
-    run.pool_blocks = spec.pool_blocks > 0 ? spec.pool_blocks : engines::paged_pool_blocks(spec, caps.block_size);
+    run.pool_blocks = engines::paged_pool_blocks(spec, caps.block_size);
   run.observed = caps.reports_written_slots && caps.reports_read_slots
                      ? "slots+outputs"
                      : (caps.reports_written_slots ? "written-slots+outputs" : "outputs");

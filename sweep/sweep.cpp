@@ -287,8 +287,12 @@ std::int64_t paged_ring_bound(const SweepConfig& config, std::int64_t block_size
 }
 
 std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept {
-  const std::int64_t rows = config.window_keys - 1 + std::max(config.drafts + 1, config.chunk_rows);
-  return (rows + block_size - 1) / block_size + 1;
+  engines::CacheSpec spec;
+  spec.cache.states = 1;
+  spec.cache.ring_rows = spec_bound(config);
+  spec.window_keys = config.window_keys;
+  spec.max_step_rows = std::max(config.drafts + 1, config.chunk_rows);
+  return engines::paged_pool_blocks(spec, block_size);
 }
 
 scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::int64_t block_size,
