@@ -34,6 +34,9 @@ LayerMinima layer_minima(const scenarios::Scenario& scenario, const properties::
   }
   LayerMinima m;
   m.scenario = scenario.name;
+  // A global layer holds every position written (a request begun from a
+  // shared prefix starts at the prefix's length).
+  const std::int64_t end = scenarios::schedule_end(scenario.steps, scenario.requests);
   for (std::int32_t l = 0; l < c.layers; ++l) {
     if (c.layer_windows[static_cast<std::size_t>(l)].window) {
       m.sliding_layers.push_back(l);
@@ -41,7 +44,7 @@ LayerMinima layer_minima(const scenarios::Scenario& scenario, const properties::
           std::max(m.sliding_formula, sliding_bound(scenarios::layer_window_keys(c, l), scenario.steps));
     } else {
       m.global_layers.push_back(l);
-      m.global_formula = scenarios::schedule_end(scenario.steps);
+      m.global_formula = end;
     }
   }
   m.searched_to = 2 * std::max(m.sliding_formula, m.global_formula) + 2;
