@@ -50,6 +50,7 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
     const std::unique_ptr<engines::CacheProvider> second =
         options.against.empty() ? nullptr : properties::make_provider(properties::second_run(options));
     reports::CheckSummary check;
+    check.cases_drawn = false;
     reports::SideBySide b;
     b.property = properties::side_by_side_property(options);
     b.first = options.backend;

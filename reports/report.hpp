@@ -90,6 +90,11 @@ struct CheckSummary {
   double min_run_share = 0;
   /// Set for a check of two caches side by side.
   std::optional<SideBySide> side_by_side = std::nullopt;
+  /// False for replayed files compared side by side: their cases were not
+  /// drawn, so a failure has no case seed to show.
+  bool cases_drawn = true;
+  /// Whether the failing case's seed is shown: a case failed and was drawn.
+  bool shows_failing_case_seed() const noexcept { return failures != 0 && cases_drawn; }
   /// Cases that ran: neither refused nor skipped.
   std::int64_t ran() const noexcept { return cases - refused - skipped; }
   /// True when at least min_run_share of the cases ran.

@@ -606,7 +606,7 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
     if (!c.counterexample_file.empty()) {
       out += "<p>counterexample: <code>" + xml_escape(c.counterexample_file) + "</code></p>\n";
     }
-    if (c.failures != 0 && !c.counterexample_file.empty())
+    if (c.shows_failing_case_seed())
       out += "<p>failing case seed: <code>" + std::to_string(c.failing_case_seed) + "</code></p>\n";
     if (c.depends_on_earlier) {
       out += "<p class=\"failed\">" +

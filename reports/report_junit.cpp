@@ -172,7 +172,7 @@ std::string report_junit(const Report& report) {
         }
       }
       if (!c.counterexample_file.empty()) body += "counterexample: " + c.counterexample_file + "\n";
-      if (c.failures != 0 && !c.counterexample_file.empty()) body += "failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+      if (c.shows_failing_case_seed()) body += "failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
       if (c.depends_on_earlier) {
         body += earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed) + "\n";
         if (!c.depends_on_earlier->reproduced)

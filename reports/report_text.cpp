@@ -178,7 +178,7 @@ std::string report_text(const Report& report) {
     }
     if (!c.counterexample_file.empty()) out += "  counterexample: " + c.counterexample_file + "\n";
     // A check's failing case (a side-by-side replay has failures and no case seed).
-    if (c.failures != 0 && !c.counterexample_file.empty()) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
+    if (c.shows_failing_case_seed()) out += "  failing case seed: " + std::to_string(c.failing_case_seed) + "\n";
     if (c.depends_on_earlier) {
       out += "  " + earlier_cases_text(*c.depends_on_earlier, c.failing_case_seed) + "\n";
       if (!c.depends_on_earlier->reproduced)

@@ -74,6 +74,13 @@ TEST_CASE("api::check on a borrowed provider finds, shrinks and writes the count
   REQUIRE(r.counterexample_file == file);
   CHECK(scenarios::load_scenario_file(file) == r.counterexample);
   CHECK(api::summary(r).find("check: FAIL") != std::string::npos);
+  // Without a file to write, the summary still names the failing case's seed.
+  api::CheckOptions no_file = options;
+  no_file.counterexample_path.clear();
+  const api::CheckResult unwritten = api::check(*buggy, no_file);
+  REQUIRE(unwritten.found_failure);
+  CHECK(api::summary(unwritten).find("failing case seed: " + std::to_string(unwritten.failing_case_seed)) !=
+        std::string::npos);
 
   const auto again = api::replay(*buggy, {file});
   REQUIRE(again.size() == 1);
