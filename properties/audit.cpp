@@ -212,10 +212,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
   }
   // Each writing record writes at its request's logical length.
   {
-    std::map<std::int64_t, scenarios::RequestProgress> progress;
-    for (const auto& r : sc.requests) {
-      if (r.prefix) progress[r.id].length = r.prefix->positions;  // a shared prefix's length
-    }
+    std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
     std::size_t next = 0;
     for (std::size_t i = 0; i < sc.steps.size(); ++i) {
       auto& p = progress[sc.steps[i].request];

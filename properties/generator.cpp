@@ -899,12 +899,9 @@ void classify_prefixes(const Scenario& sc, const engines::Capabilities& caps, Co
 Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   Coverage cov;
   const std::int64_t keys = window_keys(sc.cache);
-  std::map<std::int64_t, scenarios::RequestProgress> progress;
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
   std::map<std::int64_t, std::int64_t> state_of;
-  for (const auto& r : sc.requests) {
-    state_of[r.id] = r.state;
-    if (r.prefix) progress[r.id].length = r.prefix->positions;
-  }
+  for (const auto& r : sc.requests) state_of[r.id] = r.state;
   std::map<std::int64_t, bool> state_used, started, trimmed;
   bool wrote = false;
   for (const auto& s : sc.steps) {
@@ -961,8 +958,9 @@ BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::
   if (block_size <= 0) return counts;
   const std::int64_t keys = window_keys(sc.cache);
   // Frees from the schedule: per request, the blocks [low, high) it holds,
-  // by position (low: the first the window has not freed).
-  std::map<std::int64_t, scenarios::RequestProgress> progress;
+  // by position (low: the first the window has not freed). A request from a
+  // shared prefix starts at its length.
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
   std::map<std::int64_t, std::int64_t> low, high;
   for (const Step& s : sc.steps) {
     scenarios::RequestProgress& p = progress[s.request];

@@ -88,10 +88,8 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   const double stride = std::fmod(slot, 4096) == 0 ? slot + 64 : slot;
 
   double written = 0, visible = 0, max_step = 1;
-  std::map<std::int64_t, scenarios::RequestProgress> progress;
-  for (const auto& r : sc.requests) {
-    if (r.prefix) progress[r.id].length = r.prefix->positions;  // a shared prefix's rows are not written
-  }
+  // A shared prefix's rows are not written: its requests start at its length.
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
   for (const auto& s : sc.steps) {
     scenarios::RequestProgress& p = progress[s.request];
     const double n = static_cast<double>(scenarios::step_rows(s));
@@ -263,10 +261,7 @@ struct StepReads {
 StepReads step_reads(const scenarios::Scenario& sc) {
   const double keys = widest_keys(sc.cache);
   StepReads r;
-  std::map<std::int64_t, scenarios::RequestProgress> progress;
-  for (const auto& q : sc.requests) {
-    if (q.prefix) progress[q.id].length = q.prefix->positions;
-  }
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
   for (std::size_t i = 0; i < sc.steps.size(); ++i) {
     const auto& s = sc.steps[i];
     scenarios::RequestProgress& p = progress[s.request];

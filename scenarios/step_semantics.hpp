@@ -103,16 +103,30 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
   return StepRefusal::kNone;
 }
 
+/// A request's progress before its first step: a request that starts from a
+/// shared prefix (Request::prefix) of n positions starts at length n
+/// (positions 0 .. n-1 are shared, not written), any other at 0.
+inline RequestProgress start_progress(const Request& request) {
+  RequestProgress p;
+  if (request.prefix) p.length = request.prefix->positions;
+  return p;
+}
+
+/// Every request's progress before the schedule (start_progress), by id:
+/// where walks over a scenario's steps begin.
+inline std::map<std::int64_t, RequestProgress> start_progress(const std::vector<Request>& requests) {
+  std::map<std::int64_t, RequestProgress> progress;
+  for (const Request& r : requests) progress[r.id] = start_progress(r);
+  return progress;
+}
+
 /// One past the last position any step of `steps` writes, over all requests
 /// (1 for a schedule that writes nothing): what a cache without a sliding
 /// window must hold. Steps are assumed valid (refusals are skipped).
 /// A request that starts from a shared prefix (Request::prefix) starts at
 /// length n: pass the scenario's requests.
 inline std::int64_t schedule_end(const std::vector<Step>& steps, const std::vector<Request>& requests = {}) {
-  std::map<std::int64_t, RequestProgress> progress;
-  for (const Request& r : requests) {
-    if (r.prefix) progress[r.id].length = r.prefix->positions;
-  }
+  std::map<std::int64_t, RequestProgress> progress = start_progress(requests);
   std::int64_t end = 1;
   for (const Step& s : steps) {
     RequestProgress& p = progress[s.request];
