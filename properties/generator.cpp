@@ -975,7 +975,7 @@ BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::
       continue;
     }
     // Rows below the first position the request's next query sees.
-    const std::int64_t next = p.pending() ? p.pending_first + 1 : p.length;
+    const std::int64_t next = p.next_query_first();
     const std::int64_t gone = std::min(std::max<std::int64_t>(next - keys + 1, 0) / block_size, hi);
     if (gone > lo) {
       counts.window_frees += gone - lo;

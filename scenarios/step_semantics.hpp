@@ -32,6 +32,9 @@ struct RequestProgress {
   std::int64_t speculative_length() const noexcept {
     return pending() ? pending_first + 1 + pending_drafts : length;
   }
+  /// Where the request's next query stands: the committed length, or with a
+  /// verify pending one past its verified token (pending_first + 1).
+  std::int64_t next_query_first() const noexcept { return pending() ? pending_first + 1 : length; }
   bool operator==(const RequestProgress&) const = default;
 };
 
