@@ -110,7 +110,6 @@ class PagedCache(window_cache.WindowCache):
         # reset, and new blocks are taken past the pool instead of refusing
         # (the request's memory grows with its length, past its bound).
         self.no_window_free = "no-window-free" in bugs
-        self.report_frees = True
         # --trims: a trim takes a request back over rows its window already
         # passed, so the cache also keeps the last `keep_rows` (the capacity)
         # positions written, top - capacity .. top - 1 (top: one past the
@@ -121,7 +120,6 @@ class PagedCache(window_cache.WindowCache):
         # load_then_store step too): the engine holds keys - 1 + C rows of a
         # request at once, the pool kvcheck sizes (pool_blocks).
         self.store_first = False
-        self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
 
     def new_layer(self):
         layer = PagedLayer(self.spec.states, self.pool_blocks)
@@ -218,16 +216,16 @@ class PagedCache(window_cache.WindowCache):
         table = st.table
         avail = layer.available()
         allocated = 0
+        stl_limit = self._stl_limit(layer, b, first, n)
         for j_block in range(first // B, (first + n - 1) // B + 1):
             if j_block in table:
                 continue
-            freeable = 0
             if load_then_store and not self.store_first:
                 # Blocks freed before the first new row of this block is stored.
                 j = max(first, j_block * B) - first
                 limit = min(self._lts_limit(layer, first, j), self._keep_limit(layer, b, first + j))
             else:
-                limit = self._stl_limit(layer, b, first, n)
+                limit = stl_limit
             freeable = sum(1 for i in table if (i + 1) * B <= limit)
             allocated += 1
             if allocated > avail + freeable and not self.no_window_free:
@@ -235,7 +233,7 @@ class PagedCache(window_cache.WindowCache):
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
         if not load_then_store and not self.no_window_free:
-            self._free_below(layer, st, self._stl_limit(layer, b, first, n))
+            self._free_below(layer, st, stl_limit)
 
 
 # Bugs of the prefix cache (each switches --prefix-cache on).
@@ -449,6 +447,8 @@ class PagedAdapter(window_cache.WindowAdapter):
         **PREFIX_BUGS,
     }
 
+    prefix_cache = False  # --prefix-cache (configure sets it)
+
     def __init__(self):
         super().__init__()
         self.block_size = 4
@@ -499,7 +499,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         # over states (resident_bound without a limit).
         caps["reports"]["frees"] = True
         caps["resident_bound"] = {"unit": "blocks", "per": "request"}
-        if getattr(self, "prefix_cache", False):
+        if self.prefix_cache:
             caps["prefix_sharing"] = True  # a begin may name a prefix (--prefix-cache)
         return caps
 
@@ -509,7 +509,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         total = pool_blocks(spec, self.block_size) * self.block_size
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
-        if getattr(self, "prefix_cache", False):
+        if self.prefix_cache:
             return SharingPagedCache(spec, self.active_bugs, self.block_size, self.prefix_cache_size)
         cache = PagedCache(spec, self.active_bugs, self.block_size)
         cache.store_first = self.store_first

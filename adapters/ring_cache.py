@@ -60,9 +60,6 @@ class RingCache(window_cache.WindowCache):
         # drafts pending, and the state's next request inherits them.
         self.keep_drafts = "keep-drafts-on-finish" in bugs
         self.kept = {}  # (layer, state) -> (pending_first, pending_drafts)
-        # trim-keeps-drafts: a trim rewinds the length but leaves a pending
-        # verify pending (its drafts "accepted" later over the trimmed rows).
-        self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
         # padding-through-ring: a padded prefill's padding rows are written
         # at the ring slots of the positions after the chunk (where a wrapped
         # ring still holds live rows), not to scratch slots. Pads to 8 rows

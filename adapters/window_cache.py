@@ -189,9 +189,9 @@ class WindowCache(kp.Cache):
     a layer of its own window: that window's keys, plus what a bug adds to
     read_keys; a global layer reads every position).
 
-    Bug switch shared by both caches: layer-window-swapped (every layer
+    Bug switches shared by both caches: layer-window-swapped (every layer
     reads with layer 0's window, as an engine that indexes its per-layer
-    window table with the wrong layer)."""
+    window table with the wrong layer) and trim-keeps-drafts."""
 
     def __init__(self, spec, bugs):
         # What a well-formed spec may still ask that these caches do not do.
@@ -206,12 +206,13 @@ class WindowCache(kp.Cache):
         self.rope = make_rope(spec.rope_style, spec.rotary_dims, spec.rope_base)
         self.round = ROUNDERS[spec.format]  # stored rows go through this
         self.read_keys = spec.keys
-        self.trim_keeps_drafts = False  # a ring_cache.py bug switch
+        # trim-keeps-drafts (both caches): a trim rewinds the length but leaves
+        # a pending verify pending (its drafts "accepted" later over the trimmed rows).
+        self.trim_keeps_drafts = "trim-keeps-drafts" in bugs
         # --pad-prefill N: every prefill is padded to a multiple of N rows,
         # the padding written (zeros) at pad_slot and answered as "padded".
         self.pad_to = 0
-        self.report_frees = False  # answer "freed": the slots each step released (paged_cache.py)
-        self.freed_now = []        # slots released by the step under way
+        self.freed_now = []  # slots released by the step under way (answered as "freed"; paged_cache.py)
         self.outputs = True  # False for --no-outputs: no attention computed, none answered
         self.slots = True    # False for --no-slots: no written or read slots answered
         self.layers = [self.new_layer() for _ in range(spec.layers)]
@@ -255,7 +256,7 @@ class WindowCache(kp.Cache):
 
     def events(self):
         """The slot events of a step without rows (None when there are none)."""
-        if self.report_frees and self.freed_now:
+        if self.freed_now:
             return {"freed": list(self.freed_now)}
         return None
 
@@ -470,7 +471,7 @@ class WindowCache(kp.Cache):
             answer["stored"]["v"] = [s[1] for s in stored]
         if padded:
             answer["padded"] = padded
-        if self.report_frees and self.freed_now:
+        if self.freed_now:
             answer["freed"] = list(self.freed_now)
         return answer
 
