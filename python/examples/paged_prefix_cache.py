@@ -56,8 +56,7 @@ class PagedPrefixCache(kvcheck.Engine):
             freed.extend(range(block * self.B, (block + 1) * self.B))
 
     def first_seen(self, layer, position):
-        keys = self.spec.window_of(layer)  # None: a global layer sees every position
-        return 0 if keys is None else max(0, position - keys + 1)
+        return kvcheck.window(self.spec, position, layer).start  # a global layer: 0
 
     def slide(self, layer, req, freed, pending=False):
         # Release the blocks no query still to run can see: the next one is at

@@ -30,7 +30,7 @@ import sys
 
 from . import protocol
 
-__all__ = ["Engine", "answer", "ring_slot", "block_slot", "window", "stored_rows", "EngineAdapter"]
+__all__ = ["Engine", "answer", "slot_events", "ring_slot", "block_slot", "window", "stored_rows", "EngineAdapter"]
 
 _ORDERS = {"store_then_load": "prefill_store_then_load", "load_then_store": "prefill_load_then_store"}
 
@@ -42,7 +42,8 @@ class Engine:
 
     * `begin(layer, state, request)`, `accept(layer, state, request,
       accepted)`, `finish(layer, state, request)`, `reset(layer, state,
-      request)`, `trim(layer, state, request, positions)`: return nothing;
+      request)`, `trim(layer, state, request, positions)`: return nothing,
+      or the step's slot events built with `slot_events(...)` (a free);
     * `prefill(step)`, `decode(step)`, `verify(step)` (a WriteStep): return
       the answer, built with `answer(...)`."""
 

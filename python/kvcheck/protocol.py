@@ -269,6 +269,22 @@ def get_rows(obj, key, path, n, width):
 # ---------------------------------------------------------------------------
 # The cache configuration of one case
 
+def _window(w, wp):
+    """A window object at path `wp`: (param, convention, keys), keys checked
+    against param in its convention."""
+    check_keys(w, wp, ("param", "convention", "keys"))
+    param = get_int(w, "param", wp, 0)
+    convention = get_str(w, "convention", wp)
+    keys = get_int(w, "keys", wp, 1)
+    if convention not in CONVENTIONS:
+        raise BadRequest(f"{wp}.convention: one of {CONVENTIONS}, got {json.dumps(convention)}")
+    expected = param if convention == "keys" else param + 1
+    if keys != expected:
+        raise BadRequest(f"{wp}.keys: {keys} disagrees with param {param} "
+                         f"in convention {convention} (expected {expected})")
+    return param, convention, keys
+
+
 class Spec:
     """The `spec` of an `open`, validated (BadRequest otherwise), plus the
     widths derived from it. Fields: states, capacity, block_size and
@@ -313,22 +329,10 @@ class Spec:
         self.layers = get_int(obj, "layers", p, 1)
         self.max_step_rows = get_int(obj, "max_step_rows", p, 1)
 
-        w = get_object(obj, "window", p)
-        wp = p + ".window"
-        check_keys(w, wp, ("param", "convention", "keys"))
-        self.window_param = get_int(w, "param", wp, 0)
-        self.convention = get_str(w, "convention", wp)
-        self.keys = get_int(w, "keys", wp, 1)
-        if self.convention not in CONVENTIONS:
-            raise BadRequest(f"{wp}.convention: one of {CONVENTIONS}, got {json.dumps(self.convention)}")
-        expected = self.window_param if self.convention == "keys" else self.window_param + 1
-        if self.keys != expected:
-            raise BadRequest(f"{wp}.keys: {self.keys} disagrees with param {self.window_param} "
-                             f"in convention {self.convention} (expected {expected})")
+        self.window_param, self.convention, self.keys = _window(get_object(obj, "window", p), p + ".window")
 
         self.layer_keys = [self.keys] * self.layers
-        self.per_layer = "layer_windows" in obj
-        if self.per_layer:
+        if "layer_windows" in obj:
             lp = p + ".layer_windows"
             entries = obj["layer_windows"]
             if not isinstance(entries, list) or len(entries) != self.layers:
@@ -343,14 +347,7 @@ class Spec:
                         raise BadRequest(f"{ep}: a global layer has param, convention and keys null")
                     self.layer_keys[i] = None
                     continue
-                param = get_int(e, "param", ep, 0)
-                conv = get_str(e, "convention", ep)
-                keys = get_int(e, "keys", ep, 1)
-                if conv not in CONVENTIONS:
-                    raise BadRequest(f"{ep}.convention: one of {CONVENTIONS}, got {json.dumps(conv)}")
-                if keys != (param if conv == "keys" else param + 1):
-                    raise BadRequest(f"{ep}.keys: {keys} disagrees with param {param} in convention {conv}")
-                self.layer_keys[i] = keys
+                self.layer_keys[i] = _window(e, ep)[2]
 
         r = get_object(obj, "rope", p)
         rp = p + ".rope"
