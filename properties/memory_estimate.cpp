@@ -79,6 +79,7 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   const double read_keys = widest_keys(c);
   std::int64_t most_rows = 1;
   for (const auto& s : sc.steps) most_rows = std::max(most_rows, scenarios::step_rows(s));
+  const double max_step = static_cast<double>(most_rows);  // the longest step's rows
   const double keys =
       c.layer_windows.empty() ? read_keys : std::min(read_keys, static_cast<double>(c.ring_rows + most_rows));
   const double kv_width = static_cast<double>(c.kv_heads) * c.head_dim;
@@ -87,7 +88,7 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
   const double slot = c.shared_row ? row : 2 * row;
   const double stride = std::fmod(slot, 4096) == 0 ? slot + 64 : slot;
 
-  double written = 0, visible = 0, max_step = 1;
+  double written = 0, visible = 0;
   // A shared prefix's rows are not written: its requests start at its length.
   std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
   for (const auto& s : sc.steps) {
@@ -95,7 +96,6 @@ Terms run_terms(const scenarios::Scenario& sc, const RunOptions& options) {
     const double n = static_cast<double>(scenarios::step_rows(s));
     written += n;
     visible += visible_sum(static_cast<double>(scenarios::step_first_position(p)), n, read_keys);
-    max_step = std::max(max_step, n);
     scenarios::advance(p, s);
   }
 
