@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdio>
 #include <iterator>
 #include <numeric>
 #include <type_traits>
 #include <utility>
+
+#include "properties/stored_rows.hpp"
 
 namespace kvcheck::properties {
 
@@ -69,12 +70,6 @@ bool reads_known(const RunObservation& run) {
   return run.observed.rfind("slots+outputs", 0) == 0 || run.observed.find("position-code") != std::string::npos;
 }
 
-std::string number(double x) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", x);
-  return text;
-}
-
 /// The outputs of one query on both sides: "" when they agree.
 std::string outputs_difference(const QueryObservation& qa, const QueryObservation& qb, bool bitwise) {
   const std::size_t n = qa.out.size();
@@ -96,12 +91,12 @@ std::string outputs_difference(const QueryObservation& qa, const QueryObservatio
   if (differing == 0) return "";
   const std::string where = " (" + std::to_string(differing) + " of " + std::to_string(n) +
                             " elements differ, the first at " + std::to_string(first) + ": A " +
-                            number(qa.out[first]) + ", B " + number(qb.out[first]) + ")";
-  if (bitwise) return "not bitwise equal, max |A - B| " + number(largest) + where;
+                            exact_text(qa.out[first]) + ", B " + exact_text(qb.out[first]) + ")";
+  if (bitwise) return "not bitwise equal, max |A - B| " + exact_text(largest) + where;
   const double tolerance = std::max(qa.tolerance, qb.tolerance);
   if (!non_finite && largest <= tolerance) return "";
-  return "max |A - B| " + (non_finite ? std::string("non-finite") : number(largest)) +
-         " beyond the larger tolerance " + number(tolerance) + where;
+  return "max |A - B| " + (non_finite ? std::string("non-finite") : exact_text(largest)) +
+         " beyond the larger tolerance " + exact_text(tolerance) + where;
 }
 
 /// How a run that did not run its scenario ended at open: "" when it ran.
