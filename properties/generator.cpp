@@ -614,19 +614,25 @@ Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& d
   return sc;
 }
 
-Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, bool trim_profile,
-                          bool layers_profile, bool prefix_profile = false) {
+/// begin_scenario named for `profile`'s case from `seed`: "trim-7", "kvcheck
+/// check --profile trim case drawn from seed 7" (the default profile's:
+/// "generated-7", "kvcheck check case drawn from seed 7").
+Scenario begin_profile_scenario(Prng& rng, Profile profile, std::uint64_t seed, const engines::Capabilities& caps,
+                                int (&weights)[kKinds]) {
+  const std::string n = std::to_string(seed);
+  if (profile == Profile::kDefault)
+    return begin_scenario(rng, "generated-" + n, "kvcheck check case drawn from seed " + n, caps, weights);
+  const std::string name = profile_name(profile);
+  return begin_scenario(rng, name + "-" + n, "kvcheck check --profile " + name + " case drawn from seed " + n, caps,
+                        weights);
+}
+
+/// The default profile's cases, with trims (Profile::kTrim), layer windows
+/// (kLayers) or shared prefixes (kPrefix) drawn where the cache has them.
+Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
   Prng rng(seed);
   int weights[kKinds];
-  const std::string profile =
-      trim_profile ? "trim" : (layers_profile ? "layers" : (prefix_profile ? "prefix" : ""));
-  Scenario sc = !profile.empty()
-                    ? begin_scenario(rng, profile + "-" + std::to_string(seed),
-                                     "kvcheck check --profile " + profile + " case drawn from seed " +
-                                         std::to_string(seed),
-                                     caps, weights)
-                    : begin_scenario(rng, "generated-" + std::to_string(seed),
-                                     "kvcheck check case drawn from seed " + std::to_string(seed), caps, weights);
+  Scenario sc = begin_profile_scenario(rng, profile, seed, caps, weights);
 
   auto& c = sc.cache;
   c.window = rng.range(1, 7);
@@ -646,7 +652,7 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps,
   // The trim profile, for a cache that trims: the depth a trim may reach
   // (past a pending verify's rows, often), and the ring grown by it.
   std::optional<TrimDraws> trims;
-  if (trim_profile && caps.trim) {
+  if (profile == Profile::kTrim && caps.trim) {
     trims.emplace(TrimDraws{Prng(mix_seed(sc.data.seed, 0x7472696d)), 0});  // "trim"
     trims->depth = max_drafts + 1 + trims->rng.range(1, keys + 2);
     c.ring_rows += trims->depth;
@@ -656,13 +662,13 @@ Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps,
   // on at least two states (where the cache has them), prefixes drawn from
   // their own stream.
   std::optional<PrefixDraws> prefixes;
-  if (prefix_profile && caps.prefix_sharing) {
+  if (profile == Profile::kPrefix && caps.prefix_sharing) {
     prefixes.emplace(PrefixDraws{Prng(mix_seed(sc.data.seed, 0x70726678))});  // "prfx"
     if (caps.max_states == 0 || caps.max_states >= 2) c.states = std::max<std::int64_t>(c.states, 2);
   }
   draw_schedule(rng, sc, weights, max_chunk, max_drafts, prefixes ? 4 : 3, prefixes ? 6 : 4, prefixes ? 20 : 16,
                 nullptr, caps.max_positions, trims ? &*trims : nullptr, prefixes ? &*prefixes : nullptr);
-  if (layers_profile && caps.per_layer_windows && !caps.full_window_only) draw_layer_windows(sc, caps);
+  if (profile == Profile::kLayers && caps.per_layer_windows && !caps.full_window_only) draw_layer_windows(sc, caps);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -716,9 +722,7 @@ void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& cap
 Scenario generate_production(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(mix_seed(seed, 0x70726f64));  // "prod": its own stream, apart from the default profile's
   int weights[kKinds];
-  Scenario sc = begin_scenario(
-      rng, "production-" + std::to_string(seed),
-      "kvcheck check --profile production case drawn from seed " + std::to_string(seed), caps, weights);
+  Scenario sc = begin_profile_scenario(rng, Profile::kProduction, seed, caps, weights);
   const ProductionBudget budget = production_budget();
 
   auto& c = sc.cache;
@@ -793,9 +797,7 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
 Scenario generate_paged(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(mix_seed(seed, 0x70616765));  // "page"
   int weights[kKinds];
-  Scenario sc = begin_scenario(rng, "paged-" + std::to_string(seed),
-                               "kvcheck check --profile paged case drawn from seed " + std::to_string(seed), caps,
-                               weights);
+  Scenario sc = begin_profile_scenario(rng, Profile::kPaged, seed, caps, weights);
   // State churn and verifies that straddle blocks: finish and verify are on
   // wherever the cache runs them.
   if (caps.finish) weights[kFinish] = 1;
@@ -831,9 +833,7 @@ Scenario generate_paged(std::uint64_t seed, const engines::Capabilities& caps) {
 Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
   if (profile == Profile::kPaged) return generate_paged(seed, caps);
   return profile == Profile::kProduction ? generate_production(seed, caps)
-                                         : generate_default(seed, caps, profile == Profile::kTrim,
-                                                            profile == Profile::kLayers,
-                                                            profile == Profile::kPrefix);
+                                         : generate_default(seed, caps, profile);
 }
 
 namespace {
