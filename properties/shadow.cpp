@@ -92,10 +92,23 @@ bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const
   return false;
 }
 
+ShadowMap::Resident ShadowMap::resident_totals(std::int64_t block_size) const {
+  Resident r;
+  std::vector<std::int64_t> blocks;
+  for (const auto& [slot, row] : slots_) {
+    if (row.padding || row.request < 0) continue;
+    ++r.rows;
+    if (block_size > 0) blocks.push_back(slot / block_size);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  r.blocks = std::unique(blocks.begin(), blocks.end()) - blocks.begin();
+  return r;
+}
+
 ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
                                                const std::function<bool(const ShadowRow&)>& visible,
                                                const std::function<bool(std::int64_t)>& live) const {
-  Resident r;
+  Resident r = resident_totals(block_size);
   const auto add = [](std::vector<std::int64_t>& v, std::int64_t request) {
     if (std::find(v.begin(), v.end(), request) == v.end()) v.push_back(request);
   };
@@ -116,7 +129,9 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   // those reading their own copy of it; where none is left, by those of
   // them that finished (a prefix cache's), else by its writer.
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> readers;       // write -> requests it is the row of
-  for (const auto& [key, l] : latest_) readers[l.write_seq].push_back(key.first);
+  for (const auto& [key, l] : latest_) {
+    if (original.contains(l.write_seq)) readers[l.write_seq].push_back(key.first);
+  }
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> copy_holders;  // write -> owners of a copy
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0 || !row.copied || block_size <= 0) continue;
@@ -131,7 +146,6 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   std::vector<std::int64_t> holders;
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0) continue;
-    ++r.rows;
     holders.clear();
     bool seen = true;
     const auto o = block_size > 0 ? owners.find(slot / block_size) : owners.end();
@@ -166,19 +180,13 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
       if (block_size > 0) add((seen ? seen_in : kept_in)[slot / block_size], request);
     }
   }
+  // A block is the seers' where one sees a row of it, else its keepers'.
   std::map<std::int64_t, std::int64_t> blocks_of;  // request -> blocks it holds
-  std::vector<std::int64_t> blocks;
-  if (block_size > 0) {
-    for (const auto& [slot, row] : slots_) {
-      if (!row.padding && row.request >= 0) blocks.push_back(slot / block_size);
-    }
+  for (const auto& [block, by] : seen_in) {
+    for (const std::int64_t request : by) ++blocks_of[request];
   }
-  std::sort(blocks.begin(), blocks.end());
-  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-  r.blocks = static_cast<std::int64_t>(blocks.size());
-  for (const std::int64_t block : blocks) {
-    const auto s = seen_in.find(block);
-    const auto& by = s != seen_in.end() ? s->second : kept_in[block];
+  for (const auto& [block, by] : kept_in) {
+    if (seen_in.contains(block)) continue;
     for (const std::int64_t request : by) ++blocks_of[request];
   }
   for (const auto& [request, n] : rows_of) r.request_rows = std::max(r.request_rows, n);

@@ -132,6 +132,9 @@ class ShadowMap {
     std::int64_t request_rows = 0;   ///< the most rows one request holds
     std::int64_t request_blocks = 0;  ///< the most blocks one request holds
   };
+  /// The totals alone (`rows`, `blocks`; the per-request counts 0): one
+  /// pass over the slots, for a bound in all.
+  Resident resident_totals(std::int64_t block_size) const;
   /// Per request, a row is held by every request whose row of that position
   /// it is (the writer, and the requests sharing it as a prefix) and that
   /// can still see it (`visible`, asked with that request and position; none
