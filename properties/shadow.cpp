@@ -33,10 +33,7 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     } else if (src != latest_.end()) {
       // Its home moved away (a copy-on-write's copy, since freed): any slot
       // still holding the same write.
-      for (const auto& [slot, row] : slots_) {
-        if (row.write_seq == src->second.write_seq && !row.padding && (!held || slot < held->slot))
-          held = Latest{row.write_seq, slot};
-      }
+      if (const auto slot = slot_holding(src->second.write_seq)) held = Latest{src->second.write_seq, *slot};
     }
     if (held) {
       latest_[{request, p}] = *held;  // one row, two requests
@@ -73,6 +70,7 @@ void ShadowMap::move(std::span<const std::pair<std::int64_t, std::int64_t>> move
     if (!row.padding && is_latest(row)) latest_[{row.request, row.position}].slot = to;
     row.copied = true;
     slots_[to] = row;
+    any_copies_ = true;
   }
 }
 
@@ -85,11 +83,19 @@ bool ShadowMap::is_latest(const ShadowRow& row) const {
   return it != latest_.end() && it->second.write_seq == row.write_seq;
 }
 
-bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const {
-  for (const auto& [s, row] : slots_) {
-    if (s != slot && row.write_seq == write_seq && !row.padding) return true;
+std::optional<std::int64_t> ShadowMap::slot_holding(std::uint64_t write_seq,
+                                                    std::optional<std::int64_t> except) const {
+  // Only a move puts a write in a second slot, and no row holds write 0.
+  if (!any_copies_ || write_seq == 0) return std::nullopt;
+  std::optional<std::int64_t> held;
+  for (const auto& [slot, row] : slots_) {
+    if (slot != except && row.write_seq == write_seq && !row.padding && (!held || slot < *held)) held = slot;
   }
-  return false;
+  return held;
+}
+
+bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const {
+  return slot_holding(write_seq, slot).has_value();
 }
 
 ShadowMap::Resident ShadowMap::resident_totals(std::int64_t block_size) const {

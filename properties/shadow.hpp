@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -122,6 +123,10 @@ class ShadowMap {
   bool is_latest(const ShadowRow& row) const;
   /// Whether a slot other than `slot` holds write number `write_seq`.
   bool held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const;
+  /// The lowest slot other than `except` holding write number `write_seq`
+  /// (padding left out); none without a move so far.
+  std::optional<std::int64_t> slot_holding(std::uint64_t write_seq,
+                                           std::optional<std::int64_t> except = std::nullopt) const;
 
   /// The resident set: slots holding a token's row (padding left out), and
   /// blocks of `block_size` slots holding one (block_size 0: not counted);
@@ -167,6 +172,7 @@ class ShadowMap {
   std::unordered_map<std::int64_t, ShadowRow> slots_;
   std::map<std::pair<std::int64_t, std::int64_t>, Latest> latest_;  // (request, position)
   std::uint64_t write_seq_ = 0;
+  bool any_copies_ = false;  // a move has put a row in a second slot
 };
 
 }  // namespace kvcheck::properties
