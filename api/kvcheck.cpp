@@ -102,9 +102,10 @@ CheckResult check(const ProviderFactory& factory, const CheckOptions& options) {
   out.failures = r.failures;
   out.skipped = r.skipped;
   out.coverage_ok = r.coverage_ok;
-  const auto names = properties::coverage_names();
+  const auto& names = properties::coverage_names();
   for (std::size_t i = 0; i < names.size() && i < r.coverage_counts.size(); ++i) {
-    out.coverage.push_back({names[i], r.coverage_counts[i], i < r.reachable.size() && r.reachable[i]});
+    out.coverage.push_back({names[i], r.coverage_counts[i], i < r.reachable.size() && r.reachable[i],
+                            i < r.coverage_minimums.size() ? r.coverage_minimums[i] : 0});
   }
   out.found_failure = r.found_failure;
   out.passed = !r.found_failure && r.coverage_ok;

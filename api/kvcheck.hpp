@@ -101,9 +101,10 @@ struct CheckOptions {
 
 /// One coverage class of the generated cases.
 struct Coverage {
-  std::string name;        ///< e.g. "ring wrap", "verify with rejection"
+  std::string name;        ///< "ring_wrap", "feature:trim", "pair:trim+prefix", ...
   std::int64_t count = 0;  ///< cases that hit it
-  bool reachable = true;   ///< whether the cache's capabilities allow it (gated only then)
+  bool reachable = true;   ///< whether the generator can draw it for the cache's capabilities
+  std::int64_t minimum = 0;  ///< the gate: cases the check needs (0: not gated)
 };
 
 /// The outcome of a randomized check.

@@ -32,6 +32,59 @@ std::string jr_index(const std::string& field, std::size_t k) {
   return field + "[" + std::to_string(k) + "]";
 }
 
+/// The coverage lines of the summary: the schedule classes the cache can
+/// reach, the cases that exercised each declared feature, and how many
+/// pairs of them met (the fewest, and every pair that did not).
+void print_coverage(const properties::CheckResult& result) {
+  const auto& names = properties::coverage_names();
+  const auto& kinds = properties::coverage_kinds();
+  const auto below = [&result](std::size_t i) { return result.coverage_counts[i] < result.coverage_minimums[i]; };
+  const auto refused = [&result](std::size_t i) {
+    return result.coverage_counts[i] == 0 && result.coverage_refused[i] > 0;
+  };
+  const auto show = [&](std::size_t i, const std::string& name) {
+    std::printf(" %s=%lld", name.c_str(), static_cast<long long>(result.coverage_counts[i]));
+    if (below(i)) std::printf("(FAIL: no case exercised it)");
+    if (refused(i)) std::printf("(refused by the cache in all %lld drawn)", static_cast<long long>(result.coverage_refused[i]));
+  };
+  std::printf("coverage:");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (kinds[i] == properties::CoverageKind::kSchedule && (result.reachable[i] || result.coverage_counts[i] > 0))
+      show(i, names[i]);
+  }
+  std::printf("\nfeatures (cases exercising each declared feature):");
+  std::size_t declared = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (kinds[i] != properties::CoverageKind::kFeature || !result.reachable[i]) continue;
+    ++declared;
+    show(i, names[i].substr(names[i].find(':') + 1));
+  }
+  if (declared == 0) std::printf(" none declared");
+  if (declared > 0 && result.cases < properties::kFeatureGateCases)
+    std::printf("; gated from %lld cases", static_cast<long long>(properties::kFeatureGateCases));
+  std::size_t pairs = 0, met = 0, fewest = 0;
+  std::vector<std::size_t> unmet;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (kinds[i] != properties::CoverageKind::kPair || !result.reachable[i]) continue;
+    ++pairs;
+    if (result.coverage_counts[i] > 0) {
+      ++met;
+      if (fewest == 0 || result.coverage_counts[i] < result.coverage_counts[fewest]) fewest = i;
+    } else {
+      unmet.push_back(i);
+    }
+  }
+  std::printf("\nfeature pairs: %zu of %zu met in one case", met, pairs);
+  if (met > 0) {
+    std::printf(" (fewest: %s %lld)", names[fewest].substr(names[fewest].find(':') + 1).c_str(),
+                static_cast<long long>(result.coverage_counts[fewest]));
+  }
+  for (const std::size_t i : unmet) show(i, names[i].substr(names[i].find(':') + 1));
+  if (pairs > 0 && result.cases < properties::kPairGateCases)
+    std::printf("; pairs gated from %lld cases", static_cast<long long>(properties::kPairGateCases));
+  std::printf("%s\n", result.coverage_ok ? "" : "  (a gated class was never reached: FAIL)");
+}
+
 /// Prints the summary and fills `report` (the counterexample as an
 /// attachment) from a finished check; returns the exit code. Shared by one process, the merge
 /// of shards and MPI rank 0, so all three print and write the same.
@@ -45,12 +98,15 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   summary.queries = result.queries;
   summary.queries_not_output_checked = result.queries_not_output_checked;
   summary.min_run_share = options.min_run_share;
-  const auto names = properties::coverage_names(options.profile);
+  const auto& names = properties::coverage_names();
   for (std::size_t i = 0; i < names.size(); ++i) {
-    // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
-    // Without the gate (--no-coverage-gate, --case-seed) every minimum is 0.
-    summary.coverage.push_back(
-        {names[i], result.coverage_counts[i], result.reachable[i] && options.coverage_gate ? 1 : 0});
+    // Only what the generator can draw for this cache is listed (a feature
+    // it does not declare, ring wrap without a window, are not); its gate
+    // is the result's: 0 for a pair under kPairGateCases cases, a class the
+    // cache refused whenever it was drawn, or without the gate
+    // (--no-coverage-gate, --case-seed).
+    if (!result.reachable[i] && result.coverage_counts[i] == 0) continue;
+    summary.coverage.push_back({names[i], result.coverage_counts[i], result.coverage_minimums[i]});
   }
   summary.failing_case_seed = result.failing_case_seed;
   const bool side_by_side = properties::runs_side_by_side(options.run);
@@ -138,12 +194,7 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
                          : 0.0,
         reports::format_double(options.min_run_share).c_str());
   }
-  std::printf("coverage:");
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    std::printf(" %s=%lld%s", names[i].c_str(), static_cast<long long>(result.coverage_counts[i]),
-                result.reachable[i] ? "" : "(n/a)");
-  }
-  std::printf("%s\n", result.coverage_ok ? "" : "  (a class was never reached: FAIL)");
+  print_coverage(result);
   if (result.block_size > 0 && result.ran() > 0) {
     const double ran = static_cast<double>(result.ran());
     std::printf(
@@ -497,7 +548,7 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
   std::vector<properties::CaseTally> tallies;
   for (const auto& shard : shards) {
     tallies.push_back(
-        pipelines::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
+        pipelines::tally_from_json(shard, o.cases, properties::coverage_names().size()));
     if (tallies.back().reachable != tallies.front().reachable) {
       throw Error(ErrorId::kShard, shard.origin,
                   "its cache reaches other coverage classes than " + front.origin + "'s: not the same cache");
@@ -521,7 +572,7 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
     run.backend = *known;
     const std::vector<bool> reachable =
         properties::reachable_coverage(properties::make_provider(run)->capabilities(), options.profile);
-    const auto names = properties::coverage_names(options.profile);
+    const auto& names = properties::coverage_names();
     for (std::size_t k = 0; k < reachable.size(); ++k) {
       if (reachable[k] != tallies.front().reachable[k]) {
         throw Error(ErrorId::kShard, front.origin + ": " + jr_index("result.reachable", k),

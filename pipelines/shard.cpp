@@ -251,6 +251,10 @@ Json tally_json(const properties::CaseTally& t) {
   j["queries_not_output_checked"] = t.queries_not_output_checked;
   j["coverage_counts"] = t.coverage_counts;
   j["reachable"] = t.reachable;
+  // Cases drawn with a class that the cache refused or that were skipped
+  // (optional: only where some were).
+  if (std::any_of(t.coverage_refused.begin(), t.coverage_refused.end(), [](std::int64_t n) { return n > 0; }))
+    j["coverage_refused"] = t.coverage_refused;
   if (t.block_size > 0) {
     // A paged cache's block frees and reuses (optional: older documents lack them).
     j["block_size"] = t.block_size;
@@ -267,7 +271,7 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     const auto& j = shard.result;
     jr::check_keys(j, "result",
                    {"cases", "failures", "skipped", "refused", "queries", "queries_not_output_checked",
-                    "coverage_counts", "reachable", "first_failing_case", "block_size",
+                    "coverage_counts", "reachable", "coverage_refused", "first_failing_case", "block_size",
                     "block_window_frees", "block_end_frees", "block_reuses"});
     properties::CaseTally t;
     for (auto [key, into] : {std::pair<const char*, std::int64_t*>{"block_size", &t.block_size},
@@ -319,6 +323,21 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
                      std::to_string(ran) + " (cases - skipped - refused)");
       }
       t.reachable.push_back(jr::get_bool(reachable[k], jr::join_index("result.reachable", k)));
+    }
+    if (const auto* refused = jr::find(j, "coverage_refused")) {
+      t.coverage_refused.assign(classes, 0);
+      const auto& list = jr::as_array(*refused, "result.coverage_refused");
+      if (list.size() != classes) {
+        jr::fail(ErrorId::kJsonValue, "result.coverage_refused",
+                 "expected " + std::to_string(classes) + " coverage classes");
+      }
+      // A class is counted once per case that did not run.
+      for (std::size_t k = 0; k < classes; ++k) {
+        const std::string field = jr::join_index("result.coverage_refused", k);
+        t.coverage_refused[k] = jr::get_i64(list[k], field);
+        if (t.coverage_refused[k] < 0 || t.coverage_refused[k] > t.skipped + t.refused)
+          jr::fail(ErrorId::kJsonValue, field, "must be in 0..skipped + refused");
+      }
     }
     const auto& first = jr::require(j, "result", "first_failing_case");
     if (!first.is_null()) {

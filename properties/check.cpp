@@ -5,6 +5,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -49,6 +50,47 @@ std::vector<Scenario> variants(const Scenario& sc) {
       out.push_back(std::move(v));
     }
   }
+  // Drop a feature from the whole case: every shared prefix, every trim,
+  // the windows per layer (every layer then has the case's window), every
+  // verify (each with its accept becomes a decode).
+  const bool any_prefix = std::any_of(sc.requests.begin(), sc.requests.end(),
+                                      [](const scenarios::Request& r) { return r.prefix.has_value(); });
+  if (any_prefix) {
+    Scenario v = sc;
+    for (auto& r : v.requests) r.prefix.reset();
+    out.push_back(std::move(v));
+  }
+  const auto is_trim = [](const scenarios::Step& s) { return s.kind == StepKind::kTrim; };
+  if (std::any_of(sc.steps.begin(), sc.steps.end(), is_trim)) {
+    Scenario v = sc;
+    std::erase_if(v.steps, is_trim);
+    out.push_back(std::move(v));
+  }
+  if (!sc.cache.layer_windows.empty()) {
+    Scenario v = sc;
+    v.cache.layer_windows.clear();
+    out.push_back(std::move(v));
+  }
+  const auto is_verify = [](const scenarios::Step& s) { return s.kind == StepKind::kVerify; };
+  if (std::any_of(sc.steps.begin(), sc.steps.end(), is_verify)) {
+    Scenario v = sc;
+    std::vector<scenarios::Step> steps;
+    std::map<std::int64_t, bool> pending;  // request -> a verify turned into a decode awaits its accept
+    for (const scenarios::Step& s : v.steps) {
+      if (s.kind == StepKind::kVerify) {
+        steps.push_back(scenarios::Step{StepKind::kDecode, s.request});
+        pending[s.request] = true;
+      } else if (s.kind == StepKind::kAccept && pending[s.request]) {
+        pending[s.request] = false;
+      } else {
+        if (s.kind == StepKind::kFinish || s.kind == StepKind::kReset || s.kind == StepKind::kTrim)
+          pending[s.request] = false;
+        steps.push_back(s);
+      }
+    }
+    v.steps = std::move(steps);
+    out.push_back(std::move(v));
+  }
   // Drop a shared prefix (the request writes its own rows from 0), or share one position fewer.
   for (std::size_t r = 0; r < sc.requests.size(); ++r) {
     if (!sc.requests[r].prefix) continue;
@@ -67,6 +109,16 @@ std::vector<Scenario> variants(const Scenario& sc) {
     v.steps.erase(v.steps.begin() + static_cast<std::ptrdiff_t>(i));
     out.push_back(v);
     if (sc.steps[i].kind == StepKind::kVerify) {
+      // This verify alone as a decode (its accept dropped).
+      for (std::size_t j = i + 1; j < sc.steps.size(); ++j) {
+        if (sc.steps[j].request == sc.steps[i].request && sc.steps[j].kind == StepKind::kAccept) {
+          Scenario w = sc;
+          w.steps.erase(w.steps.begin() + static_cast<std::ptrdiff_t>(j));
+          w.steps[i] = scenarios::Step{StepKind::kDecode, sc.steps[i].request};
+          out.push_back(std::move(w));
+          break;
+        }
+      }
       for (std::size_t j = i + 1; j < sc.steps.size(); ++j) {
         if (sc.steps[j].request == sc.steps[i].request && sc.steps[j].kind == StepKind::kAccept) {
           Scenario w = sc;
@@ -256,7 +308,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
       not_reproduced{0};
   std::mutex compared_mutex;
   ComparedCounts compared;  // guarded by compared_mutex
-  std::vector<std::atomic<std::int64_t>> coverage(classes);
+  std::vector<std::atomic<std::int64_t>> coverage(classes), coverage_refused(classes);
   std::atomic<std::int64_t> block_window_frees{0}, block_end_frees{0}, block_reuses{0};
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
@@ -322,6 +374,10 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
         }
         if (obs.skipped) {
           (obs.refused ? refused : skipped).fetch_add(1);
+          // What the cache would not take counts apart: a class it refuses
+          // whenever it is drawn is not gated (finish_with).
+          const std::vector<bool> flags = coverage_flags(classify(sc, caps));
+          for (std::size_t c = 0; c < classes; ++c) coverage_refused[c].fetch_add(flags[c] ? 1 : 0);
         } else {
           queries.fetch_add(obs.queries);
           not_output_checked.fetch_add(obs.queries_not_output_checked);
@@ -330,7 +386,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           block_window_frees.fetch_add(blocks.window_frees);
           block_end_frees.fetch_add(blocks.end_frees);
           block_reuses.fetch_add(blocks.reuses);
-          const std::vector<bool> flags = coverage_flags(cov, options.profile);
+          const std::vector<bool> flags = coverage_flags(cov);
           for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
         }
         if (!obs.passed) {
@@ -376,6 +432,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.queries_not_output_checked = not_output_checked.load();
   tally.compared = compared;
   for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
+  for (const auto& c : coverage_refused) tally.coverage_refused.push_back(c.load());
   tally.block_size = caps.block_size;
   tally.block_window_frees = block_window_frees.load();
   tally.block_end_frees = block_end_frees.load();
@@ -410,9 +467,17 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.block_end_frees = tally.block_end_frees;
   result.block_reuses = tally.block_reuses;
   result.reachable = tally.reachable;
+  result.coverage_refused = tally.coverage_refused;
+  result.coverage_refused.resize(result.coverage_counts.size(), 0);
+  const auto& kinds = coverage_kinds();
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
-    if (result.reachable[k] && options.coverage_gate)
-      result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
+    std::int64_t minimum = result.reachable[k] && options.coverage_gate ? 1 : 0;
+    if (k < kinds.size() && kinds[k] == CoverageKind::kFeature && result.cases < kFeatureGateCases) minimum = 0;
+    if (k < kinds.size() && kinds[k] == CoverageKind::kPair && result.cases < kPairGateCases) minimum = 0;
+    // Drawn, and refused by the cache every time: what it accepts decides.
+    if (result.coverage_counts[k] == 0 && result.coverage_refused[k] > 0) minimum = 0;
+    result.coverage_minimums.push_back(minimum);
+    result.coverage_ok = result.coverage_ok && result.coverage_counts[k] >= minimum;
   }
   if (tally.first_failing_case < 0) return result;
 
@@ -563,6 +628,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
   total.reachable =
       shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
   total.coverage_counts.assign(total.reachable.size(), 0);
+  total.coverage_refused.assign(total.reachable.size(), 0);
   for (const CaseTally& t : shards) {
     KVCHECK_ASSERT(t.reachable == total.reachable &&
                    t.coverage_counts.size() == total.coverage_counts.size());
@@ -576,6 +642,8 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.compared += t.compared;
     for (std::size_t k = 0; k < t.coverage_counts.size(); ++k)
       total.coverage_counts[k] += t.coverage_counts[k];
+    for (std::size_t k = 0; k < t.coverage_refused.size() && k < total.coverage_refused.size(); ++k)
+      total.coverage_refused[k] += t.coverage_refused[k];
     total.block_size = std::max(total.block_size, t.block_size);
     total.block_window_frees += t.block_window_frees;
     total.block_end_frees += t.block_end_frees;

@@ -75,8 +75,16 @@ struct CheckResult {
   std::int64_t cases = 0;
   std::int64_t failures = 0;
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
-  std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it at all (gated)
-  bool coverage_ok = true;                      ///< every reachable class reached at least once
+  std::vector<bool> reachable;                  ///< per entry: whether the generator can draw it for the cache
+  /// Per entry: the cases drawn with the class that the cache refused at
+  /// open or that fell outside its declared space (not counted above).
+  std::vector<std::int64_t> coverage_refused;
+  /// Per entry: the gate, cases the check needs (0: not gated). A reachable
+  /// class is gated at 1, a pair of features only from kPairGateCases cases
+  /// on; one that no case ran, and that the cache refused whenever it was
+  /// drawn, is not gated (coverage_refused says why).
+  std::vector<std::int64_t> coverage_minimums;
+  bool coverage_ok = true;                      ///< every gated class reached its minimum
   /// A paged cache (Capabilities::block_size > 0): its block size, and the
   /// block frees and reuses summed over the cases that ran (BlockCounts).
   std::int64_t block_size = 0;
@@ -138,6 +146,7 @@ struct CaseTally {
   std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it
+  std::vector<std::int64_t> coverage_refused;   ///< per entry: cases drawn with it, refused or skipped
   std::int64_t block_size = 0;                  ///< the cache's Capabilities::block_size (0: not paged)
   std::int64_t block_window_frees = 0;          ///< paged caches: BlockCounts summed over the cases that ran
   std::int64_t block_end_frees = 0;
@@ -192,9 +201,11 @@ CheckResult finish_check(const CheckOptions& options, const CaseTally& tally);
 bool case_fails_alone(const CheckOptions& options, std::int64_t case_index);
 
 /// Greedy shrinking: repeatedly tries smaller variants (fewer requests,
-/// fewer steps, shorter chunks, fewer drafts, one layer, fewer heads,
-/// narrower heads, f64 rows, no RoPE, no sink) and keeps any that still
-/// fails, until none does. `fails` must be deterministic.
+/// fewer steps, shorter chunks, fewer drafts; fewer features: no shared
+/// prefix, no trim, a decode for a verify, no window per layer or one
+/// layer fewer; one layer, fewer heads, narrower heads, f64 rows, no RoPE,
+/// no sink) and keeps any that still fails, until none does. `fails` must
+/// be deterministic.
 scenarios::Scenario shrink_scenario(const scenarios::Scenario& failing,
                                     const std::function<bool(const scenarios::Scenario&)>& fails,
                                     std::int64_t* runs);

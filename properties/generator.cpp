@@ -1,13 +1,16 @@
 #include "properties/generator.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "properties/runner.hpp"
 #include "properties/value_profiles.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/step_semantics.hpp"
+#include "support/assert.hpp"
 #include "support/prng.hpp"
 
 namespace kvcheck::properties {
@@ -30,9 +33,8 @@ constexpr int kDecode = static_cast<int>(StepCapability::kDecode);
 constexpr int kVerify = static_cast<int>(StepCapability::kVerify);
 constexpr int kFinish = static_cast<int>(StepCapability::kFinish);
 constexpr int kReset = static_cast<int>(StepCapability::kReset);
-// Trim is drawn apart from the swarm (its own stream, under --profile trim):
-// its slot is last and its weight stays 0 in the swarm's draws, so every
-// other profile keeps its cases byte for byte.
+// Trim is drawn apart from the step weights, by its feature part (TrimPart,
+// its own stream): its slot's weight stays 0 in the swarm's draws.
 constexpr int kTrim = static_cast<int>(StepCapability::kTrim);
 
 /// Whether a slot's steps write rows.
@@ -97,107 +99,145 @@ ProductionBudget production_budget() {
   return ProductionBudget{450'000, 150'000, std::int64_t{48} << 20};
 }
 
-std::vector<std::string> coverage_names(Profile profile) {
-  std::vector<std::string> names = {"ring_wrap", "verify_rejection", "chunk_longer_than_window",
-                                    "state_reuse"};
-  if (profile == Profile::kProduction) {
-    for (const char* n :
-         {"fast_cpu_kernel", "window_4096", "chunk_1024", "verify_8_drafts", "position_100k"}) {
-      names.push_back(n);
+namespace {
+
+/// The schedule classes, in Coverage field order, with their members.
+struct ScheduleClass {
+  const char* name;
+  bool Coverage::*member;
+};
+constexpr ScheduleClass kScheduleClasses[] = {
+    {"ring_wrap", &Coverage::ring_wrap},
+    {"verify_rejection", &Coverage::verify_rejection},
+    {"chunk_longer_than_window", &Coverage::chunk_longer_than_window},
+    {"state_reuse", &Coverage::state_reuse},
+    {"fast_cpu_kernel", &Coverage::fast_cpu_kernel},
+    {"window_4096", &Coverage::window_4096},
+    {"chunk_1024", &Coverage::chunk_1024},
+    {"verify_8_drafts", &Coverage::verify_8_drafts},
+    {"position_100k", &Coverage::position_100k},
+    {"verify_then_other_request", &Coverage::verify_then_other_request},
+    {"finish_or_reset_with_drafts_pending", &Coverage::finish_or_reset_with_drafts_pending},
+    {"write_after_trim", &Coverage::write_after_trim},
+    {"trim_with_drafts_pending", &Coverage::trim_with_drafts_pending},
+    {"block_free", &Coverage::block_free},
+    {"block_reuse_after_free", &Coverage::block_reuse_after_free},
+    {"verify_straddles_block", &Coverage::verify_straddles_block},
+    {"sliding_and_global_layers", &Coverage::sliding_and_global_layers},
+    {"sliding_windows_differ", &Coverage::sliding_windows_differ},
+    {"prefix_of_live", &Coverage::prefix_of_live},
+    {"prefix_of_finished", &Coverage::prefix_of_finished},
+    {"cow_write_into_shared_block", &Coverage::cow_write_into_shared_block},
+    {"window_free_of_shared_block", &Coverage::window_free_of_shared_block},
+    {"trim_into_prefix", &Coverage::trim_into_prefix},
+};
+constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
+
+Feature feature_at(int i) { return static_cast<Feature>(i); }
+
+}  // namespace
+
+const std::vector<std::string>& coverage_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const ScheduleClass& c : kScheduleClasses) n.emplace_back(c.name);
+    for (int f = 0; f < kFeatureCount; ++f) n.push_back(std::string("feature:") + feature_name(feature_at(f)));
+    for (int a = 0; a < kFeatureCount; ++a) {
+      for (int b = a + 1; b < kFeatureCount; ++b) {
+        n.push_back(std::string("pair:") + feature_name(feature_at(a)) + "+" + feature_name(feature_at(b)));
+      }
     }
-  }
-  for (const char* n : {"verify_then_other_request", "finish_or_reset_with_drafts_pending"})
-    names.push_back(n);
-  if (profile == Profile::kTrim) {
-    for (const char* n : {"write_after_trim", "trim_with_drafts_pending"}) names.push_back(n);
-  }
-  if (profile == Profile::kPaged) {
-    for (const char* n : {"block_free", "block_reuse_after_free", "verify_straddles_block"}) names.push_back(n);
-  }
-  if (profile == Profile::kLayers) {
-    for (const char* n : {"sliding_and_global_layers", "sliding_windows_differ"}) names.push_back(n);
-  }
-  if (profile == Profile::kPrefix) {
-    for (const char* n :
-         {"prefix_of_live", "prefix_of_finished", "cow_write_into_shared_block", "window_free_of_shared_block"})
-      names.push_back(n);
-  }
+    return n;
+  }();
   return names;
 }
 
-std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
-  std::vector<bool> flags = {c.ring_wrap, c.verify_rejection, c.chunk_longer_than_window, c.state_reuse};
-  if (profile == Profile::kProduction) {
-    for (const bool f :
-         {c.fast_cpu_kernel, c.window_4096, c.chunk_1024, c.verify_8_drafts, c.position_100k}) {
-      flags.push_back(f);
+const std::vector<CoverageKind>& coverage_kinds() {
+  static const std::vector<CoverageKind> kinds = [] {
+    std::vector<CoverageKind> k(kScheduleClassCount, CoverageKind::kSchedule);
+    k.insert(k.end(), kFeatureCount, CoverageKind::kFeature);
+    k.insert(k.end(), static_cast<std::size_t>(kFeatureCount * (kFeatureCount - 1) / 2), CoverageKind::kPair);
+    return k;
+  }();
+  return kinds;
+}
+
+std::size_t feature_class(Feature f) { return kScheduleClassCount + static_cast<std::size_t>(f); }
+
+std::size_t pair_class(Feature a, Feature b) {
+  auto i = static_cast<std::size_t>(a), j = static_cast<std::size_t>(b);
+  KVCHECK_ASSERT(i != j);
+  if (i > j) std::swap(i, j);
+  const std::size_t n = kFeatureCount;
+  // Pairs (i, j), i < j, row by row: row i starts after the rows above it.
+  const std::size_t row_start = i * n - i * (i + 1) / 2;
+  return kScheduleClassCount + n + row_start + (j - i - 1);
+}
+
+std::vector<bool> coverage_flags(const Coverage& c) {
+  std::vector<bool> flags;
+  flags.reserve(coverage_names().size());
+  for (const ScheduleClass& s : kScheduleClasses) flags.push_back(c.*s.member);
+  for (int f = 0; f < kFeatureCount; ++f) flags.push_back(c.features[static_cast<std::size_t>(f)]);
+  for (int a = 0; a < kFeatureCount; ++a) {
+    for (int b = a + 1; b < kFeatureCount; ++b) {
+      flags.push_back(c.features[static_cast<std::size_t>(a)] && c.features[static_cast<std::size_t>(b)]);
     }
-  }
-  flags.push_back(c.verify_then_other_request);
-  flags.push_back(c.finish_or_reset_with_drafts_pending);
-  if (profile == Profile::kTrim) {
-    flags.push_back(c.write_after_trim);
-    flags.push_back(c.trim_with_drafts_pending);
-  }
-  if (profile == Profile::kPaged) {
-    for (const bool f : {c.block_free, c.block_reuse_after_free, c.verify_straddles_block}) flags.push_back(f);
-  }
-  if (profile == Profile::kLayers) {
-    flags.push_back(c.sliding_and_global_layers);
-    flags.push_back(c.sliding_windows_differ);
-  }
-  if (profile == Profile::kPrefix) {
-    for (const bool f : {c.prefix_of_live, c.prefix_of_finished, c.cow_write_into_shared_block,
-                         c.window_free_of_shared_block})
-      flags.push_back(f);
   }
   return flags;
 }
 
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile) {
   const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
+  const bool production = profile == Profile::kProduction;
+  const bool two_states = caps.max_states == 0 || caps.max_states >= 2;
+  const FeatureSet drawable = drawable_features(caps, profile);
+  const auto can = [&drawable](Feature f) { return drawable[static_cast<std::size_t>(f)]; };
   std::vector<bool> reach = {!caps.full_window_only, caps.verify, prefill && !caps.full_window_only,
                              caps.finish};
-  if (profile == Profile::kProduction) {
-    // A fast kernel of the cache's own, as it declares it (the CPU ring
-    // pool's AVX-512 kernel, on a CPU that has AVX-512).
-    reach.push_back(static_cast<bool>(caps.fast_kernel_runs));
-    reach.push_back(!caps.full_window_only && (caps.max_window_keys == 0 || caps.max_window_keys >= 4096));
-    reach.push_back(prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024) &&
-                    (caps.max_positions == 0 || caps.max_positions >= 1024));
-    reach.push_back(caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9) &&
-                    (caps.max_positions == 0 || caps.max_positions >= 9));
-    reach.push_back(prefill && !caps.full_window_only &&
-                    (caps.max_positions == 0 || caps.max_positions > 100'000 + 4096 + 4));
-  }
+  // The production profile's shapes: a fast kernel of the cache's own, as it
+  // declares it (the CPU ring pool's AVX-512 kernel, on a CPU that has
+  // AVX-512), and the sizes only it draws.
+  reach.push_back(production && static_cast<bool>(caps.fast_kernel_runs));
+  reach.push_back(production && !caps.full_window_only &&
+                  (caps.max_window_keys == 0 || caps.max_window_keys >= 4096));
+  reach.push_back(production && prefill && (caps.max_step_rows == 0 || caps.max_step_rows >= 1024) &&
+                  (caps.max_positions == 0 || caps.max_positions >= 1024));
+  reach.push_back(production && caps.verify && (caps.max_step_rows == 0 || caps.max_step_rows >= 9) &&
+                  (caps.max_positions == 0 || caps.max_positions >= 9));
+  reach.push_back(production && prefill && !caps.full_window_only &&
+                  (caps.max_positions == 0 || caps.max_positions > 100'000 + 4096 + 4));
   // Two requests live at once need two states; drafts end unaccepted by a finish or a reset.
-  reach.push_back(caps.verify && (caps.max_states == 0 || caps.max_states >= 2));
+  reach.push_back(caps.verify && two_states);
   reach.push_back(caps.verify && (caps.finish || caps.reset));
-  if (profile == Profile::kTrim) {
-    reach.push_back(caps.trim);
-    reach.push_back(caps.trim && caps.verify);
-  }
-  if (profile == Profile::kPaged) {
-    // A cache with a block size: frees by its window (reached when one
-    // slides); reuse seen in the slots it reports, on two states or a
-    // finish; a straddling verify by its slots or positions.
-    const bool paged = caps.block_size > 0;
-    reach.push_back(paged && !caps.full_window_only);
-    reach.push_back(paged && caps.reports_written_slots && caps.finish);
-    reach.push_back(paged && caps.verify);
-  }
-  if (profile == Profile::kLayers) {
-    const bool layered = caps.per_layer_windows && (caps.max_layers == 0 || caps.max_layers >= 2);
-    reach.push_back(layered);
-    reach.push_back(layered);
-  }
-  if (profile == Profile::kPrefix) {
-    // Live sharing needs two states; a window frees a block only where one slides.
-    const bool two = caps.max_states == 0 || caps.max_states >= 2;
-    reach.push_back(caps.prefix_sharing && two);
-    reach.push_back(caps.prefix_sharing && caps.finish);
-    reach.push_back(caps.prefix_sharing);
-    reach.push_back(caps.prefix_sharing && two && !caps.full_window_only);
+  // Trims.
+  reach.push_back(can(Feature::kTrim));
+  reach.push_back(can(Feature::kTrim) && caps.verify);
+  // A cache with a block size: frees by its window (reached when one
+  // slides); reuse seen in the slots it reports, on two states or a
+  // finish; a straddling verify by its slots or positions.
+  const bool paged = caps.block_size > 0;
+  reach.push_back(paged && !caps.full_window_only);
+  reach.push_back(paged && caps.reports_written_slots && caps.finish);
+  reach.push_back(paged && caps.verify);
+  // A window per layer.
+  reach.push_back(can(Feature::kLayerWindows));
+  reach.push_back(can(Feature::kLayerWindows));
+  // Shared prefixes: live sharing needs two states; a write into the block a
+  // prefix ends in needs a prefix that ends inside a block (blocks of two
+  // rows or more); a window frees a block only where one slides.
+  const bool prefix = can(Feature::kPrefix);
+  reach.push_back(prefix && two_states);
+  reach.push_back(prefix && caps.finish);
+  reach.push_back(prefix && caps.block_size > 1);
+  reach.push_back(prefix && two_states && !caps.full_window_only);
+  reach.push_back(prefix && can(Feature::kTrim));
+  KVCHECK_ASSERT(reach.size() == kScheduleClassCount);
+  for (int f = 0; f < kFeatureCount; ++f) reach.push_back(drawable[static_cast<std::size_t>(f)]);
+  for (int a = 0; a < kFeatureCount; ++a) {
+    for (int b = a + 1; b < kFeatureCount; ++b) {
+      reach.push_back(drawable[static_cast<std::size_t>(a)] && drawable[static_cast<std::size_t>(b)]);
+    }
   }
   return reach;
 }
@@ -348,47 +388,294 @@ class WorkLeft {
   std::int64_t keys_, per_visible_row_, per_row_, macs_, elements_;
 };
 
-/// The trim profile's draws: their own stream, and how far below the
-/// highest row a request wrote (since it began or reset) a trim may take it;
-/// the ring is grown by that depth, so the rows a query needs after a trim
-/// are still held (SPEC §5's bound with the depth in place of the chunk).
-struct TrimDraws {
-  Prng rng;
-  std::int64_t depth = 0;
+/// What the parts of a case see and shape while it is drawn.
+struct CaseDraw {
+  Scenario& sc;
+  const engines::Capabilities& caps;
+  int (&weights)[kKinds];
+  std::int64_t max_chunk = 1;
+  std::int64_t max_drafts = 0;
 };
 
-/// The prefix profile's draws (their own stream): a request's first step
-/// often begins it from a shared prefix of a request that has begun, live
-/// or finished: all of its committed positions or fewer.
-struct PrefixDraws {
-  Prng rng;
+/// The sizes a case is drawn within; a part may change them before the
+/// configuration is drawn (long runs: more requests, windows of blocks).
+struct CaseSizes {
+  std::int64_t block = 0;        ///< > 0: windows of 1..3 such blocks, chunks up to a window and a block
+  std::int64_t min_requests = 1, max_requests = 3;
+  std::int64_t min_steps = 6, max_steps = 28;
+  std::int64_t min_states = 1, max_states = 3;
+  std::int64_t most_drafts = 4;  ///< verify bound drawn in 1..most_drafts
 };
+
+/// The schedule as a part sees it while it is drawn.
+struct ScheduleView {
+  const scenarios::RequestLifecycle& lifecycle;
+  std::int64_t request_count;
+  std::int64_t max_positions;
+};
+
+/// One feature's part of the generator: its sizes, its configuration, the
+/// steps it places and what it adds after the schedule. Each part draws from
+/// its own stream (mixed from the case's data seed), so a part's draws never
+/// shift another's. A case composes the parts of the features it drew.
+class FeaturePart {
+ public:
+  virtual ~FeaturePart() = default;
+  /// Before the configuration is drawn.
+  virtual void sizes(CaseSizes& /*sizes*/, CaseDraw& /*draw*/) {}
+  /// After the configuration and step bounds are drawn, before the schedule.
+  virtual void configure(CaseDraw& /*draw*/) {}
+  /// The step drawn for request `r` (begun: `started`): may replace it.
+  virtual void replace_step(CaseDraw& /*draw*/, const ScheduleView& /*view*/, bool /*started*/, Step& /*step*/) {}
+  /// At request `r`'s first step: the positions of a shared prefix it begins
+  /// from (0: none), set on the request.
+  virtual std::int64_t begin_from(CaseDraw& /*draw*/, const ScheduleView& /*view*/, std::int64_t /*r*/,
+                                  const Step& /*step*/) {
+    return 0;
+  }
+  /// After `step` of request `r` was placed.
+  virtual void placed(const ScheduleView& /*view*/, std::int64_t /*r*/, const Step& /*step*/) {}
+  /// After the schedule.
+  virtual void finish(CaseDraw& /*draw*/) {}
+};
+
+/// Trims: how far below the highest row a request wrote (since it began or
+/// reset) a trim may take it. A deep case grows the ring by that depth, so
+/// the rows a query needs after a trim are still held (docs/semantics.md
+/// "Safe capacity", with the depth in place of the chunk) and a trim may
+/// drop a pending verify's drafts; a shallow case's trims reach only as
+/// deep as the drawn ring's slack allows, so its ring (and how often it
+/// wraps) stays as drawn. A begun request's step is sometimes a trim instead.
+class TrimPart final : public FeaturePart {
+ public:
+  /// How deep a case's trims go: the trim profile's always deep (a trim one
+  /// step in four), the long runs' of the paged profile shallow, the
+  /// others' either (a trim one step in eight).
+  enum class Depth : std::uint8_t { kDeep, kEither, kShallow };
+  TrimPart(std::uint64_t data_seed, Depth depth) : rng_(mix_seed(data_seed, 0x7472696d)), depth_kind_(depth) {}  // "trim"
+  void sizes(CaseSizes& s, CaseDraw& /*d*/) override {
+    // A trim takes a step and rewinds: more steps, so requests still reach
+    // past the ring as often as without trims.
+    s.min_steps += 6;
+    s.max_steps += 24;
+  }
+  void configure(CaseDraw& d) override {
+    const std::int64_t keys = window_keys(d.sc.cache);
+    const std::int64_t drawn = d.max_drafts + 1 + rng_.range(1, keys + 2);
+    const bool coin = rng_.chance(1, 2);
+    if (depth_kind_ == Depth::kDeep || (depth_kind_ == Depth::kEither && coin)) {
+      depth_ = drawn;
+      d.sc.cache.ring_rows += depth_;
+    } else {
+      depth_ = d.sc.cache.ring_rows - keys + 1;  // S >= W - 1 + (H - T) as drawn
+    }
+  }
+  void replace_step(CaseDraw& /*d*/, const ScheduleView& view, bool started, Step& step) override {
+    if (!started) return;
+    const scenarios::RequestProgress& progress = view.lifecycle.progress(step.request);
+    // At most `depth` below the highest row written (a pending verify's included).
+    const std::int64_t top = std::max(high_[step.request], progress.speculative_length());
+    const std::int64_t most = std::min(progress.length, depth_ - (top - progress.length));
+    // One step in four under the trim profile; elsewhere one in eight, so
+    // requests still reach past the ring about as often as without trims.
+    if (most >= 1 && rng_.chance(1, depth_kind_ == Depth::kDeep ? 4 : 8)) {
+      const std::int64_t r = step.request;
+      step = Step{StepKind::kTrim, r};
+      step.positions = rng_.range(1, most);
+    }
+  }
+  void placed(const ScheduleView& view, std::int64_t r, const Step& step) override {
+    const std::int64_t reached = view.lifecycle.progress(r).speculative_length();
+    high_[r] = step.kind == StepKind::kReset ? 0 : std::max(high_[r], reached);
+  }
+
+ private:
+  Prng rng_;
+  Depth depth_kind_;
+  std::int64_t depth_ = 0;
+  std::map<std::int64_t, std::int64_t> high_;  // request -> one past the highest row written since begin/reset
+};
+
+/// Shared prefixes: up to 4 requests on at least two states (where the
+/// cache has them); a request's first step often begins it from the prefix
+/// of a request that has begun, live or finished: all of its committed
+/// positions or fewer.
+class PrefixPart final : public FeaturePart {
+ public:
+  explicit PrefixPart(std::uint64_t data_seed) : rng_(mix_seed(data_seed, 0x70726678)) {}  // "prfx"
+  void sizes(CaseSizes& s, CaseDraw& d) override {
+    // Four requests, and more steps: a request from a prefix writes fewer
+    // rows of its own, so requests still reach past the ring as often.
+    s.max_requests = std::max<std::int64_t>(s.max_requests, 4);
+    s.min_steps += 2;
+    s.max_steps += 8;
+    if (d.caps.max_states == 0 || d.caps.max_states >= 2) s.min_states = std::max<std::int64_t>(s.min_states, 2);
+    s.max_states = std::max(s.max_states, s.min_states);
+  }
+  std::int64_t begin_from(CaseDraw& d, const ScheduleView& view, std::int64_t r, const Step& step) override {
+    // Requests with committed rows to start from (live or finished).
+    std::vector<std::int64_t> sources;
+    for (std::int64_t o = 0; o < view.request_count; ++o) {
+      if (o != r && view.lifecycle.phase(o) != scenarios::RequestLifecycle::Phase::kIdle &&
+          view.lifecycle.progress(o).length >= 1)
+        sources.push_back(o);
+    }
+    if (sources.empty() || !rng_.chance(3, 4)) return 0;
+    const std::int64_t o = sources[static_cast<std::size_t>(rng_.below(sources.size()))];
+    const std::int64_t length = view.lifecycle.progress(o).length;
+    const std::int64_t n = rng_.chance(1, 3) ? length : rng_.range(1, length);
+    const std::int64_t room = view.max_positions > 0 ? view.max_positions - n : 1;
+    if (room <= 0 && scenarios::step_rows(step) > 0) return 0;
+    d.sc.requests[static_cast<std::size_t>(r)].prefix = scenarios::Prefix{o, n};
+    return n;
+  }
+
+ private:
+  Prng rng_;
+};
+
+/// A window per layer, for a cache that declares per_layer_windows: 2..4
+/// layers, each sliding (the case's window, or a narrower one) or global
+/// (one in three), layer 1 unlike layer 0; drawn after the schedule. A
+/// global layer sees every position, so the ring then holds the longest
+/// request (a global layer never frees a row); narrower sliding windows
+/// keep the drawn ring safe.
+class LayerWindowsPart final : public FeaturePart {
+ public:
+  /// `globals`: global layers drawn in every case (the layers profile), else
+  /// in one in six (a global layer's ring holds the whole request, so a
+  /// case with one never wraps).
+  LayerWindowsPart(std::uint64_t data_seed, bool globals)
+      : rng_(mix_seed(data_seed, 0x6c617972)), globals_(globals) {}  // "layr"
+  void finish(CaseDraw& d) override {
+    const bool globals = globals_ || rng_.chance(1, 6);
+    auto& c = d.sc.cache;
+    std::int32_t most = 4;
+    if (d.caps.max_layers > 0) most = static_cast<std::int32_t>(std::min<std::int64_t>(most, d.caps.max_layers));
+    if (most < 2) return;
+    c.layers = static_cast<std::int32_t>(rng_.range(2, most));
+    const std::int64_t keys = window_keys(c);
+    // A sliding layer's window in the cache's convention, keys 1..keys.
+    auto sliding = [&](std::int64_t k) {
+      return scenarios::LayerWindow{c.convention == scenarios::Convention::kKeys ? k : k - 1, c.convention};
+    };
+    const std::int64_t lowest_keys = c.convention == scenarios::Convention::kKeys ? 1 : 2;
+    c.layer_windows.clear();
+    for (std::int32_t l = 0; l < c.layers; ++l) {
+      scenarios::LayerWindow w;
+      if (rng_.chance(1, 3) && globals) {
+        w = scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys};
+      } else {
+        w = sliding(rng_.chance(1, 2) || keys <= lowest_keys ? keys : rng_.range(lowest_keys, keys));
+      }
+      if (l == 1 && w == c.layer_windows[0]) {
+        // Layer 1 differs from layer 0: a window taken from the wrong layer
+        // shows (without globals: a narrower one where there is one).
+        if (!c.layer_windows[0].window) {
+          w = sliding(keys);
+        } else if (globals || keys <= lowest_keys) {
+          w = scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys};
+        } else {
+          w = sliding(rng_.range(lowest_keys, keys - 1));
+        }
+      }
+      c.layer_windows.push_back(w);
+    }
+    // Explicit rows name layers: none are drawn by the generator.
+    if (scenarios::has_global_layer(c))
+      c.ring_rows = std::max(c.ring_rows, scenarios::schedule_end(d.sc.steps, d.sc.requests));
+  }
+
+ private:
+  Prng rng_;
+  bool globals_ = false;
+};
+
+/// Long runs over a shared pool: windows of one to three blocks (the
+/// cache's block size, else 4; 48 keys at most), one in four inside one
+/// block, chunks up to a window and a block, up to 8 requests over 20..48
+/// steps on 2..4 states; finish and verify on wherever the cache runs them.
+/// Requests wait for a state, finish or reset at any length (long and short
+/// ones), and the next takes the freed slots or blocks; verifies straddle
+/// blocks.
+class LongRunsPart final : public FeaturePart {
+ public:
+  void sizes(CaseSizes& s, CaseDraw& d) override {
+    if (d.caps.finish) d.weights[kFinish] = 1;
+    if (d.caps.verify) d.weights[kVerify] = std::max(d.weights[kVerify], 2);
+    s.block = d.caps.block_size > 0 ? d.caps.block_size : 4;
+    s.max_requests = 8;
+    s.min_steps = 20;
+    s.max_steps = 48;
+    s.min_states = 2;
+    s.max_states = 4;
+    s.most_drafts = 6;
+  }
+};
+
+/// The features of a case: each drawable one on in about half the cases
+/// (the profile's own always), from their own stream.
+FeatureSet draw_feature_mask(std::uint64_t data_seed, const engines::Capabilities& caps, Profile profile) {
+  const FeatureSet drawable = drawable_features(caps, profile);
+  Prng rng(mix_seed(data_seed, 0x7377726d));  // "swrm"
+  FeatureSet on;
+  const auto draw = [&](Feature f, bool emphasized) {
+    const bool coin = rng.chance(1, 2);  // drawn for every row, so one row's emphasis shifts no other
+    on[static_cast<std::size_t>(f)] = drawable[static_cast<std::size_t>(f)] && (emphasized || coin);
+  };
+  draw(Feature::kTrim, profile == Profile::kTrim);
+  draw(Feature::kPrefix, profile == Profile::kPrefix);
+  draw(Feature::kLayerWindows, profile == Profile::kLayers);
+  // Long runs are the paged profile's preset; elsewhere one case in four.
+  const bool long_coin = rng.chance(1, 2);
+  on[static_cast<std::size_t>(Feature::kLongRuns)] =
+      drawable[static_cast<std::size_t>(Feature::kLongRuns)] && (profile == Profile::kPaged || (long_coin && rng.chance(1, 2)));
+  return on;
+}
+
+/// The parts of the features in `on`, in the order they act.
+std::vector<std::unique_ptr<FeaturePart>> make_parts(const FeatureSet& on, std::uint64_t data_seed, Profile profile) {
+  std::vector<std::unique_ptr<FeaturePart>> parts;
+  if (on[static_cast<std::size_t>(Feature::kLongRuns)]) parts.push_back(std::make_unique<LongRunsPart>());
+  if (on[static_cast<std::size_t>(Feature::kTrim)])
+    parts.push_back(std::make_unique<TrimPart>(data_seed, profile == Profile::kTrim    ? TrimPart::Depth::kDeep
+                                                          : profile == Profile::kPaged ? TrimPart::Depth::kShallow
+                                                                                       : TrimPart::Depth::kEither));
+  if (on[static_cast<std::size_t>(Feature::kPrefix)]) parts.push_back(std::make_unique<PrefixPart>(data_seed));
+  if (on[static_cast<std::size_t>(Feature::kLayerWindows)])
+    parts.push_back(std::make_unique<LayerWindowsPart>(data_seed, profile == Profile::kLayers));
+  return parts;
+}
 
 /// Draws the requests (1..max_requests, each on a state id) and a schedule of
-/// up to `steps` steps over them; with `work`, every step is fitted to what
-/// is left of the budget and the schedule ends when nothing fits; with
-/// `trims`, a step of a begun request is sometimes a trim instead (drawn
-/// from their own stream, so the other draws stay as they were).
-void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::int64_t max_chunk,
-                   std::int64_t max_drafts, std::int64_t max_requests, std::int64_t min_steps,
-                   std::int64_t max_steps, WorkLeft* work, std::int64_t max_positions,
-                   TrimDraws* trims = nullptr, PrefixDraws* prefixes = nullptr) {
+/// `min_steps`..`max_steps` steps over them; with `work`, every step is
+/// fitted to what is left of the budget and the schedule ends when nothing
+/// fits. The parts may replace a step (a trim) or begin a request from a
+/// prefix.
+void draw_schedule(Prng& rng, CaseDraw& d, const CaseSizes& sizes, WorkLeft* work,
+                   const std::vector<std::unique_ptr<FeaturePart>>& parts) {
+  Scenario& sc = d.sc;
+  const auto& weights = d.weights;
   const auto& c = sc.cache;
-  const std::int64_t request_count = rng.range(1, max_requests);
+  const std::int64_t max_positions = d.caps.max_positions;
+  const std::int64_t request_count = rng.range(sizes.min_requests, sizes.max_requests);
   for (std::int64_t r = 0; r < request_count; ++r) {
     sc.requests.push_back({r, static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(c.states)))});
   }
 
   // Who has begun, finished and holds which state: scenarios::RequestLifecycle.
   scenarios::RequestLifecycle lifecycle;
+  const ScheduleView view{lifecycle, request_count, max_positions};
   const auto state_of = [&](std::int64_t r) { return sc.requests[static_cast<std::size_t>(r)].state; };
-  const std::int64_t budget = rng.range(min_steps, max_steps);
-  // Decisions the schedule used to leave out, from their own stream so that a
-  // case where none fires keeps its draws: another request steps while a
-  // verify is pending, and a finish or reset ends a pending verify's drafts.
+  const std::int64_t budget = rng.range(sizes.min_steps, sizes.max_steps);
+  // Decisions from their own stream: whether this case lets other requests
+  // step while a verify is pending (seven cases in eight: the eighth keeps
+  // verify, accept and the next step together, as a bug that needs them
+  // adjacent wants), each time it may; and a finish or reset ending a
+  // pending verify's drafts.
   Prng extra(mix_seed(sc.data.seed, 0x70656e64));  // "pend"
+  const bool interleave = extra.chance(7, 8);
   const bool end_pending = weights[kFinish] + weights[kReset] > 0;
-  std::map<std::int64_t, std::int64_t> high;  // request -> one past the highest row written since begin/reset
   for (std::int64_t s = 0; s < budget; ++s) {
     // Requests that may take a step now.
     std::vector<std::int64_t> ready;
@@ -398,7 +685,7 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
     }
     if (ready.empty()) break;
     std::int64_t r = ready[static_cast<std::size_t>(rng.below(ready.size()))];
-    if (lifecycle.progress(r).pending() && ready.size() > 1 && extra.chance(3, 4)) {
+    if (lifecycle.progress(r).pending() && ready.size() > 1 && interleave && extra.chance(3, 4)) {
       // Another request steps first; its verify stays pending.
       std::vector<std::int64_t> others;
       for (const std::int64_t o : ready) {
@@ -426,9 +713,9 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
         case scenarios::StepFields::kRowsOrder:
           step.order = slot.order;
           // Long chunks are drawn often so windows fill and rings wrap.
-          step.rows = rng.chance(1, 2) ? max_chunk : rng.range(1, max_chunk);
+          step.rows = rng.chance(1, 2) ? d.max_chunk : rng.range(1, d.max_chunk);
           break;
-        case scenarios::StepFields::kDrafts: step.drafts = rng.range(0, max_drafts); break;
+        case scenarios::StepFields::kDrafts: step.drafts = rng.range(0, d.max_drafts); break;
         case scenarios::StepFields::kAccepted:
         case scenarios::StepFields::kPositions:
         case scenarios::StepFields::kNone: break;
@@ -436,15 +723,7 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       // A finish or reset of a request that has not begun would do nothing: a decode instead.
       if (scenarios::step_kind_needs_begun(step.kind) && !started) step = Step{StepKind::kDecode, r};
     }
-    if (trims != nullptr && started) {
-      // At most `depth` below the highest row written (a pending verify's included).
-      const std::int64_t top = std::max(high[r], progress.speculative_length());
-      const std::int64_t most = std::min(progress.length, trims->depth - (top - progress.length));
-      if (most >= 1 && trims->rng.chance(1, 4)) {
-        step = Step{StepKind::kTrim, r};
-        step.positions = trims->rng.range(1, most);
-      }
-    }
+    for (const auto& part : parts) part->replace_step(d, view, started, step);
     if (max_positions > 0 && scenarios::step_rows(step) > 0) {
       // The cache's longest request: a step is shortened to end there; a
       // request with no room left takes no more writing steps.
@@ -467,32 +746,14 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
       work->charge(first, scenarios::step_rows(step));
     }
     std::int64_t prefix_positions = 0;
-    if (prefixes != nullptr && !started) {
-      // Requests with committed rows to start from (live or finished).
-      std::vector<std::int64_t> sources;
-      for (std::int64_t o = 0; o < request_count; ++o) {
-        if (o != r && lifecycle.phase(o) != scenarios::RequestLifecycle::Phase::kIdle &&
-            lifecycle.progress(o).length >= 1)
-          sources.push_back(o);
-      }
-      if (!sources.empty() && prefixes->rng.chance(3, 4)) {
-        const std::int64_t o = sources[static_cast<std::size_t>(prefixes->rng.below(sources.size()))];
-        const std::int64_t length = lifecycle.progress(o).length;
-        prefix_positions = prefixes->rng.chance(1, 3) ? length : prefixes->rng.range(1, length);
-        const std::int64_t room = max_positions > 0 ? max_positions - prefix_positions : 1;
-        if (room <= 0 && scenarios::step_rows(step) > 0) {
-          prefix_positions = 0;
-        } else {
-          sc.requests[static_cast<std::size_t>(r)].prefix = scenarios::Prefix{o, prefix_positions};
-        }
+    if (!started) {
+      for (const auto& part : parts) {
+        if (prefix_positions == 0) prefix_positions = part->begin_from(d, view, r, step);
       }
     }
     // Begins the request (at its prefix's length), advances it, frees its state at finish.
     lifecycle.step(r, state_of(r), step, prefix_positions);
-    if (trims != nullptr) {
-      const std::int64_t reached = lifecycle.progress(r).speculative_length();
-      high[r] = step.kind == StepKind::kReset ? 0 : std::max(high[r], reached);
-    }
+    for (const auto& part : parts) part->placed(view, r, step);
     sc.steps.push_back(step);
   }
   // Close a pending verify so every schedule ends in a committed state.
@@ -513,46 +774,7 @@ void draw_schedule(Prng& rng, Scenario& sc, const int (&weights)[kKinds], std::i
   sc.requests = used;
 }
 
-/// The layers profile, for a cache that declares per_layer_windows: 2..4
-/// layers, each sliding (the case's window, or a narrower one) or global
-/// (one in three), layer 1 unlike layer 0; drawn from their own stream
-/// after the schedule, so the draws above are the default profile's. A
-/// global layer sees every position, so the ring then holds the longest
-/// request (a global layer never frees a row); narrower sliding windows
-/// keep the drawn ring safe.
-void draw_layer_windows(Scenario& sc, const engines::Capabilities& caps) {
-  auto& c = sc.cache;
-  Prng rng(mix_seed(sc.data.seed, 0x6c617972));  // "layr"
-  std::int32_t most = 4;
-  if (caps.max_layers > 0) most = static_cast<std::int32_t>(std::min<std::int64_t>(most, caps.max_layers));
-  if (most < 2) return;
-  c.layers = static_cast<std::int32_t>(rng.range(2, most));
-  const std::int64_t keys = window_keys(c);
-  // A sliding layer's window in the cache's convention, keys 1..keys.
-  auto sliding = [&](std::int64_t k) {
-    return scenarios::LayerWindow{c.convention == scenarios::Convention::kKeys ? k : k - 1, c.convention};
-  };
-  const std::int64_t lowest_keys = c.convention == scenarios::Convention::kKeys ? 1 : 2;
-  c.layer_windows.clear();
-  for (std::int32_t l = 0; l < c.layers; ++l) {
-    scenarios::LayerWindow w;
-    if (rng.chance(1, 3)) {
-      w = scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys};
-    } else {
-      w = sliding(rng.chance(1, 2) || keys <= lowest_keys ? keys : rng.range(lowest_keys, keys));
-    }
-    if (l == 1 && w == c.layer_windows[0]) {
-      // Layer 1 differs from layer 0: a window taken from the wrong layer shows.
-      w = c.layer_windows[0].window ? scenarios::LayerWindow{std::nullopt, scenarios::Convention::kKeys}
-                                    : sliding(keys);
-    }
-    c.layer_windows.push_back(w);
-  }
-  if (scenarios::has_global_layer(c)) c.ring_rows = std::max(c.ring_rows, scenarios::schedule_end(sc.steps));
-  // Explicit rows name layers: none are drawn by the generator.
-}
-
-/// Last touches shared by both profiles, then validation.
+/// Last touches shared by every profile, then validation.
 void finish_scenario(Scenario& sc, const engines::Capabilities& caps) {
   if (caps.full_window_only) {
     // A cache that attends to every row it holds: window and capacity cover
@@ -581,8 +803,8 @@ std::int64_t small_slack(Prng& rng) {
   return slack_draw < 5 ? 0 : static_cast<std::int64_t>(slack_draw) - 4;
 }
 
-/// The small shapes of the default and paged profiles: 1..2 KV heads in
-/// groups of 1..2, head_dim 2..8, formats, RoPE, layers and sink.
+/// The small shapes of the default sizes: 1..2 KV heads in groups of 1..2,
+/// head_dim 2..8, formats, RoPE, layers and sink.
 void draw_small_shape(Prng& rng, scenarios::CacheConfig& c) {
   c.kv_heads = static_cast<std::int32_t>(rng.range(1, 2));
   c.q_heads = c.kv_heads * static_cast<std::int32_t>(rng.range(1, 2));
@@ -603,72 +825,68 @@ void draw_small_shape(Prng& rng, scenarios::CacheConfig& c) {
   if (rng.chance(1, 6)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
 }
 
-/// A named scenario with its data seed and swarm weights drawn.
-Scenario begin_scenario(Prng& rng, const std::string& name, const std::string& description,
-                        const engines::Capabilities& caps, int (&weights)[kKinds]) {
+/// A scenario named for `profile`'s case from `seed` ("trim-7", "kvcheck
+/// check --profile trim case drawn from seed 7"; the default profile's:
+/// "generated-7", "kvcheck check case drawn from seed 7"), with its data
+/// seed and swarm weights drawn.
+Scenario begin_profile_scenario(Prng& rng, Profile profile, std::uint64_t seed, const engines::Capabilities& caps,
+                                int (&weights)[kKinds]) {
+  const std::string n = std::to_string(seed);
   Scenario sc;
-  sc.name = name;
-  sc.description = description;
+  if (profile == Profile::kDefault) {
+    sc.name = "generated-" + n;
+    sc.description = "kvcheck check case drawn from seed " + n;
+  } else {
+    const std::string name = profile_name(profile);
+    sc.name = name + "-" + n;
+    sc.description = "kvcheck check --profile " + name + " case drawn from seed " + n;
+  }
   sc.data.seed = rng.next() >> 1;
   draw_weights(rng, caps, weights);
   return sc;
 }
 
-/// begin_scenario named for `profile`'s case from `seed`: "trim-7", "kvcheck
-/// check --profile trim case drawn from seed 7" (the default profile's:
-/// "generated-7", "kvcheck check case drawn from seed 7").
-Scenario begin_profile_scenario(Prng& rng, Profile profile, std::uint64_t seed, const engines::Capabilities& caps,
-                                int (&weights)[kKinds]) {
-  const std::string n = std::to_string(seed);
-  if (profile == Profile::kDefault)
-    return begin_scenario(rng, "generated-" + n, "kvcheck check case drawn from seed " + n, caps, weights);
-  const std::string name = profile_name(profile);
-  return begin_scenario(rng, name + "-" + n, "kvcheck check --profile " + name + " case drawn from seed " + n, caps,
-                        weights);
-}
-
-/// The default profile's cases, with trims (Profile::kTrim), layer windows
-/// (kLayers) or shared prefixes (kPrefix) drawn where the cache has them.
-Scenario generate_default(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
+/// The small-case profiles (default, trim, layers, prefix, paged): the
+/// features drawn for the case, their parts composed over the default's
+/// sizes (or a long run's).
+Scenario generate_small(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
   Prng rng(seed);
   int weights[kKinds];
   Scenario sc = begin_profile_scenario(rng, profile, seed, caps, weights);
+  const FeatureSet on = draw_feature_mask(sc.data.seed, caps, profile);
+  const auto parts = make_parts(on, sc.data.seed, profile);
+  CaseDraw d{sc, caps, weights};
+  CaseSizes sizes;
+  for (const auto& part : parts) part->sizes(sizes, d);
 
   auto& c = sc.cache;
-  c.window = rng.range(1, 7);
+  if (sizes.block > 0) {
+    // Windows of up to three blocks (48 keys at most), one in four inside one block.
+    const std::int64_t widest = std::min<std::int64_t>(3 * sizes.block, 48);
+    const std::int64_t narrow = std::min(sizes.block, widest);
+    c.window = rng.chance(1, 4) ? rng.range(1, narrow) : rng.range(narrow, widest);
+  } else {
+    c.window = rng.range(1, 7);
+  }
   c.convention = draw_convention(rng);
   fit_window(c, caps);
   const std::int64_t keys = window_keys(c);
-  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 4) : 0;
+  d.max_drafts = weights[kVerify] ? rng.range(1, sizes.most_drafts) : 0;
   const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  std::int64_t max_chunk = prefill_on ? rng.range(1, 2 * keys + 2) : 1;
-  fit_step_bounds(caps, &max_chunk, &max_drafts);
-  // Minimum safe ring for these bounds (SPEC §5), then 0..2 rows of slack.
-  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+  // Chunks up to two windows and two rows (a long run's: a window and a
+  // block, so prefills cross blocks and free them).
+  const std::int64_t longest_chunk = sizes.block > 0 ? keys + sizes.block : 2 * keys + 2;
+  d.max_chunk = prefill_on ? rng.range(1, longest_chunk) : 1;
+  fit_step_bounds(caps, &d.max_chunk, &d.max_drafts);
+  // Minimum safe ring for these bounds (docs/semantics.md "Safe capacity"), then 0..3 rows of slack.
+  const std::int64_t safe = safe_ring_rows(keys, d.max_chunk, d.max_drafts, weights[kPrefillStl] > 0);
   c.ring_rows = safe + small_slack(rng);
-  c.states = rng.range(1, 3);
+  c.states = rng.range(sizes.min_states, sizes.max_states);
   draw_small_shape(rng, c);
   fit_to_caps(c, caps);
-  // The trim profile, for a cache that trims: the depth a trim may reach
-  // (past a pending verify's rows, often), and the ring grown by it.
-  std::optional<TrimDraws> trims;
-  if (profile == Profile::kTrim && caps.trim) {
-    trims.emplace(TrimDraws{Prng(mix_seed(sc.data.seed, 0x7472696d)), 0});  // "trim"
-    trims->depth = max_drafts + 1 + trims->rng.range(1, keys + 2);
-    c.ring_rows += trims->depth;
-  }
-  // Requests: 1..3, each with a state id; later requests may reuse a state.
-  // The prefix profile, for a cache that shares prefixes: up to 4 requests
-  // on at least two states (where the cache has them), prefixes drawn from
-  // their own stream.
-  std::optional<PrefixDraws> prefixes;
-  if (profile == Profile::kPrefix && caps.prefix_sharing) {
-    prefixes.emplace(PrefixDraws{Prng(mix_seed(sc.data.seed, 0x70726678))});  // "prfx"
-    if (caps.max_states == 0 || caps.max_states >= 2) c.states = std::max<std::int64_t>(c.states, 2);
-  }
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, prefixes ? 4 : 3, prefixes ? 6 : 4, prefixes ? 20 : 16,
-                nullptr, caps.max_positions, trims ? &*trims : nullptr, prefixes ? &*prefixes : nullptr);
-  if (profile == Profile::kLayers && caps.per_layer_windows && !caps.full_window_only) draw_layer_windows(sc, caps);
+  for (const auto& part : parts) part->configure(d);
+  draw_schedule(rng, d, sizes, nullptr, parts);
+  for (const auto& part : parts) part->finish(d);
   finish_scenario(sc, caps);
   return sc;
 }
@@ -683,7 +901,7 @@ std::int64_t slot_bytes(const scenarios::CacheConfig& c) {
 constexpr std::int64_t kLongContextRows = 100'000;
 
 /// Turns a production case into a long-context one: one request runs past
-/// position 10^5 (where angle errors grow: README "Tolerances") in prefill
+/// position 10^5 (where angle errors grow: docs/tolerances) in prefill
 /// chunks of up to 2048 rows, then a few decodes. One head of 64 and a
 /// window of 1..3 keys keep the reference's work at a few keys per row, and
 /// the runner keeps only the rows a window can still see, so the case costs
@@ -696,6 +914,7 @@ void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& cap
   c.head_dim = 64;
   c.shared_row = false;
   c.layers = 1;
+  c.layer_windows.clear();
   c.states = 1;
   c.rope.style = rng.chance(1, 2) ? scenarios::RopeStyle::kNeox : scenarios::RopeStyle::kInterleaved;
   c.rope.rotary_dims = 64;
@@ -724,6 +943,14 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   int weights[kKinds];
   Scenario sc = begin_profile_scenario(rng, Profile::kProduction, seed, caps, weights);
   const ProductionBudget budget = production_budget();
+  const FeatureSet on = draw_feature_mask(sc.data.seed, caps, Profile::kProduction);
+  const auto parts = make_parts(on, sc.data.seed, Profile::kProduction);
+  CaseDraw d{sc, caps, weights};
+  CaseSizes sizes;
+  sizes.max_requests = 4;
+  sizes.min_steps = 4;
+  sizes.max_steps = 24;
+  for (const auto& part : parts) part->sizes(sizes, d);
 
   auto& c = sc.cache;
   // One case in eight is long and narrow (tiny window, one 64-wide head,
@@ -737,17 +964,19 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   c.convention = static_cast<scenarios::Convention>(rng.below(3));
   fit_window(c, caps);
   const std::int64_t keys = window_keys(c);
-  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 16) : 0;
+  d.max_drafts = weights[kVerify] ? rng.range(1, 16) : 0;
   const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  std::int64_t max_chunk = prefill_on ? (rng.chance(1, 2) ? rng.range(1, 2048) : rng.range(1, 64)) : 1;
-  if (narrow && prefill_on) max_chunk = rng.range(1024, 2048);
-  fit_step_bounds(caps, &max_chunk, &max_drafts);
-  const std::int64_t safe = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0);
+  d.max_chunk = prefill_on ? (rng.chance(1, 2) ? rng.range(1, 2048) : rng.range(1, 64)) : 1;
+  if (narrow && prefill_on) d.max_chunk = rng.range(1024, 2048);
+  fit_step_bounds(caps, &d.max_chunk, &d.max_drafts);
+  const std::int64_t safe = safe_ring_rows(keys, d.max_chunk, d.max_drafts, weights[kPrefillStl] > 0);
   const std::uint64_t slack_draw = rng.below(8);
   c.ring_rows =
       safe +
       (slack_draw < 5 ? 0 : (slack_draw < 7 ? static_cast<std::int64_t>(slack_draw) - 4 : rng.range(3, 64)));
   c.states = rng.range(1, 4);
+  if (on[static_cast<std::size_t>(Feature::kPrefix)] && (caps.max_states == 0 || caps.max_states >= 2))
+    c.states = std::max<std::int64_t>(c.states, 2);
   static constexpr std::int32_t kGroups[] = {1, 2, 4, 4, 8, 8};  // the AVX-512 kernel wants groups of 4 or 8
   c.kv_heads = std::int32_t{1} << rng.below(4);                  // 1, 2, 4, 8
   c.q_heads = c.kv_heads * kGroups[rng.below(6)];                // up to 64
@@ -766,64 +995,51 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
   c.layers = rng.chance(1, 8) ? 2 : 1;
   if (rng.chance(1, 8)) c.sink_logit = static_cast<double>(rng.range(-2, 2));
   fit_to_caps(c, caps);
+  for (const auto& part : parts) part->configure(d);
   // The pool within its budget: fewer states first, then fewer KV heads
   // (same group), then one layer (one state, one KV head and one layer of
-  // the widest draw is 8193 + 2048 + 16 + 64 rows of 2 KiB: 21 MiB).
-  const auto pool_bytes = [&c] { return std::int64_t{c.layers} * c.states * c.ring_rows * slot_bytes(c); };
-  while (pool_bytes() > budget.pool_bytes) {
-    if (c.states > 1) {
-      c.states -= 1;
-    } else if (c.kv_heads > 1) {
-      c.q_heads /= 2;
-      c.kv_heads /= 2;
-    } else if (c.layers > 1) {
-      c.layers = 1;
-    } else {
-      break;
+  // the widest draw is 8193 + 2048 + 16 + 64 rows of 2 KiB: 21 MiB). A
+  // window per layer comes after the schedule: it may grow the ring for a
+  // global layer, and then shrinks the pool again.
+  const auto pool_bytes = [&c] {
+    return std::int64_t{c.layers} * c.states * c.ring_rows * slot_bytes(c);
+  };
+  const auto fit_pool = [&] {
+    while (pool_bytes() > budget.pool_bytes) {
+      if (c.states > 1 && !(on[static_cast<std::size_t>(Feature::kPrefix)] && c.states <= 2)) {
+        c.states -= 1;
+      } else if (c.kv_heads > 1) {
+        c.q_heads /= 2;
+        c.kv_heads /= 2;
+      } else if (c.layers > 1) {
+        c.layers = 1;
+      } else {
+        break;
+      }
     }
-  }
+  };
+  fit_pool();
   WorkLeft work(c, budget);
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 4, 4, 24, &work, caps.max_positions);
-  // Drawn last, so the other cases keep their draws.
+  draw_schedule(rng, d, sizes, &work, parts);
+  // One case in sixteen is a long-context one, decided from its own stream
+  // (so how many draws the schedule took does not move it).
+  Prng long_rng(mix_seed(sc.data.seed, 0x6c6f6e67));  // "long"
   const bool prefill = caps.prefill_load_then_store || caps.prefill_store_then_load;
   const bool long_fits = caps.max_positions == 0 || caps.max_positions > kLongContextRows + 4096 + 4;
-  if (prefill && !caps.full_window_only && rng.chance(1, 16) && long_fits) make_long_context(sc, rng, caps);
-  finish_scenario(sc, caps);
-  return sc;
-}
-
-/// The paged profile (Profile::kPaged), from its own stream ("page"), so
-/// the other profiles' cases stay as they were.
-Scenario generate_paged(std::uint64_t seed, const engines::Capabilities& caps) {
-  Prng rng(mix_seed(seed, 0x70616765));  // "page"
-  int weights[kKinds];
-  Scenario sc = begin_profile_scenario(rng, Profile::kPaged, seed, caps, weights);
-  // State churn and verifies that straddle blocks: finish and verify are on
-  // wherever the cache runs them.
-  if (caps.finish) weights[kFinish] = 1;
-  if (caps.verify) weights[kVerify] = std::max(weights[kVerify], 2);
-  const std::int64_t block = caps.block_size > 0 ? caps.block_size : 4;
-  auto& c = sc.cache;
-  // Windows of up to three blocks (48 keys at most), one in four inside one block.
-  const std::int64_t widest = std::min<std::int64_t>(3 * block, 48);
-  const std::int64_t narrow = std::min(block, widest);
-  c.window = rng.chance(1, 4) ? rng.range(1, narrow) : rng.range(narrow, widest);
-  c.convention = draw_convention(rng);
-  fit_window(c, caps);
-  const std::int64_t keys = window_keys(c);
-  std::int64_t max_drafts = weights[kVerify] ? rng.range(1, 6) : 0;
-  const bool prefill_on = weights[kPrefillLts] + weights[kPrefillStl] > 0;
-  // Chunks up to a window and a block: prefills cross blocks and free them.
-  std::int64_t max_chunk = prefill_on ? rng.range(1, keys + block) : 1;
-  fit_step_bounds(caps, &max_chunk, &max_drafts);
-  c.ring_rows = safe_ring_rows(keys, max_chunk, max_drafts, weights[kPrefillStl] > 0) + small_slack(rng);
-  c.states = rng.range(2, 4);
-  draw_small_shape(rng, c);
-  fit_to_caps(c, caps);
-  // Up to 8 requests over 16..40 steps on 2..4 states: requests wait for a
-  // state, finish or reset at any length (long and short ones), and the
-  // next takes the freed blocks.
-  draw_schedule(rng, sc, weights, max_chunk, max_drafts, 8, 16, 40, nullptr, caps.max_positions);
+  if (prefill && !caps.full_window_only && long_rng.chance(1, 16) && long_fits) {
+    make_long_context(sc, long_rng, caps);
+  } else {
+    const std::int64_t ring_before = c.ring_rows;
+    const std::int32_t layers_before = c.layers;
+    for (const auto& part : parts) part->finish(d);
+    if (!c.layer_windows.empty() && pool_bytes() > budget.pool_bytes) {
+      // A global layer's ring is the whole schedule: too wide for the
+      // budget, the case keeps its one window.
+      c.layer_windows.clear();
+      c.layers = layers_before;
+      c.ring_rows = ring_before;
+    }
+  }
   finish_scenario(sc, caps);
   return sc;
 }
@@ -831,9 +1047,7 @@ Scenario generate_paged(std::uint64_t seed, const engines::Capabilities& caps) {
 }  // namespace
 
 Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps, Profile profile) {
-  if (profile == Profile::kPaged) return generate_paged(seed, caps);
-  return profile == Profile::kProduction ? generate_production(seed, caps)
-                                         : generate_default(seed, caps, profile);
+  return profile == Profile::kProduction ? generate_production(seed, caps) : generate_small(seed, caps, profile);
 }
 
 namespace {
@@ -903,6 +1117,10 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   std::map<std::int64_t, std::int64_t> state_of;
   for (const auto& r : sc.requests) state_of[r.id] = r.state;
   std::map<std::int64_t, bool> state_used, started, trimmed;
+  std::map<std::int64_t, std::int64_t> prefix_left;  // request -> the shared prefix it began from, until a reset
+  for (const auto& r : sc.requests) {
+    if (r.prefix) prefix_left[r.id] = r.prefix->positions;
+  }
   bool wrote = false;
   for (const auto& s : sc.steps) {
     for (const auto& [other, q] : progress) {
@@ -925,7 +1143,11 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
     if (s.kind == StepKind::kTrim) {
       trimmed[s.request] = true;
       if (p.pending()) cov.trim_with_drafts_pending = true;
+      // Back below the shared prefix it began from (no reset since).
+      const auto shared = prefix_left.find(s.request);
+      if (shared != prefix_left.end() && p.length - s.positions < shared->second) cov.trim_into_prefix = true;
     }
+    if (s.kind == StepKind::kReset) prefix_left.erase(s.request);
     if (n > 0 && trimmed[s.request]) cov.write_after_trim = true;
     if (n > 0 && keys >= 4096) cov.window_4096 = true;
     if (s.kind == StepKind::kPrefill && s.rows >= 1024) cov.chunk_1024 = true;
@@ -950,6 +1172,7 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   // The cache's own dispatch decides (Capabilities::fast_kernel_runs); its
   // queries run the kernel once any step writes rows.
   cov.fast_cpu_kernel = wrote && caps.fast_kernel_runs && caps.fast_kernel_runs(cache_spec(sc));
+  cov.features = exercised_features(sc);
   return cov;
 }
 

@@ -1,13 +1,22 @@
 // Randomized multi-request schedules (swarm testing). Each case draws, from
-// its own seed, which step kinds are on and their weights (some zero), a
-// small cache configuration, and a schedule over one pool shared by several
-// requests: prefill in both orders and any chunk size, decode, verify(k) with
-// accept(a), finish and state reuse, reset, on one or two layers. Other
-// requests often step between a verify and its accept, and a request may
-// finish or reset with its drafts pending (SPEC §3: they are dropped). The ring is
-// sized safely for the drawn bounds (SPEC §5) plus a little random slack, so
-// the correct implementation passes every case and each named fault fails
-// some. Sizes keep a case to milliseconds at the reference's default precision.
+// its own seed, which step kinds are on and their weights (some zero), which
+// of the features the cache declares it exercises (features.hpp: trims,
+// shared prefixes of live and finished requests, a window per layer, long
+// runs over a shared pool; each on in about half the cases, so every pair
+// meets), a small cache configuration, and a schedule over one pool shared
+// by several requests: prefill in both orders and any chunk size, decode,
+// verify(k) with accept(a), finish and state reuse, reset, on one or more
+// layers. Other requests often step between a verify and its accept, and a
+// request may finish or reset with its drafts pending (docs/semantics.md
+// "Steps": they are dropped). The ring is sized safely for the drawn bounds
+// (docs/semantics.md "Safe capacity") plus a little random slack, so the
+// correct implementation passes every case and each named fault fails some.
+// Sizes keep a case to milliseconds at the reference's default precision.
+//
+// Each feature that shapes a schedule is one part of the generator (a
+// FeaturePart in generator.cpp: its sizes, its configuration, the steps it
+// places, what it adds after the schedule); a case composes the parts of
+// the features it drew. A profile only sets sizes and emphasis.
 //
 // The production profile draws the shapes real caches run (windows up to
 // 8192 in every convention, head_dim 64/128/256, up to 64 query heads in GQA
@@ -22,35 +31,12 @@
 #include <vector>
 
 #include "engines/cache_under_test.hpp"
+#include "properties/features.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace kvcheck::properties {
 
-/// Which distribution `kvcheck check` draws cases from (`--profile`).
-enum class Profile : std::uint8_t {
-  kDefault,     ///< small caches (window 1..7, head width 2..8): milliseconds a case
-  kProduction,  ///< production shapes under a per-case work budget
-  /// The default profile's cases plus trims (from their own stream) for a
-  /// cache that declares trim, its ring grown by the trim depth drawn.
-  kTrim,
-  /// Cases that cross many block boundaries, for paged pools (its own
-  /// stream): windows of one to three blocks, 4..8 requests long and short
-  /// on 2..4 states, so windows free blocks, requests finish and reset and
-  /// their blocks go to others, and verifies straddle blocks. The block size
-  /// is the cache's (Capabilities::block_size), else 4.
-  kPaged,
-  /// The default profile's cases with a window per layer (2..4 layers,
-  /// sliding and global ones mixed, from their own stream) for a cache that
-  /// declares per_layer_windows; other caches get the default's cases.
-  kLayers,
-  /// The default profile's cases with shared prefixes (from their own
-  /// stream: up to 4 requests on at least two states, a request often
-  /// beginning from another's prefix) for a cache that declares
-  /// prefix_sharing; other caches get cases without prefixes.
-  kPrefix,
-};
-
-/// "default", "production", "trim", "layers" or "prefix".
+/// "default", "production", "trim", "paged", "layers" or "prefix".
 std::string profile_name(Profile profile);
 /// Parses a profile name; false when unknown.
 bool parse_profile(const std::string& name, Profile* out);
@@ -67,7 +53,10 @@ struct ProductionBudget {
 /// The budget every production case is drawn under.
 ProductionBudget production_budget();
 
-/// Coverage classes a check run must reach (RC_CLASSIFY / CODE_PROBE style).
+/// Coverage classes a check run must reach (RC_CLASSIFY / CODE_PROBE style):
+/// the schedule classes below, then one per feature (features.hpp: the
+/// cases that exercised it), then one per pair of features (the cases that
+/// exercised both).
 struct Coverage {
   bool ring_wrap = false;                 ///< some write lands at position >= S (the ring wrapped)
   bool verify_rejection = false;          ///< an accept keeps fewer drafts than the verify wrote
@@ -79,34 +68,55 @@ struct Coverage {
   bool chunk_1024 = false;       ///< a prefill chunk of at least 1024 rows
   bool verify_8_drafts = false;  ///< a verify with at least 8 drafts
   bool position_100k = false;    ///< a row is written at a position of at least 10^5 (RoPE at long context)
-  // Both profiles (listed after the production profile's own five there):
   bool verify_then_other_request = false;  ///< another request steps between a verify and its accept
   bool finish_or_reset_with_drafts_pending = false;  ///< a finish or reset ends a pending verify's drafts
-  // Trim profile only (last):
+  // Trims:
   bool write_after_trim = false;               ///< a request writes again after a trim (positions rewritten)
   bool trim_with_drafts_pending = false;       ///< a trim drops a pending verify's drafts
-  // Paged profile only, from the run (classify_blocks):
+  // Paged caches, from the run (classify_blocks):
   bool block_free = false;              ///< a whole block of a request left its window while it lived
   bool block_reuse_after_free = false;  ///< a block held one request's rows, then another request's
   bool verify_straddles_block = false;  ///< a verify's rows went to two or more blocks
-  // Layers profile only (last):
+  // A window per layer:
   bool sliding_and_global_layers = false;  ///< a case has a global layer and a sliding layer whose window slides
   bool sliding_windows_differ = false;     ///< two sliding layers with different windows, one of them sliding
-  // Prefix profile only (last):
+  // Shared prefixes:
   bool prefix_of_live = false;               ///< a request begins from the prefix of an active request
   bool prefix_of_finished = false;           ///< a request begins from the prefix of a finished request
   bool cow_write_into_shared_block = false;  ///< a write lands in the block a shared prefix ends in
   bool window_free_of_shared_block = false;  ///< one sharer's window leaves a shared block the other still sees
+  // Features met together:
+  bool trim_into_prefix = false;  ///< a request that began from a shared prefix trims back into it
+  /// The features the case exercised (exercised_features).
+  FeatureSet features;
 };
 
-/// Names of the coverage classes of `profile`, in Coverage field order: the
-/// default's first four, then (production only) five of the production
-/// profile's own, then the two schedule classes both profiles have, then
-/// (trim only) the trim profile's two. A class
-/// keeps its index when classes are added: new ones go last.
-std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
-/// The classes of `profile` as booleans, in coverage_names(profile) order.
-std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::kDefault);
+/// What a coverage class counts.
+enum class CoverageKind : std::uint8_t {
+  kSchedule,  ///< a situation of the schedule or the run (ring_wrap, ...)
+  kFeature,   ///< "feature:NAME": cases that exercised one feature
+  kPair,      ///< "pair:A+B": cases that exercised both features
+};
+
+/// Feature classes are gated from this many cases on, pair classes from
+/// kPairGateCases (fewer cases may miss a rare feature, or a rare pair, by
+/// chance: a sink is drawn in one case in six, a shared row in one in
+/// eight); they are counted and shown all the same.
+inline constexpr std::int64_t kFeatureGateCases = 100;
+inline constexpr std::int64_t kPairGateCases = 1000;
+
+/// Names of every coverage class, in one fixed order for every profile: the
+/// schedule classes in Coverage field order, then "feature:NAME" for each
+/// row of KVCHECK_FEATURES, then "pair:A+B" for each pair of rows (A before
+/// B in the table). Which of them a run gates: reachable_coverage.
+const std::vector<std::string>& coverage_names();
+/// The kind of each class, in coverage_names() order.
+const std::vector<CoverageKind>& coverage_kinds();
+/// The classes as booleans, in coverage_names() order.
+std::vector<bool> coverage_flags(const Coverage& c);
+/// The class index of feature `f`, and of the pair (a, b) (a != b).
+std::size_t feature_class(Feature f);
+std::size_t pair_class(Feature a, Feature b);
 
 /// Draws one scenario from `seed` (deterministic on every platform), using
 /// only what `caps` supports. With every capability on (the default) the
@@ -115,9 +125,11 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::k
 scenarios::Scenario generate_scenario(std::uint64_t seed, const engines::Capabilities& caps = {},
                                       Profile profile = Profile::kDefault);
 
-/// Which coverage classes of `profile` a cache with `caps` can reach at all
-/// (a class it cannot reach, e.g. ring wrap for a cache without a sliding
-/// window, or a fast kernel the cache does not declare, is not gated).
+/// Which coverage classes a cache with `caps` can reach under `profile`
+/// (what the generator can draw for it): a class it cannot reach (ring wrap
+/// for a cache without a sliding window, a fast kernel the cache does not
+/// declare, a feature it does not declare, and every pair with one) is
+/// shown, never gated.
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile = Profile::kDefault);
 
 /// Which coverage classes a scenario reaches (computed from its schedule;

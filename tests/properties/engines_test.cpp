@@ -648,46 +648,62 @@ TEST_CASE("RingPool trim: the next write takes the trimmed slot, old rows stay v
   CHECK_FALSE(cache->call(call, nullptr));
 }
 
-TEST_CASE("Generator: the trim profile draws trims only for a cache that declares them, the others none") {
+TEST_CASE(
+    "Generator: trims are drawn for a cache that declares them, in every case under the trim profile and in "
+    "some by default, never for one that does not") {
   engines::Capabilities caps;  // every capability on, trim included
   engines::Capabilities no_trim;
   no_trim.trim = false;
   properties::Coverage reached;
-  int trims = 0, changed = 0;
+  int trims = 0, trims_default = 0;
+  const auto has_trim = [](const scenarios::Scenario& sc) {
+    return std::any_of(sc.steps.begin(), sc.steps.end(),
+                       [](const scenarios::Step& s) { return s.kind == scenarios::StepKind::kTrim; });
+  };
   for (std::uint64_t seed = 1; seed <= 60; ++seed) {
     const auto plain = properties::generate_scenario(seed, caps);
     const auto with = properties::generate_scenario(seed, caps, properties::Profile::kTrim);
     auto without = properties::generate_scenario(seed, no_trim, properties::Profile::kTrim);
-    for (const auto& s : plain.steps) CHECK(s.kind != scenarios::StepKind::kTrim);
+    const auto without_default = properties::generate_scenario(seed, no_trim);
+    CHECK_FALSE(has_trim(without));
+    CHECK_FALSE(has_trim(without_default));
     // Without trim the trim profile is the default's case under another name.
-    without.name = plain.name;
-    without.description = plain.description;
-    CHECK(without == plain);
-    const bool has = std::any_of(with.steps.begin(), with.steps.end(),
-                                 [](const scenarios::Step& s) { return s.kind == scenarios::StepKind::kTrim; });
-    trims += has ? 1 : 0;
-    changed += with.steps != plain.steps ? 1 : 0;
+    without.name = without_default.name;
+    without.description = without_default.description;
+    CHECK(without == without_default);
+    trims += has_trim(with) ? 1 : 0;
+    trims_default += has_trim(plain) ? 1 : 0;
     const auto cov = properties::classify(with, caps);
+    CHECK(cov.features[static_cast<std::size_t>(properties::Feature::kTrim)] == has_trim(with));
     reached.write_after_trim = reached.write_after_trim || cov.write_after_trim;
     reached.trim_with_drafts_pending = reached.trim_with_drafts_pending || cov.trim_with_drafts_pending;
     if (seed <= 25) {
       properties::RunOptions options;
-      const auto run = properties::run_scenario(with, options);
-      INFO(with.name << ": " << run.first_failure);
-      CHECK(run.passed);
+      for (const auto* sc : {&with, &plain}) {
+        const auto run = properties::run_scenario(*sc, options);
+        INFO(sc->name << ": " << run.first_failure);
+        CHECK(run.passed);
+      }
     }
   }
-  CHECK(trims >= 20);
-  CHECK(changed == trims);
+  CHECK(trims >= 45);
+  CHECK(trims_default >= 15);
+  CHECK(trims_default < trims);
   CHECK(reached.write_after_trim);
   CHECK(reached.trim_with_drafts_pending);
-  const auto names = properties::coverage_names(properties::Profile::kTrim);
-  CHECK(names.size() == properties::coverage_names().size() + 2);
-  CHECK(names.back() == "trim_with_drafts_pending");
-  CHECK(properties::reachable_coverage(no_trim, properties::Profile::kTrim).back() == false);
+  const auto& names = properties::coverage_names();
+  const std::size_t trim_class = properties::feature_class(properties::Feature::kTrim);
+  CHECK(names[trim_class] == "feature:trim");
+  CHECK(names[12] == "trim_with_drafts_pending");
+  for (const auto profile : {properties::Profile::kDefault, properties::Profile::kTrim}) {
+    CHECK_FALSE(properties::reachable_coverage(no_trim, profile)[trim_class]);
+    CHECK_FALSE(properties::reachable_coverage(no_trim, profile)[12]);
+    CHECK(properties::reachable_coverage(caps, profile)[trim_class]);
+    CHECK(properties::reachable_coverage(caps, profile)[12]);
+  }
 }
 
-TEST_CASE("Generator: the prefix profile draws shared prefixes only for a cache that shares them, the others none") {
+TEST_CASE("Generator: the prefix profile draws shared prefixes in every case for a cache that shares them, the others none") {
   engines::Capabilities caps;  // every capability on; prefix sharing is off by default
   caps.prefix_sharing = true;
   const engines::Capabilities plain_caps;
@@ -720,11 +736,18 @@ TEST_CASE("Generator: the prefix profile draws shared prefixes only for a cache 
   CHECK(reached.prefix_of_finished);
   CHECK(reached.cow_write_into_shared_block);
   CHECK(reached.window_free_of_shared_block);
-  const auto names = properties::coverage_names(properties::Profile::kPrefix);
-  CHECK(names.size() == properties::coverage_names().size() + 4);
-  CHECK(names.back() == "window_free_of_shared_block");
-  CHECK(properties::reachable_coverage(plain_caps, properties::Profile::kPrefix).back() == false);
-  CHECK(properties::reachable_coverage(caps, properties::Profile::kPrefix).back() == true);
+  const auto& names = properties::coverage_names();
+  CHECK(names[21] == "window_free_of_shared_block");
+  for (const auto profile : {properties::Profile::kDefault, properties::Profile::kPrefix}) {
+    CHECK(properties::reachable_coverage(plain_caps, profile)[21] == false);
+    CHECK(properties::reachable_coverage(caps, profile)[21] == true);
+    // A copy-on-write into the block a prefix ends in needs blocks of two rows or more.
+    CHECK(names[20] == "cow_write_into_shared_block");
+    CHECK_FALSE(properties::reachable_coverage(caps, profile)[20]);
+    engines::Capabilities paged = caps;
+    paged.block_size = 4;
+    CHECK(properties::reachable_coverage(paged, profile)[20]);
+  }
 }
 
 namespace {
@@ -785,15 +808,15 @@ TEST_CASE("Layer windows: each layer's queries see their own window: layer 0's w
   CHECK(skipped.skip_reason.find("cache.layer_windows") != std::string::npos);
 }
 
-TEST_CASE("Generator: the layers profile mixes sliding and global layers only for a cache that declares them") {
+TEST_CASE("Generator: the layers profile mixes sliding and global layers in every case for a cache that declares them, the default in some") {
   engines::Capabilities caps;
   caps.per_layer_windows = true;
   const engines::Capabilities plain_caps;  // per_layer_windows off by default
   properties::Coverage reached;
-  int layered = 0, global = 0;
+  int layered = 0, global = 0, plain_layered = 0;
   for (std::uint64_t seed = 1; seed <= 60; ++seed) {
     const auto plain = properties::generate_scenario(seed, caps);
-    CHECK(plain.cache.layer_windows.empty());
+    plain_layered += plain.cache.layer_windows.empty() ? 0 : 1;
     auto without = properties::generate_scenario(seed, plain_caps, properties::Profile::kLayers);
     without.name = plain.name;
     without.description = plain.description;
@@ -823,8 +846,12 @@ TEST_CASE("Generator: the layers profile mixes sliding and global layers only fo
   CHECK(global <= 58);
   CHECK(reached.sliding_and_global_layers);
   CHECK(reached.sliding_windows_differ);
-  CHECK(properties::coverage_names(properties::Profile::kLayers).back() == "sliding_windows_differ");
-  CHECK(properties::reachable_coverage(plain_caps, properties::Profile::kLayers).back() == false);
+  // By default a window per layer is drawn in some cases, not all.
+  CHECK(plain_layered >= 15);
+  CHECK(plain_layered <= 45);
+  CHECK(properties::coverage_names()[17] == "sliding_windows_differ");
+  CHECK(properties::reachable_coverage(plain_caps, properties::Profile::kLayers)[17] == false);
+  CHECK(properties::reachable_coverage(caps, properties::Profile::kDefault)[17] == true);
 }
 
 namespace {

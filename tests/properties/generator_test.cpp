@@ -147,20 +147,25 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK(long_chunks > 20);
   CHECK(many_drafts > 50);
   CHECK(long_context > 60);  // one case in sixteen runs past position 10^5
-  // The default profile is unchanged by the production one's existence: its
-  // four first classes, then the two schedule classes both profiles have
-  // (last in production's list too, so every older class keeps its index).
-  CHECK(coverage_names().size() == 6);
-  CHECK(coverage_names(Profile::kProduction).size() == 11);
-  CHECK(coverage_names()[3] == "state_reuse");
-  CHECK(coverage_names(Profile::kProduction)[4] == "fast_cpu_kernel");
-  for (const Profile p : {Profile::kDefault, Profile::kProduction}) {
-    const auto names = coverage_names(p);
-    CHECK(names[names.size() - 2] == "verify_then_other_request");
-    CHECK(names.back() == "finish_or_reset_with_drafts_pending");
-    CHECK(coverage_flags(Coverage{}, p).size() == names.size());
+  // One list of classes for every profile: the schedule classes (an older
+  // class keeps its index), then one per feature, then one per pair of
+  // features; the flags and the reachability follow it.
+  const auto& names = coverage_names();
+  CHECK(names[3] == "state_reuse");
+  CHECK(names[4] == "fast_cpu_kernel");
+  CHECK(names[10] == "finish_or_reset_with_drafts_pending");
+  CHECK(names[feature_class(Feature::kTrim)] == "feature:trim");
+  CHECK(names[pair_class(Feature::kPrefix, Feature::kTrim)] == "pair:trim+prefix");
+  CHECK(names[pair_class(Feature::kVerify, Feature::kSharedRow)] == "pair:verify+shared_row");
+  CHECK(names.back() == "pair:narrow_format+shared_row");
+  CHECK(coverage_kinds().size() == names.size());
+  for (const Profile p : {Profile::kDefault, Profile::kProduction, Profile::kPaged}) {
+    CHECK(coverage_flags(Coverage{}).size() == names.size());
     CHECK(reachable_coverage(engines::Capabilities{}, p).size() == names.size());
   }
+  // The production profile's own classes are reachable only there.
+  CHECK_FALSE(reachable_coverage(engines::Capabilities{}, Profile::kDefault)[6]);
+  CHECK(reachable_coverage(engines::Capabilities{}, Profile::kProduction)[6]);
   // The fast kernel's class is what the cache declares, whatever its name:
   // a cache named like the CPU pool but declaring nothing cannot reach it,
   // one with any name that declares a kernel reaches it where it says so.
@@ -198,13 +203,15 @@ TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where th
   options.profile = Profile::kProduction;
   const CheckResult r = run_check(options);
   CHECK_FALSE(r.found_failure);
-  const auto names = coverage_names(Profile::kProduction);
+  const auto& names = coverage_names();
   REQUIRE(r.coverage_counts.size() == names.size());
   CHECK(r.reachable[4] == impl::cpu::fast_kernel_available());
   if (impl::cpu::fast_kernel_available()) CHECK(r.coverage_counts[4] > 0);
   for (std::size_t k = 0; k < names.size() && kEveryClass; ++k) {
     INFO(names[k]);
     // A chunk of 1024 rows is drawn in about one case in 60 (the generator test counts it).
+    // Features and their pairs: the gate's own counts (kFeatureGateCases, kPairGateCases).
+    if (coverage_kinds()[k] != CoverageKind::kSchedule) continue;
     if (r.reachable[k] && names[k] != "chunk_1024") CHECK(r.coverage_counts[k] > 0);
   }
 }
