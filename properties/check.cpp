@@ -169,6 +169,17 @@ std::vector<Scenario> variants(const Scenario& sc) {
     out.push_back(std::move(v));
   };
   if (sc.cache.layers > 1) with([](auto& c) { c.layers = 1; });
+  // A narrower window, the ring kept (a ring safe for a window is safe for
+  // a narrower one): a failure that needs many rows then needs fewer steps.
+  if (sc.cache.window > 1) {
+    with([](auto& c) { c.window /= 2; });
+    with([](auto& c) { c.window -= 1; });
+  }
+  // One state fewer, where no request holds the last one.
+  if (sc.cache.states > 1 && std::all_of(sc.requests.begin(), sc.requests.end(), [&sc](const scenarios::Request& r) {
+        return r.state < sc.cache.states - 1;
+      }))
+    with([](auto& c) { c.states -= 1; });
   // With a window per layer: one layer fewer, its window with it (a case
   // needs only the layers whose windows differ where it fails).
   if (sc.cache.layers > 1 && !sc.cache.layer_windows.empty()) {
@@ -320,6 +331,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::vector<std::int64_t> first_failure_earlier;  // guarded by first_failure_mutex
   std::int64_t first_failure_earlier_run = 0;       // guarded
   std::string first_failure_text;                   // guarded
+  std::vector<std::int64_t> lowest_failing;         // guarded: the lowest failing k, ascending
 
   auto worker = [&](int id) {
     try {
@@ -382,7 +394,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           queries.fetch_add(obs.queries);
           not_output_checked.fetch_add(obs.queries_not_output_checked);
           Coverage cov = classify(sc, caps);
-          const BlockCounts blocks = classify_blocks(sc, obs, caps.block_size, &cov);
+          // Side by side the summary carries no slots: the first cache's run does.
+          const BlockCounts blocks = classify_blocks(sc, side_by_side ? pair.a : obs, caps.block_size, &cov);
           block_window_frees.fetch_add(blocks.window_frees);
           block_end_frees.fetch_add(blocks.end_frees);
           block_reuses.fetch_add(blocks.reuses);
@@ -392,6 +405,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
         if (!obs.passed) {
           failures.fetch_add(1);
           const std::lock_guard<std::mutex> lock(first_failure_mutex);
+          lowest_failing.insert(std::upper_bound(lowest_failing.begin(), lowest_failing.end(), k), k);
+          if (lowest_failing.size() > kShrunkFailingCases) lowest_failing.pop_back();
           if (k < first_failure.load()) {
             first_failure.store(k);
             first_failure_earlier.assign(earlier.begin(), earlier.end());
@@ -439,6 +454,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.block_reuses = block_reuses.load();
   if (first_failure.load() < mine) {
     tally.first_failing_case = case_index(first_failure.load());
+    for (const std::int64_t k : lowest_failing) tally.lowest_failing_cases.push_back(case_index(k));
     tally.earlier_cases = std::move(first_failure_earlier);
     tally.earlier_cases_run = first_failure_earlier_run;
     tally.first_failure = std::move(first_failure_text);
@@ -469,11 +485,10 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.reachable = tally.reachable;
   result.coverage_refused = tally.coverage_refused;
   result.coverage_refused.resize(result.coverage_counts.size(), 0);
-  const auto& kinds = coverage_kinds();
+  const auto& gate_cases = coverage_gate_cases();
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
     std::int64_t minimum = result.reachable[k] && options.coverage_gate ? 1 : 0;
-    if (k < kinds.size() && kinds[k] == CoverageKind::kFeature && result.cases < kFeatureGateCases) minimum = 0;
-    if (k < kinds.size() && kinds[k] == CoverageKind::kPair && result.cases < kPairGateCases) minimum = 0;
+    if (k < gate_cases.size() && result.cases < gate_cases[k]) minimum = 0;
     // Drawn, and refused by the cache every time: what it accepts decides.
     if (result.coverage_counts[k] == 0 && result.coverage_refused[k] > 0) minimum = 0;
     result.coverage_minimums.push_back(minimum);
@@ -553,6 +568,46 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
     if (fails(shrunk_run)) {
       result.shrunk = std::move(shrunk);
       result.shrunk_run = side_by_side ? keep_pair(pair_shrunk) : std::move(shrunk_run);
+      // Still large: the next lowest failing cases are shrunk too (each
+      // failing alone in a fresh cache first, its shrunk case again), and
+      // the smallest counterexample is kept, named by its own case seed.
+      const auto large = [](const Scenario& sc) {
+        return sc.steps.size() > kSmallCounterexampleSteps || sc.requests.size() > kSmallCounterexampleRequests;
+      };
+      const auto smaller = [](const Scenario& a, const Scenario& b) {
+        return std::make_pair(a.steps.size(), a.requests.size()) < std::make_pair(b.steps.size(), b.requests.size());
+      };
+      for (const std::int64_t index : tally.lowest_failing_cases) {
+        if (!large(result.shrunk)) break;
+        if (index == tally.first_failing_case) continue;
+        const std::uint64_t seed = check_case_seed(options, index);
+        const Scenario drawn = generate_scenario(seed, caps, options.profile);
+        say("case seed " + std::to_string(result.failing_case_seed) + " shrank to " +
+            std::to_string(result.shrunk.steps.size()) + " steps: shrinking case seed " + std::to_string(seed));
+        {
+          const std::unique_ptr<engines::CacheProvider> again = new_provider(options);
+          const std::unique_ptr<engines::CacheProvider> again_second = new_second_provider(options);
+          if (!fails(run_case(drawn, quiet, *again, again_second.get()))) continue;
+        }
+        Scenario other = shrink_scenario(
+            drawn, [&](const Scenario& s) { return fails(run_case(s, quiet, provider, main_second.get())); },
+            &result.shrink_runs);
+        if (!smaller(other, result.shrunk)) continue;
+        const std::unique_ptr<engines::CacheProvider> again = new_provider(options);
+        const std::unique_ptr<engines::CacheProvider> again_second = new_second_provider(options);
+        PairRun pair_other;
+        RunObservation other_run = run_case(other, final_run, *again, again_second.get(), &pair_other);
+        if (!fails(other_run)) continue;
+        other.name = result.shrunk.name;
+        other.description = "Shrunk from case seed " + std::to_string(seed) + " of " + check_command +
+                            " (the smallest of the lowest failing cases' counterexamples; the first, case seed " +
+                            std::to_string(result.failing_case_seed) + ", shrank to " +
+                            std::to_string(result.shrunk.steps.size()) + " steps)";
+        result.failing_case_seed = seed;
+        result.original = drawn;
+        result.shrunk = std::move(other);
+        result.shrunk_run = side_by_side ? keep_pair(pair_other) : std::move(other_run);
+      }
     } else {
       const std::string name = result.shrunk.name;
       result.shrunk = result.original;
@@ -651,6 +706,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     if (t.first_failing_case >= 0 &&
         (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
       total.first_failing_case = t.first_failing_case;
+      total.lowest_failing_cases = t.lowest_failing_cases;
       total.earlier_cases = t.earlier_cases;
       total.earlier_cases_run = t.earlier_cases_run;
       total.first_failure = t.first_failure;

@@ -136,6 +136,15 @@ struct CheckResult {
 /// not fail alone.
 inline constexpr std::size_t kKeptEarlierCases = 256;
 
+/// How many of the lowest failing cases a check may shrink: the first, and
+/// when its counterexample is still larger than kSmallCounterexampleSteps
+/// steps or kSmallCounterexampleRequests requests, the next ones, keeping the
+/// smallest (a greedy shrink can stop at a local minimum another failing
+/// case does not have).
+inline constexpr std::size_t kShrunkFailingCases = 4;
+inline constexpr std::size_t kSmallCounterexampleSteps = 8;
+inline constexpr std::size_t kSmallCounterexampleRequests = 3;
+
 /// What the cases of one shard (or of a whole run) found, before shrinking.
 struct CaseTally {
   std::int64_t cases = 0;                       ///< cases run
@@ -152,6 +161,9 @@ struct CaseTally {
   std::int64_t block_end_frees = 0;
   std::int64_t block_reuses = 0;
   std::int64_t first_failing_case = -1;         ///< lowest failing case index, -1 when none
+  /// The lowest failing case indices, ascending (at most kShrunkFailingCases,
+  /// first_failing_case first). Kept in memory only (not in a shard document).
+  std::vector<std::int64_t> lowest_failing_cases;
   /// The case indices that ran before first_failing_case in the same cache
   /// provider (one worker's adapter process), oldest first: the last
   /// kKeptEarlierCases of them. Kept in memory only (not in a shard document).

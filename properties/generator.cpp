@@ -105,6 +105,10 @@ namespace {
 struct ScheduleClass {
   const char* name;
   bool Coverage::*member;
+  /// Gated from this many cases on: the classes every small check reaches
+  /// from 1, those of a feature drawn in about half the cases as the
+  /// feature's own class (kFeatureGateCases).
+  std::int64_t gate_cases = 1;
 };
 constexpr ScheduleClass kScheduleClasses[] = {
     {"ring_wrap", &Coverage::ring_wrap},
@@ -118,18 +122,18 @@ constexpr ScheduleClass kScheduleClasses[] = {
     {"position_100k", &Coverage::position_100k},
     {"verify_then_other_request", &Coverage::verify_then_other_request},
     {"finish_or_reset_with_drafts_pending", &Coverage::finish_or_reset_with_drafts_pending},
-    {"write_after_trim", &Coverage::write_after_trim},
-    {"trim_with_drafts_pending", &Coverage::trim_with_drafts_pending},
-    {"block_free", &Coverage::block_free},
-    {"block_reuse_after_free", &Coverage::block_reuse_after_free},
-    {"verify_straddles_block", &Coverage::verify_straddles_block},
-    {"sliding_and_global_layers", &Coverage::sliding_and_global_layers},
-    {"sliding_windows_differ", &Coverage::sliding_windows_differ},
-    {"prefix_of_live", &Coverage::prefix_of_live},
-    {"prefix_of_finished", &Coverage::prefix_of_finished},
-    {"cow_write_into_shared_block", &Coverage::cow_write_into_shared_block},
-    {"window_free_of_shared_block", &Coverage::window_free_of_shared_block},
-    {"trim_into_prefix", &Coverage::trim_into_prefix},
+    {"write_after_trim", &Coverage::write_after_trim, kFeatureGateCases},
+    {"trim_with_drafts_pending", &Coverage::trim_with_drafts_pending, kFeatureGateCases},
+    {"block_free", &Coverage::block_free, kFeatureGateCases},
+    {"block_reuse_after_free", &Coverage::block_reuse_after_free, kFeatureGateCases},
+    {"verify_straddles_block", &Coverage::verify_straddles_block, kFeatureGateCases},
+    {"sliding_and_global_layers", &Coverage::sliding_and_global_layers, kFeatureGateCases},
+    {"sliding_windows_differ", &Coverage::sliding_windows_differ, kFeatureGateCases},
+    {"prefix_of_live", &Coverage::prefix_of_live, kFeatureGateCases},
+    {"prefix_of_finished", &Coverage::prefix_of_finished, kFeatureGateCases},
+    {"cow_write_into_shared_block", &Coverage::cow_write_into_shared_block, kFeatureGateCases},
+    {"window_free_of_shared_block", &Coverage::window_free_of_shared_block, kFeatureGateCases},
+    {"trim_into_prefix", &Coverage::trim_into_prefix, kFeatureGateCases},
 };
 constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
 
@@ -160,6 +164,17 @@ const std::vector<CoverageKind>& coverage_kinds() {
     return k;
   }();
   return kinds;
+}
+
+const std::vector<std::int64_t>& coverage_gate_cases() {
+  static const std::vector<std::int64_t> gates = [] {
+    std::vector<std::int64_t> g;
+    for (const ScheduleClass& c : kScheduleClasses) g.push_back(c.gate_cases);
+    g.insert(g.end(), kFeatureCount, kFeatureGateCases);
+    g.insert(g.end(), static_cast<std::size_t>(kFeatureCount * (kFeatureCount - 1) / 2), kPairGateCases);
+    return g;
+  }();
+  return gates;
 }
 
 std::size_t feature_class(Feature f) { return kScheduleClassCount + static_cast<std::size_t>(f); }

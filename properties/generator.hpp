@@ -112,6 +112,11 @@ inline constexpr std::int64_t kPairGateCases = 1000;
 const std::vector<std::string>& coverage_names();
 /// The kind of each class, in coverage_names() order.
 const std::vector<CoverageKind>& coverage_kinds();
+/// From how many cases on each class is gated, in coverage_names() order:
+/// 1 for the schedule classes every small check reaches, kFeatureGateCases
+/// for a feature's class and for the schedule classes of a feature (trims,
+/// blocks, layer windows, prefixes), kPairGateCases for a pair.
+const std::vector<std::int64_t>& coverage_gate_cases();
 /// The classes as booleans, in coverage_names() order.
 std::vector<bool> coverage_flags(const Coverage& c);
 /// The class index of feature `f`, and of the pair (a, b) (a != b).
