@@ -79,6 +79,12 @@ int write_sweep_outputs(const sweep::SweepResult& result, const SweepOutputFiles
   std::fprintf(stderr, "kvcheck sweep: %lld configuration(s), %lld probes, %.2f s on %s\n",
                static_cast<long long>(result.rows.size()), static_cast<long long>(result.probes), seconds,
                workers.c_str());
+  // What the worst-case schedules hold, and what only `kvcheck check` draws
+  // (docs/sweep.md "What the schedules include").
+  std::fprintf(stderr,
+               "kvcheck sweep: worst-case schedules of decode, verify(k) with accept and prefill chunks in the "
+               "grid's orders, on one layer's window (a window per layer: --layers-of); trims and shared "
+               "prefixes are not swept (kvcheck check draws them where the cache declares them)\n");
   if (result.formula && result.formula_unsafe_rows > 0) {
     std::fprintf(stderr, "kvcheck sweep: formula '%s' is unsafe on %lld of %lld configurations\n",
                  result.formula->c_str(), static_cast<long long>(result.formula_unsafe_rows),
