@@ -87,6 +87,11 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--memory-limit",
      "refuse to start when the estimated memory exceeds BYTES (K, M, G suffixes; default: the memory "
      "available)"},
+    {"", "--work-limit",
+     "refuse to start when the estimated work exceeds ROWS (K, M, G suffixes, powers of 1024): the rows the "
+     "reference reads (every query's visible rows in one layer, all runs) for check, replay and audit, the "
+     "probe rows for sweep (default: no limit; work over 4M reads is announced on stderr with its memory "
+     "estimate and shown with a progress line on a terminal)"},
     {"check", "--record", "also write the trace of one run (the counterexample, else case 0) to TRACE"},
     {"replay", "--record", "also write the runs as a trace to TRACE"},
     {"", "--threads", "worker threads (default 2)"},
@@ -167,7 +172,8 @@ std::vector<CommandSpec> make_table() {
         {"--html", "FILE"},
         {"--text", "FILE"},
         {"--precision", "53|113|169"},
-        {"--memory-limit", "BYTES"}},
+        {"--memory-limit", "BYTES"},
+        {"--work-limit", "ROWS"}},
        "judge the recorded traces of an engine"},
       {"trace",
        "",
@@ -195,6 +201,7 @@ std::vector<CommandSpec> make_table() {
         {"--step-timeout", "S"},
         {"--shard", "I/N"},
         {"--memory-limit", "BYTES"},
+        {"--work-limit", "ROWS"},
         {"--layers-of", "SCENARIO"}},
        "find the smallest safe ring per configuration"},
       {"merge",
