@@ -127,8 +127,8 @@ constexpr FlagHelp kFlagHelp[] = {
      "a scenario with per-layer windows: the smallest capacity for its sliding layers and for its global "
      "layers, apart (as an iSWA cache sizes two caches), each beside its formula; no grid"},
     {"merge", "--impl",
-     "the engine a check's failing case is re-run on: the one the shards ran; needed only for an exec: engine "
-     "(a built-in cache is taken from the shards)"},
+     "the engine a check's failing case is re-run on: the one the shards ran; needed only for an exec: "
+     "engine (a built-in cache is taken from the shards)"},
 };
 
 /// The help of `flag` for `command`: its own row, else the common one.

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "properties/audit.hpp"
 #include "pipelines/replay.hpp"
+#include "properties/audit.hpp"
 #include "properties/memory_estimate.hpp"
 #include "reports/report_text.hpp"
 #include "scenarios/trace_json.hpp"

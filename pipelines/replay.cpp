@@ -27,10 +27,9 @@ std::vector<scenarios::Scenario> load_replay_scenarios(const std::vector<std::st
   return loaded;
 }
 
-std::function<void(std::int64_t)> long_work_meter(const std::string& what, double reads, double all_layer_reads,
-                                                  const properties::MemoryEstimate& memory,
-                                                  const std::function<void(std::int64_t, std::int64_t)>& progress,
-                                                  std::FILE* notes) {
+std::function<void(std::int64_t)> long_work_meter(
+    const std::string& what, double reads, double all_layer_reads, const properties::MemoryEstimate& memory,
+    const std::function<void(std::int64_t, std::int64_t)>& progress, std::FILE* notes) {
   if (reads <= properties::kLongWorkReads) return nullptr;
   if (notes != nullptr) {
     std::fprintf(notes, "kvcheck %s: about %s (--work-limit ROWS refuses such runs)\n", what.c_str(),

@@ -37,10 +37,9 @@ struct ReplayRequest {
 /// total) at most ten times a second and once more at the end, and says on
 /// `notes` what `what` ("replay") will do before work over
 /// properties::kLongWorkReads reads; empty when there is nothing to show.
-std::function<void(std::int64_t)> long_work_meter(const std::string& what, double reads, double all_layer_reads,
-                                                  const properties::MemoryEstimate& memory,
-                                                  const std::function<void(std::int64_t, std::int64_t)>& progress,
-                                                  std::FILE* notes);
+std::function<void(std::int64_t)> long_work_meter(
+    const std::string& what, double reads, double all_layer_reads, const properties::MemoryEstimate& memory,
+    const std::function<void(std::int64_t, std::int64_t)>& progress, std::FILE* notes);
 
 /// The scenarios of `files_or_dirs` (files, or directories of *.json), each
 /// named after its file when it has no name. Every file is read and checked

@@ -345,8 +345,8 @@ std::string count_text(double n) {
 std::int64_t parse_scaled(const std::string& flag, const std::string& text, const char* what) {
   const auto fail = [&] {
     throw Error(ErrorId::kUsage, flag,
-                std::string("expects ") + what + ", or a whole number with K, M, G or T (powers of 1024), got '" +
-                    text + "'");
+                std::string("expects ") + what +
+                    ", or a whole number with K, M, G or T (powers of 1024), got '" + text + "'");
   };
   if (text.empty()) fail();
   std::string digits = text;

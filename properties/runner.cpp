@@ -246,7 +246,8 @@ class OutputJudge {
                      const RowSet& in, engines::StepAnswer& answer, StepObservation* obs) {
     for (std::int64_t i = 0; i < n && options_.check_outputs; ++i) {
       QueryObservation& q = obs->queries[static_cast<std::size_t>(i)];
-      judge_query(layer, request, first + i, in.q.data() + i * q_width_, answer.out.data() + i * q_width_, &q);
+      judge_query(layer, request, first + i, in.q.data() + i * q_width_, answer.out.data() + i * q_width_,
+                  &q);
       if (options_.on_query_judged) options_.on_query_judged(q.position - q.visible_first + 1);
     }
   }

@@ -129,7 +129,8 @@ RingSlots classify_ring(const StepObservation& step, const QueryObservation* q, 
   RingSlots ring;
   ring.rows = ring_rows;
   const auto recorded = std::min(ring_rows, static_cast<std::int64_t>(step.ring_positions.size()));
-  for (std::int64_t i = 0; i < recorded; ++i) ring.slot(i).held = step.ring_positions[static_cast<std::size_t>(i)];
+  for (std::int64_t i = 0; i < recorded; ++i)
+    ring.slot(i).held = step.ring_positions[static_cast<std::size_t>(i)];
   const auto visible = [&](std::int64_t p) {
     return q != nullptr && p >= q->visible_first && p <= q->position;
   };
@@ -271,8 +272,9 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
       svg += "<path class=\"slots " + std::string(class_name(run_of.cls)) + "\" d=\"" +
              sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(run_of.first),
                          width * static_cast<double>(run_of.end)) +
-             "\" fill=\"" + class_colour(run_of.cls) + "\"><title>ring slots " + std::to_string(run_of.first) +
-             ".." + std::to_string(run_of.end - 1) + ": " + class_legend(run_of.cls) + "</title></path>\n";
+             "\" fill=\"" + class_colour(run_of.cls) + "\"><title>ring slots " +
+             std::to_string(run_of.first) + ".." + std::to_string(run_of.end - 1) + ": " +
+             class_legend(run_of.cls) + "</title></path>\n";
     }
   }
 

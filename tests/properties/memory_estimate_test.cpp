@@ -117,7 +117,8 @@ TEST_CASE("MemoryEstimate: an exec or trace engine is not charged kvcheck's pool
   CHECK(estimate_run(sc, exec).driver == "cache.q_heads");
 }
 
-TEST_CASE("MemoryEstimate: reads beyond --work-limit are refused at the step that reads most, none without it") {
+TEST_CASE(
+    "MemoryEstimate: reads beyond --work-limit are refused at the step that reads most, none without it") {
   scenarios::Scenario sc = small();
   sc.cache.window = 8192;
   sc.cache.ring_rows = 8192;
@@ -211,7 +212,8 @@ TEST_CASE("MemoryEstimate: a check's reads per case are its profile's cases' mea
     const engines::Capabilities caps = make_provider(options.run)->capabilities();
     double reads = 0;
     for (int i = 0; i < row.cases; ++i)
-      reads += estimate_replay_work({generate_scenario(check_case_seed(options, i), caps, row.profile)}).reads;
+      reads +=
+          estimate_replay_work({generate_scenario(check_case_seed(options, i), caps, row.profile)}).reads;
     const double mean = reads / row.cases;
     const double figure = estimate_check_reads(row.profile, 1);
     WARN(profile_name(row.profile) << ": mean reads per case " << mean << ", figure " << figure);

@@ -440,8 +440,8 @@ double tolerance_of(const OneQuery& c) {
   heads.head_dim = c.d();
   heads.shared_row = c.shared;
   ToleranceScratch scratch;
-  const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position, c.rope,
-                                                   c.arith, ref, &scratch);
+  const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position,
+                                                   c.rope, c.arith, ref, &scratch);
   REQUIRE(t.decisive);
   return t.parts.total();
 }
@@ -461,7 +461,7 @@ double moved(const OneQuery& c, const std::vector<double>& q, const std::vector<
 OneQuery two_keys(double scale, double mag) {
   OneQuery c;
   c.scale = scale;
-  const double x = -3 / scale;              // q . k1 = x: score -3
+  const double x = -3 / scale;             // q . k1 = x: score -3
   const double b = (mag / scale + x) / 2;  // sum |q k1| = 2b - x
   c.q = {1, 1, 0, 0};
   c.k = {{0, 0, 0, 0}, {b + x, -b, 0, 0}};
@@ -470,7 +470,9 @@ OneQuery two_keys(double scale, double mag) {
   return c;
 }
 
-double sign_of(double x) { return x < 0 ? -1.0 : 1.0; }
+double sign_of(double x) {
+  return x < 0 ? -1.0 : 1.0;
+}
 
 /// The correct and the wrong cache's moves against the tolerance.
 void pinned(double tol, double correct, double wrong) {
@@ -500,8 +502,9 @@ TEST_CASE("Tolerance term: the score's accumulation, gamma_(d+4) |scale| sum|q k
       const double tol = tolerance_of(c);
       const double correct = moved(c, c.q, c.k, c.v, {0, allowance});
       const double wrong = moved(c, c.q, c.k, c.v, {0, kWrong * allowance});
-      INFO("scale " << scale << " u " << u << ": tolerance " << tol << ", a kernel off by its allowance moves "
-                    << correct << ", one off by 1.5 times as much " << wrong);
+      INFO("scale " << scale << " u " << u << ": tolerance " << tol
+                    << ", a kernel off by its allowance moves " << correct
+                    << ", one off by 1.5 times as much " << wrong);
       pinned(tol, correct, wrong);
     }
   }
@@ -525,8 +528,8 @@ TEST_CASE("Tolerance term: the query's RoPE allowance, |scale| sum dq (|k| + dk)
       return moved(c, q, c.k, c.v);
     };
     const double correct = off_by(1.0), wrong = off_by(kWrong);
-    INFO("scale " << scale << ": tolerance " << tol << ", a query rotated within its allowance moves " << correct
-                  << ", one off by 1.5 times as much " << wrong);
+    INFO("scale " << scale << ": tolerance " << tol << ", a query rotated within its allowance moves "
+                  << correct << ", one off by 1.5 times as much " << wrong);
     pinned(tol, correct, wrong);
   }
 }
@@ -538,7 +541,8 @@ TEST_CASE("Tolerance term: the stored key's allowance, |scale| sum |q| dk, from 
     const double tol = tolerance_of(c);
     const auto off_by = [&](double factor) {
       std::vector<std::vector<double>> k = c.k;
-      for (std::size_t e = 0; e < 4; ++e) k[1][e] += factor * c.key_err[1][e] * sign_of(c.q[e]);  // score 1 up
+      for (std::size_t e = 0; e < 4; ++e)
+        k[1][e] += factor * c.key_err[1][e] * sign_of(c.q[e]);  // score 1 up
       return moved(c, c.q, k, c.v);
     };
     const double correct = off_by(1.0), wrong = off_by(kWrong);
