@@ -6,6 +6,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/progress.hpp"
 #include "cli/usage.hpp"
 #include "pipelines/audit.hpp"
 #include "reports/output_set.hpp"
@@ -34,6 +35,8 @@ int command_audit(int argc, char** argv) {
     for (const auto& o : named) reports::require_writable_output(o);
   }
   request.memory_limit_bytes = memory_limit_flag(args, &request.limit_source);
+  request.work_limit = work_limit_flag(args);
+  request.progress = progress_bar("audit");
   return pipelines::run_audit(request);
 }
 

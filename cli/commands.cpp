@@ -250,8 +250,9 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
       case CheckOption::kThreads:
         options.threads = threads_flag(args);
         break;
-      // Read by the command itself: where files go, the shard, the memory limit.
+      // Read by the command itself: where files go, the shard, the memory and work limits.
       case CheckOption::kMemoryLimit:
+      case CheckOption::kWorkLimit:
       case CheckOption::kRecord:
       case CheckOption::kShard:
       case CheckOption::kOut:
@@ -291,6 +292,11 @@ std::int64_t memory_limit_flag(const Args& args, std::string* source) {
   const std::int64_t bytes = properties::available_memory_bytes(&from);
   *source = from + "; --memory-limit sets another limit";
   return bytes;
+}
+
+std::optional<std::int64_t> work_limit_flag(const Args& args) {
+  if (const auto text = args.get("--work-limit")) return properties::parse_work_limit("--work-limit", *text);
+  return std::nullopt;
 }
 
 int command_spec(int argc, char** argv) {
@@ -341,6 +347,9 @@ int command_check(int argc, char** argv) {
     // Side by side, each worker holds two caches at a time (and keeps every read and output of a case).
     const int caches = options.threads * (properties::runs_side_by_side(options.run) ? 2 : 1);
     properties::require_memory(properties::estimate_check(options.profile, caches), limit, limit_source);
+    // Side by side, every case runs twice.
+    properties::require_check_work(options.profile, options.cases * (caches / options.threads),
+                                   work_limit_flag(args));
   }
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
@@ -403,6 +412,8 @@ int command_replay(int argc, char** argv) {
   const std::vector<scenarios::Scenario> loaded = pipelines::load_replay_scenarios(args.positional());
   std::string limit_source;
   const std::int64_t limit = memory_limit_flag(args, &limit_source);
+  request.work_limit = work_limit_flag(args);
+  request.progress = progress_bar("replay");
   return pipelines::run_replay(loaded, request, limit, limit_source);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cli/args.hpp"
@@ -40,5 +41,9 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
 /// The memory a run may use: --memory-limit, else what the machine has free;
 /// `*source` says which (for the refusal's message).
 std::int64_t memory_limit_flag(const Args& args, std::string* source);
+
+/// --work-limit ROWS: the most rows a command's work may read or simulate;
+/// none when not given (nothing is refused for its work alone).
+std::optional<std::int64_t> work_limit_flag(const Args& args);
 
 }  // namespace kvcheck::cli

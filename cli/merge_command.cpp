@@ -3,8 +3,9 @@
 //
 // A shard document may come from anywhere (a CI artifact anyone could edit),
 // so merge trusts none of it: it never runs a command that came from a file
-// (the engine to re-run failing cases on is merge's own --impl, which must
-// equal the shards' recorded engine); every recorded option is read back
+// (an exec: engine to re-run failing cases on is merge's own --impl, which
+// must equal the shards' recorded engine; a built-in cache's name, which
+// runs nothing from a file, is taken from the shards); every recorded option is read back
 // from the shard's recorded command line exactly as `kvcheck check` reads its
 // flags and must agree with it; and impossible tallies are refused
 // (pipelines/shard.hpp, pipelines::merge_check). Every refusal is

@@ -125,11 +125,12 @@ int command_sweep(int argc, char** argv) {
     std::string limit_source;
     const std::int64_t limit = memory_limit_flag(args, &limit_source);
     properties::require_memory(properties::estimate_sweep(size), limit, limit_source);
-    // ... and its work (a grid that fits in memory may still ask for hours);
-    // a shard runs about 1/N of the configurations.
+    // ... and its work, when the user bounds it (a grid that fits in memory
+    // may still ask for hours: the progress line shows them); a shard runs
+    // about 1/N of the configurations.
     properties::SweepSize share = size;
     share.configurations = std::ceil(size.configurations / static_cast<double>(options.shard_count));
-    properties::require_sweep_work(share);
+    properties::require_sweep_work(share, work_limit_flag(args));
   }
   options.progress = progress_bar("sweep");
   return pipelines::run_capacity_sweep(request);

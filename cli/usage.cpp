@@ -26,7 +26,8 @@ constexpr const char* kImplNote =
 constexpr const char* kShardNote =
     "--shard I/N runs the cases (check) or columns (sweep) whose index is I mod N and writes DIR/shard.json; "
     "`kvcheck merge` writes the whole run's report, byte for byte one process's; it runs no command from a "
-    "shard document: a failing case is re-run on merge's own --impl, which must be the shards' engine. Under "
+    "shard document: a failing case is re-run on the shards' built-in cache (cpu, cuda, paged, layer), or on "
+    "merge's own --impl for an exec: engine (--impl, when given, must be the shards' engine). Under "
     "`mpirun -n R` (an MPI build) each rank runs one shard and rank 0 writes the report.";
 constexpr const char* kHelpNote =
     "`kvcheck COMMAND --help` prints one command's usage; `kvcheck --version` the version; `kvcheck help "
@@ -87,6 +88,11 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--memory-limit",
      "refuse to start when the estimated memory exceeds BYTES (K, M, G suffixes; default: the memory "
      "available)"},
+    {"", "--work-limit",
+     "refuse to start when the estimated work exceeds ROWS (K, M, G suffixes, powers of 1024): the rows the "
+     "reference reads (every query's visible rows in one layer, all runs) for check, replay and audit, the "
+     "probe rows for sweep (default: no limit; work over 4M reads is announced on stderr with its memory "
+     "estimate and shown with a progress line on a terminal)"},
     {"check", "--record", "also write the trace of one run (the counterexample, else case 0) to TRACE"},
     {"replay", "--record", "also write the runs as a trace to TRACE"},
     {"", "--threads", "worker threads (default 2)"},
@@ -120,7 +126,9 @@ constexpr FlagHelp kFlagHelp[] = {
     {"sweep", "--layers-of",
      "a scenario with per-layer windows: the smallest capacity for its sliding layers and for its global "
      "layers, apart (as an iSWA cache sizes two caches), each beside its formula; no grid"},
-    {"merge", "--impl", "the engine a check's failing case is re-run on: the one the shards ran"},
+    {"merge", "--impl",
+     "the engine a check's failing case is re-run on: the one the shards ran; needed only for an exec: "
+     "engine (a built-in cache is taken from the shards)"},
 };
 
 /// The help of `flag` for `command`: its own row, else the common one.
@@ -167,7 +175,8 @@ std::vector<CommandSpec> make_table() {
         {"--html", "FILE"},
         {"--text", "FILE"},
         {"--precision", "53|113|169"},
-        {"--memory-limit", "BYTES"}},
+        {"--memory-limit", "BYTES"},
+        {"--work-limit", "ROWS"}},
        "judge the recorded traces of an engine"},
       {"trace",
        "",
@@ -195,6 +204,7 @@ std::vector<CommandSpec> make_table() {
         {"--step-timeout", "S"},
         {"--shard", "I/N"},
         {"--memory-limit", "BYTES"},
+        {"--work-limit", "ROWS"},
         {"--layers-of", "SCENARIO"}},
        "find the smallest safe ring per configuration"},
       {"merge",

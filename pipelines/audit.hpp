@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +22,15 @@ struct AuditRequest {
   ReportFiles files;                            ///< --text, --report, --junit, --html
   std::int64_t memory_limit_bytes = INT64_MAX;  ///< --memory-limit, else what the machine has free
   std::string limit_source = "no limit";        ///< where the limit came from (for the refusal)
+  std::optional<std::int64_t> work_limit;       ///< --work-limit: most reads; none: no bound
+  /// Draws progress (reads judged, reads estimated) for long work; may be empty.
+  std::function<void(std::int64_t, std::int64_t)> progress;
 };
 
 /// Loads every trace (all before any is judged: a bad file writes nothing),
-/// refuses up front what would not fit (reads beyond properties::kMaxReads,
-/// kSize; estimated memory beyond the limit, kMemory; both naming the trace
-/// line or field that drives them), judges each run, prints the report and a note for each run whose outputs
+/// refuses up front what would not fit (estimated memory beyond the limit,
+/// kMemory; reads beyond --work-limit, kSize; both naming the trace line or
+/// field that drives them), announces long work and shows its progress, judges each run, prints the report and a note for each run whose outputs
 /// could not be judged, and writes the report files as one set. Returns 0
 /// when every run passed, else 1 (see write_set_keeping_verdict); throws
 /// kvcheck::Error for a bad trace or when there is none.

@@ -587,7 +587,10 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::int64_t failing = tallies[s].first_failing_case;
     if (failing < 0) continue;
-    if (!engine) {
+    // A built-in cache (cpu, cuda, paged, layer) is a name, not a command:
+    // the merge opens it from the shards' record. Only an exec: adapter, a
+    // command from a file, must come from the merge's own --impl.
+    if (!engine && engines::is_exec(o.impl)) {
       throw Error(
           ErrorId::kUsage, "--impl",
           "is needed: " + shards[s].origin + " reports failing case " + std::to_string(failing) +
@@ -600,7 +603,7 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
                   "case " + std::to_string(failing) + " (case seed " +
                       std::to_string(properties::check_case_seed(options, failing)) +
                       ") passes when re-run alone in a fresh cache on --impl " +
-                      properties::shell_quote(*engine) +
+                      properties::shell_quote(engine.value_or(o.impl)) +
                       ": the shard's failure does not reproduce (it may depend on the cases before it in the "
                       "shard's process; run the check in one process to see)");
     }

@@ -1,5 +1,7 @@
 #include "pipelines/replay.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -25,14 +27,47 @@ std::vector<scenarios::Scenario> load_replay_scenarios(const std::vector<std::st
   return loaded;
 }
 
+std::function<void(std::int64_t)> long_work_meter(
+    const std::string& what, double reads, double all_layer_reads, const properties::MemoryEstimate& memory,
+    const std::function<void(std::int64_t, std::int64_t)>& progress, std::FILE* notes) {
+  if (reads <= properties::kLongWorkReads) return nullptr;
+  if (notes != nullptr) {
+    std::fprintf(notes, "kvcheck %s: about %s (--work-limit ROWS refuses such runs)\n", what.c_str(),
+                 properties::work_text(reads, memory).c_str());
+    std::fflush(notes);
+  }
+  if (!progress) return nullptr;
+  struct Meter {
+    std::int64_t done = 0, total = 0;
+    std::chrono::steady_clock::time_point last;
+  };
+  auto meter = std::make_shared<Meter>();
+  meter->total = static_cast<std::int64_t>(std::max(all_layer_reads, 1.0));
+  meter->last = std::chrono::steady_clock::now();
+  progress(0, meter->total);
+  return [meter, progress](std::int64_t judged) {
+    meter->done += judged;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - meter->last < std::chrono::milliseconds(100)) return;
+    meter->last = now;
+    // The estimate takes the widest window for every layer: never past it.
+    progress(std::min(meter->done, meter->total - 1), meter->total);
+  };
+}
+
 int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayRequest& request,
                std::int64_t memory_limit_bytes, const std::string& limit_source) {
   properties::RunOptions options = request.run;
   reports::Report report;
   report.context = report_context(request.command, 0, options.backend, options.fault, options.precision_bits);
-  // Refused before any cache is opened when the runs would take too long or not fit.
-  properties::require_work(properties::estimate_replay_work(loaded), "the replay");
-  properties::require_memory(properties::estimate_replay(loaded, options), memory_limit_bytes, limit_source);
+  // Refused before any cache is opened when the runs would not fit, or take
+  // longer than the user allows; long work is announced, then shown.
+  const properties::WorkEstimate work = properties::estimate_replay_work(loaded);
+  const properties::MemoryEstimate memory = properties::estimate_replay(loaded, options);
+  properties::require_work(work, "the replay", request.work_limit);
+  properties::require_memory(memory, memory_limit_bytes, limit_source);
+  options.on_query_judged =
+      long_work_meter("replay", work.reads, work.all_layer_reads, memory, request.progress, request.notes);
   // An earlier run's files go before any run: a replay that ends without a
   // verdict (an adapter that dies, a signal) leaves none of them looking current.
   withdraw_report_files(request.files, request.record);
@@ -76,6 +111,10 @@ int run_replay(const std::vector<scenarios::Scenario>& loaded, const ReplayReque
     const std::unique_ptr<engines::CacheProvider> provider = properties::make_provider(options);
     options.provider = provider.get();
     for (const auto& sc : loaded) report.runs.push_back(properties::run_scenario(sc, options));
+  }
+  if (options.on_query_judged && request.progress) {
+    const auto total = static_cast<std::int64_t>(std::max(work.all_layer_reads, 1.0));
+    request.progress(total, total);  // ends the progress line
   }
   const std::string text = reports::report_text(report);
   std::fputs(text.c_str(), stdout);

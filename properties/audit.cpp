@@ -316,6 +316,7 @@ RunObservation audit_run(const TraceRun& run, const AuditOptions& options) {
   o.precision_bits = options.precision_bits;
   o.record_reads = options.record_reads;
   o.record_ring = options.record_ring;
+  o.on_query_judged = options.on_query_judged;
   RunObservation obs = run_scenario(ts.scenario, o);
   if (!ts.judge_outputs) obs.observed = "slots";
   return obs;

@@ -14,6 +14,8 @@
 // one explicit row per writing step (ExplicitRow::step).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,8 @@ struct AuditOptions {
   int precision_bits = 113;  ///< reference significand bits: 53, 113 (default) or 169
   bool record_reads = true;  ///< keep every read in QueryObservation::reads
   bool record_ring = true;   ///< keep StepObservation::ring_positions (ring addressing, S <= 512)
+  /// RunOptions::on_query_judged of every run (a progress line); may be empty.
+  std::function<void(std::int64_t reads)> on_query_judged;
 };
 
 /// The scenario a trace run describes.

@@ -1,5 +1,8 @@
 #include "properties/memory_estimate.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -32,6 +35,9 @@ constexpr double kWireElementBytes = 32;    // one element of a row or answer as
 constexpr double kTraceReadBytes = 8;       // one slot of a trace's block table, expanded
 constexpr double kSweepRowBytes = 256;      // one configuration's result row of a sweep
 constexpr double kSweepProbeRowBytes = 64;  // one row of a sweep probe's tag buffers
+// Mean reads per case of `kvcheck check`: the default profile (and trim,
+// layers, prefix, drawn from it), production, paged (estimate_check_reads).
+constexpr double kCheckReadsPerCase[] = {100, 24000, 350};
 
 /// The reference's reals are larger or smaller than at 113 bits.
 double precision_factor(int bits) {
@@ -287,6 +293,7 @@ WorkEstimate estimate_replay_work(const std::vector<scenarios::Scenario>& scenar
   for (const auto& sc : scenarios) {
     const StepReads r = step_reads(sc);
     w.reads += r.total;
+    w.all_layer_reads += r.total * static_cast<double>(std::max(sc.cache.layers, 1));
     if (r.largest > largest) {
       largest = r.largest;
       w.driver = "steps[" + std::to_string(r.largest_step) + "].rows";
@@ -326,31 +333,99 @@ WorkEstimate estimate_audit_work(const std::vector<scenarios::Scenario>& scenari
   return w;
 }
 
-void require_work(const WorkEstimate& work, const std::string& what) {
-  if (work.reads <= kMaxReads) return;
-  char count[64];
-  std::snprintf(count, sizeof count, "%.3g", work.reads);
+namespace {
+
+std::string count_text(double n) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3g", n);
+  return text;
+}
+
+/// `n` in rows, or a whole number with K, M, G or T (powers of 1024).
+std::int64_t parse_scaled(const std::string& flag, const std::string& text, const char* what) {
+  const auto fail = [&] {
+    throw Error(ErrorId::kUsage, flag,
+                std::string("expects ") + what +
+                    ", or a whole number with K, M, G or T (powers of 1024), got '" + text + "'");
+  };
+  if (text.empty()) fail();
+  std::string digits = text;
+  int shift = 0;
+  switch (text.back()) {
+    case 'K':
+    case 'k': shift = 10; break;
+    case 'M':
+    case 'm': shift = 20; break;
+    case 'G':
+    case 'g': shift = 30; break;
+    case 'T':
+    case 't': shift = 40; break;
+    default: break;
+  }
+  if (shift > 0) digits.pop_back();
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) fail();
+  errno = 0;
+  const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
+  if (errno == ERANGE || v == 0 || v > (std::numeric_limits<std::uint64_t>::max() >> (shift + 1))) fail();
+  return static_cast<std::int64_t>(v << shift);
+}
+
+}  // namespace
+
+void require_work(const WorkEstimate& work, const std::string& what, std::optional<std::int64_t> limit) {
+  if (!limit || work.reads <= static_cast<double>(*limit)) return;
   throw Error(ErrorId::kSize, work.driver,
-              what + " would read " + count +
-                  " rows (every query's visible rows in one layer, all runs), more than " +
-                  std::to_string(static_cast<long long>(kMaxReads)) +
-                  " (the reference's time grows faster than linearly with a step's visible rows)" +
+              what + " would read " + count_text(work.reads) +
+                  " rows (every query's visible rows in one layer, all runs), more than --work-limit " +
+                  std::to_string(*limit) +
                   (work.driver_scenario.empty() ? "" : "; the largest step is in " + work.driver_scenario));
 }
 
-void require_sweep_work(const SweepSize& size) {
-  const double rows = size.configurations * (size.max_window + std::max(size.max_drafts + 1, size.max_chunk)) *
-                      kSweepProbesPerConfiguration;
-  if (rows <= kMaxSweepProbeRows) return;
-  char count[64], configurations[64];
-  std::snprintf(count, sizeof count, "%.3g", rows);
-  std::snprintf(configurations, sizeof configurations, "%.3g", size.configurations);
+double sweep_probe_rows(const SweepSize& size) {
+  return size.configurations * (size.max_window + std::max(size.max_drafts + 1, size.max_chunk)) *
+         kSweepProbesPerConfiguration;
+}
+
+void require_sweep_work(const SweepSize& size, std::optional<std::int64_t> limit) {
+  const double rows = sweep_probe_rows(size);
+  if (!limit || rows <= static_cast<double>(*limit)) return;
   throw Error(ErrorId::kSize, size.widest_flag,
-              std::string("the sweep's ") + configurations + " configurations would simulate up to " + count +
-                  " probe rows (configurations * (window + longest step) * " +
-                  std::to_string(static_cast<int>(kSweepProbesPerConfiguration)) + " probes), more than " +
-                  std::to_string(static_cast<long long>(kMaxSweepProbeRows)) +
+              "the sweep's " + count_text(size.configurations) + " configurations would simulate up to " +
+                  count_text(rows) + " probe rows (configurations * (window + longest step) * " +
+                  std::to_string(static_cast<int>(kSweepProbesPerConfiguration)) +
+                  " probes), more than --work-limit " + std::to_string(*limit) +
                   "; narrow the grid or split it with --shard");
+}
+
+double estimate_check_reads(Profile profile, std::int64_t cases) {
+  // Mean reads (one layer's queries' visible rows) per case over case seeds
+  // 0..999 of each profile on the CPU cache, rounded up: tests/properties/
+  // memory_estimate_test.cpp recomputes them and fails when a profile's
+  // cases outgrow its figure.
+  double per_case = 0;
+  switch (profile) {
+    case Profile::kProduction: per_case = kCheckReadsPerCase[1]; break;
+    case Profile::kPaged: per_case = kCheckReadsPerCase[2]; break;
+    default: per_case = kCheckReadsPerCase[0]; break;
+  }
+  return per_case * static_cast<double>(std::max<std::int64_t>(cases, 0));
+}
+
+void require_check_work(Profile profile, std::int64_t cases, std::optional<std::int64_t> limit) {
+  const double reads = estimate_check_reads(profile, cases);
+  if (!limit || reads <= static_cast<double>(*limit)) return;
+  throw Error(ErrorId::kSize, "--cases",
+              "the check's " + std::to_string(cases) + " cases would read about " + count_text(reads) +
+                  " rows (the profile's mean reads per case times the cases), more than --work-limit " +
+                  std::to_string(*limit));
+}
+
+std::int64_t parse_work_limit(const std::string& flag, const std::string& text) {
+  return parse_scaled(flag, text, "rows");
+}
+
+std::string work_text(double reads, const MemoryEstimate& memory) {
+  return count_text(reads) + " reads, estimated peak memory " + bytes_text(memory.bytes);
 }
 
 MemoryEstimate estimate_check(Profile profile, int threads) {
@@ -389,35 +464,24 @@ std::int64_t available_memory_bytes(std::string* source) {
     best = std::max<std::int64_t>(0, max - used);
     from = "the cgroup's memory.max less memory.current";
   }
+  // An address-space limit (ulimit -v) less what this process has mapped:
+  // past it an allocation fails however much memory the machine has free.
+  struct rlimit as {};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    const std::int64_t pages = read_number("/proc/self/statm", "");
+    const std::int64_t mapped = pages > 0 ? pages * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) : 0;
+    const auto cap = static_cast<std::int64_t>(std::min<rlim_t>(as.rlim_cur, INT64_MAX));
+    if (cap - mapped < best) {
+      best = std::max<std::int64_t>(0, cap - mapped);
+      from = "the address-space limit (ulimit -v) less what kvcheck has mapped";
+    }
+  }
   if (source) *source = from;
   return best;
 }
 
 std::int64_t parse_memory_limit(const std::string& flag, const std::string& text) {
-  const auto fail = [&] {
-    throw Error(ErrorId::kUsage, flag,
-                "expects bytes, or a whole number with K, M, G or T (powers of 1024), got '" + text + "'");
-  };
-  if (text.empty()) fail();
-  std::string digits = text;
-  int shift = 0;
-  switch (text.back()) {
-    case 'K':
-    case 'k': shift = 10; break;
-    case 'M':
-    case 'm': shift = 20; break;
-    case 'G':
-    case 'g': shift = 30; break;
-    case 'T':
-    case 't': shift = 40; break;
-    default: break;
-  }
-  if (shift > 0) digits.pop_back();
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) fail();
-  errno = 0;
-  const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
-  if (errno == ERANGE || v == 0 || v > (std::numeric_limits<std::uint64_t>::max() >> (shift + 1))) fail();
-  return static_cast<std::int64_t>(v << shift);
+  return parse_scaled(flag, text, "bytes");
 }
 
 std::string bytes_text(double bytes) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,26 +63,26 @@ MemoryEstimate estimate_sweep(const SweepSize& size);
 /// longest probe (window + longest step) times kSweepProbesPerConfiguration
 /// (the galloping search's probes per configuration, generously).
 inline constexpr double kSweepProbesPerConfiguration = 8;
-/// Most probe rows a sweep may simulate: 2^34, about 100 times the default
-/// grid's bound (which runs in well under a minute on two cores), so a few
-/// flags cannot ask for hours.
-inline constexpr double kMaxSweepProbeRows = double(std::int64_t{1} << 34);
+
+/// The probe rows a sweep of `size` simulates, at most.
+double sweep_probe_rows(const SweepSize& size);
 
 /// Throws kvcheck::Error(kSize) at the grid's widest flag when the sweep's
-/// probes would simulate more than kMaxSweepProbeRows rows.
-void require_sweep_work(const SweepSize& size);
+/// probes would simulate more than `limit` rows (--work-limit; none: no
+/// bound, the grid runs however long it takes, with its progress line).
+void require_sweep_work(const SweepSize& size, std::optional<std::int64_t> limit);
 
-/// Most rows a replay or an audit may read (every query's visible rows in one
-/// layer, all runs together; layers repeat that work linearly and are
-/// bounded by the memory estimate). The reference's time per read grows with
-/// a step's visible rows (a 2048-row prefill over a 2048-row window, 2.1 M
-/// reads, takes 15 s; 8192 rows would take over 300 s), so a small file that
-/// asks for more is refused up front, not run for minutes.
-inline constexpr double kMaxReads = double(std::int64_t{1} << 22);
+/// Work past which a command says up front what it will do (its estimated
+/// reads and memory, on stderr) and shows its progress on a terminal: 2^22
+/// reads, about 30 s of the reference at 113 bits (a 2048-row prefill over a
+/// 2048-row window, 2.1 M reads, takes 15 s). Nothing is refused for its
+/// work unless the user sets --work-limit.
+inline constexpr double kLongWorkReads = double(std::int64_t{1} << 22);
 
 /// The reads a run will do, with the field of the step that reads the most.
 struct WorkEstimate {
   double reads = 0;                  ///< every query's visible rows in one layer, all runs
+  double all_layer_reads = 0;        ///< the same over every layer (what a progress line counts)
   std::string driver;                ///< e.g. "steps[0].rows", or "line 2: block_table.seq_lens" for a trace
   std::string driver_scenario;       ///< the scenario or trace file of that step
   double recorded_reads = 0;         ///< traces: the reads all their records list (block tables expanded)
@@ -98,15 +99,33 @@ WorkEstimate estimate_audit_work(const std::vector<scenarios::Scenario>& scenari
                                  const std::vector<scenarios::TraceRun>& runs);
 
 /// Throws kvcheck::Error(kSize) at the driving field when `work` reads more
-/// than kMaxReads rows; `what` names the command ("the replay").
-void require_work(const WorkEstimate& work, const std::string& what);
+/// than `limit` rows (--work-limit; none: never); `what` names the command
+/// ("the replay").
+void require_work(const WorkEstimate& work, const std::string& what, std::optional<std::int64_t> limit);
+
+/// The reads of `cases` cases of `profile` in `kvcheck check`: the cases
+/// times the profile's mean reads per case (measured over its first 1000
+/// case seeds on the CPU cache, rounded up), an estimate, not a bound.
+double estimate_check_reads(Profile profile, std::int64_t cases);
+
+/// Throws kvcheck::Error(kSize) at --cases when `estimate_check_reads`
+/// exceeds `limit` (--work-limit; none: never).
+void require_check_work(Profile profile, std::int64_t cases, std::optional<std::int64_t> limit);
+
+/// Parses `--work-limit`: rows, or a whole number with K, M, G or T (powers of 1024).
+std::int64_t parse_work_limit(const std::string& flag, const std::string& text);
+
+/// "4.19e+06 reads, estimated peak memory 1.2 GB": the one line a command
+/// prints before work over kLongWorkReads.
+std::string work_text(double reads, const MemoryEstimate& memory);
 
 /// Estimate of `kvcheck check`: `threads` workers, each at the profile's
 /// largest case. Independent of the case count: results are streamed.
 MemoryEstimate estimate_check(Profile profile, int threads);
 
-/// Bytes this process may still use: the smaller of MemAvailable
-/// (/proc/meminfo) and the cgroup v2 limit less its usage; `source` names
+/// Bytes this process may still use: the smallest of MemAvailable
+/// (/proc/meminfo), the cgroup v2 limit less its usage and the address-space
+/// limit (RLIMIT_AS, `ulimit -v`) less what the process has mapped; `source` names
 /// where the number came from. A huge value when neither can be read.
 std::int64_t available_memory_bytes(std::string* source);
 

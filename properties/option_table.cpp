@@ -79,6 +79,7 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
     case CheckOption::kThreads:
       return std::to_string(options.threads);
     case CheckOption::kMemoryLimit:
+    case CheckOption::kWorkLimit:
     case CheckOption::kRecord:
     case CheckOption::kShard:
     case CheckOption::kOut:

@@ -66,6 +66,7 @@ enum class OptionEffect : std::uint8_t {
   X(kMinRunShare, "--min-run-share", "F", kForCheck | kRecorded, kVerdict, "min_run_share")              \
   X(kNoCoverageGate, "--no-coverage-gate", "", kForCheck | kRecorded, kVerdict, "coverage_gate")         \
   X(kMemoryLimit, "--memory-limit", "BYTES", kForCheck | kForReplay | kRecorded, kNothing, "")           \
+  X(kWorkLimit, "--work-limit", "ROWS", kForCheck | kForReplay | kRecorded, kNothing, "")                \
   X(kRecord, "--record", "TRACE", kForCheck | kForReplay | kRecorded, kNothing, "")                      \
   X(kThreads, "--threads", "T", kForCheck, kNothing, "")                                                 \
   X(kShard, "--shard", "I/N", kForCheck, kNothing, "")                                                   \

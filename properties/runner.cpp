@@ -245,8 +245,10 @@ class OutputJudge {
   void judge_outputs(std::int32_t layer, std::int64_t request, std::int64_t first, std::int64_t n,
                      const RowSet& in, engines::StepAnswer& answer, StepObservation* obs) {
     for (std::int64_t i = 0; i < n && options_.check_outputs; ++i) {
+      QueryObservation& q = obs->queries[static_cast<std::size_t>(i)];
       judge_query(layer, request, first + i, in.q.data() + i * q_width_, answer.out.data() + i * q_width_,
-                  &obs->queries[static_cast<std::size_t>(i)]);
+                  &q);
+      if (options_.on_query_judged) options_.on_query_judged(q.position - q.visible_first + 1);
     }
   }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -65,6 +66,10 @@ struct RunOptions {
   bool bitwise = false;
   int precision_bits = 113;                     ///< reference significand bits: 53, 113 (default) or 169
   Reference reference = Reference::kCertified;  ///< at 113 and 169 bits; same figures either way
+  /// Called after each query's output is judged with the rows it could see
+  /// (position - visible_first + 1): the work the reference did, for a
+  /// progress line over a long replay or audit. Empty: not called.
+  std::function<void(std::int64_t reads)> on_query_judged;
 };
 
 /// Visible keys per query of a cache configuration (window convention applied).

@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <numbers>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "reports/report_text.hpp"
 #include "reports/xml_escape.hpp"
@@ -97,22 +101,40 @@ std::int64_t floor_mod(std::int64_t a, std::int64_t m) {
   return r < 0 ? r + m : r;
 }
 
-// Classifies every slot of the step's state block for query `q` (may be null).
+// The slots of one state's block, held sparsely: the slots whose contents
+// the step recorded (rings up to 512 rows) and the slots the pictured query
+// read or lost; every other slot is unknown, drawn as empty. A trace's
+// capacity may be 2^40 - 1 rows while it touched a handful: the picture
+// costs what was touched, never the capacity.
+struct RingSlots {
+  std::int64_t rows = 1;
+  std::map<std::int64_t, Slot> touched;
+
+  static Slot unknown() {
+    Slot s;
+    s.held = -3;
+    return s;
+  }
+  Slot at(std::int64_t i) const {
+    const auto it = touched.find(i);
+    return it == touched.end() ? unknown() : it->second;
+  }
+  Slot& slot(std::int64_t i) { return touched.try_emplace(i, unknown()).first->second; }
+};
+
+// Classifies the slots of the step's state block for query `q` (may be null).
 // Read slots are judged by the tag they held at the read; the others by the
 // ring contents after the step.
-std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservation* q,
-                                std::int64_t ring_rows) {
-  std::vector<Slot> slots(static_cast<std::size_t>(ring_rows));
-  for (std::int64_t i = 0; i < ring_rows; ++i) {
-    auto& s = slots[static_cast<std::size_t>(i)];
-    s.held = i < static_cast<std::int64_t>(step.ring_positions.size())
-                 ? step.ring_positions[static_cast<std::size_t>(i)]
-                 : -3;
-  }
+RingSlots classify_ring(const StepObservation& step, const QueryObservation* q, std::int64_t ring_rows) {
+  RingSlots ring;
+  ring.rows = ring_rows;
+  const auto recorded = std::min(ring_rows, static_cast<std::int64_t>(step.ring_positions.size()));
+  for (std::int64_t i = 0; i < recorded; ++i)
+    ring.slot(i).held = step.ring_positions[static_cast<std::size_t>(i)];
   const auto visible = [&](std::int64_t p) {
     return q != nullptr && p >= q->visible_first && p <= q->position;
   };
-  for (auto& s : slots) {
+  for (auto& [i, s] : ring.touched) {
     if (s.held == -1 || s.held == -3) {
       s.cls = SlotClass::kEmpty;
     } else if (q == nullptr) {
@@ -121,11 +143,12 @@ std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservat
       s.cls = s.held >= 0 && visible(s.held) ? SlotClass::kVisible : SlotClass::kStale;
     }
   }
-  if (q == nullptr) return slots;
+  if (q == nullptr) return ring;
 
   // The block is slots [state * S, state * S + S) (the oracle's layout);
   // reads outside it are extra reads and show in the tables, not the ring.
-  const std::int64_t base = step.state * ring_rows;
+  std::int64_t base = 0;
+  const bool in_range = !__builtin_mul_overflow(step.state, ring_rows, &base);
   // Extra reads as a sorted set: a forged read list may hold millions.
   const auto tag_less = [](const ReadTag& a, const ReadTag& b) {
     return std::tie(a.slot, a.request, a.position, a.write_seq) <
@@ -134,8 +157,8 @@ std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservat
   std::vector<ReadTag> extras = q->extra;
   std::sort(extras.begin(), extras.end(), tag_less);
   for (const ReadTag& r : q->reads) {
-    if (r.slot < base || r.slot >= base + ring_rows) continue;
-    auto& s = slots[static_cast<std::size_t>(r.slot - base)];
+    if (!in_range || r.slot < base || r.slot - base >= ring_rows) continue;
+    Slot& s = ring.slot(r.slot - base);
     s.read = true;
     s.held = r.request < 0 ? -1 : (r.request != step.request ? -2 : r.position);
     const bool is_extra = std::binary_search(extras.begin(), extras.end(), r, tag_less);
@@ -152,11 +175,38 @@ std::vector<Slot> classify_ring(const StepObservation& step, const QueryObservat
   // Mark that slot even when the row it held is visible for another query
   // position (S < W) or carries p with an old write_seq: p was lost there.
   for (const std::int64_t p : q->overwritten) {
-    auto& s = slots[static_cast<std::size_t>(floor_mod(p, ring_rows))];
+    Slot& s = ring.slot(floor_mod(p, ring_rows));
     s.cls = SlotClass::kOverwritten;
     s.expected = p;
   }
-  return slots;
+  return ring;
+}
+
+// Runs of equal class around the ring, [first, end) each, from the touched
+// slots alone (every slot between two touched ones is unknown: empty).
+struct SlotRun {
+  std::int64_t first = 0, end = 0;
+  SlotClass cls = SlotClass::kEmpty;
+};
+
+std::vector<SlotRun> slot_runs(const RingSlots& ring) {
+  std::vector<SlotRun> runs;
+  const auto add = [&runs](std::int64_t first, std::int64_t end, SlotClass cls) {
+    if (first >= end) return;
+    if (!runs.empty() && runs.back().cls == cls && runs.back().end == first) {
+      runs.back().end = end;
+    } else {
+      runs.push_back({first, end, cls});
+    }
+  };
+  std::int64_t next = 0;  // the first slot not yet in a run
+  for (const auto& [i, s] : ring.touched) {
+    add(next, i, SlotClass::kEmpty);
+    add(i, i + 1, s.cls);
+    next = i + 1;
+  }
+  add(next, ring.rows, SlotClass::kEmpty);
+  return runs;
 }
 
 std::string held_label(std::int64_t held) {
@@ -185,7 +235,7 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
                                      : static_cast<std::int64_t>(step.ring_positions.size());
   const QueryObservation* q =
       query_index >= 0 ? &step.queries[static_cast<std::size_t>(query_index)] : nullptr;
-  const auto slots = classify_ring(step, q, ring_rows);
+  const RingSlots slots = classify_ring(step, q, ring_rows);
 
   constexpr double kCx = 330, kCy = 300, kOut = 250, kIn = 185;  // left margin for "slot N" ticks
   constexpr double kTau = 2 * std::numbers::pi;
@@ -200,7 +250,7 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
 
   if (ring_rows <= kMaxSlotElements) {
     for (std::int64_t i = 0; i < ring_rows; ++i) {
-      const Slot& s = slots[static_cast<std::size_t>(i)];
+      const Slot s = slots.at(i);
       const double a0 = width * static_cast<double>(i) + gap / 2;
       const double a1 = width * static_cast<double>(i + 1) - gap / 2;
       std::string tip =
@@ -218,19 +268,13 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
     }
   } else {
     // Too many slots to draw one by one: one arc per run of equal classes.
-    std::int64_t start = 0;
-    for (std::int64_t i = 1; i <= ring_rows; ++i) {
-      if (i < ring_rows &&
-          slots[static_cast<std::size_t>(i)].cls == slots[static_cast<std::size_t>(start)].cls) {
-        continue;
-      }
-      const SlotClass cls = slots[static_cast<std::size_t>(start)].cls;
-      svg += "<path class=\"slots " + std::string(class_name(cls)) + "\" d=\"" +
-             sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(start),
-                         width * static_cast<double>(i)) +
-             "\" fill=\"" + class_colour(cls) + "\"><title>ring slots " + std::to_string(start) + ".." +
-             std::to_string(i - 1) + ": " + class_legend(cls) + "</title></path>\n";
-      start = i;
+    for (const SlotRun& run_of : slot_runs(slots)) {
+      svg += "<path class=\"slots " + std::string(class_name(run_of.cls)) + "\" d=\"" +
+             sector_path(kCx, kCy, kIn, kOut, width * static_cast<double>(run_of.first),
+                         width * static_cast<double>(run_of.end)) +
+             "\" fill=\"" + class_colour(run_of.cls) + "\"><title>ring slots " +
+             std::to_string(run_of.first) + ".." + std::to_string(run_of.end - 1) + ": " +
+             class_legend(run_of.cls) + "</title></path>\n";
     }
   }
 
@@ -239,12 +283,11 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
   const double mid = (kIn + kOut) / 2;
   const double arc = width * mid;
   const double font = std::clamp(arc * 0.75, 5.0, 14.0);
-  for (std::int64_t i = 0; i < ring_rows; ++i) {
-    const Slot& s = slots[static_cast<std::size_t>(i)];
-    const bool inside = ring_rows <= kMaxLabelledSlots;
-    if (!inside && s.cls != SlotClass::kOverwritten) continue;
+  const bool inside = ring_rows <= kMaxLabelledSlots;
+  const auto label_slot = [&](std::int64_t i, const Slot& s) {
+    if (!inside && s.cls != SlotClass::kOverwritten) return;
     const std::string label = held_label(s.held);
-    if (label.empty()) continue;
+    if (label.empty()) return;
     const double a = width * (static_cast<double>(i) + 0.5);
     double deg = a * 180 / std::numbers::pi - 90;  // text runs outward along the radius
     const bool flip = deg > 90;                    // left half: keep the text upright
@@ -260,6 +303,11 @@ std::string ring_svg(const RunObservation& run, const StepObservation& step, std
                 ? " fill=\"#fff\" font-weight=\"bold\""
                 : "") +
            ">" + xml_escape(label) + "</text>\n";
+  };
+  if (inside) {
+    for (std::int64_t i = 0; i < ring_rows; ++i) label_slot(i, slots.at(i));
+  } else {
+    for (const auto& [i, s] : slots.touched) label_slot(i, s);
   }
 
   // Slot index ticks at eight points around the ring (ring-relative index).

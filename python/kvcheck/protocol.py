@@ -449,7 +449,11 @@ class Cache:
         sent to a cache whose hello says "prefix_sharing"; a cache that
         declares it takes the argument). It may then return {"written":
         [slot or -1, ...]}: per prefix position the slot it stored the row
-        sent into, -1 where it shares the row the other request has."""
+        sent into, -1 where it shares the row the other request has. Any
+        begin may also return slot events (slot_events(freed=..., moved=...,
+        padded=...), or a dict of these keys): blocks a prefix cache evicts,
+        what the state's previous request left; kvcheck judges them as in
+        any step (a free of a row still visible fails at the begin)."""
         raise NotImplementedError
 
     def accept(self, layer, state, request, accepted):

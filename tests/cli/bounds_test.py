@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,14 +29,14 @@ KVCHECK = sys.argv[1]
 SOURCE = sys.argv[2]
 
 
-def run(args, timeout=120, preexec=None):
+def run(args, timeout=120, preexec=None, address_space=4 << 30):
     """kvcheck ARGS under a 4 GiB address-space limit: exit code, output, seconds."""
     def limits():
         # AddressSanitizer reserves terabytes of shadow address space: the
         # address-space limit is the Release tree's (memory bounds are
         # judged there; the sanitizer run judges the code paths).
         if os.environ.get("KVCHECK_SANITIZED") != "1":
-            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         if preexec:
             preexec()
     start = time.monotonic()
@@ -90,7 +91,11 @@ try:
         {"step": 0, "layer": 0, "kind": "decode", "request": 0, "state": 0, "position": 0, "rows": 1,
          "written": [0], "block_table": {"blocks": [0], "block_size": n, "seq_lens": [n]}}])
     expect(os.path.getsize(reads) < 300, "the block-table trace is under 300 bytes")
-    refused("audit: one decode whose block table expands to 2^26 reads", ["audit", reads], 300,
+    # Its reads' memory (2^26 * 136 bytes) is refused before any is expanded;
+    # its work only past a --work-limit the user sets (issue 30 item 5).
+    refused("audit: one decode whose block table expands to 2^26 reads, --memory-limit 4G",
+            ["audit", reads, "--memory-limit", "4G"], 302, "line 2: block_table.seq_lens")
+    refused("audit: the same under --work-limit 4M", ["audit", reads, "--work-limit", "4M"], 300,
             "line 2: block_table.seq_lens")
 
     # A tiny trace whose one decode reads 2^20 slots (a block table over a
@@ -122,16 +127,43 @@ try:
     refused("audit: --memory-limit 1K", ["audit", os.path.join(SOURCE, "traces", "paged-engine-ok.jsonl"),
                                           "--memory-limit", "1K"], 302, "")
 
-    code, text, took = run(["audit", write_lines(w("capacity.jsonl"), [header("c", capacity=2**40 - 1), DECODE])])
+    capacity = write_lines(w("capacity.jsonl"), [header("c", capacity=2**40 - 1), DECODE])
+    code, text, took = run(["audit", capacity])
     expect(code in (0, 1, 2) and took < 10,
            "audit: capacity 2^40-1 ends in %.1f s with exit %d, not 3 (%s)" % (took, code, text.strip()[-160:]))
+    # The HTML report draws what the trace touched, not the capacity (issue
+    # 30 item 6: it classified 2^40 slots, exit 3 with no message under 3 GiB).
+    page = w("capacity.html")
+    code, text, took = run(["audit", capacity, "--html", page], address_space=3 << 30)
+    size = os.path.getsize(page) if os.path.exists(page) else -1
+    expect(code in (0, 1) and took < 10 and 0 < size < (1 << 20),
+           "audit --html: capacity 2^40-1 under a 3 GiB address space ends in %.1f s with exit %d and a %d-byte "
+           "page (%s)" % (took, code, size, text.strip()[-160:]))
 
     # --- replay: work refused before it starts ------------------------------
     prefill = w("prefill.json")
     with open(prefill, "w", encoding="utf-8") as f:
         json.dump(scenario(8192, 8192, 8192), f, separators=(",", ":"))
     expect(os.path.getsize(prefill) < 500, "the prefill scenario is under 500 bytes")
-    refused("replay: one 8192-row prefill over an 8192-row window", ["replay", prefill], 300, "steps[0].rows")
+    refused("replay: one 8192-row prefill over an 8192-row window, --work-limit 4M",
+            ["replay", prefill, "--work-limit", "4M"], 300, "steps[0].rows")
+    # Without a limit a long replay runs: it says so first, with its estimates
+    # (a 3000-row prefill over a 3000-row window, 4.5 M reads, over 2^22).
+    announced = w("announced.json")
+    with open(announced, "w", encoding="utf-8") as f:
+        json.dump(scenario(3000, 3000, 3000), f, separators=(",", ":"))
+    limit_as = None if os.environ.get("KVCHECK_SANITIZED") == "1" else \
+        (lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)))
+    p = subprocess.Popen([KVCHECK, "replay", announced], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=limit_as)
+    try:
+        first = p.stderr.readline()
+    finally:
+        p.kill()
+        p.wait()
+    expect(first.startswith("kvcheck replay: about 4.5e+06 reads, estimated peak memory ")
+           and "--work-limit ROWS refuses such runs" in first,
+           "replay: with no --work-limit a 3000-row prefill over a 3000-row window runs, announced (%r)" % first)
 
     # An exec engine holds its own slots: a ring of 2^30 rows is not charged to kvcheck.
     big_ring = w("big-ring.json")
@@ -149,9 +181,11 @@ try:
     refused("sweep --window 1:40000 --drafts 0:16 --chunk 1:256",
             ["sweep", "--window", "1:40000", "--drafts", "0:16", "--chunk", "1:256", "--memory-limit", "16G"],
             302, "--window")
-    refused("sweep --window 1:4000 --drafts 0:16 --chunk 1:64 (fits in memory, hours of probes)",
-            ["sweep", "--window", "1:4000", "--drafts", "0:16", "--chunk", "1:64", "--memory-limit", "16G"],
-            300, "--window")
+    refused("sweep --window 1:4000 --drafts 0:16 --chunk 1:64 --work-limit 16G (fits in memory, hours of probes)",
+            ["sweep", "--window", "1:4000", "--drafts", "0:16", "--chunk", "1:64", "--memory-limit", "16G",
+             "--work-limit", "16G"], 300, "--window")
+    refused("check --cases 100000 --work-limit 1M", ["check", "--cases", "100000", "--work-limit", "1M", "--out",
+                                                     w("work")], 300, "--cases")
     shard = w("shard0")
     code, text, _ = run(["sweep", "--window", "8:16:8", "--drafts", "0:1", "--chunk", "1", "--shard", "0/1",
                          "--out", shard])

@@ -1,7 +1,10 @@
 // Memory estimates: what drives them, how they grow, and the limit flag.
 #include <catch2/catch.hpp>
 
+#include "properties/check.hpp"
+#include "properties/generator.hpp"
 #include "properties/memory_estimate.hpp"
+#include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 
@@ -114,23 +117,26 @@ TEST_CASE("MemoryEstimate: an exec or trace engine is not charged kvcheck's pool
   CHECK(estimate_run(sc, exec).driver == "cache.q_heads");
 }
 
-TEST_CASE("MemoryEstimate: reads beyond the bound are refused at the step that reads most") {
+TEST_CASE(
+    "MemoryEstimate: reads beyond --work-limit are refused at the step that reads most, none without it") {
   scenarios::Scenario sc = small();
   sc.cache.window = 8192;
   sc.cache.ring_rows = 8192;
   sc.steps[0].rows = 2048;
   const WorkEstimate fits = estimate_replay_work({sc});
   CHECK(fits.reads == Approx(2048.0 * 2049 / 2 + 2049));  // the prefill's triangle, then the decode
-  require_work(fits, "the replay");
+  require_work(fits, "the replay", std::int64_t{1} << 22);
   sc.steps[0].rows = 8192;
   const WorkEstimate big = estimate_replay_work({sc});
-  CHECK(big.reads > kMaxReads);
+  CHECK(big.reads > kLongWorkReads);
+  require_work(big, "the replay", std::nullopt);  // no limit set: announced, never refused
   try {
-    require_work(big, "the replay");
+    require_work(big, "the replay", std::int64_t{1} << 22);
     FAIL("no refusal");
   } catch (const Error& e) {
     CHECK(e.id() == ErrorId::kSize);
     CHECK(e.where() == "steps[0].rows");
+    CHECK(std::string(e.what()).find("more than --work-limit 4194304") != std::string::npos);
   }
   // A trace's block table counts its listed reads, capped by the window.
   scenarios::TraceRun run;
@@ -142,6 +148,38 @@ TEST_CASE("MemoryEstimate: reads beyond the bound are refused at the step that r
   const WorkEstimate recorded = estimate_audit_work({}, {run});
   CHECK(recorded.reads == double(std::int64_t{1} << 26));
   CHECK(recorded.driver == "line 2: block_table.seq_lens");
+}
+
+TEST_CASE("MemoryEstimate: the W=4096 counterexample shapes replay without a limit and fit in memory") {
+  // Issue 30: a 4096-token prefill over a 2048-key window, and a 4100-token
+  // one over a 4096-key window (block 16 on a paged engine: the same reads),
+  // were refused up front at 2^22 reads; they ran in 19-31 s before.
+  for (const std::int64_t window : {2048, 4096}) {
+    scenarios::Scenario sc = small();
+    sc.cache.window = window;
+    sc.cache.ring_rows = window + 64;
+    sc.steps[0].rows = window == 2048 ? 4096 : 4100;
+    const WorkEstimate work = estimate_replay_work({sc});
+    INFO("window " << window << " reads " << work.reads);
+    CHECK(work.reads > double(std::int64_t{1} << 22));
+    CHECK_NOTHROW(require_work(work, "the replay", std::nullopt));
+    CHECK_THROWS_AS(require_work(work, "the replay", std::int64_t{1} << 22), Error);
+    CHECK(estimate_replay({sc}, RunOptions{}).bytes < 4e9);
+  }
+  // A sweep, likewise: bounded only by --work-limit.
+  SweepSize size;
+  size.configurations = 4000.0 * 17 * 64 * 2;
+  size.max_window = 4000;
+  size.max_drafts = 16;
+  size.max_chunk = 64;
+  CHECK_NOTHROW(require_sweep_work(size, std::nullopt));
+  CHECK_THROWS_AS(require_sweep_work(size, std::int64_t{1} << 34), Error);
+  // And a check: its cases times the profile's reads per case.
+  CHECK(estimate_check_reads(Profile::kDefault, 2000) == 2 * estimate_check_reads(Profile::kDefault, 1000));
+  CHECK_NOTHROW(require_check_work(Profile::kProduction, 1000000, std::nullopt));
+  CHECK_THROWS_AS(require_check_work(Profile::kDefault, 1000, 10), Error);
+  CHECK(parse_work_limit("--work-limit", "4M") == std::int64_t{1} << 22);
+  CHECK_THROWS_AS(parse_work_limit("--work-limit", "1e6"), Error);
 }
 
 TEST_CASE("MemoryEstimate: a sweep's rows grow with its configurations, named by the widest flag") {
@@ -156,4 +194,30 @@ TEST_CASE("MemoryEstimate: a sweep's rows grow with its configurations, named by
   size.configurations = 6528;  // the default grid
   size.max_window = 4096;
   CHECK(estimate_sweep(size).bytes < 64e6);
+}
+
+TEST_CASE("MemoryEstimate: a check's reads per case are its profile's cases' mean, within a factor") {
+  // estimate_check_reads' figures: the mean reads of the first 1000 cases
+  // (200 for production) on the cache each profile is run on.
+  struct Row {
+    Profile profile;
+    const char* impl;
+    int cases;
+  };
+  for (const Row row : {Row{Profile::kDefault, "cpu", 1000}, Row{Profile::kProduction, "cpu", 200},
+                        Row{Profile::kPaged, "paged", 1000}}) {
+    CheckOptions options;
+    options.profile = row.profile;
+    options.run.backend = row.impl;
+    const engines::Capabilities caps = make_provider(options.run)->capabilities();
+    double reads = 0;
+    for (int i = 0; i < row.cases; ++i)
+      reads +=
+          estimate_replay_work({generate_scenario(check_case_seed(options, i), caps, row.profile)}).reads;
+    const double mean = reads / row.cases;
+    const double figure = estimate_check_reads(row.profile, 1);
+    WARN(profile_name(row.profile) << ": mean reads per case " << mean << ", figure " << figure);
+    CHECK(mean <= figure);
+    CHECK(mean > figure / 4);
+  }
 }

@@ -376,3 +376,199 @@ TEST_CASE(
   WARN("zero/doubled outputs failed " << cases << " of " << cases << " cases; not output-checked "
                                       << unchecked << " of " << queries << " queries");
 }
+
+// ---------------------------------------------------------------------------
+// Each term of query_tolerance pinned from both sides (issue 30 item 8): one
+// query, one head, two keys: key 0 the zero vector (no error of its own),
+// key 1 at score -3 (weight 0.047, where the bound's renormalization term is
+// small and the bound within 10% of the worst move), values -1 and +1. A
+// "correct cache" moves its inputs by exactly what the term allows, in the
+// direction that moves the output most: it must pass, so dropping the term or
+// shrinking it (the scale left off at scale 8) fails a test. A "wrong cache"
+// moves them by 1.5 times that: it must fail, so widening the term by half
+// (the scale left off at scale 1/8: a factor of 8) fails a test. The other
+// terms are negligible in each case (a double kernel where the term is not
+// the accumulation's, exact keys, no RoPE), so each case measures one term.
+namespace {
+
+/// One query against keys, one head (q_heads = kv_heads = 1), as query_tolerance takes it.
+struct OneQuery {
+  double scale = 1;
+  std::vector<double> q;                     // [d], rotated
+  std::vector<std::vector<double>> k, v;     // [n][d]; v unused for shared rows (the key is the value)
+  std::vector<std::vector<double>> key_err;  // [n][d] the stored key's allowance (err)
+  bool shared = false;
+  std::int64_t position = 0;
+  model::Rope rope;
+  KernelArithmetic arith{0x1.0p-53, 0, 0x1.0p-53};
+  std::int32_t d() const { return static_cast<std::int32_t>(q.size()); }
+  const std::vector<std::vector<double>>& values() const { return shared ? k : v; }
+};
+
+/// Attention in long double of `q` over keys `k` and values `v`, key j's
+/// score moved by score_delta[j] (none when empty).
+std::vector<long double> attend(double scale, const std::vector<double>& q,
+                                const std::vector<std::vector<double>>& k,
+                                const std::vector<std::vector<double>>& v,
+                                const std::vector<double>& score_delta = {}) {
+  std::vector<long double> s(k.size());
+  long double m = -INFINITY;
+  for (std::size_t j = 0; j < k.size(); ++j) {
+    long double dot = 0;
+    for (std::size_t e = 0; e < q.size(); ++e) dot += static_cast<long double>(q[e]) * k[j][e];
+    s[j] = dot * scale + (score_delta.empty() ? 0.0 : score_delta[j]);
+    m = std::max(m, s[j]);
+  }
+  std::vector<long double> out(q.size(), 0.0L);
+  long double z = 0;
+  for (std::size_t j = 0; j < k.size(); ++j) {
+    const long double p = std::exp(s[j] - m);
+    z += p;
+    for (std::size_t e = 0; e < q.size(); ++e) out[e] += p * v[j][e];
+  }
+  for (auto& o : out) o /= z;
+  return out;
+}
+
+/// The tolerance query_tolerance gives `c`'s query.
+double tolerance_of(const OneQuery& c) {
+  std::vector<double> ref;
+  for (long double o : attend(c.scale, c.q, c.k, c.values())) ref.push_back(static_cast<double>(o));
+  std::vector<KeyBounds> keys;
+  for (std::size_t j = 0; j < c.k.size(); ++j) keys.push_back({&c.k[j], &c.key_err[j], &c.values()[j]});
+  model::Heads heads;
+  heads.head_dim = c.d();
+  heads.shared_row = c.shared;
+  ToleranceScratch scratch;
+  const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position,
+                                                   c.rope, c.arith, ref, &scratch);
+  REQUIRE(t.decisive);
+  return t.parts.total();
+}
+
+/// Largest move of an output element when the cache attends with `q`, `k`,
+/// `v` and scores moved by `score_delta` instead of `c`'s exact inputs.
+double moved(const OneQuery& c, const std::vector<double>& q, const std::vector<std::vector<double>>& k,
+             const std::vector<std::vector<double>>& v, const std::vector<double>& score_delta = {}) {
+  const auto exact = attend(c.scale, c.q, c.k, c.values());
+  const auto off = attend(c.scale, q, k, v, score_delta);
+  long double worst = 0;
+  for (std::size_t e = 0; e < exact.size(); ++e) worst = std::max(worst, std::fabs(off[e] - exact[e]));
+  return static_cast<double>(worst);
+}
+
+/// Key 0 zero, key 1 at score -3 with scale * sum|q k1| = `mag`; values -1, +1.
+OneQuery two_keys(double scale, double mag) {
+  OneQuery c;
+  c.scale = scale;
+  const double x = -3 / scale;             // q . k1 = x: score -3
+  const double b = (mag / scale + x) / 2;  // sum |q k1| = 2b - x
+  c.q = {1, 1, 0, 0};
+  c.k = {{0, 0, 0, 0}, {b + x, -b, 0, 0}};
+  c.v = {{-1, -1, -1, -1}, {1, 1, 1, 1}};
+  c.key_err.assign(2, std::vector<double>(4, 0.0));
+  return c;
+}
+
+double sign_of(double x) {
+  return x < 0 ? -1.0 : 1.0;
+}
+
+/// The correct and the wrong cache's moves against the tolerance.
+void pinned(double tol, double correct, double wrong) {
+  CHECK(correct <= tol);
+  CHECK(wrong > tol);
+  // The case measures its term: the bound is within 20% of the worst move.
+  CHECK(tol < 1.2 * correct);
+}
+
+constexpr double kWrong = 1.5;  // the wrong cache's inputs: 1.5 times the allowance
+
+}  // namespace
+
+TEST_CASE("Tolerance term: the score's accumulation, gamma_(d+4) |scale| sum|q k|, from both sides") {
+  for (const double scale : {0.125, 8.0}) {
+    for (const double u : {0x1.0p-24, 0x1.0p-53}) {
+      // scale * sum|q k1| = 1000: the accumulation term outweighs the
+      // softmax's and P.V's own roundings (a few u) about thirty times.
+      OneQuery c = two_keys(scale, 1000);
+      c.arith = {u, 0, u};
+      double mag = 0;
+      for (std::size_t e = 0; e < 4; ++e) mag += std::fabs(c.q[e] * c.k[1][e]);
+      // The kernel's score error: its dot product and scale in precision u,
+      // plus the double estimate's own (tolerance.hpp).
+      const double allowance =
+          (model::gamma_bound(4 + 4, u) + model::gamma_bound(4 + 4, 0x1.0p-53)) * std::fabs(scale) * mag;
+      const double tol = tolerance_of(c);
+      const double correct = moved(c, c.q, c.k, c.v, {0, allowance});
+      const double wrong = moved(c, c.q, c.k, c.v, {0, kWrong * allowance});
+      INFO("scale " << scale << " u " << u << ": tolerance " << tol
+                    << ", a kernel off by its allowance moves " << correct
+                    << ", one off by 1.5 times as much " << wrong);
+      pinned(tol, correct, wrong);
+    }
+  }
+}
+
+TEST_CASE("Tolerance term: the query's RoPE allowance, |scale| sum dq (|k| + dk), from both sides") {
+  for (const double scale : {0.125, 8.0}) {
+    // A double kernel whose RoPE runs in float (2^-24) at position 1000: the
+    // rotated query may be off by dq per element; keys exact.
+    OneQuery c = two_keys(scale, 10);
+    c.rope = {model::RopeStyle::kNeox, 4, 10000.0};
+    c.position = 1000;
+    c.arith = {0x1.0p-53, 0, 0x1.0p-24};
+    std::vector<double> dq;
+    model::rope_element_deviation(c.q, c.position, c.rope, c.arith.rope_u, &dq);
+    REQUIRE(dq[0] > 0);
+    const double tol = tolerance_of(c);
+    const auto off_by = [&](double factor) {
+      std::vector<double> q = c.q;
+      for (std::size_t e = 0; e < 4; ++e) q[e] += factor * dq[e] * sign_of(c.k[1][e]);  // score 1 up
+      return moved(c, q, c.k, c.v);
+    };
+    const double correct = off_by(1.0), wrong = off_by(kWrong);
+    INFO("scale " << scale << ": tolerance " << tol << ", a query rotated within its allowance moves "
+                  << correct << ", one off by 1.5 times as much " << wrong);
+    pinned(tol, correct, wrong);
+  }
+}
+
+TEST_CASE("Tolerance term: the stored key's allowance, |scale| sum |q| dk, from both sides") {
+  for (const double scale : {0.125, 8.0}) {
+    OneQuery c = two_keys(scale, 10);
+    c.key_err[1] = {1e-4, 1e-4, 1e-4, 1e-4};
+    const double tol = tolerance_of(c);
+    const auto off_by = [&](double factor) {
+      std::vector<std::vector<double>> k = c.k;
+      for (std::size_t e = 0; e < 4; ++e)
+        k[1][e] += factor * c.key_err[1][e] * sign_of(c.q[e]);  // score 1 up
+      return moved(c, c.q, k, c.v);
+    };
+    const double correct = off_by(1.0), wrong = off_by(kWrong);
+    INFO("scale " << scale << ": tolerance " << tol << ", a key stored within its allowance moves " << correct
+                  << ", one off by 1.5 times as much " << wrong);
+    pinned(tol, correct, wrong);
+  }
+}
+
+TEST_CASE("Tolerance term: a shared row's value error, dk, from both sides") {
+  // The value is the stored key: element 2 of each key may be off by dk.
+  // The query is 0 there, so only the value error moves output element 2.
+  OneQuery c;
+  c.scale = 0.5;
+  c.q = {1, 1, 0, 0};
+  c.k = {{1, -1, -1, 0.5}, {-1, 1, 1, 0.5}};
+  c.shared = true;
+  c.key_err = {{0, 0, 1e-4, 0}, {0, 0, 1e-4, 0}};
+  const double tol = tolerance_of(c);
+  const auto off_by = [&](double factor) {
+    std::vector<std::vector<double>> k = c.k;
+    for (auto& row : k) row[2] += factor * 1e-4;
+    return moved(c, c.q, k, k);
+  };
+  const double correct = off_by(1.0), wrong = off_by(kWrong);
+  INFO("tolerance " << tol << ", values stored within their allowance move " << correct
+                    << ", off by 1.5 times as much " << wrong);
+  pinned(tol, correct, wrong);
+}

@@ -519,3 +519,51 @@ TEST_CASE("Paged view: block tables and lifetimes from the written slots, and th
                   "  position 1 lost: block 5 (request 0's block 0): written at step 0, last used at step 0, "
                   "reused by request 1 (its block 0) at step 1\n") != std::string::npos);
 }
+
+TEST_CASE("HTML report: a ring of capacity 2^40-1 draws what the run touched, not the capacity") {
+  // Issue 30 item 6: a trace's capacity is a number in its header; the ring
+  // used to be classified slot by slot (2^40 slots: out of memory, exit 3).
+  constexpr std::int64_t kCapacity = (std::int64_t{1} << 40) - 1;
+  Report report;
+  RunObservation run;
+  run.scenario_name = "huge-capacity";
+  run.backend = "trace";
+  run.fault = "none";
+  run.window_convention = "keys";
+  run.window_keys = 4;
+  run.ring_rows = kCapacity;
+  run.format = "f64";
+  StepObservation step;
+  step.step = 0;
+  step.kind = "decode";
+  step.request = 0;
+  step.state = 0;
+  step.first_position = 0;
+  step.written_slots = {kCapacity - 1};
+  QueryObservation q;
+  q.position = 5;
+  q.visible_first = 2;
+  q.reads = {ReadTag{kCapacity - 1, 0, 5, 1}, ReadTag{7, 0, 1, 1}};
+  q.extra = {ReadTag{7, 0, 1, 1}};
+  q.overwritten = {4};
+  q.output_ok = true;
+  q.tolerance = 1;
+  step.queries.push_back(q);
+  run.steps.push_back(step);
+  run.queries = 1;
+  settle(run);
+  run.passed = false;
+  report.runs.push_back(run);
+  const std::string html = kvcheck::reports::report_html(report);
+  const std::string ring = ring_svg_of(html, 0);
+  REQUIRE(ring.find("ring of 1099511627775 slots") != std::string::npos);
+  REQUIRE(count(ring, "class=\"slot ") == 0);
+  // Runs: empty 0..3, the overwritten slot 4, empty 5..6, the extra read at
+  // 7, empty 8..2^40-3, the visible read at 2^40-2 (the last slot).
+  REQUIRE(count(ring, "class=\"slots ") == 6);
+  REQUIRE(count(ring, "class=\"slots overwritten\"") == 1);
+  REQUIRE(count(ring, "class=\"slots extra\"") == 1);
+  REQUIRE(count(ring, "class=\"slots visible\"") == 1);
+  REQUIRE(ring.find("ring slots 8..1099511627773: empty") != std::string::npos);
+  REQUIRE(html.size() < 200000);
+}
