@@ -953,6 +953,27 @@ void make_long_context(Scenario& sc, Prng& rng, const engines::Capabilities& cap
   for (std::int64_t d = rng.range(1, 4); d > 0; --d) sc.steps.push_back(Step{});  // decodes
 }
 
+/// The reference's multiply-adds for `sc`: per query, the rows each layer's
+/// window shows it, times query heads and head_dim (WorkLeft's measure, per
+/// layer).
+std::int64_t reference_macs(const Scenario& sc) {
+  const auto& c = sc.cache;
+  std::int64_t macs = 0;
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(sc.requests);
+  for (const Step& step : sc.steps) {
+    scenarios::RequestProgress& p = progress[step.request];
+    const std::int64_t first = scenarios::step_first_position(p);
+    const std::int64_t rows = scenarios::step_rows(step);
+    for (std::int64_t q = first; q < first + rows; ++q) {
+      for (std::int32_t l = 0; l < c.layers; ++l) {
+        macs += std::min(q + 1, scenarios::layer_window_keys(c, l)) * c.q_heads * c.head_dim;
+      }
+    }
+    scenarios::advance(p, step);
+  }
+  return macs;
+}
+
 Scenario generate_production(std::uint64_t seed, const engines::Capabilities& caps) {
   Prng rng(mix_seed(seed, 0x70726f64));  // "prod": its own stream, apart from the default profile's
   int weights[kKinds];
@@ -1047,9 +1068,11 @@ Scenario generate_production(std::uint64_t seed, const engines::Capabilities& ca
     const std::int64_t ring_before = c.ring_rows;
     const std::int32_t layers_before = c.layers;
     for (const auto& part : parts) part->finish(d);
-    if (!c.layer_windows.empty() && pool_bytes() > budget.pool_bytes) {
-      // A global layer's ring is the whole schedule: too wide for the
-      // budget, the case keeps its one window.
+    if (!c.layer_windows.empty() && (pool_bytes() > budget.pool_bytes || reference_macs(sc) > budget.reference_macs)) {
+      // A window per layer is drawn after the schedule, which was fitted to
+      // the budget for its layers of one window: more layers, or a global
+      // layer's whole request, over the budget (its ring, or the
+      // reference's work), and the case keeps its one window.
       c.layer_windows.clear();
       c.layers = layers_before;
       c.ring_rows = ring_before;
