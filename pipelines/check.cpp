@@ -45,7 +45,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   summary.queries = result.queries;
   summary.queries_not_output_checked = result.queries_not_output_checked;
   summary.min_run_share = options.min_run_share;
-  const auto names = properties::coverage_names(options.profile);
+  auto names = properties::coverage_names(options.profile);
+  names.insert(names.end(), result.kernel_paths.begin(), result.kernel_paths.end());  // the cache's own, last
   for (std::size_t i = 0; i < names.size(); ++i) {
     // A class the cache cannot reach (e.g. ring wrap without a window) is shown, not gated.
     // Without the gate (--no-coverage-gate, --case-seed) every minimum is 0.
@@ -498,7 +499,8 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
   for (const auto& shard : shards) {
     tallies.push_back(
         pipelines::tally_from_json(shard, o.cases, properties::coverage_names(options.profile).size()));
-    if (tallies.back().reachable != tallies.front().reachable) {
+    if (tallies.back().reachable != tallies.front().reachable ||
+        tallies.back().kernel_paths != tallies.front().kernel_paths) {
       throw Error(ErrorId::kShard, shard.origin,
                   "its cache reaches other coverage classes than " + front.origin + "'s: not the same cache");
     }

@@ -248,6 +248,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   CaseTally tally;
   tally.cases = mine;
   tally.reachable = reachable_coverage(caps, options.profile);
+  tally.kernel_paths = caps.kernel_paths;
   const std::size_t classes = tally.reachable.size();
 
   // Results are added up as cases finish (sums commute, so the tally does
@@ -410,6 +411,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.block_end_frees = tally.block_end_frees;
   result.block_reuses = tally.block_reuses;
   result.reachable = tally.reachable;
+  result.kernel_paths = tally.kernel_paths;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
     if (result.reachable[k] && options.coverage_gate)
       result.coverage_ok = result.coverage_ok && result.coverage_counts[k] > 0;
@@ -563,6 +565,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
   total.reachable =
       shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
   total.coverage_counts.assign(total.reachable.size(), 0);
+  if (!shards.empty()) total.kernel_paths = shards.front().kernel_paths;
   for (const CaseTally& t : shards) {
     KVCHECK_ASSERT(t.reachable == total.reachable &&
                    t.coverage_counts.size() == total.coverage_counts.size());

@@ -77,6 +77,9 @@ struct CheckResult {
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it at all (gated)
   bool coverage_ok = true;                      ///< every reachable class reached at least once
+  /// Names of the last classes: the cache's Capabilities::kernel_paths
+  /// (coverage_names(profile, caps) is coverage_names(profile) and these).
+  std::vector<std::string> kernel_paths;
   /// A paged cache (Capabilities::block_size > 0): its block size, and the
   /// block frees and reuses summed over the cases that ran (BlockCounts).
   std::int64_t block_size = 0;
@@ -138,6 +141,8 @@ struct CaseTally {
   std::int64_t queries_not_output_checked = 0;  ///< of those, queries whose output was not judged
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it
+  /// The cache's Capabilities::kernel_paths, the last classes' names. Kept in memory only.
+  std::vector<std::string> kernel_paths;
   std::int64_t block_size = 0;                  ///< the cache's Capabilities::block_size (0: not paged)
   std::int64_t block_window_frees = 0;          ///< paged caches: BlockCounts summed over the cases that ran
   std::int64_t block_end_frees = 0;

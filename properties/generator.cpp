@@ -151,7 +151,15 @@ std::vector<bool> coverage_flags(const Coverage& c, Profile profile) {
                          c.window_free_of_shared_block})
       flags.push_back(f);
   }
+  // The cache's own kernel paths, last.
+  flags.insert(flags.end(), c.kernel_paths.begin(), c.kernel_paths.end());
   return flags;
+}
+
+std::vector<std::string> coverage_names(Profile profile, const engines::Capabilities& caps) {
+  std::vector<std::string> names = coverage_names(profile);
+  names.insert(names.end(), caps.kernel_paths.begin(), caps.kernel_paths.end());
+  return names;
 }
 
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile) {
@@ -199,6 +207,10 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
     reach.push_back(caps.prefix_sharing);
     reach.push_back(caps.prefix_sharing && two && !caps.full_window_only);
   }
+  // The cache's own kernel paths, last: gated where the profile draws the
+  // shapes that take them (the production profile's head_dim 128 bf16/fp8
+  // pools, batches and windows past one split); counted everywhere.
+  reach.insert(reach.end(), caps.kernel_paths.size(), profile == Profile::kProduction);
   return reach;
 }
 
@@ -950,6 +962,16 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   // The cache's own dispatch decides (Capabilities::fast_kernel_runs); its
   // queries run the kernel once any step writes rows.
   cov.fast_cpu_kernel = wrote && caps.fast_kernel_runs && caps.fast_kernel_runs(cache_spec(sc));
+  // The cache's own kernel paths (Capabilities::kernel_paths_run), for the
+  // queries of each step that writes rows (each attends that many).
+  if (caps.kernel_paths_run) {
+    std::vector<std::int64_t> queries;
+    for (const auto& s : sc.steps) {
+      if (const std::int64_t n = scenarios::step_rows(s); n > 0) queries.push_back(n);
+    }
+    cov.kernel_paths = caps.kernel_paths_run(cache_spec(sc), queries);
+  }
+  cov.kernel_paths.resize(caps.kernel_paths.size(), false);
   return cov;
 }
 

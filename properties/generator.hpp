@@ -97,6 +97,9 @@ struct Coverage {
   bool prefix_of_finished = false;           ///< a request begins from the prefix of a finished request
   bool cow_write_into_shared_block = false;  ///< a write lands in the block a shared prefix ends in
   bool window_free_of_shared_block = false;  ///< one sharer's window leaves a shared block the other still sees
+  // Every profile, after all of the above: one per Capabilities::kernel_paths
+  // entry (the cache's own dispatch, Capabilities::kernel_paths_run).
+  std::vector<bool> kernel_paths;
 };
 
 /// Names of the coverage classes of `profile`, in Coverage field order: the
@@ -105,7 +108,12 @@ struct Coverage {
 /// (trim only) the trim profile's two. A class
 /// keeps its index when classes are added: new ones go last.
 std::vector<std::string> coverage_names(Profile profile = Profile::kDefault);
-/// The classes of `profile` as booleans, in coverage_names(profile) order.
+/// coverage_names(profile), then the cache's own kernel paths
+/// (Capabilities::kernel_paths), in that order: the classes a check of a
+/// cache with `caps` counts.
+std::vector<std::string> coverage_names(Profile profile, const engines::Capabilities& caps);
+/// The classes of `profile` as booleans, in coverage_names(profile) order,
+/// then c.kernel_paths (classify sizes it to the cache's kernel_paths).
 std::vector<bool> coverage_flags(const Coverage& c, Profile profile = Profile::kDefault);
 
 /// Draws one scenario from `seed` (deterministic on every platform), using
