@@ -257,6 +257,20 @@ inline std::int32_t attend_max_splits(ElementFormat format, std::int64_t max_ste
   return static_cast<std::int32_t>(std::clamp<std::int64_t>(splits, 1, kAttendMaxSplits));
 }
 
+/// The splits one launch of `n` queries may use in a pool whose workspace
+/// holds `pool_splits` splits of a full step of `max_step_rows` queries
+/// (attend_max_splits): the partial sums are packed by the launch's own
+/// queries and splits ([n, q_heads, splits, head_dim] and [n, q_heads,
+/// splits, 2]), so n x splits <= pool_splits x max_step_rows fits, and a
+/// decode in a pool sized for long chunks has room for many splits. At most
+/// kAttendMaxSplits; at least 1 (n <= max_step_rows: attend refuses more).
+inline std::int32_t attend_launch_max_splits(std::int32_t pool_splits, std::int64_t max_step_rows,
+                                             std::int64_t n) {
+  if (n <= 0) return pool_splits;
+  const std::int64_t room = std::int64_t{pool_splits} * max_step_rows / n;
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(room, 1, kAttendMaxSplits));
+}
+
 /// The classes one launch reaches, in KVCHECK_CUDA_ATTEND_PATHS order.
 inline std::array<bool, kAttendPathCount> attend_paths_of(const AttendDispatch& d) {
   std::array<bool, kAttendPathCount> paths{};
@@ -288,10 +302,11 @@ inline AttendLaunch pool_attend_launch(const PoolSpec& spec, std::int64_t n) {
 inline std::vector<bool> pool_attend_paths(const PoolSpec& spec, std::span<const std::int64_t> step_queries,
                                            const AttendDevice& device) {
   std::vector<bool> reached(kAttendPathCount, false);
-  const std::int32_t max_splits =
+  const std::int32_t pool_splits =
       attend_max_splits(spec.format, spec.max_step_rows, spec.q_heads, spec.head_dim);
   for (const std::int64_t n : step_queries) {
     if (n <= 0) continue;
+    const std::int32_t max_splits = attend_launch_max_splits(pool_splits, spec.max_step_rows, n);
     const auto paths = attend_paths_of(ring_attend_dispatch(pool_attend_launch(spec, n), device, max_splits));
     for (std::size_t i = 0; i < paths.size(); ++i) reached[i] = reached[i] || paths[i];
   }

@@ -556,7 +556,10 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
     a.out = d_.out.as<double>();
     a.counters = d_.counters.as<unsigned int>();
     // One decision (impl/cuda/attend_dispatch.hpp), the one attend_paths_run predicts.
-    const AttendDispatch dispatch = ring_attend_dispatch_of<F>(a, device_, splits_cap_);
+    // The workspace holds splits_cap_ splits of max_step_rows queries: this
+    // launch's n queries may use as many more as that leaves room for.
+    const AttendDispatch dispatch =
+        ring_attend_dispatch_of<F>(a, device_, attend_launch_max_splits(splits_cap_, spec_.max_step_rows, n));
     a.splits = dispatch.splits;
     const auto paths = attend_paths_of(dispatch);
     for (std::size_t i = 0; i < paths.size(); ++i) launched_[i] += paths[i] ? 1 : 0;

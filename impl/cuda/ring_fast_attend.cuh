@@ -133,22 +133,20 @@ inline auto ring_fast_kernel_of() {
 /// 110 KiB blocks fit). 0 when G cannot run here (the error is cleared).
 template <ElementFormat F, class G, class Args>
 inline int ring_fast_blocks_per_sm() {
-  {
-    static const int blocks = [] {
-      const auto kernel = ring_fast_kernel_of<F, G, Args>();
-      int n = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSharedBytes) !=
-              cudaSuccess ||
-          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::kThreads, G::kSharedBytes) !=
-              cudaSuccess) {
-        cudaGetLastError();  // a configuration that does not fit is an answer, not an error
-        return 0;
-      }
-      return n;
-    }();
-    return blocks;
-  }
+  static const int blocks = [] {
+    const auto kernel = ring_fast_kernel_of<F, G, Args>();
+    int n = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSharedBytes) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::kThreads, G::kSharedBytes) !=
+            cudaSuccess) {
+      cudaGetLastError();  // a configuration that does not fit is an answer, not an error
+      return 0;
+    }
+    return n;
+  }();
+  return blocks;
 }
 
 /// Blocks per cluster of configuration G (1: launched without clusters).

@@ -44,9 +44,10 @@ PoolSpec production_pool(ElementFormat format, std::int32_t q_heads, std::int32_
 }
 
 kc::AttendDispatch dispatch(const PoolSpec& spec, std::int64_t n, const kc::AttendDevice& device = hopper()) {
-  return kc::ring_attend_dispatch(
-      kc::pool_attend_launch(spec, n), device,
-      kc::attend_max_splits(spec.format, spec.max_step_rows, spec.q_heads, spec.head_dim));
+  const std::int32_t pool =
+      kc::attend_max_splits(spec.format, spec.max_step_rows, spec.q_heads, spec.head_dim);
+  return kc::ring_attend_dispatch(kc::pool_attend_launch(spec, n), device,
+                                  kc::attend_launch_max_splits(pool, spec.max_step_rows, n));
 }
 
 }  // namespace
@@ -55,8 +56,9 @@ TEST_CASE("attend dispatch: one bf16 decode query runs warp-pipelined, a verify 
           "[cuda][dispatch]") {
   const PoolSpec spec = production_pool(ElementFormat::kBf16, 32, 8);
   // 8 (KV head, head tile) pairs: one slot-major block per query, 16 x 1 < 132 SMs.
-  // 8 blocks in one wave whatever the splits: the most tiles cost least, 7.
-  CHECK(dispatch(spec, 1) == kc::AttendDispatch{kc::AttendKernel::kWarpPipelined, 7});
+  // One query has room for 7 x 16 splits (64 at most); 8 x 16 blocks of two
+  // tiles each fill one wave at least cost.
+  CHECK(dispatch(spec, 1) == kc::AttendDispatch{kc::AttendKernel::kWarpPipelined, 16});
   // 16 queries: 16 x 16 >= 132; 16 x 7 blocks still fit one wave.
   CHECK(dispatch(spec, 16) == kc::AttendDispatch{kc::AttendKernel::kSlotMajor, 7});
   // 64 queries (a pool without the cap): two splits of 2048 columns fill the device.
@@ -69,8 +71,11 @@ TEST_CASE("attend dispatch: one bf16 decode query runs warp-pipelined, a verify 
 
 TEST_CASE("attend dispatch: f32, f64, head_dim 64 and unaligned fp8 rows run the general kernel",
           "[cuda][dispatch]") {
-  // f32: 8 blocks per query, 2112 / 8 wanted, 64 by the width, 7 by the workspace.
+  // f32: 8 blocks per query, 2112 / 8 wanted, 64 by the width and the cap.
   CHECK(dispatch(production_pool(ElementFormat::kF32, 32, 8), 1) ==
+        kc::AttendDispatch{kc::AttendKernel::kGeneral, 64});
+  // 16 queries: the workspace's 7 splits.
+  CHECK(dispatch(production_pool(ElementFormat::kF32, 32, 8), 16) ==
         kc::AttendDispatch{kc::AttendKernel::kGeneral, 7});
   CHECK(dispatch(production_pool(ElementFormat::kF64, 32, 8), 1).kernel == kc::AttendKernel::kGeneral);
   PoolSpec narrow = production_pool(ElementFormat::kBf16, 32, 8);
@@ -87,8 +92,8 @@ TEST_CASE("attend dispatch: a fast configuration the device cannot hold, or no s
   const PoolSpec spec = production_pool(ElementFormat::kBf16, 32, 8);
   kc::AttendDevice device = hopper();
   device.bf16.warp_pipelined = 0;  // FastAuto needs both of its configurations
-  CHECK(dispatch(spec, 64, device).kernel == kc::AttendKernel::kGeneral);
-  CHECK(dispatch(production_pool(ElementFormat::kFp8, 32, 8), 64, device).kernel ==
+  CHECK(dispatch(spec, 16, device).kernel == kc::AttendKernel::kGeneral);
+  CHECK(dispatch(production_pool(ElementFormat::kFp8, 32, 8), 16, device).kernel ==
         kc::AttendKernel::kSlotMajor);
   // A window of 64 splits of 2048 columns and one more: no split count <= 64 fits.
   kc::AttendLaunch wide = kc::pool_attend_launch(spec, 1);
@@ -123,11 +128,18 @@ TEST_CASE("attend dispatch: a pool's paths are the union over its steps, and a n
 }
 
 TEST_CASE("attend dispatch: the workspace bounds the splits as configure sizes it", "[cuda][dispatch]") {
-  // A long chunked prefill's pool holds one split, and a window past 2048
-  // columns then runs the general kernel even in bf16.
+  // A long chunked prefill's pool holds one split of its full step: the
+  // chunk's launch runs the general kernel over a window past 2048 columns
+  // even in bf16, and a decode in the same pool has room for 64 splits.
   PoolSpec chunked = production_pool(ElementFormat::kBf16, 32, 8);
   chunked.max_step_rows = 1024;
-  CHECK(dispatch(chunked, 1) == kc::AttendDispatch{kc::AttendKernel::kGeneral, 1});
+  CHECK(dispatch(chunked, 1024) == kc::AttendDispatch{kc::AttendKernel::kGeneral, 1});
+  CHECK(dispatch(chunked, 1) == kc::AttendDispatch{kc::AttendKernel::kWarpPipelined, 16});
+  // n x splits stays within what the workspace holds.
+  CHECK(kc::attend_launch_max_splits(7, 16, 1) == 64);
+  CHECK(kc::attend_launch_max_splits(7, 16, 3) == 37);
+  CHECK(kc::attend_launch_max_splits(7, 16, 16) == 7);
+  CHECK(kc::attend_launch_max_splits(1, 1024, 1000) == 1);
   // 1 x 32 x 128 x 130 floats a split: 126 fit in 256 MiB, capped at 64.
   CHECK(kc::attend_max_splits(ElementFormat::kF32, 1, 32, 128) == 64);
   // 2048 rows: one split takes 4.3 GB: still one split.
