@@ -20,6 +20,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -159,6 +160,18 @@ struct Capabilities {
   /// knows no cache by name, a cache declares what it can reach. Empty: no
   /// such kernel (the class is not reachable and counts no case).
   std::function<bool(const CacheSpec& spec)> fast_kernel_runs;
+  /// The cache's own kernel paths, by the names it gives them (the CUDA
+  /// ring pool's dispatch classes: cuda_general_kernel,
+  /// cuda_slot_major_kernel, cuda_warp_pipelined_kernel, cuda_split_k). The
+  /// checker counts one coverage class per entry, after the profile's own,
+  /// and gates them in the production profile. Empty: none declared.
+  std::vector<std::string> kernel_paths;
+  /// Which of kernel_paths a run of `spec` takes when its steps attend
+  /// `step_queries` queries each (one entry per step that writes rows), by
+  /// the cache's own dispatch: one bool per kernel_paths entry. Called from
+  /// several threads at once. Empty exactly when kernel_paths is.
+  std::function<std::vector<bool>(const CacheSpec& spec, std::span<const std::int64_t> step_queries)>
+      kernel_paths_run;
 
   /// Whether `cache` (with steps of at most `max_step_rows` rows) fits; on
   /// false `why` names the first thing that does not.

@@ -6,6 +6,7 @@
 
 #include "impl/block_table.hpp"
 #include "impl/cpu/cpu_backend.hpp"
+#include "impl/cuda/attend_dispatch.hpp"
 #include "impl/ring_pool.hpp"
 #include "support/assert.hpp"
 #include "support/error.hpp"
@@ -29,6 +30,18 @@ bool device_broke(const impl::Status& st) {
 Refusal refusal(const impl::Status& st) {
   if (device_broke(st)) throw_device(st);
   return Refusal{std::string(impl::cache_error_name(st.code)), st.detail};
+}
+
+/// The pool of layer `l`: each layer's pool has its own window (a pool per
+/// layer already). A global layer reads every position its ring holds: keys
+/// past the ring and a step's rows reach no further (and size no buffer).
+impl::PoolSpec layer_pool_spec(const CacheSpec& spec, std::int32_t l, impl::Fault fault) {
+  impl::PoolSpec pool_spec = ring_pool_spec(spec, fault);
+  if (!spec.layer_window_keys.empty()) {
+    pool_spec.window_keys = std::min(spec.layer_window_keys[static_cast<std::size_t>(l)],
+                                     spec.cache.ring_rows + spec.max_step_rows);
+  }
+  return pool_spec;
 }
 
 /// Reads one pool slot back for a checker; any failure is the device's.
@@ -168,21 +181,7 @@ class RingPoolProvider final : public CacheProvider {
   /// `block_rows` 0: the ring; else a block table of blocks that size (paged).
   RingPoolProvider(std::string backend, impl::Fault fault, std::int64_t block_rows = 0)
       : backend_(std::move(backend)), fault_(fault), block_rows_(block_rows) {
-    caps_.name = block_rows_ > 0 ? "paged-pool/" + backend_ : "ring-pool/" + backend_;
-    caps_.ring_addressing = block_rows_ == 0;
-    caps_.block_size = block_rows_;
-    caps_.per_layer_windows = true;  // one pool per layer, each with its own window
-    caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
-    // The CPU kernel table rotates keys and queries in double (std::cos/sin
-    // of a double angle) whatever the row format.
-    if (backend_ == "cpu") caps_.rope_unit_roundoff = 0x1.0p-53;
-    // Its AVX-512 block kernel, where this CPU has it: the dispatch
-    // CpuBackend::configure makes (coverage class fast_cpu_kernel).
-    if (backend_ == "cpu" && impl::cpu::fast_kernel_available()) {
-      caps_.fast_kernel_runs = [](const CacheSpec& spec) {
-        return impl::cpu::fast_kernel_runs(ring_pool_spec(spec, impl::Fault::kNone));
-      };
-    }
+    caps_ = ring_pool_capabilities(backend_, fault_, block_rows_, impl::make_backend(backend_, nullptr));
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return block_rows_ > 0 ? "paged" : backend_; }
@@ -190,14 +189,7 @@ class RingPoolProvider final : public CacheProvider {
   std::unique_ptr<CacheUnderTest> open(const CacheSpec& spec, Refusal* refused) override {
     std::vector<std::unique_ptr<impl::RingPool>> layers;
     for (std::int32_t l = 0; l < spec.cache.layers; ++l) {
-      impl::PoolSpec pool_spec = ring_pool_spec(spec, fault_);
-      if (!spec.layer_window_keys.empty()) {
-        // Each layer's pool has its own window (a pool per layer already).
-        // A global layer reads every position its ring holds: keys past the
-        // ring and a step's rows reach no further (and size no buffer).
-        pool_spec.window_keys = std::min(spec.layer_window_keys[static_cast<std::size_t>(l)],
-                                         spec.cache.ring_rows + spec.max_step_rows);
-      }
+      impl::PoolSpec pool_spec = layer_pool_spec(spec, l, fault_);
       std::string why;
       auto backend = impl::make_backend(backend_, &why);
       if (!backend) throw Error(ErrorId::kDevice, "--impl", why);
@@ -269,6 +261,46 @@ impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault) {
   p.track_tags = true;
   p.fault = fault;
   return p;
+}
+
+Capabilities ring_pool_capabilities(const std::string& backend, impl::Fault fault, std::int64_t block_rows,
+                                    std::shared_ptr<const impl::KvBackend> probe) {
+  Capabilities caps;
+  caps.name = block_rows > 0 ? "paged-pool/" + backend : "ring-pool/" + backend;
+  caps.ring_addressing = block_rows == 0;
+  caps.block_size = block_rows;
+  caps.per_layer_windows = true;  // one pool per layer, each with its own window
+  caps.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
+  // The step kinds (trim included) are RingPool's for every backend; shared
+  // prefixes are no pool's (prefix_sharing stays off).
+  // The CPU kernel table rotates keys and queries in double (std::cos/sin
+  // of a double angle) whatever the row format.
+  if (backend == "cpu") caps.rope_unit_roundoff = 0x1.0p-53;
+  // Its AVX-512 block kernel, where this CPU has it: the dispatch
+  // CpuBackend::configure makes (coverage class fast_cpu_kernel).
+  if (backend == "cpu" && impl::cpu::fast_kernel_available()) {
+    caps.fast_kernel_runs = [](const CacheSpec& spec) {
+      return impl::cpu::fast_kernel_runs(ring_pool_spec(spec, impl::Fault::kNone));
+    };
+  }
+  // The CUDA attention kernels take head_dim up to 512 (CudaBackend::supports).
+  if (backend == "cuda") caps.head_dims.max = impl::cuda::kAttendMaxHeadDim;
+  // The backend's kernel paths, by its own dispatch, over every layer's pool.
+  if (probe && !probe->attend_paths().empty()) {
+    caps.kernel_paths = probe->attend_paths();
+    caps.kernel_paths_run = [probe, fault](const CacheSpec& spec,
+                                           std::span<const std::int64_t> step_queries) {
+      std::vector<bool> reached(probe->attend_paths().size(), false);
+      for (std::int32_t l = 0; l < spec.cache.layers; ++l) {
+        const std::vector<bool> layer =
+            probe->attend_paths_run(layer_pool_spec(spec, l, fault), step_queries);
+        for (std::size_t i = 0; i < reached.size() && i < layer.size(); ++i)
+          reached[i] = reached[i] || layer[i];
+      }
+      return reached;
+    };
+  }
+  return caps;
 }
 
 std::unique_ptr<CacheProvider> make_ring_pool_provider(const std::string& backend, impl::Fault fault) {

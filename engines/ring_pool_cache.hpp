@@ -19,6 +19,16 @@ impl::RopeStyle impl_rope_style(scenarios::RopeStyle style) noexcept;
 /// The backend PoolSpec of a cache spec (what the ring pool is asked for).
 impl::PoolSpec ring_pool_spec(const CacheSpec& spec, impl::Fault fault);
 
+/// What a ring pool over backend `backend` ("cpu" or "cuda"; paged when
+/// `block_rows` > 0) with `fault` declares: the step kinds, addressing and
+/// features RingPool composes for every backend (trim, a window per layer,
+/// no shared prefixes), the backend's own limits (CUDA: head_dim up to the
+/// attention kernels' 512), and its kernel paths as `probe` (an instance of
+/// the backend, unconfigured; null: none) answers them (KvBackend::
+/// attend_paths, attend_paths_run over every layer's pool). No device needed.
+Capabilities ring_pool_capabilities(const std::string& backend, impl::Fault fault, std::int64_t block_rows,
+                                    std::shared_ptr<const impl::KvBackend> probe);
+
 /// Provider of ring pools over backend `backend` ("cpu" or "cuda") with `fault`.
 /// Throws kvcheck::Error(kDevice) when the backend is unavailable.
 std::unique_ptr<CacheProvider> make_ring_pool_provider(const std::string& backend, impl::Fault fault);

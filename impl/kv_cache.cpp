@@ -43,6 +43,18 @@ Status KvBackend::read_row_bytes(std::int64_t, std::uint8_t*, std::uint8_t*) con
   return Status::fail(CacheError::kUnsupported, std::string(name()) + " does not report encoded rows");
 }
 
+std::vector<std::string> KvBackend::attend_paths() const {
+  return {};
+}
+
+std::vector<bool> KvBackend::attend_paths_run(const PoolSpec&, std::span<const std::int64_t>) const {
+  return {};
+}
+
+std::vector<std::int64_t> KvBackend::attend_paths_launched() const {
+  return {};
+}
+
 std::string_view fault_name(Fault fault) noexcept {
   const auto i = static_cast<std::size_t>(fault);
   return i < kFaults.size() ? kFaults[i].name : std::string_view("?");

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "support/formats.hpp"
 
@@ -228,6 +229,19 @@ class KvBackend {
   /// shared rows), in the layout of impl/element_format.hpp. Backends that
   /// cannot give them answer kUnsupported (the default).
   virtual Status read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const;
+  /// Names of the attention paths this backend dispatches between (the
+  /// CUDA backend's kernels and split-K), for a run to say which it
+  /// reached; empty (the default): one path, nothing to tell.
+  virtual std::vector<std::string> attend_paths() const;
+  /// Which of attend_paths() a pool of `spec` takes when its steps attend
+  /// `step_queries` queries each (one entry per step that reads), by the
+  /// backend's own dispatch. Callable before configure() and from several
+  /// threads at once; empty when attend_paths() is.
+  virtual std::vector<bool> attend_paths_run(const PoolSpec& spec,
+                                             std::span<const std::int64_t> step_queries) const;
+  /// Attention launches per attend_paths() entry since configure(): what
+  /// this backend did reach (empty when attend_paths() is).
+  virtual std::vector<std::int64_t> attend_paths_launched() const;
 };
 
 /// Factory: "cpu" always; "cuda" when built with CUDA. Throws nothing;

@@ -52,6 +52,8 @@ void print_coverage(const properties::CheckResult& result) {
     if (kinds[i] == properties::CoverageKind::kSchedule && (result.reachable[i] || result.coverage_counts[i] > 0))
       show(i, names[i]);
   }
+  // The cache's own kernel paths, last (counted everywhere, gated where reachable).
+  for (std::size_t k = 0; k < result.kernel_paths.size(); ++k) show(names.size() + k, result.kernel_paths[k]);
   std::printf("\nfeatures (cases exercising each declared feature):");
   std::size_t declared = 0;
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -98,7 +100,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   summary.queries = result.queries;
   summary.queries_not_output_checked = result.queries_not_output_checked;
   summary.min_run_share = options.min_run_share;
-  const auto& names = properties::coverage_names();
+  auto names = properties::coverage_names();
+  names.insert(names.end(), result.kernel_paths.begin(), result.kernel_paths.end());  // the cache's own, last
   for (std::size_t i = 0; i < names.size(); ++i) {
     // Only what the generator can draw for this cache is listed (a feature
     // it does not declare, ring wrap without a window, are not); its gate
@@ -549,7 +552,8 @@ int merge_check(const std::vector<pipelines::ShardResult>& shards, const fs::pat
   for (const auto& shard : shards) {
     tallies.push_back(
         pipelines::tally_from_json(shard, o.cases, properties::coverage_names().size()));
-    if (tallies.back().reachable != tallies.front().reachable) {
+    if (tallies.back().reachable != tallies.front().reachable ||
+        tallies.back().kernel_paths != tallies.front().kernel_paths) {
       throw Error(ErrorId::kShard, shard.origin,
                   "its cache reaches other coverage classes than " + front.origin + "'s: not the same cache");
     }

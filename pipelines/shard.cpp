@@ -255,6 +255,9 @@ Json tally_json(const properties::CaseTally& t) {
   // (optional: only where some were).
   if (std::any_of(t.coverage_refused.begin(), t.coverage_refused.end(), [](std::int64_t n) { return n > 0; }))
     j["coverage_refused"] = t.coverage_refused;
+  // The cache's own kernel paths, the last classes (optional: caches that
+  // declare none, and older documents, have none).
+  if (!t.kernel_paths.empty()) j["kernel_paths"] = t.kernel_paths;
   if (t.block_size > 0) {
     // A paged cache's block frees and reuses (optional: older documents lack them).
     j["block_size"] = t.block_size;
@@ -272,8 +275,14 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     jr::check_keys(j, "result",
                    {"cases", "failures", "skipped", "refused", "queries", "queries_not_output_checked",
                     "coverage_counts", "reachable", "coverage_refused", "first_failing_case", "block_size",
-                    "block_window_frees", "block_end_frees", "block_reuses"});
+                    "block_window_frees", "block_end_frees", "block_reuses", "kernel_paths"});
     properties::CaseTally t;
+    if (const auto* v = jr::find(j, "kernel_paths")) {
+      const auto& names = jr::as_array(*v, "result.kernel_paths");
+      for (std::size_t k = 0; k < names.size(); ++k)
+        t.kernel_paths.push_back(jr::get_string(names[k], jr::join_index("result.kernel_paths", k)));
+    }
+    classes += t.kernel_paths.size();  // counted after the profile's own
     for (auto [key, into] : {std::pair<const char*, std::int64_t*>{"block_size", &t.block_size},
                              {"block_window_frees", &t.block_window_frees},
                              {"block_end_frees", &t.block_end_frees},

@@ -100,7 +100,8 @@ CheckShardOptions check_options_from_json(const ShardResult& shard);
 nlohmann::ordered_json tally_json(const properties::CaseTally& tally);
 /// The tally of a check shard, checked against its shard: it ran exactly the
 /// cases index ≡ I (mod N) of the options' case count, and its first failing
-/// case is one of them; `classes` is the number of coverage classes. A count
+/// case is one of them; `classes` is the number of the profile's coverage
+/// classes (the document's `kernel_paths`, the cache's own, come after). A count
 /// no run can have (negative, above what it counts among: a coverage count
 /// above the cases that ran) is ErrorId::kShard naming the shard and field.
 properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cases, std::size_t classes);

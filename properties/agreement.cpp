@@ -243,6 +243,21 @@ engines::Capabilities intersect_capabilities(const engines::Capabilities& a, con
   } else if (!a.fast_kernel_runs) {
     c.fast_kernel_runs = b.fast_kernel_runs;
   }
+  // Kernel paths: the first cache's, then the second's, each by its own dispatch.
+  c.kernel_paths = a.kernel_paths;
+  c.kernel_paths.insert(c.kernel_paths.end(), b.kernel_paths.begin(), b.kernel_paths.end());
+  if (!c.kernel_paths.empty()) {
+    c.kernel_paths_run = [fa = a.kernel_paths_run, na = a.kernel_paths.size(), fb = b.kernel_paths_run,
+                          nb = b.kernel_paths.size()](const engines::CacheSpec& spec,
+                                                      std::span<const std::int64_t> queries) {
+      std::vector<bool> reached = fa ? fa(spec, queries) : std::vector<bool>{};
+      reached.resize(na, false);
+      std::vector<bool> second = fb ? fb(spec, queries) : std::vector<bool>{};
+      second.resize(nb, false);
+      reached.insert(reached.end(), second.begin(), second.end());
+      return reached;
+    };
+  }
   return c;
 }
 

@@ -311,6 +311,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   CaseTally tally;
   tally.cases = mine;
   tally.reachable = reachable_coverage(caps, options.profile);
+  tally.kernel_paths = caps.kernel_paths;
   const std::size_t classes = tally.reachable.size();
 
   // Results are added up as cases finish (sums commute, so the tally does
@@ -486,6 +487,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.coverage_refused = tally.coverage_refused;
   result.coverage_refused.resize(result.coverage_counts.size(), 0);
   const auto& gate_cases = coverage_gate_cases();
+  result.kernel_paths = tally.kernel_paths;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
     std::int64_t minimum = result.reachable[k] && options.coverage_gate ? 1 : 0;
     if (k < gate_cases.size() && result.cases < gate_cases[k]) minimum = 0;
@@ -684,6 +686,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
       shards.empty() ? std::vector<bool>(coverage_names().size(), true) : shards.front().reachable;
   total.coverage_counts.assign(total.reachable.size(), 0);
   total.coverage_refused.assign(total.reachable.size(), 0);
+  if (!shards.empty()) total.kernel_paths = shards.front().kernel_paths;
   for (const CaseTally& t : shards) {
     KVCHECK_ASSERT(t.reachable == total.reachable &&
                    t.coverage_counts.size() == total.coverage_counts.size());

@@ -85,6 +85,9 @@ struct CheckResult {
   /// drawn, is not gated (coverage_refused says why).
   std::vector<std::int64_t> coverage_minimums;
   bool coverage_ok = true;                      ///< every gated class reached its minimum
+  /// Names of the last classes: the cache's Capabilities::kernel_paths
+  /// (coverage_names(caps) is coverage_names() and these).
+  std::vector<std::string> kernel_paths;
   /// A paged cache (Capabilities::block_size > 0): its block size, and the
   /// block frees and reuses summed over the cases that ran (BlockCounts).
   std::int64_t block_size = 0;
@@ -156,6 +159,8 @@ struct CaseTally {
   std::vector<std::int64_t> coverage_counts;    ///< per coverage_names() entry
   std::vector<bool> reachable;                  ///< per entry: whether the cache can reach it
   std::vector<std::int64_t> coverage_refused;   ///< per entry: cases drawn with it, refused or skipped
+  /// The cache's Capabilities::kernel_paths, the last classes' names. Kept in memory only.
+  std::vector<std::string> kernel_paths;
   std::int64_t block_size = 0;                  ///< the cache's Capabilities::block_size (0: not paged)
   std::int64_t block_window_frees = 0;          ///< paged caches: BlockCounts summed over the cases that ran
   std::int64_t block_end_frees = 0;

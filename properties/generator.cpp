@@ -199,7 +199,15 @@ std::vector<bool> coverage_flags(const Coverage& c) {
       flags.push_back(c.features[static_cast<std::size_t>(a)] && c.features[static_cast<std::size_t>(b)]);
     }
   }
+  // The cache's own kernel paths, last.
+  flags.insert(flags.end(), c.kernel_paths.begin(), c.kernel_paths.end());
   return flags;
+}
+
+std::vector<std::string> coverage_names(const engines::Capabilities& caps) {
+  std::vector<std::string> names = coverage_names();
+  names.insert(names.end(), caps.kernel_paths.begin(), caps.kernel_paths.end());
+  return names;
 }
 
 std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile profile) {
@@ -254,6 +262,10 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
       reach.push_back(drawable[static_cast<std::size_t>(a)] && drawable[static_cast<std::size_t>(b)]);
     }
   }
+  // The cache's own kernel paths, last: gated where the profile draws the
+  // shapes that take them (the production profile's head_dim 128 bf16/fp8
+  // pools, batches and windows past one split); counted everywhere.
+  reach.insert(reach.end(), caps.kernel_paths.size(), production);
   return reach;
 }
 
@@ -1211,6 +1223,16 @@ Coverage classify(const Scenario& sc, const engines::Capabilities& caps) {
   // queries run the kernel once any step writes rows.
   cov.fast_cpu_kernel = wrote && caps.fast_kernel_runs && caps.fast_kernel_runs(cache_spec(sc));
   cov.features = exercised_features(sc);
+  // The cache's own kernel paths (Capabilities::kernel_paths_run), for the
+  // queries of each step that writes rows (each attends that many).
+  if (caps.kernel_paths_run) {
+    std::vector<std::int64_t> queries;
+    for (const auto& s : sc.steps) {
+      if (const std::int64_t n = scenarios::step_rows(s); n > 0) queries.push_back(n);
+    }
+    cov.kernel_paths = caps.kernel_paths_run(cache_spec(sc), queries);
+  }
+  cov.kernel_paths.resize(caps.kernel_paths.size(), false);
   return cov;
 }
 

@@ -89,6 +89,9 @@ struct Coverage {
   bool trim_into_prefix = false;  ///< a request that began from a shared prefix trims back into it
   /// The features the case exercised (exercised_features).
   FeatureSet features;
+  // After all of the above: one per Capabilities::kernel_paths entry (the
+  // cache's own dispatch, Capabilities::kernel_paths_run).
+  std::vector<bool> kernel_paths;
 };
 
 /// What a coverage class counts.
@@ -117,7 +120,12 @@ const std::vector<CoverageKind>& coverage_kinds();
 /// for a feature's class and for the schedule classes of a feature (trims,
 /// blocks, layer windows, prefixes), kPairGateCases for a pair.
 const std::vector<std::int64_t>& coverage_gate_cases();
-/// The classes as booleans, in coverage_names() order.
+/// coverage_names(), then the cache's own kernel paths
+/// (Capabilities::kernel_paths), in that order: the classes a check of a
+/// cache with `caps` counts (the same for every profile).
+std::vector<std::string> coverage_names(const engines::Capabilities& caps);
+/// The classes as booleans, in coverage_names() order, then c.kernel_paths
+/// (classify sizes it to the cache's kernel_paths).
 std::vector<bool> coverage_flags(const Coverage& c);
 /// The class index of feature `f`, and of the pair (a, b) (a != b).
 std::size_t feature_class(Feature f);

@@ -5,7 +5,14 @@
 # RapidCheck, Google Benchmark; nothing can be installed there):
 #
 #   scripts/gpu-bundle.sh [--build-dir DIR] [--no-build] [OUT]   (OUT: gpu-bundle)
-#   scripts/gpu-check.sh --bundle OUT                            (on the GPU machine)
+#   scripts/gpu-check.sh --require-gpu [--quick] --bundle OUT    (on the GPU machine)
+#
+# What the GPU machine runs is gpu-check.sh's list (within 8 minutes; --quick
+# within 3): the CUDA tests, `kvcheck check --impl cuda` on every profile
+# (production first: its coverage gate asks for every CUDA dispatch class)
+# and `--impl cpu --against cuda` on each, the replay of the bundled
+# scenarios, compute-sanitizer and the benchmarks. The CLI carries every
+# profile, so the bundle needs nothing per profile.
 #
 # OUT/
 #   bin/       the binaries listed in scripts/gpu-binaries.txt (kvcheck,
@@ -104,4 +111,5 @@ mv "$STAGE" "$OUT"
 rm -rf "${OUT%/}.old"
 trap - EXIT
 echo "gpu-bundle.sh: $(du -sh "$OUT" | cut -f1) in $OUT ($(ls "$OUT/bin" | wc -l) binaries, $(ls "$OUT/lib" | wc -l) libraries)"
-echo "  on the GPU machine: $OUT/scripts/gpu-check.sh --bundle $OUT"
+echo "  on the GPU machine: $OUT/scripts/gpu-check.sh --require-gpu --bundle $OUT    (at most 8 minutes)"
+echo "                  or: $OUT/scripts/gpu-check.sh --require-gpu --quick --bundle $OUT    (at most 3 minutes)"

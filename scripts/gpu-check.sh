@@ -3,8 +3,8 @@
 # GPU, in one run that fits in 8 minutes (each step under `timeout`, all of
 # them under one deadline), ending with a one-line-per-step summary.
 #
-#   scripts/gpu-check.sh [--require-gpu] [build-dir]     build here, then check (default build-gpu)
-#   scripts/gpu-check.sh [--require-gpu] --bundle DIR    check a bundle from scripts/gpu-bundle.sh
+#   scripts/gpu-check.sh [--require-gpu] [--quick] [build-dir]     build here, then check (default build-gpu)
+#   scripts/gpu-check.sh [--require-gpu] [--quick] --bundle DIR    check a bundle from scripts/gpu-bundle.sh
 #
 # The source mode needs the build dependencies (MPFR, GMP, Catch2,
 # RapidCheck, Google Benchmark) on the GPU machine; the bundle mode needs only
@@ -13,15 +13,22 @@
 #
 # Steps, most important first: the CUDA backend tests (impl_cuda_test:
 # conformance suite on "cuda", kernel-by-kernel comparisons with the CPU
-# backend, the production-shape fast-kernel tests; impl_cuda_host_test: the
-# index math as nvcc compiled it), the CUDA decode-attention benchmark,
-# `kvcheck check --impl cuda --cases 500`, `kvcheck replay scenarios/fast
-# --impl cuda`, compute-sanitizer memcheck / racecheck / initcheck on the
-# attention tests, and the CPU decode-attention benchmark.
+# backend, the production-shape fast-kernel tests, the dispatch the host
+# predicts; impl_cuda_host_test: the index math as nvcc compiled it and the
+# attention dispatch), `kvcheck check --impl cuda --profile production`
+# (its coverage gate asks for every CUDA dispatch class: general,
+# slot-major, warp-pipelined, split-K) and `--impl cpu --against cuda` on
+# it, the CUDA decode-attention benchmark (the roofline figures), every other
+# profile on `--impl cuda` and against the CPU pool, `kvcheck replay
+# scenarios/fast --impl cuda`, compute-sanitizer memcheck / racecheck /
+# initcheck on the attention tests, and the CPU decode-attention benchmark.
+# --quick runs a subset in under 3 minutes (budget 170 s): the tests, a
+# production check on cuda, a default check against the CPU pool, replay.
 # Without a GPU (no `nvidia-smi -L` device) the device steps report SKIP and
 # the host steps still run; --require-gpu makes a missing GPU a failure.
 # GPU_CHECK_ONLY=REGEX runs only the steps whose names match (grep -E), for
-# a quick rerun of a few steps; GPU_CHECK_SECONDS sets the budget (480).
+# a quick rerun of a few steps; GPU_CHECK_SECONDS sets the budget (480, or
+# 170 with --quick).
 # Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
 ORIGIN=$PWD
@@ -29,16 +36,22 @@ cd "$(dirname "$0")/.." || exit 1
 BUNDLE=
 BUILD=build-gpu
 REQUIRE_GPU=0
+QUICK=0
 while (( $# > 0 )); do
   case "$1" in
     --bundle) BUNDLE=$(cd "$ORIGIN" && cd "$2" && pwd) || exit 2; shift 2 ;;
     --require-gpu) REQUIRE_GPU=1; shift ;;
+    --quick) QUICK=1; shift ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac
 done
-BUDGET=${GPU_CHECK_SECONDS:-480}  # the whole run; each step is capped as well
+if (( QUICK )); then
+  BUDGET=${GPU_CHECK_SECONDS:-170}  # the --quick subset
+else
+  BUDGET=${GPU_CHECK_SECONDS:-480}  # the whole run; each step is capped as well
+fi
 DEADLINE=$(( $(date +%s) + BUDGET ))
 JOBS=${JOBS:-16}
 SUMMARY=()
@@ -92,7 +105,10 @@ if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q "^G
 elif (( REQUIRE_GPU )); then
   note "FAIL     --require-gpu: no GPU listed by nvidia-smi -L"
   FAILED=1
+else
+  echo "no GPU (nvidia-smi -L lists none): the host steps run, every device step is reported SKIP"
 fi
+(( QUICK )) && echo "--quick: the tests, a production check on cuda, a check against the CPU pool, replay"
 
 # The bundle's binaries, one list (scripts/gpu-binaries.txt; a bundle carries
 # it beside this script): build-tree paths, the target is the file name.
@@ -196,14 +212,34 @@ export BIN
   bash -c "$(declare -f cuda_tests); cuda_tests"
 
 BENCH="$BIN/decode_attention_cuda_bench"
-[[ -x "$BENCH" ]] && device_step "decode_attention_cuda_bench" 100 "$BENCH" --benchmark_min_time=0.2
+# check_step CAP CASES ARGS...: one `kvcheck check` on the device; its name
+# is the command line. Every run fails on a failing case, on a reachable
+# coverage class never reached (the production profile gates the CUDA
+# dispatch classes) and on too few cases run.
+check_step() {
+  local cap=$1 cases=$2
+  shift 2
+  device_step "kvcheck check $* --cases $cases" "$cap" "$CLI" check "$@" --cases "$cases" --out "$(mktemp -d)"
+}
 
-if [[ -x "$CLI" ]]; then
-  device_step "kvcheck check --impl cuda --cases 500" 90 "$CLI" check --impl cuda --cases 500 --out "$(mktemp -d)"
-  device_step "kvcheck replay scenarios/fast --impl cuda" 60 "$CLI" replay "$SCENARIOS/fast" --impl cuda
-else
+if [[ ! -x "$CLI" ]]; then
   note "FAIL     kvcheck CLI missing ($CLI): check and replay not run"
   FAILED=1
+elif (( QUICK )); then
+  check_step 60 60 --impl cuda --profile production
+  check_step 40 200 --impl cpu --against cuda
+  device_step "kvcheck replay scenarios/fast --impl cuda" 30 "$CLI" replay "$SCENARIOS/fast" --impl cuda
+else
+  check_step 90 200 --impl cuda --profile production
+  check_step 90 100 --impl cpu --against cuda --profile production
+  [[ -x "$BENCH" ]] && device_step "decode_attention_cuda_bench" 100 "$BENCH" --benchmark_min_time=0.2
+  check_step 60 500 --impl cuda
+  check_step 45 300 --impl cpu --against cuda
+  for profile in trim layers paged prefix; do
+    check_step 30 150 --impl cuda --profile "$profile"
+    check_step 30 100 --impl cpu --against cuda --profile "$profile"
+  done
+  device_step "kvcheck replay scenarios/fast --impl cuda" 60 "$CLI" replay "$SCENARIOS/fast" --impl cuda
 fi
 
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -211,7 +247,9 @@ TEST_BIN="$BIN/impl_cuda_test"
 ATTEND_CASE="CudaBackend: attention over pool and scratch equals the CPU backend's"
 FAST_CASE="CudaBackend: production shapes (head_dim 128 and W = 4096) count every column once"
 COLLIDE_CASE="CudaBackend: a same-launch write-write collision is counted and the last row wins"
-if (( HAVE_GPU )) && [[ ! -x "$SANITIZER" ]]; then
+if (( QUICK )); then
+  : # --quick: no compute-sanitizer runs, no benchmarks
+elif (( HAVE_GPU )) && [[ ! -x "$SANITIZER" ]]; then
   note "FAIL     compute-sanitizer not found"
   FAILED=1
 elif [[ -x "$TEST_BIN" ]]; then
@@ -229,7 +267,7 @@ elif [[ -x "$TEST_BIN" ]]; then
 fi
 
 CPU_BENCH="$BIN/decode_attention_bench"
-[[ -x "$CPU_BENCH" ]] && device_step "decode_attention_bench (CPU, same machine)" 100 "$CPU_BENCH" --benchmark_min_time=0.1
+(( ! QUICK )) && [[ -x "$CPU_BENCH" ]] && device_step "decode_attention_bench (CPU, same machine)" 100 "$CPU_BENCH" --benchmark_min_time=0.1
 
 echo
 echo "=== gpu-check summary ($(( BUDGET - $(remaining) ))s of ${BUDGET}s) ==="

@@ -245,7 +245,7 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   }
   int sm_count = 1;
   cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0);
-  constexpr std::int32_t kMaxSplits = 64;        // the backend's cap (cuda_backend.cu)
+  constexpr std::int32_t kMaxSplits = kc::kAttendMaxSplits;  // the backend's cap
   constexpr std::int32_t kBenchMaxSplits = 256;  // the slot-major variants' cap here
 
   Buffers buf;
@@ -296,7 +296,10 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
   a.part_ml = part_ml;
   a.out = out;
   a.counters = kind == Kind::kGeneral || kind == Kind::kCopy ? nullptr : counters;
-  a.splits = kc::ring_attend_choose_splits<F>(a, sm_count, kMaxSplits);
+  // The backend's decision (impl/cuda/attend_dispatch.hpp) for kFast and kGeneral.
+  const kc::AttendDevice device = kc::ring_attend_device(sm_count);
+  const kc::AttendDispatch dispatch = kc::ring_attend_dispatch_of<F>(a, device, kMaxSplits);
+  a.splits = dispatch.splits;
   auto variant = [&](bool choose) -> cudaError_t {
     const std::int32_t cap = slot_major(kind) ? kBenchMaxSplits : kMaxSplits;
     switch (kind) {
@@ -339,7 +342,8 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
       return cudaMemcpyAsync(copy_dst, pool, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
                              nullptr);
     }
-    if (kind == Kind::kFast || kind == Kind::kGeneral) return kc::ring_attend_launch<F>(a, nullptr);
+    if (kind == Kind::kFast || kind == Kind::kGeneral)
+      return kc::ring_attend_launch<F>(a, dispatch.kernel, nullptr);
     return variant(false);
   };
   if (ok)
@@ -349,10 +353,11 @@ void BM_decode_attention(benchmark::State& state, int shape_index, Kind kind) {
     std::vector<double> fast(static_cast<std::size_t>(q_elements)), general(fast.size());
     kc::AttendArgs<float> g = a;
     g.counters = nullptr;
-    g.splits = kc::ring_attend_choose_splits<F>(g, sm_count, kMaxSplits);
+    const kc::AttendDispatch general_dispatch = kc::ring_attend_dispatch_of<F>(g, device, kMaxSplits);
+    g.splits = general_dispatch.splits;
     ok =
         check(cudaMemcpy(fast.data(), out, fast.size() * 8, cudaMemcpyDeviceToHost), "copy out", state) &&
-        check(kc::ring_attend_launch<F>(g, nullptr), "general launch", state) &&
+        check(kc::ring_attend_launch<F>(g, general_dispatch.kernel, nullptr), "general launch", state) &&
         check(cudaMemcpy(general.data(), out, general.size() * 8, cudaMemcpyDeviceToHost), "copy out", state);
     double diff = 0.0, top = 0.0;
     for (std::size_t i = 0; i < fast.size(); ++i) {

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "impl/cuda/attend_dispatch.hpp"
 #include "impl/cuda/ring_kernels.cuh"
 #include "impl/element_format.hpp"
 #include "impl/kernel_checks.hpp"
@@ -34,10 +36,9 @@ namespace {
 // Largest magnitude a non-f64 row may hold after RoPE (the CPU backend's
 // kFloatRowLimit): keeps bf16 rounding and fp8 dequantization in float range.
 constexpr double kFloatRowLimit = 0x1.0p126;
-// Upper bound on the split-attention workspace, so a pool with a huge
-// max_step_rows does not reserve gigabytes for partial sums.
-constexpr std::int64_t kWorkspaceBytes = std::int64_t{256} << 20;
-constexpr std::int32_t kMaxSplits = 64;
+// The split-attention workspace's bound (so a pool with a huge max_step_rows
+// does not reserve gigabytes for partial sums) and the most splits:
+// kAttendWorkspaceBytes and kAttendMaxSplits, impl/cuda/attend_dispatch.hpp.
 
 std::string cuda_error_line(const char* what, cudaError_t err) {
   return std::string("CUDA ") + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
@@ -143,6 +144,11 @@ class CudaBackend final : public KvBackend {
                 std::int64_t* read_slots) override;
   Tag slot_tag(std::int64_t slot) const override;
   Status read_row(std::int64_t slot, double* key, double* value) const override;
+  Status read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const override;
+  std::vector<std::string> attend_paths() const override;
+  std::vector<bool> attend_paths_run(const PoolSpec& spec,
+                                     std::span<const std::int64_t> step_queries) const override;
+  std::vector<std::int64_t> attend_paths_launched() const override;
 
  private:
   Status check_configured() const;
@@ -152,6 +158,8 @@ class CudaBackend final : public KvBackend {
   /// d_.k_rot / d_.v_chk (CpuBackend::stage_rows). Writes nothing to the pool.
   Status stage_rows(std::int64_t rows, std::span<const std::int64_t> rope_positions, const double* k,
                     const double* v);
+  /// Copies one pool slot's bytes to host_slot_.
+  Status fetch_slot(std::int64_t slot, const char* what) const;
   /// Encodes the staged rows to `base` rows (dest_rows[r] or dest_first + r).
   Status encode_rows(std::int64_t rows, std::uint8_t* base, const std::int64_t* dest_rows,
                      std::int64_t dest_first, std::int64_t dest_count, const int* winner);
@@ -167,6 +175,8 @@ class CudaBackend final : public KvBackend {
   std::int64_t index_cap_ = 0;     // entries of the index staging array
   std::int32_t splits_cap_ = 1;
   int sm_count_ = 1;
+  AttendDevice device_;  // what the dispatch reads of the device (ring_attend_device)
+  std::array<std::int64_t, kAttendPathCount> launched_{};  // launches per attend path since configure
   double scale_ = 1.0;
   DeviceState d_;
   mutable std::vector<std::uint8_t> host_slot_;  // [slot_bytes] read_row staging
@@ -219,10 +229,10 @@ Status CudaBackend::configure(const PoolSpec& spec) {
     return Status::fail(CacheError::kSizeOverflow, "pool size overflows");
   }
   // Splits the workspace can hold for a full step: at least 1 (a step always
-  // fits one split), at most kMaxSplits.
+  // fits one split), at most kAttendMaxSplits (the host dispatch's own bound).
   const std::int64_t acc_bytes = spec.format == ElementFormat::kF64 ? 8 : 4;
-  std::int64_t splits_cap = kWorkspaceBytes / std::max<std::int64_t>(1, per_split * acc_bytes);
-  splits_cap = std::clamp<std::int64_t>(splits_cap, 1, kMaxSplits);
+  const std::int64_t splits_cap =
+      attend_max_splits(spec.format, spec.max_step_rows, spec.q_heads, spec.head_dim);
 
   KVCHECK_CUDA_TRY("cudaSetDevice", cudaSetDevice(0));
   int sm_count = 1;
@@ -301,6 +311,8 @@ Status CudaBackend::configure(const PoolSpec& spec) {
   index_cap_ = index_cap;
   splits_cap_ = static_cast<std::int32_t>(splits_cap);
   sm_count_ = sm_count > 0 ? sm_count : 1;
+  device_ = ring_attend_device(sm_count_);
+  launched_ = {};
   scale_ =
       spec.softmax_scale > 0.0 ? spec.softmax_scale : 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
   configured_ = true;
@@ -543,8 +555,15 @@ Status CudaBackend::attend(KvSource source, std::span<const std::int64_t> rope_p
     a.part_ml = d_.part_ml.as<Acc>();
     a.out = d_.out.as<double>();
     a.counters = d_.counters.as<unsigned int>();
-    a.splits = ring_attend_choose_splits<F>(a, sm_count_, splits_cap_);
-    return device_status("launch ring_attend", ring_attend_launch<F>(a, nullptr));
+    // One decision (impl/cuda/attend_dispatch.hpp), the one attend_paths_run predicts.
+    // The workspace holds splits_cap_ splits of max_step_rows queries: this
+    // launch's n queries may use as many more as that leaves room for.
+    const AttendDispatch dispatch =
+        ring_attend_dispatch_of<F>(a, device_, attend_launch_max_splits(splits_cap_, spec_.max_step_rows, n));
+    a.splits = dispatch.splits;
+    const auto paths = attend_paths_of(dispatch);
+    for (std::size_t i = 0; i < paths.size(); ++i) launched_[i] += paths[i] ? 1 : 0;
+    return device_status("launch ring_attend", ring_attend_launch<F>(a, dispatch.kernel, nullptr));
   };
   Status st;
   switch (spec_.format) {
@@ -588,19 +607,65 @@ Tag CudaBackend::slot_tag(std::int64_t slot) const {
   return tag;
 }
 
-Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) const {
+Status CudaBackend::fetch_slot(std::int64_t slot, const char* what) const {
   if (auto st = check_configured(); !st.ok()) return st;
   if (slot < 0 || slot >= slots_)
-    return Status::fail(CacheError::kSlotOutOfRange, "read_row: slot outside the pool");
+    return Status::fail(CacheError::kSlotOutOfRange, std::string(what) + ": slot outside the pool");
   KVCHECK_CUDA_TRY("cudaMemcpy(read_row)",
                    cudaMemcpy(host_slot_.data(), d_.pool.as<std::uint8_t>() + slot * layout_.slot_bytes,
                               host_slot_.size(), cudaMemcpyDeviceToHost));
+  return {};
+}
+
+Status CudaBackend::read_row(std::int64_t slot, double* key, double* value) const {
+  if (auto st = fetch_slot(slot, "read_row"); !st.ok()) return st;
   // Host decode through the same row codec as the CPU backend.
   const std::int64_t n = layout_.row_elements;
   auto decode = [&](const std::uint8_t* row, double* dst) { decode_row(spec_.format, row, n, dst); };
   decode(host_slot_.data(), key);
   decode(host_slot_.data() + (spec_.shared_row ? 0 : layout_.row_bytes), value);
   return {};
+}
+
+// The slot's bytes exactly as the device stored them (the CPU backend's
+// layout, impl/element_format.hpp): judged bit for bit like the CPU pool's.
+Status CudaBackend::read_row_bytes(std::int64_t slot, std::uint8_t* key, std::uint8_t* value) const {
+  if (key == nullptr || value == nullptr)
+    return Status::fail(CacheError::kBadArgument, "read_row_bytes: null row");
+  if (auto st = fetch_slot(slot, "read_row_bytes"); !st.ok()) return st;
+  const auto bytes = static_cast<std::size_t>(layout_.row_bytes);
+  std::memcpy(key, host_slot_.data(), bytes);
+  std::memcpy(value, host_slot_.data() + (spec_.shared_row ? 0 : bytes), bytes);
+  return {};
+}
+
+std::vector<std::string> CudaBackend::attend_paths() const {
+  std::vector<std::string> names;
+  for (int i = 0; i < kAttendPathCount; ++i) names.emplace_back(attend_path_name(static_cast<AttendPath>(i)));
+  return names;
+}
+
+/// The device the dispatch of an unconfigured backend reads: device 0,
+/// queried once per process (a configured one read the same in configure).
+const AttendDevice& process_attend_device() {
+  static const AttendDevice device = [] {
+    int sms = 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || sms < 1) {
+      (void)cudaGetLastError();
+      sms = 1;
+    }
+    return ring_attend_device(sms);
+  }();
+  return device;
+}
+
+std::vector<bool> CudaBackend::attend_paths_run(const PoolSpec& spec,
+                                                std::span<const std::int64_t> step_queries) const {
+  return pool_attend_paths(spec, step_queries, configured_ ? device_ : process_attend_device());
+}
+
+std::vector<std::int64_t> CudaBackend::attend_paths_launched() const {
+  return std::vector<std::int64_t>(launched_.begin(), launched_.end());
 }
 
 }  // namespace

@@ -93,7 +93,6 @@ namespace kvcheck::impl::cuda {
 /// 0.34 in the same run.)
 template <ElementFormat F>
 struct FastAuto {
-  static constexpr bool kAuto = true;
   using Slot = FastSlotGeometry<F, 8, F == ElementFormat::kFp8 ? 3 : 2, F != ElementFormat::kFp8, 1,
                                 F == ElementFormat::kFp8 ? 2 : 1>;
   using Warp = FastWarpGeometry<F, 8, 2>;
@@ -101,50 +100,21 @@ struct FastAuto {
 template <ElementFormat F>
 using FastDefault = FastAuto<F>;
 
-/// Whether the fast kernel takes this launch: bf16 or fp8 rows, head_dim
-/// 128, 16-byte aligned rows and slots (bulk copies), a counter buffer.
-template <ElementFormat F, class Args>
-inline bool ring_fast_attend_fits(const Args& a) {
-  if constexpr (F != ElementFormat::kBf16 && F != ElementFormat::kFp8) {
-    return false;
-  } else {
-    return a.counters != nullptr && a.layout.head_dim == kFastHeadDim && a.layout.row_bytes % 16 == 0 &&
-           a.layout.slot_bytes % 16 == 0 && a.layout.row_elements % 16 == 0 &&
-           reinterpret_cast<std::uintptr_t>(a.rows) % 16 == 0 && a.q_heads % a.layout.kv_heads == 0;
-  }
+// Whether a fast kernel fits a launch, its head tiles and its split count
+// (ring_fast_attend_fits, ring_fast_head_tiles, ring_fast_splits) are host
+// functions of impl/cuda/attend_dispatch.hpp, the one dispatch decision.
+template <ElementFormat F>
+constexpr bool fast_policy_is_fast_auto() {
+  constexpr FastPolicy p = fast_policy(F);
+  using S = typename FastAuto<F>::Slot;
+  using W = typename FastAuto<F>::Warp;
+  return S::kWarps == p.slot_warps && S::kTileRows == p.slot_tile_rows &&
+         S::kMostSplits == p.slot_most_splits && W::kTileRows == p.warp_tile_rows &&
+         W::kMostSplits == p.warp_most_splits;
 }
-
-/// Head tiles of the fast kernel (8 query heads each).
-inline std::int32_t ring_fast_head_tiles(std::int32_t q_heads, std::int32_t kv_heads) {
-  const std::int32_t group = q_heads / kv_heads;
-  return (group + kFastHeads - 1) / kFastHeads;
-}
-
-/// Splits for the fast kernel: the fewest splits whose waves of
-/// `resident` blocks (blocks per SM x SMs) cost least, each split at most
-/// kFastMaxSplitColumns columns, whole tiles of `tile_rows`, at most
-/// max_splits. The cost of a choice is waves x (tiles per split + 2), the 2
-/// standing for a block's pipeline fill and merge.
-inline std::int32_t ring_fast_splits(std::int64_t base_blocks, std::int64_t width, std::int64_t resident,
-                                     std::int32_t max_splits, std::int64_t tile_rows) {
-  if (width <= 0 || base_blocks <= 0) return 1;
-  if (resident < 1) resident = 1;
-  const std::int64_t min_splits = (width + kFastMaxSplitColumns - 1) / kFastMaxSplitColumns;
-  const std::int64_t most = (width + tile_rows - 1) / tile_rows;
-  std::int64_t best = -1, best_cost = 0;
-  for (std::int64_t s = min_splits; s <= most && s <= max_splits; ++s) {
-    const std::int64_t per = (width + s - 1) / s;
-    const std::int64_t tiles = (per + tile_rows - 1) / tile_rows;
-    const std::int64_t real = (width + tiles * tile_rows - 1) / (tiles * tile_rows);
-    const std::int64_t waves = (base_blocks * real + resident - 1) / resident;
-    const std::int64_t cost = waves * (tiles + 2);
-    if (best < 0 || cost < best_cost) {
-      best = real;
-      best_cost = cost;
-    }
-  }
-  return static_cast<std::int32_t>(best < 0 ? 0 : best);
-}
+static_assert(fast_policy_is_fast_auto<ElementFormat::kBf16>() &&
+                  fast_policy_is_fast_auto<ElementFormat::kFp8>(),
+              "the host dispatch's sizes (fast_policy) are FastAuto's");
 
 /// The kernel of configuration G: the warp-pipelined one for FastWarpGeometry.
 template <ElementFormat F, class G, class Args>
@@ -163,26 +133,20 @@ inline auto ring_fast_kernel_of() {
 /// 110 KiB blocks fit). 0 when G cannot run here (the error is cleared).
 template <ElementFormat F, class G, class Args>
 inline int ring_fast_blocks_per_sm() {
-  if constexpr (requires { G::kAuto; }) {
-    const int slot = ring_fast_blocks_per_sm<F, typename G::Slot, Args>();
-    const int warp = ring_fast_blocks_per_sm<F, typename G::Warp, Args>();
-    return slot < warp ? slot : warp;
-  } else {
-    static const int blocks = [] {
-      const auto kernel = ring_fast_kernel_of<F, G, Args>();
-      int n = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSharedBytes) !=
-              cudaSuccess ||
-          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::kThreads, G::kSharedBytes) !=
-              cudaSuccess) {
-        cudaGetLastError();  // a configuration that does not fit is an answer, not an error
-        return 0;
-      }
-      return n;
-    }();
-    return blocks;
-  }
+  static const int blocks = [] {
+    const auto kernel = ring_fast_kernel_of<F, G, Args>();
+    int n = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSharedBytes) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::kThreads, G::kSharedBytes) !=
+            cudaSuccess) {
+      cudaGetLastError();  // a configuration that does not fit is an answer, not an error
+      return 0;
+    }
+    return n;
+  }();
+  return blocks;
 }
 
 /// Blocks per cluster of configuration G (1: launched without clusters).
@@ -237,28 +201,11 @@ inline std::int64_t ring_fast_grid_x(const Args& a) {
   }
 }
 
-/// Whether the production policy G runs the slot-major kernel on `a`: when
-/// its blocks (query, group of (KV head, head tile) pairs) fill the device
-/// with at most 16 splits; else (few queries: the split-K case) the
-/// warp-pipelined kernel, whose blocks are one KV head each.
-template <class G, class Args>
-inline bool ring_fast_use_slot(const Args& a) {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    sms = 0;
-  }
-  return ring_fast_grid_x<typename G::Slot>(a) * 16 >= sms;
-}
-
-/// Splits configuration G runs `a` with (0: it cannot), for `sm_count` SMs.
+/// Splits configuration G runs `a` with (0: it cannot), for `sm_count` SMs
+/// (the benchmark's configurations; the backend's come from ring_attend_dispatch).
 template <ElementFormat F, class G, class Args>
 inline std::int32_t ring_fast_choose_splits(const Args& a, int sm_count, std::int32_t max_splits) {
-  if constexpr (requires { G::kAuto; }) {
-    return ring_fast_use_slot<G>(a) ? ring_fast_choose_splits<F, typename G::Slot>(a, sm_count, max_splits)
-                                    : ring_fast_choose_splits<F, typename G::Warp>(a, sm_count, max_splits);
-  } else if constexpr (fast_cluster_of<G>() > 1) {
+  if constexpr (fast_cluster_of<G>() > 1) {
     // One wave of clusters: the most splits (a multiple of the cluster) whose
     // blocks the device holds at once, at least enough that no split passes
     // kFastMaxSplitColumns, no more than one tile per split; max_splits and
@@ -323,17 +270,11 @@ cudaError_t ring_fast_attend_launch_one(const Args& a, cudaStream_t stream) {
   }
 }
 
-/// Launches configuration G (or, for the production policy FastAuto, the
-/// configuration it picks for `a`, the one ring_fast_choose_splits chose
-/// splits for).
+/// Launches configuration G (the backend picks FastAuto's Slot or Warp by
+/// ring_attend_dispatch, impl/cuda/attend_dispatch.hpp).
 template <ElementFormat F, class G, class Args>
 cudaError_t ring_fast_attend_launch(const Args& a, cudaStream_t stream) {
-  if constexpr (requires { G::kAuto; }) {
-    return ring_fast_use_slot<G>(a) ? ring_fast_attend_launch_one<F, typename G::Slot>(a, stream)
-                                    : ring_fast_attend_launch_one<F, typename G::Warp>(a, stream);
-  } else {
-    return ring_fast_attend_launch_one<F, G>(a, stream);
-  }
+  return ring_fast_attend_launch_one<F, G>(a, stream);
 }
 
 }  // namespace kvcheck::impl::cuda

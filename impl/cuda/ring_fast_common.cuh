@@ -12,17 +12,14 @@
 
 #include <cstdint>
 
+#include "impl/cuda/attend_dispatch.hpp"
 #include "impl/element_format.hpp"
 #include "impl/kv_cache.hpp"
 
 namespace kvcheck::impl::cuda {
 
-/// head_dim the fast kernel takes (every other width runs the general kernel).
-inline constexpr std::int32_t kFastHeadDim = 128;
-/// Query heads per block (the 8 upper rows of the mma A operand hold their residuals).
-inline constexpr int kFastHeads = 8;
-/// Most index columns one split reads (its index range is held in shared memory).
-inline constexpr std::int64_t kFastMaxSplitColumns = 2048;
+// kFastHeadDim, kFastHeads and kFastMaxSplitColumns: impl/cuda/attend_dispatch.hpp
+// (the host dispatch sizes splits by them).
 
 /// Shared-memory geometry of the fast kernel for format F with Warps warps
 /// (16 rows of a tile each) and Stages tiles in the pipeline.

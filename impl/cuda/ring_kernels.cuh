@@ -30,9 +30,8 @@ namespace kvcheck::impl::cuda {
 inline constexpr int kElementwiseThreads = 256;
 /// Threads (4 warps) per block of the attention split kernel.
 inline constexpr int kAttendThreads = 128;
-/// Query heads of one KV head processed together by one attention block, so
-/// their shared key/value rows are read from memory once.
-inline constexpr int kAttendHeadTile = 4;
+// kAttendHeadTile (query heads of one KV head one general-kernel block
+// takes, so their shared key/value rows are read once): impl/cuda/attend_dispatch.hpp.
 
 /// Byte geometry of one pool or scratch slot (same as the CPU backend's).
 struct SlotLayout {
@@ -644,28 +643,8 @@ inline AttendShape ring_attend_shape(std::int32_t head_dim) {
   if (head_dim <= 512) return {32, 16};
   return {};
 }
-/// Largest head_dim the attention kernels take.
-inline constexpr std::int32_t kAttendMaxHeadDim = 512;
-
-/// Query heads per block tile for a pool.
-inline std::int32_t ring_attend_head_tiles(std::int32_t q_heads, std::int32_t kv_heads) {
-  const std::int32_t group = q_heads / kv_heads;
-  return (group + kAttendHeadTile - 1) / kAttendHeadTile;
-}
-
-/// Splits for a launch: enough blocks for about two full waves on
-/// `sm_count` multiprocessors, at least 64 columns per split, at most
-/// `max_splits`.
-inline std::int32_t ring_attend_splits(std::int64_t n, std::int32_t kv_heads, std::int32_t head_tiles,
-                                       std::int64_t width, int sm_count, std::int32_t max_splits) {
-  const std::int64_t base = n * kv_heads * head_tiles;
-  const std::int64_t target = static_cast<std::int64_t>(sm_count > 0 ? sm_count : 1) * 16;
-  std::int64_t splits = (target + base - 1) / (base > 0 ? base : 1);
-  const std::int64_t by_width = (width + 63) / 64;
-  if (splits > by_width) splits = by_width;
-  if (splits > max_splits) splits = max_splits;
-  return static_cast<std::int32_t>(splits < 1 ? 1 : splits);
-}
+// kAttendMaxHeadDim, ring_attend_head_tiles and ring_attend_splits: the host
+// dispatch, impl/cuda/attend_dispatch.hpp.
 
 template <ElementFormat F, int E, int L>
 cudaError_t ring_attend_launch_shape(const AttendArgs<RingAccT<F>>& a, cudaStream_t stream) {
@@ -689,36 +668,69 @@ cudaError_t ring_attend_launch_shape(const AttendArgs<RingAccT<F>>& a, cudaStrea
   return cudaGetLastError();
 }
 
-/// Splits of one attention launch of format F over `a` (a.splits is
-/// ignored): the fast kernel's choice (ring_fast_attend.cuh) when it takes
-/// the launch, else the general kernel's, at most max_splits.
+/// The launch shape the host dispatch (impl/cuda/attend_dispatch.hpp) reads of `a`.
 template <ElementFormat F>
-std::int32_t ring_attend_choose_splits(const AttendArgs<RingAccT<F>>& a, int sm_count,
-                                       std::int32_t max_splits) {
-  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8) {
-    if (ring_fast_attend_fits<F>(a)) {
-      const std::int32_t splits = ring_fast_choose_splits<F, FastDefault<F>>(a, sm_count, max_splits);
-      if (splits > 0) return splits;
-    }
-  }
-  return ring_attend_splits(a.n, a.layout.kv_heads, ring_attend_head_tiles(a.q_heads, a.layout.kv_heads),
-                            a.width, sm_count, max_splits);
+AttendLaunch ring_attend_launch_of(const AttendArgs<RingAccT<F>>& a) {
+  AttendLaunch l;
+  l.format = F;
+  l.n = a.n;
+  l.width = a.width;
+  l.q_heads = a.q_heads;
+  l.kv_heads = a.layout.kv_heads;
+  l.head_dim = a.layout.head_dim;
+  l.row_elements = a.layout.row_elements;
+  l.row_bytes = a.layout.row_bytes;
+  l.slot_bytes = a.layout.slot_bytes;
+  l.rows_aligned = reinterpret_cast<std::uintptr_t>(a.rows) % 16 == 0;
+  l.counters = a.counters != nullptr;
+  return l;
 }
 
-/// Launches the attention of a pool of format F: the fast kernel when it
-/// takes the launch and a.splits is one it can run, else split + combine of
-/// the general kernel. The caller has rotated q, chosen a.splits with
-/// ring_attend_choose_splits, sized part_acc/part_ml for them, and validated
-/// the index.
+/// What the dispatch needs of the current device: `sm_count` SMs and the
+/// occupancy of FastAuto's two configurations in bf16 and fp8 (queried once
+/// per process; 0 for a configuration that cannot run here).
+inline AttendDevice ring_attend_device(int sm_count) {
+  using Bf16Args = AttendArgs<RingAccT<ElementFormat::kBf16>>;
+  using Fp8Args = AttendArgs<RingAccT<ElementFormat::kFp8>>;
+  AttendDevice d;
+  d.sm_count = sm_count;
+  d.bf16.slot_major =
+      ring_fast_blocks_per_sm<ElementFormat::kBf16, FastAuto<ElementFormat::kBf16>::Slot, Bf16Args>();
+  d.bf16.warp_pipelined =
+      ring_fast_blocks_per_sm<ElementFormat::kBf16, FastAuto<ElementFormat::kBf16>::Warp, Bf16Args>();
+  d.fp8.slot_major =
+      ring_fast_blocks_per_sm<ElementFormat::kFp8, FastAuto<ElementFormat::kFp8>::Slot, Fp8Args>();
+  d.fp8.warp_pipelined =
+      ring_fast_blocks_per_sm<ElementFormat::kFp8, FastAuto<ElementFormat::kFp8>::Warp, Fp8Args>();
+  return d;
+}
+
+/// The kernel and splits of one attention launch of format F over `a`
+/// (a.splits is ignored): ring_attend_dispatch, at most max_splits.
 template <ElementFormat F>
-cudaError_t ring_attend_launch(const AttendArgs<RingAccT<F>>& a, cudaStream_t stream) {
+AttendDispatch ring_attend_dispatch_of(const AttendArgs<RingAccT<F>>& a, const AttendDevice& device,
+                                       std::int32_t max_splits) {
+  return ring_attend_dispatch(ring_attend_launch_of<F>(a), device, max_splits);
+}
+
+/// Launches the attention of a pool of format F with the kernel the
+/// dispatch chose: a fast kernel (FastAuto's slot-major or warp-pipelined
+/// configuration), else split + combine of the general kernel. The caller
+/// has rotated q, set a.splits to the dispatch's, sized part_acc/part_ml for
+/// them, and validated the index. A fast kernel asked of a launch it does not
+/// fit is cudaErrorInvalidValue, never a silent fallback.
+template <ElementFormat F>
+cudaError_t ring_attend_launch(const AttendArgs<RingAccT<F>>& a, AttendKernel kernel, cudaStream_t stream) {
   const AttendShape shape = ring_attend_shape(a.layout.head_dim);
   if (a.q_heads % a.layout.kv_heads != 0) return cudaErrorInvalidValue;
-  if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8) {
-    if (ring_fast_attend_fits<F>(a) &&
-        (a.width + a.splits - 1) / (a.splits > 0 ? a.splits : 1) <= kFastMaxSplitColumns &&
-        ring_fast_blocks_per_sm<F, FastDefault<F>, AttendArgs<RingAccT<F>>>() > 0) {
-      return ring_fast_attend_launch<F, FastDefault<F>>(a, stream);
+  if (kernel != AttendKernel::kGeneral) {
+    if constexpr (F == ElementFormat::kBf16 || F == ElementFormat::kFp8) {
+      if (!ring_fast_attend_fits(ring_attend_launch_of<F>(a))) return cudaErrorInvalidValue;
+      return kernel == AttendKernel::kSlotMajor
+                 ? ring_fast_attend_launch<F, typename FastAuto<F>::Slot>(a, stream)
+                 : ring_fast_attend_launch<F, typename FastAuto<F>::Warp>(a, stream);
+    } else {
+      return cudaErrorInvalidValue;
     }
   }
   if (shape.lanes == 16 && shape.elements == 4) return ring_attend_launch_shape<F, 4, 16>(a, stream);

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engines/cache_under_test.hpp"
 #include "engines/ring_pool_cache.hpp"
@@ -515,4 +517,72 @@ TEST_CASE("Paged: --impl paged passes the paged and default profiles, counts blo
   REQUIRE(faulted.found_failure);
   CHECK(faulted.shrunk.requests.size() <= 3);
   CHECK(faulted.shrunk.steps.size() <= 8);
+}
+
+namespace {
+
+/// The CPU ring pool declaring two kernel paths of its own: "one_query" for a
+/// step that attends one query, "many_queries" for one that attends 9 or
+/// more, and (when asked) "never", which no run takes. The checker sees
+/// only the declaration.
+class DeclaredPathsProvider : public engines::CacheProvider {
+ public:
+  explicit DeclaredPathsProvider(bool with_never) {
+    properties::RunOptions cpu;
+    inner_ = properties::make_provider(cpu);
+    caps_ = inner_->capabilities();
+    caps_.kernel_paths = {"one_query", "many_queries"};
+    if (with_never) caps_.kernel_paths.push_back("never");
+    caps_.kernel_paths_run = [with_never](const engines::CacheSpec&, std::span<const std::int64_t> queries) {
+      std::vector<bool> reached(with_never ? 3 : 2, false);
+      for (const std::int64_t n : queries) {
+        if (n == 1) reached[0] = true;
+        if (n >= 9) reached[1] = true;
+      }
+      return reached;
+    };
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    return inner_->open(spec, refused);
+  }
+  std::string name() const override { return "cpu"; }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  engines::Capabilities caps_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "Check: a cache's declared kernel paths are counted after the profile's classes, gated in production") {
+  properties::CheckOptions options;
+  options.cases = 6;  // production cases cost about 0.2 s of CPU each
+  options.seed = 5;
+  options.profile = properties::Profile::kProduction;
+  options.provider_factory = [] { return std::make_unique<DeclaredPathsProvider>(false); };
+  const properties::CheckResult result = properties::run_check(options);
+  const std::size_t own = properties::coverage_names().size();
+  REQUIRE(result.coverage_counts.size() == own + 2);
+  CHECK(result.kernel_paths == std::vector<std::string>{"one_query", "many_queries"});
+  CHECK(result.coverage_counts[own] > 0);
+  CHECK(result.coverage_counts[own + 1] > 0);
+  CHECK(result.coverage_counts[own + 1] < result.cases);
+  CHECK(result.reachable[own]);
+  CHECK(result.reachable[own + 1]);
+  // A declared path no case takes fails the production profile's gate...
+  options.provider_factory = [] { return std::make_unique<DeclaredPathsProvider>(true); };
+  const properties::CheckResult never = properties::run_check(options);
+  REQUIRE(never.coverage_counts.size() == own + 3);
+  CHECK(never.coverage_counts[own + 2] == 0);
+  CHECK(never.reachable[own + 2]);
+  CHECK_FALSE(never.coverage_ok);
+  // ...and is shown, ungated, in the default profile.
+  options.profile = properties::Profile::kDefault;
+  const properties::CheckResult fallback = properties::run_check(options);
+  REQUIRE(fallback.coverage_counts.size() == properties::coverage_names().size() + 3);
+  CHECK(fallback.coverage_counts.back() == 0);
+  CHECK_FALSE(fallback.reachable.back());
 }

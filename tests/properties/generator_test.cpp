@@ -4,12 +4,14 @@
 #include <array>
 #include <map>
 #include <set>
+#include <span>
 
 #include <rapidcheck.h>
 #include <catch2/catch.hpp>
 
 #include "impl/cpu/cpu_backend.hpp"
 
+#include "properties/agreement.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "scenarios/scenario_json.hpp"
@@ -184,6 +186,59 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK_FALSE(classify(sc, named).fast_cpu_kernel);
   sc.cache.head_dim = 32;
   CHECK_FALSE(classify(sc, declared).fast_cpu_kernel);
+}
+
+TEST_CASE(
+    "Generator: a cache's kernel paths are classes of its own, last, by its dispatch, gated in production") {
+  // A cache that declares two paths: "small" for a window under 100 keys,
+  // "batch" once a step attends more than 4 queries. The checker knows
+  // neither name: it counts what the declaration answers.
+  engines::Capabilities caps;
+  caps.name = "exec:any";
+  caps.kernel_paths = {"small", "batch"};
+  caps.kernel_paths_run = [](const engines::CacheSpec& spec, std::span<const std::int64_t> queries) {
+    bool batch = false;
+    for (const std::int64_t n : queries) batch = batch || n > 4;
+    return std::vector<bool>{spec.window_keys < 100, batch};
+  };
+  for (const Profile p : {Profile::kDefault, Profile::kTrim, Profile::kProduction}) {
+    const auto names = coverage_names(caps);
+    REQUIRE(names.size() == coverage_names().size() + 2);
+    CHECK(names[names.size() - 2] == "small");
+    CHECK(names.back() == "batch");
+    const auto reach = reachable_coverage(caps, p);
+    REQUIRE(reach.size() == names.size());
+    CHECK(reach.back() == (p == Profile::kProduction));
+    CHECK(reach[reach.size() - 2] == (p == Profile::kProduction));
+    CHECK(reachable_coverage(engines::Capabilities{}, p).size() == coverage_names().size());
+  }
+  scenarios::Scenario sc = generate_scenario(3, caps);
+  sc.cache.window = 20;
+  sc.cache.convention = scenarios::Convention::kKeys;
+  sc.steps = {scenarios::Step{}};
+  sc.steps[0].kind = scenarios::StepKind::kDecode;
+  sc.steps[0].request = sc.requests.front().id;
+  Coverage cov = classify(sc, caps);
+  CHECK(cov.kernel_paths == std::vector<bool>{true, false});
+  sc.steps[0].kind = scenarios::StepKind::kVerify;
+  sc.steps[0].drafts = 4;  // 5 queries
+  cov = classify(sc, caps);
+  CHECK(cov.kernel_paths == std::vector<bool>{true, true});
+  const auto flags = coverage_flags(cov);
+  REQUIRE(flags.size() == coverage_names(caps).size());
+  CHECK(flags.back());
+  // A cache that declares none has no such classes, whatever it is called.
+  CHECK(classify(sc, engines::Capabilities{}).kernel_paths.empty());
+  // Side by side, each cache's paths in turn: the first's, then the second's.
+  engines::Capabilities other;
+  other.kernel_paths = {"other"};
+  other.kernel_paths_run = [](const engines::CacheSpec&, std::span<const std::int64_t>) {
+    return std::vector<bool>{true};
+  };
+  const engines::Capabilities both = intersect_capabilities(caps, other);
+  CHECK(both.kernel_paths == std::vector<std::string>{"small", "batch", "other"});
+  CHECK(classify(sc, both).kernel_paths == std::vector<bool>{true, true, true});
+  CHECK(intersect_capabilities(engines::Capabilities{}, other).kernel_paths == other.kernel_paths);
 }
 
 TEST_CASE("Check: 40 production cases pass and reach the AVX-512 kernel where the CPU has it") {

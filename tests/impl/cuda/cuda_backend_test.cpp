@@ -555,3 +555,66 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("CudaBackend: read_row_bytes gives the CPU backend's bytes bit for bit, in every format and layout",
+          "[cuda]") {
+  for (const auto& l : kLayouts) {
+    for (const auto f : kFormats) {
+      INFO(l.name << " " << kvcheck::format_name(f));
+      // No RoPE: every element is rounded by the same code on both sides.
+      PoolSpec spec = make_spec(f, l, 32);
+      spec.rope_style = RopeStyle::kNone;
+      spec.rope_dims = 0;
+      Pair p(spec);
+      kvcheck::Prng prng(29);
+      std::uint64_t seq = 0;
+      store_both(p, spec, prng, {0, 1, 2, 12, 32}, &seq);
+      const std::int64_t bytes = kvcheck::format_row_bytes(f, std::int64_t{spec.kv_heads} * spec.head_dim);
+      std::vector<std::uint8_t> ka(static_cast<std::size_t>(bytes)), va(ka.size()), kb(ka.size()),
+          vb(ka.size());
+      for (std::int64_t slot = 0; slot < spec.states * spec.ring_rows; ++slot) {
+        INFO("slot " << slot);
+        REQUIRE(p.cpu->read_row_bytes(slot, ka.data(), va.data()).ok());
+        REQUIRE(p.cuda->read_row_bytes(slot, kb.data(), vb.data()).ok());
+        REQUIRE(ka == kb);
+        REQUIRE(va == vb);
+      }
+      const auto bad = p.cuda->read_row_bytes(spec.states * spec.ring_rows, kb.data(), vb.data());
+      CHECK(bad.code == CacheError::kSlotOutOfRange);
+    }
+  }
+}
+
+TEST_CASE("CudaBackend: the attention kernels launched are the ones the host dispatch predicts", "[cuda]") {
+  // head_dim 128, 32 query heads over 8 KV heads, W = 4096, steps of up to
+  // 24 rows: one query runs the warp-pipelined kernel and 24 (24 slot-major
+  // blocks x 16 >= the SMs of any GPU up to 384) the slot-major one, both
+  // over several splits; f32 runs the general kernel.
+  for (const auto f : {ElementFormat::kBf16, ElementFormat::kFp8, ElementFormat::kF32}) {
+    PoolSpec spec = production_spec(f, 32, 8, true);
+    spec.max_step_rows = 24;
+    Pair p(spec);
+    REQUIRE(p.cuda->attend_paths().size() == 4);
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{24}}) {
+      INFO(kvcheck::format_name(f) << " queries " << n);
+      const std::vector<std::int64_t> queries = {n};
+      const std::vector<bool> predicted = p.cuda->attend_paths_run(spec, queries);
+      const std::vector<std::int64_t> before = p.cuda->attend_paths_launched();
+      kvcheck::Prng prng(5);
+      const auto index = production_index(spec, prng, n);
+      const std::vector<double> q(static_cast<std::size_t>(n * 32 * 128), 0.25);
+      std::vector<double> out(q.size());
+      const auto st = p.cuda->attend(KvSource::kPool, production_positions(n), q.data(), index,
+                                     spec.window_keys, out.data(), nullptr, nullptr);
+      INFO(st.detail);
+      REQUIRE(st.ok());
+      const std::vector<std::int64_t> after = p.cuda->attend_paths_launched();
+      for (std::size_t i = 0; i < predicted.size(); ++i) CHECK((after[i] > before[i]) == predicted[i]);
+      const bool fast = f != ElementFormat::kF32;
+      CHECK(predicted[0] == !fast);              // general
+      CHECK(predicted[1] == (fast && n == 24));  // slot-major
+      CHECK(predicted[2] == (fast && n == 1));   // warp-pipelined
+      CHECK(predicted[3]);                       // split-K: 4096 columns
+    }
+  }
+}

@@ -4,7 +4,8 @@
 # scripts/gpu-check.sh --bundle runs from the bundle alone (LD_LIBRARY_PATH
 # on its lib/, scenarios from its scenarios/). Asserts: every binary and the
 # MANIFEST are there, every library resolves, the host steps pass, and
-# without a GPU every device step reports SKIP (with a GPU it must PASS).
+# without a GPU every device step reports SKIP (with a GPU it must PASS),
+# in the full run and in --quick (whose subset runs no sanitizer or bench).
 #   gpu_bundle_test.sh BUILD_DIR
 set -u
 BUILD=$(cd "$1" && pwd)
@@ -40,10 +41,34 @@ done
 if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q "^GPU"; then
   grep -q "PASS .*impl_cuda_test" <<< "$summary" || fail "impl_cuda_test did not pass on a GPU machine"
 else
-  for step in "impl_cuda_test" "decode_attention_cuda_bench" "kvcheck check --impl cuda" \
+  grep -q "^no GPU .*every device step is reported SKIP" "$WORK/check.log" || fail "no-GPU run does not say so"
+  for step in "impl_cuda_test" "decode_attention_cuda_bench" "kvcheck check --impl cuda --profile production" \
+              "kvcheck check --impl cpu --against cuda --profile production" "kvcheck check --impl cuda --cases 500" \
+              "kvcheck check --impl cpu --against cuda --profile prefix" "kvcheck replay scenarios/fast --impl cuda" \
               "compute-sanitizer racecheck (fast kernel)"; do
     grep -qF "SKIP     $step" <<< "$summary" || fail "device step not reported skipped: $step"
   done
+  # Without a device, --impl cuda (alone or as the second cache) is one typed
+  # error line and exit 2, never a crash.
+  for args in "--impl cuda" "--impl cpu --against cuda"; do
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$WORK/bundle/lib" "$WORK/bundle/bin/kvcheck" check $args --cases 3 --out "$WORK/nodev" \
+      > "$WORK/nodev.out" 2> "$WORK/nodev.err"
+    rc=$?
+    [[ $rc -eq 2 ]] || { cat "$WORK/nodev.err"; fail "check $args without a device exited $rc, not 2"; }
+    [[ $(wc -l < "$WORK/nodev.err") -eq 1 ]] && grep -q "error 500.*no CUDA device" "$WORK/nodev.err" ||
+      { cat "$WORK/nodev.err"; fail "check $args without a device: not one 'error 500 ... no CUDA device' line"; }
+  done
+  # --quick: the host steps, then its device subset skipped; nothing else.
+  (cd "$WORK" && bundle/scripts/gpu-check.sh --quick --bundle bundle) > "$WORK/quick.log" 2>&1 ||
+    { cat "$WORK/quick.log"; fail "gpu-check.sh --quick --bundle exited nonzero"; }
+  quick=$(sed -n '/gpu-check summary/,$p' "$WORK/quick.log")
+  grep -q "of 170s" <<< "$quick" || fail "--quick does not run under its 170 s budget"
+  for step in "impl_cuda_test" "kvcheck check --impl cuda --profile production --cases 60" \
+              "kvcheck check --impl cpu --against cuda --cases 200" "kvcheck replay scenarios/fast --impl cuda"; do
+    grep -qF "SKIP     $step" <<< "$quick" || fail "--quick device step not reported skipped: $step"
+  done
+  grep -qE "compute-sanitizer|decode_attention|--profile trim" <<< "$quick" && fail "--quick ran more than its subset"
   # --require-gpu turns the missing GPU into a failure.
   (cd "$WORK" && GPU_CHECK_ONLY=none bundle/scripts/gpu-check.sh --require-gpu --bundle bundle) > /dev/null 2>&1 &&
     fail "--require-gpu without a GPU exited 0"
