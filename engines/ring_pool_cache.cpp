@@ -171,6 +171,7 @@ class RingPoolProvider final : public CacheProvider {
     caps_.name = block_rows_ > 0 ? "paged-pool/" + backend_ : "ring-pool/" + backend_;
     caps_.ring_addressing = block_rows_ == 0;
     caps_.block_size = block_rows_;
+    caps_.slots_in_pool = true;
     caps_.per_layer_windows = true;  // one pool per layer, each with its own window
     caps_.probes = {"accept-without-verify", "accept-too-many", "non-finite-row", "begin-busy-state"};
     // The CPU kernel table rotates keys and queries in double (std::cos/sin

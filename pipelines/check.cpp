@@ -53,6 +53,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
         {names[i], result.coverage_counts[i], result.reachable[i] && options.coverage_gate ? 1 : 0});
   }
   summary.failing_case_seed = result.failing_case_seed;
+  summary.failing_case_seeds = result.failing_case_seeds;
+  summary.observed = result.observed;
   const bool side_by_side = properties::runs_side_by_side(options.run);
   if (side_by_side) {
     reports::SideBySide b;
