@@ -139,6 +139,13 @@ struct Capabilities {
   /// counts writes outside the request's block and shows ring contents.
   bool ring_addressing = false;
   std::int64_t block_size = 0;  ///< paged addressing: slots are block * block_size + offset (0: not paged)
+  /// With ring or paged addressing: the cache writes and reads rows in the
+  /// pool it is opened with (ring: states * capacity; paged:
+  /// paged_pool_blocks * block_size per layer), so an answer writing or
+  /// reading any other slot fails its case.
+  /// False where kvcheck does not size the pool (a recorded trace's engine):
+  /// only a negative slot is impossible there.
+  bool slots_in_pool = false;
   /// Step answers may carry `freed` (slots released): kvcheck then reports
   /// the resident set after each step and fails a free of a row still
   /// visible (hello "reports": {"frees": true}).

@@ -308,6 +308,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
   const std::string addressing =
       caps.contains("addressing") ? pick(caps["addressing"], p + ".addressing", kAddressing) : "opaque";
   c.ring_addressing = addressing == "ring";
+  c.slots_in_pool = true;  // PROTOCOL.md "Capacity": the pool open gives
   // Paged addressing with a block size: slot = block * block_size + offset,
   // and open carries the pool in blocks. "paged" without a block size stays
   // opaque slots, as before block sizes were declared.

@@ -182,6 +182,7 @@ class RingPoolProvider final : public CacheProvider {
   RingPoolProvider(std::string backend, impl::Fault fault, std::int64_t block_rows = 0)
       : backend_(std::move(backend)), fault_(fault), block_rows_(block_rows) {
     caps_ = ring_pool_capabilities(backend_, fault_, block_rows_, impl::make_backend(backend_, nullptr));
+    caps_.slots_in_pool = true;  // slots past the pool are impossible
   }
   const Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return block_rows_ > 0 ? "paged" : backend_; }

@@ -105,11 +105,12 @@ class TraceCache final : public CacheUnderTest {
       }
     }
     if (rec.refused) return parse_refusal(*rec.refused);
-    if (begin || answer == nullptr) return std::nullopt;
+    if (answer == nullptr) return std::nullopt;
+    // Slot events of any record, a begin's included.
     answer->padded = rec.padded;
     answer->moved = rec.moved;
     answer->freed = rec.freed;
-    if (!scenarios::trace_kind_writes(rec.kind)) return std::nullopt;
+    if (begin || !scenarios::trace_kind_writes(rec.kind)) return std::nullopt;
 
     const std::int64_t n = rec.rows;
     const auto q_width =
@@ -267,7 +268,7 @@ class RecordingCache final : public CacheUnderTest {
       s.accepted = c.step.accepted;
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kPositions)
       s.positions = c.step.positions;
-    if (c.op != StepCall::Op::kBegin && !st && answer != nullptr) {
+    if (!st && answer != nullptr) {
       s.padded = answer->padded;
       s.moved = answer->moved;
       s.freed = answer->freed;

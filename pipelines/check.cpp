@@ -112,6 +112,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
     summary.coverage.push_back({names[i], result.coverage_counts[i], result.coverage_minimums[i]});
   }
   summary.failing_case_seed = result.failing_case_seed;
+  summary.failing_case_seeds = result.failing_case_seeds;
+  summary.observed = result.observed;
   const bool side_by_side = properties::runs_side_by_side(options.run);
   if (side_by_side) {
     reports::SideBySide b;

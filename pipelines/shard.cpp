@@ -266,6 +266,10 @@ Json tally_json(const properties::CaseTally& t) {
     j["block_reuses"] = t.block_reuses;
   }
   j["first_failing_case"] = t.first_failing_case < 0 ? Json(nullptr) : Json(t.first_failing_case);
+  // Optional (older documents lack them): every failing case (the lowest
+  // kListedFailingCases), and what the cache makes available.
+  j["failing_cases"] = t.failing_cases;
+  j["observed"] = t.observed;
   return j;
 }
 
@@ -275,7 +279,8 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     jr::check_keys(j, "result",
                    {"cases", "failures", "skipped", "refused", "queries", "queries_not_output_checked",
                     "coverage_counts", "reachable", "coverage_refused", "first_failing_case", "block_size",
-                    "block_window_frees", "block_end_frees", "block_reuses", "kernel_paths"});
+                    "block_window_frees", "block_end_frees", "block_reuses", "kernel_paths", "failing_cases",
+                    "observed"});
     properties::CaseTally t;
     if (const auto* v = jr::find(j, "kernel_paths")) {
       const auto& names = jr::as_array(*v, "result.kernel_paths");
@@ -360,6 +365,24 @@ properties::CaseTally tally_from_json(const ShardResult& shard, std::int64_t cas
     if ((t.failures > 0) != (t.first_failing_case >= 0)) {
       jr::fail(ErrorId::kJsonValue, "result.first_failing_case", "must be given exactly when failures > 0");
     }
+    if (const auto* v = jr::find(j, "failing_cases")) {
+      const auto& listed = jr::as_array(*v, "result.failing_cases");
+      for (std::size_t k = 0; k < listed.size(); ++k) {
+        const std::string field = jr::join_index("result.failing_cases", k);
+        const std::int64_t i = jr::get_i64(listed[k], field);
+        if (i < 0 || i >= cases || i % shard.count != shard.index || (k > 0 && i <= t.failing_cases.back()))
+          jr::fail(ErrorId::kJsonValue, field, "case " + std::to_string(i) + " is not one of this shard's cases in ascending order");
+        t.failing_cases.push_back(i);
+      }
+      if (static_cast<std::int64_t>(t.failing_cases.size()) > t.failures ||
+          t.failing_cases.size() > properties::kListedFailingCases ||
+          (!t.failing_cases.empty() && t.failing_cases.front() != t.first_failing_case))
+        jr::fail(ErrorId::kJsonValue, "result.failing_cases",
+                 "must list the lowest failing cases, first_failing_case first, at most failures of them");
+    }
+    // An older document (or none listed): the one failing case it names.
+    if (t.failing_cases.empty() && t.first_failing_case >= 0) t.failing_cases.push_back(t.first_failing_case);
+    if (const auto* v = jr::find(j, "observed")) t.observed = jr::get_string(*v, "result.observed");
     return t;
   });
 }

@@ -133,6 +133,7 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
                               : (open_b.empty() ? "B ran the case; A did not: " + open_a
                                                 : "A did not run it: " + open_a + "; B did not: " + open_b);
     cmp.differences.push_back(std::move(d));
+    cmp.counts.both_stopped = !open_a.empty() && !open_b.empty() ? 1 : 0;
     return cmp;
   }
   ComparedCounts& n = cmp.counts;
@@ -156,9 +157,14 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
       cmp.differences.push_back({sa.step, sa.layer, sa.kind, sa.request, what, detail});
     };
     if (!sa.error.empty() || !sb.error.empty()) {
-      // Both refused: nothing compared here (the runs end); one refused: a difference.
+      // One refused (or crashed): a difference. Both did: each cache's own
+      // failure, which plain check fails too; two caches failing alike are
+      // not in agreement (the runs end here).
       if (sa.error.empty() != sb.error.empty()) {
         differs("refusal", sa.error.empty() ? "B: " + sb.error + "; A ran it" : "A: " + sa.error + "; B ran it");
+      } else {
+        differs("both-stopped", "A: " + sa.error + "; B: " + sb.error);
+        n.both_stopped = 1;
       }
       continue;
     }

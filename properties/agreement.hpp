@@ -5,9 +5,11 @@
 // positions of which request the written slots hold, slot numbers left
 // out), which positions each query read, and each query's output (beyond
 // the larger of the two caches' output tolerances, or bit for bit). A
-// refusal or a stop on one side only is a difference, shown as such; a
-// configuration both refuse, or one a cache's capabilities exclude (replay
-// of a given scenario: a check draws inside both), is not compared.
+// refusal or a stop on one side only is a difference, shown as such; so is
+// a step both refuse or crash at (each cache's own failure counts: two
+// caches failing alike do not agree). A configuration both refuse at open,
+// or one a cache's capabilities exclude (replay of a given scenario: a
+// check draws inside both), is not compared.
 //
 // The property of a side-by-side check is "the two runs agree"; a case where
 // they do not is shrunk like any failing case (properties/check.hpp).
@@ -31,8 +33,9 @@ struct StepDifference {
   std::string kind;  ///< the step's kind ("decode", ...); "open" at open
   std::int64_t request = -1;
   /// What differs: "refusal" (one side refused or crashed, the other ran),
-  /// "stopped" (one run ended before this step), "resident", "reads",
-  /// "outputs".
+  /// "both-stopped" (both refused, crashed or got a probe wrong at this
+  /// step: each cache's own failure, never an agreement), "stopped" (one
+  /// run ended before this step), "resident", "reads", "outputs".
   std::string what;
   std::string detail;  ///< one line, naming the sides A and B
 };

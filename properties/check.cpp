@@ -296,6 +296,12 @@ RunObservation run_case(const Scenario& sc, const RunOptions& run, engines::Cach
   return summary;
 }
 
+/// Sorts `values` and keeps the lowest `n`.
+void keep_lowest(std::vector<std::int64_t>* values, std::size_t n) {
+  std::sort(values->begin(), values->end());
+  if (values->size() > n) values->resize(n);
+}
+
 CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& main_provider,
                          engines::CacheProvider* main_second) {
   const Shard shard = options.shard;
@@ -333,6 +339,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::int64_t first_failure_earlier_run = 0;       // guarded
   std::string first_failure_text;                   // guarded
   std::vector<std::int64_t> lowest_failing;         // guarded: the lowest failing k, ascending
+  std::vector<std::int64_t> failing;                // guarded: failing k, the lowest kListedFailingCases kept
 
   auto worker = [&](int id) {
     try {
@@ -408,6 +415,8 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           const std::lock_guard<std::mutex> lock(first_failure_mutex);
           lowest_failing.insert(std::upper_bound(lowest_failing.begin(), lowest_failing.end(), k), k);
           if (lowest_failing.size() > kShrunkFailingCases) lowest_failing.pop_back();
+          failing.push_back(k);
+          if (failing.size() >= 2 * kListedFailingCases) keep_lowest(&failing, kListedFailingCases);
           if (k < first_failure.load()) {
             first_failure.store(k);
             first_failure_earlier.assign(earlier.begin(), earlier.end());
@@ -453,6 +462,9 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.block_window_frees = block_window_frees.load();
   tally.block_end_frees = block_end_frees.load();
   tally.block_reuses = block_reuses.load();
+  tally.observed = observed_name(caps);
+  keep_lowest(&failing, kListedFailingCases);
+  for (const std::int64_t k : failing) tally.failing_cases.push_back(case_index(k));
   if (first_failure.load() < mine) {
     tally.first_failing_case = case_index(first_failure.load());
     for (const std::int64_t k : lowest_failing) tally.lowest_failing_cases.push_back(case_index(k));
@@ -474,6 +486,8 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.queries_not_output_checked = tally.queries_not_output_checked;
   result.crashes_not_reproduced = tally.crashes_not_reproduced;
   result.compared = tally.compared;
+  result.observed = tally.observed;
+  for (const std::int64_t i : tally.failing_cases) result.failing_case_seeds.push_back(check_case_seed(options, i));
   // A check where most cases never ran judged little: it fails (README
   // "Counts"). Compared in doubles: min_run_share is a fraction in [0, 1].
   result.run_share_ok =
@@ -706,6 +720,8 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
     total.block_window_frees += t.block_window_frees;
     total.block_end_frees += t.block_end_frees;
     total.block_reuses += t.block_reuses;
+    total.failing_cases.insert(total.failing_cases.end(), t.failing_cases.begin(), t.failing_cases.end());
+    if (total.observed.empty()) total.observed = t.observed;
     if (t.first_failing_case >= 0 &&
         (total.first_failing_case < 0 || t.first_failing_case < total.first_failing_case)) {
       total.first_failing_case = t.first_failing_case;
@@ -715,6 +731,7 @@ CaseTally merge_tallies(const std::vector<CaseTally>& shards) {
       total.first_failure = t.first_failure;
     }
   }
+  keep_lowest(&total.failing_cases, kListedFailingCases);
   return total;
 }
 

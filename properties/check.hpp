@@ -109,6 +109,10 @@ struct CheckResult {
   std::int64_t ran() const noexcept { return cases - skipped - refused; }
   bool found_failure = false;
   std::uint64_t failing_case_seed = 0;  ///< seed of the first failing case
+  /// Seeds of the failing cases in case order, the first kListedFailingCases
+  /// of them (`failures` counts them all).
+  std::vector<std::uint64_t> failing_case_seeds;
+  std::string observed;  ///< CaseTally::observed
   scenarios::Scenario original;         ///< the first failing case as drawn
   scenarios::Scenario shrunk;           ///< its shrunk counterexample
   RunObservation shrunk_run;            ///< observation of the shrunk case
@@ -133,6 +137,10 @@ struct CheckResult {
   /// again), counted and said.
   std::int64_t crashes_not_reproduced = 0;
 };
+
+/// How many failing cases a check lists (the lowest indices): report.json's
+/// failing_case_seeds, with the count of all of them beside it.
+inline constexpr std::size_t kListedFailingCases = 1000;
 
 /// How many of the cases that ran before the lowest failing case in its
 /// process a check keeps (the last ones), to reproduce a failure that does
@@ -169,6 +177,12 @@ struct CaseTally {
   /// The lowest failing case indices, ascending (at most kShrunkFailingCases,
   /// first_failing_case first). Kept in memory only (not in a shard document).
   std::vector<std::int64_t> lowest_failing_cases;
+  /// Every failing case index, ascending: the lowest kListedFailingCases of
+  /// them (`failures` counts them all).
+  std::vector<std::int64_t> failing_cases;
+  /// What the cache makes available (properties::observed_name of the
+  /// check's capabilities); empty in a tally read from an older shard document.
+  std::string observed;
   /// The case indices that ran before first_failing_case in the same cache
   /// provider (one worker's adapter process), oldest first: the last
   /// kKeptEarlierCases of them. Kept in memory only (not in a shard document).

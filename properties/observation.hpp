@@ -116,7 +116,12 @@ struct ComparedCounts {
   std::int64_t queries = 0;   ///< queries of those steps
   std::int64_t reads = 0;     ///< of those, queries whose read positions were compared
   std::int64_t outputs = 0;   ///< of those, queries whose outputs were compared
+  /// Cases where both caches stopped at the same step on their own (each
+  /// crashed, refused, or got a probe wrong there; or both crashed at open):
+  /// each cache's own failure counts, so such a case is not an agreement.
+  std::int64_t both_stopped = 0;
   ComparedCounts& operator+=(const ComparedCounts& o) noexcept {
+    both_stopped += o.both_stopped;
     cases += o.cases;
     steps += o.steps;
     resident += o.resident;
@@ -192,8 +197,10 @@ struct RunObservation {
   std::string skip_reason;
   /// Which observations the cache made available: "slots+outputs" (written
   /// and read slots reported), "written-slots+outputs", "outputs", or
-  /// "slots" (`kvcheck audit` of a trace without rows and outputs for every
-  /// writing step: slots judged, outputs not).
+  /// "slots": the cache gave slots and no outputs (a bookkeeping-only
+  /// engine, whose outputs kvcheck computes over the rows its slots name;
+  /// `kvcheck audit` of a trace without rows and outputs for every writing
+  /// step: slots judged, outputs not). properties::observed_name.
   std::string observed = "slots+outputs";
   std::int64_t probes = 0;  ///< refusal probes sent (each must be refused, cache unchanged)
   /// The cache crashed during the run (engines::CacheCrash: an adapter's

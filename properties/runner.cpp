@@ -111,6 +111,12 @@ int reference_significand_bits(int precision_requested) {
   }
 }
 
+std::string observed_name(const engines::Capabilities& caps) {
+  if (!caps.computes_outputs) return "slots";
+  if (caps.reports_written_slots && caps.reports_read_slots) return "slots+outputs";
+  return caps.reports_written_slots ? "written-slots+outputs" : "outputs";
+}
+
 std::int64_t window_keys(const scenarios::CacheConfig& cache) {
   const model::Window w{cache.window, to_model(cache.convention)};
   return *w.keys();
@@ -417,6 +423,15 @@ class StepDriver {
   /// The resident bound in force (engines::resident_limit of the spec the cache was opened with).
   void set_resident_limit(std::int64_t limit) { resident_limit_ = limit; }
 
+  /// The slots the cache declared (a ring's states * capacity, a paged
+  /// pool's pool_blocks * block_size per layer): an answer naming a slot at
+  /// or past `end` names one the cache does not have. `what` says where
+  /// the bound comes from, for the failure line.
+  void set_slot_end(std::int64_t end, std::string what) {
+    slot_end_ = end;
+    slot_end_text_ = std::move(what);
+  }
+
   /// Per step, the lowest length a later trim of the step's request leaves
   /// it at (INT64_MAX when no later trim): rows from there back a window
   /// are read again after the trim.
@@ -517,18 +532,121 @@ class StepDriver {
       call.v = cache_.shared_row ? nullptr : in.v.data();
       call.q = in.q.data();
     }
+    begun_events_ = BeginEvents{};
     if (!req.begun) {
       engines::StepCall begin = call;
       begin.op = engines::StepCall::Op::kBegin;
       if (req.prefix && !begin_from_prefix(step_index, begin)) return false;
       if (!req.prefix) {
-        if (const auto st = cut_.call(begin, nullptr)) {
+        if (const auto st = cut_.call(begin, &answer_)) {
           return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)),
                       "step " + std::to_string(step_index), "");
         }
+        if (!slots_possible(step_index, l, "begin", false)) return false;
+        shadows_[static_cast<std::size_t>(l)].move(answer_.moved);
       }
+      settle_begin(step_index, l);
     }
     return call_after_begin(step_index, call, in);
+  }
+
+  /// What a begin's answer did besides binding its request: its padding and
+  /// frees, applied to the shadow map at once (its moves and stored rows
+  /// already are), and counted with the step that follows it on the layer
+  /// (the begin is part of that step: one observation per step and layer).
+  struct BeginEvents {
+    std::int64_t padded = 0;
+    std::int64_t moved = 0;
+    std::int64_t freed = 0;
+    std::int64_t freed_visible = 0;
+    std::string freed_detail;
+  };
+
+  /// The begin's padding and frees on layer `l`, judged as any step's: a
+  /// row freed while a query still to run may read it (the step the begin
+  /// starts included) is a freed visible row.
+  void settle_begin(std::size_t step_index, std::int32_t l) {
+    ShadowMap& shadow = shadows_[static_cast<std::size_t>(l)];
+    const std::int64_t request = sc_.steps[step_index].request;
+    shadow.pad(answer_.padded, request);
+    begun_events_.padded = static_cast<std::int64_t>(answer_.padded.size());
+    begun_events_.moved = static_cast<std::int64_t>(answer_.moved.size());
+    begun_events_.freed = static_cast<std::int64_t>(answer_.freed.size());
+    if (answer_.freed.empty()) return;
+    // A prefix row the begin stored again keeps it (as a step's own written slots).
+    const std::span<const std::int64_t> keep =
+        answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
+    std::vector<std::int64_t> lost_slots;
+    const std::vector<ShadowRow> lost =
+        shadow.release(answer_.freed, keep, visibility_at(step_index, l, false), &lost_slots);
+    begun_events_.freed_visible = static_cast<std::int64_t>(lost.size());
+    if (!lost.empty()) begun_events_.freed_detail = freed_text(lost_slots.front(), lost.front()) + " (freed by the begin)";
+  }
+
+  static std::string freed_text(std::int64_t slot, const ShadowRow& row) {
+    return "slot " + std::to_string(slot) + " holding request " + std::to_string(row.request) + " position " +
+           std::to_string(row.position);
+  }
+
+  /// Whether every slot the answer in answer_ names is one the cache has:
+  /// not negative (but -1 where the protocol gives it a meaning: a read to
+  /// ignore, a prefix row a begin keeps sharing), and a written or read
+  /// slot below slot_end_. A well-formed
+  /// answer naming any other slot (a free list's sentinel, a block past the
+  /// pool) is a failure of the cache, not bad input: the run stops at the
+  /// step, naming the layer and the answer's field. false: stopped.
+  bool slots_possible(std::size_t step_index, std::int32_t l, const std::string& op, bool prefix_begin) {
+    std::string field;  // the first impossible slot's path in the answer (built only for it)
+    std::int64_t value = 0;
+    // Rows of tokens are written and read in the pool; padding, moves and
+    // frees may also use slots of the cache's own past it (a scratch area:
+    // PROTOCOL.md "Padding, moves and frees"), so only a negative one is
+    // impossible there.
+    bool in_pool = true;
+    const auto bad = [&](std::int64_t slot, bool minus_one) {
+      return field.empty() && !(minus_one && slot == -1) && !(slot >= 0 && (!in_pool || slot < slot_end_));
+    };
+    const auto index = [](std::size_t i) { return "[" + std::to_string(i) + "]"; };
+    const auto list = [&](const std::vector<std::int64_t>& slots, const char* name, bool minus_one) {
+      for (std::size_t i = 0; i < slots.size() && field.empty(); ++i) {
+        if (bad(slots[i], minus_one)) {
+          field = name + index(i);
+          value = slots[i];
+        }
+      }
+    };
+    list(answer_.written, "written", prefix_begin);
+    for (std::size_t q = 0; q + 1 < answer_.read_offsets.size() && field.empty(); ++q) {
+      for (auto i = answer_.read_offsets[q]; i < answer_.read_offsets[q + 1] && field.empty(); ++i) {
+        const std::int64_t slot = answer_.read_slots[static_cast<std::size_t>(i)];
+        if (bad(slot, true)) {
+          field = "read" + index(q) + index(static_cast<std::size_t>(i - answer_.read_offsets[q]));
+          value = slot;
+        }
+      }
+    }
+    in_pool = false;
+    list(answer_.padded, "padded", false);
+    list(answer_.freed, "freed", false);
+    for (std::size_t i = 0; i < answer_.moved.size() && field.empty(); ++i) {
+      const auto [from, to] = answer_.moved[i];
+      if (bad(from, false)) {
+        field = "moved" + index(i) + "[0]";
+        value = from;
+      }
+      if (bad(to, false)) {
+        field = "moved" + index(i) + "[1]";
+        value = to;
+      }
+    }
+    if (field.empty()) return true;
+    const std::string range =
+        slot_end_ == std::numeric_limits<std::int64_t>::max()
+            ? std::string("slots are 0 or more")
+            : "the cache's slots are 0 .. " + std::to_string(slot_end_ - 1) + ", " + slot_end_text_;
+    return stop(observed(step_index, l, "answer." + field + ": slot " + std::to_string(value) +
+                                             " is not a slot of the cache (" + range + ")"),
+                "step " + std::to_string(step_index) + " (" + op + ") layer " + std::to_string(l), "");
   }
 
   /// A begin from a shared prefix on one layer; false: stopped. The begin
@@ -554,6 +672,9 @@ class StepDriver {
     if (const auto st = cut_.call(begin, &answer_)) {
       return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)), "step " + std::to_string(step_index), "");
     }
+    if (!slots_possible(step_index, l, "begin", true)) return false;
+    // Moves first (a copy before the rows are stored), as in any step.
+    shadows_[static_cast<std::size_t>(l)].move(answer_.moved);
     const std::vector<std::uint64_t> seqs = shadows_[static_cast<std::size_t>(l)].begin_prefix(
         begin.step.request, req.prefix->request, n,
         answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>());
@@ -600,6 +721,7 @@ class StepDriver {
     if (const auto st = cut_.call(call, &answer_)) {
       return stop(observed(step_index, l, "refused: " + refusal_text(*st)), heading + " (" + kind + ")", "");
     }
+    if (!slots_possible(step_index, l, kind, false)) return false;
     // A step that writes no rows (accept, finish, reset) is observed too,
     // with no error: every step kind appears in the reports. Its answer may
     // still move, pad and free slots.
@@ -627,6 +749,7 @@ class StepDriver {
       const std::string heading = "step " + std::to_string(step_index) + " (" + obs.kind + ")";
       return stop(std::move(obs), heading, "implementation refused: ");
     }
+    if (!slots_possible(step_index, call.layer, obs.kind, false)) return false;
     KVCHECK_ASSERT(static_cast<std::int64_t>(answer_.out.size()) == n * q_width_);
     const ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
     judge_.write_rows(call.layer, step.request, call.position, n, in, answer_, shadow, &obs);
@@ -650,13 +773,17 @@ class StepDriver {
   /// for a cache that reports frees or declares a bound.
   void settle_resident(std::size_t step_index, std::int32_t layer, StepObservation* obs) {
     ShadowMap& shadow = shadows_[static_cast<std::size_t>(layer)];
-    obs->padded_slots = static_cast<std::int64_t>(answer_.padded.size());
-    obs->moved_rows = static_cast<std::int64_t>(answer_.moved.size());
-    obs->freed_slots = static_cast<std::int64_t>(answer_.freed.size());
+    // The begin that started the step's request on this layer, if any, first.
+    obs->padded_slots = begun_events_.padded + static_cast<std::int64_t>(answer_.padded.size());
+    obs->moved_rows = begun_events_.moved + static_cast<std::int64_t>(answer_.moved.size());
+    obs->freed_slots = begun_events_.freed + static_cast<std::int64_t>(answer_.freed.size());
+    obs->freed_visible = begun_events_.freed_visible;
+    obs->freed_detail = begun_events_.freed_detail;
+    begun_events_ = BeginEvents{};
     // Built once for the step's frees and its per-request counts.
     std::optional<Visibility> visibility;
     const auto visible = [&]() -> const Visibility& {
-      if (!visibility) visibility = visibility_after(step_index, layer);
+      if (!visibility) visibility = visibility_at(step_index, layer, true);
       return *visibility;
     };
     if (!answer_.freed.empty()) {
@@ -664,12 +791,8 @@ class StepDriver {
           answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
       std::vector<std::int64_t> lost_slots;
       const std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visible(), &lost_slots);
-      obs->freed_visible = static_cast<std::int64_t>(lost.size());
-      if (!lost.empty()) {
-        obs->freed_detail = "slot " + std::to_string(lost_slots.front()) + " holding request " +
-                            std::to_string(lost.front().request) + " position " +
-                            std::to_string(lost.front().position);
-      }
+      obs->freed_visible += static_cast<std::int64_t>(lost.size());
+      if (!lost.empty() && obs->freed_detail.empty()) obs->freed_detail = freed_text(lost_slots.front(), lost.front());
     }
     if (!caps_.reports_frees && !caps_.resident_bound.declared()) return;
     // Per request, a shared row counts for the requests that still see it
@@ -704,11 +827,12 @@ class StepDriver {
     bool live(std::int64_t request) const { return range.contains(request); }
   };
 
-  /// Whether a row is still visible once step `step_index` is done: a row
-  /// of a live request that a query still to run may read (from the first
-  /// position the next query sees, or a later trim takes it back to, back a
-  /// window of `layer`, up to the written length).
-  Visibility visibility_after(std::size_t step_index, std::int32_t layer) const {
+  /// Whether a row is still visible once step `step_index` is done
+  /// (`after_step`; else before it runs: at its begin): a row of a live
+  /// request that a query still to run may read (from the first position
+  /// the next query sees, or a later trim takes it back to, back a window
+  /// of `layer`, up to the written length).
+  Visibility visibility_at(std::size_t step_index, std::int32_t layer, bool after_step) const {
     const scenarios::Step& step = sc_.steps[step_index];
     Visibility v;
     v.keys = layer_keys_[static_cast<std::size_t>(layer)];
@@ -716,15 +840,15 @@ class StepDriver {
     std::map<std::int64_t, scenarios::RequestProgress> ahead;             // request -> its progress
     for (const auto& [id, r] : requests_) {
       if (r.finished || (!r.begun && id != step.request)) continue;
-      if (id == step.request && step.kind == StepKind::kFinish) continue;
+      if (after_step && id == step.request && step.kind == StepKind::kFinish) continue;
       scenarios::RequestProgress p = r.progress;
-      if (id == step.request) scenarios::advance(p, step);
+      if (after_step && id == step.request) scenarios::advance(p, step);
       range[id] = {p.next_query_first(), p.speculative_length()};
       ahead[id] = p;
     }
     // A later trim takes a request back: its rows from there are read again
     // (until a finish or reset, after which its positions are written anew).
-    for (std::size_t i = step_index + 1; i < sc_.steps.size() && !ahead.empty(); ++i) {
+    for (std::size_t i = step_index + (after_step ? 1 : 0); i < sc_.steps.size() && !ahead.empty(); ++i) {
       const scenarios::Step& later = sc_.steps[i];
       const auto it = ahead.find(later.request);
       if (it == ahead.end()) continue;
@@ -812,6 +936,9 @@ class StepDriver {
   std::map<std::int64_t, RequestState> requests_;
   std::vector<std::int64_t> trim_floor_;  // [steps] see trim_floors()
   std::int64_t resident_limit_ = 0;       // the declared resident bound for this run (0: none)
+  std::int64_t slot_end_ = std::numeric_limits<std::int64_t>::max();  // one past the highest slot (set_slot_end)
+  std::string slot_end_text_;
+  BeginEvents begun_events_;  // the begin of the step under way on this layer (settle_begin)
   std::set<std::int64_t> prefix_sources_;  // requests another request begins from
   struct Writer {
     std::int64_t request;  // whose rows (a shared prefix's: the request it came from)
@@ -897,9 +1024,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   run.block_size = caps.block_size;
   if (caps.block_size > 0)
     run.pool_blocks = engines::paged_pool_blocks(spec, caps.block_size);
-  run.observed = caps.reports_written_slots && caps.reports_read_slots
-                     ? "slots+outputs"
-                     : (caps.reports_written_slots ? "written-slots+outputs" : "outputs");
+  run.observed = observed_name(caps);
   std::string why;
   if (!caps.supports(sc, &why)) {
     run.skipped = true;
@@ -930,6 +1055,15 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   CrashGuard guarded(*cut);
   StepDriver<Real> driver(sc, options, caps, guarded, judge, run);
   driver.set_resident_limit(engines::resident_limit(caps, spec));
+  if (caps.slots_in_pool && caps.block_size > 0) {
+    driver.set_slot_end(run.pool_blocks * caps.block_size,
+                        "the pool it was opened with: pool_blocks " + std::to_string(run.pool_blocks) +
+                            " x block_size " + std::to_string(caps.block_size) + " per layer");
+  } else if (caps.slots_in_pool && caps.ring_addressing) {
+    driver.set_slot_end(std::int64_t{cache.states} * cache.ring_rows,
+                        "the ring it was opened with: states " + std::to_string(cache.states) + " x capacity " +
+                            std::to_string(cache.ring_rows));
+  }
   try {
     driver.run();
   } catch (const engines::CacheCrash& e) {

@@ -78,6 +78,12 @@ std::int64_t window_keys(const scenarios::CacheConfig& cache);
 /// The cache spec of a scenario (window keys and scale resolved, max_step_rows from its steps).
 engines::CacheSpec cache_spec(const scenarios::Scenario& scenario);
 
+/// Which observations a cache with `caps` makes available, as reports name
+/// them (RunObservation::observed): "slots+outputs", "written-slots+outputs",
+/// "outputs", or "slots" for a bookkeeping-only cache (it reports slots and
+/// no outputs; kvcheck computes the outputs over the rows its slots name).
+std::string observed_name(const engines::Capabilities& caps);
+
 /// Makes the provider named by `options.backend` (with `options.fault`).
 std::unique_ptr<engines::CacheProvider> make_provider(const RunOptions& options);
 

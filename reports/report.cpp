@@ -110,7 +110,11 @@ std::string side_by_side_text(const SideBySide& s) {
          (s.bitwise ? "bit for bit" : "within the larger tolerance") + ": " + std::to_string(s.compared.cases) +
          " cases, " + std::to_string(s.compared.steps) + " steps (" + std::to_string(s.compared.resident) +
          " resident sets), " + std::to_string(s.compared.queries) + " queries compared (" +
-         std::to_string(s.compared.reads) + " reads, " + std::to_string(s.compared.outputs) + " outputs)";
+         std::to_string(s.compared.reads) + " reads, " + std::to_string(s.compared.outputs) + " outputs)" +
+         // Only when there were any: other lines keep their text.
+         (s.compared.both_stopped > 0 ? "; " + std::to_string(s.compared.both_stopped) +
+                                            " cases where both crashed or refused (not agreements)"
+                                      : std::string());
 }
 
 std::int64_t steps_observed(const properties::RunObservation& run) noexcept {

@@ -77,6 +77,11 @@ struct CheckSummary {
   std::string counterexample_file;      ///< shrunk schedule written as JSON, if any
   std::string replay_command;           ///< exact command that replays the failure
   std::uint64_t failing_case_seed = 0;  ///< seed of the failing case
+  /// Seeds of every failing case in case order, the first
+  /// properties::kListedFailingCases of them (`failures` counts all).
+  std::vector<std::uint64_t> failing_case_seeds;
+  /// What the cache makes available (properties::observed_name), passing or not.
+  std::string observed;
   /// Set when the failing case passes alone in a fresh cache (the failure is
   /// still a FAIL, labelled "depends on earlier cases").
   std::optional<EarlierCases> depends_on_earlier = std::nullopt;

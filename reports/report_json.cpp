@@ -235,6 +235,11 @@ Json check_json(const CheckSummary& c) {
   j["counterexample_file"] = c.counterexample_file;
   j["replay_command"] = c.replay_command;
   j["failing_case_seed"] = c.failing_case_seed;
+  // Every failing case, so a new failure shows beside known ones: the first
+  // kListedFailingCases seeds, and how many failing cases are not listed.
+  j["failing_case_seeds"] = c.failing_case_seeds;
+  j["failing_case_seeds_omitted"] = c.failures - static_cast<std::int64_t>(c.failing_case_seeds.size());
+  j["observed"] = c.observed;
   if (c.side_by_side) {
     // Only for two caches side by side.
     const SideBySide& b = *c.side_by_side;
@@ -248,6 +253,7 @@ Json check_json(const CheckSummary& c) {
                              {"queries_compared", b.compared.queries},
                              {"reads_compared", b.compared.reads},
                              {"outputs_compared", b.compared.outputs},
+                             {"cases_both_stopped", b.compared.both_stopped},
                              {"differences", b.differences}};
   }
   if (c.depends_on_earlier) {

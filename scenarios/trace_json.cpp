@@ -328,8 +328,8 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   s.line = line;
   s.kind = get_enum(require(j, "", "kind"), "kind", kKinds, trace_kind_name);
   const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
-  std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused"};
-  if (s.kind != TraceKind::kBegin) allowed.insert(allowed.end(), {"padded", "moved", "freed"});
+  std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused",
+                                           "padded", "moved", "freed"};
   if (s.kind == TraceKind::kBegin) allowed.insert(allowed.end(), {"prefix", "written"});
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {

@@ -68,7 +68,10 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # hostile-adapter test, properties_test's reproduce cases); the Python
   # package's venv install and pytest suite (its C++ path: the exec tests);
   # the JSON-against-binary-frames report identity (its C++ path:
-  # engines_test's ExecFrames cases). Under ASan
+  # engines_test's ExecFrames cases); the Python driver of issue 30's
+  # answers (begin events, impossible slots, crashes side by side, failing
+  # seeds: its C++ paths are properties_test's audit, side-by-side and
+  # counts cases and engines_test's ExecAnswer case). Under ASan
   # they cost ~12 minutes of CI's 25.
   release_only=(
     'every named fault fails check at 2000'
@@ -94,6 +97,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     'reproduce: a failure that passes alone'
     'python: pip install ./python'
     'binary frames and JSON text give the same report bytes'
+    'exec answers: begin events judged'
   )
   exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

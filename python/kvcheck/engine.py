@@ -43,7 +43,9 @@ class Engine:
     * `begin(layer, state, request)`, `accept(layer, state, request,
       accepted)`, `finish(layer, state, request)`, `reset(layer, state,
       request)`, `trim(layer, state, request, positions)`: return nothing,
-      or the step's slot events built with `slot_events(...)` (a free);
+      or the step's slot events built with `slot_events(...)` (a free; a
+      `begin` evicting blocks to make room frees too: judged as any step's,
+      a row a query still to run may read must not be freed);
     * `prefill(step)`, `decode(step)`, `verify(step)` (a WriteStep): return
       the answer, built with `answer(...)`."""
 
@@ -66,7 +68,8 @@ class Engine:
 
     # An engine that shares prefixes defines begin_prefix(layer, state,
     # request, prefix) (a kvcheck.protocol.Prefix): its hello then says
-    # "prefix_sharing"; it returns None or {"written": [slot or -1, ...]}.
+    # "prefix_sharing"; it returns None or {"written": [slot or -1, ...]},
+    # with any slot events of the begin beside it (an eviction's "freed").
     begin_prefix = None
 
     @classmethod

@@ -439,10 +439,13 @@ class Cache:
     "Steps"): "out" (one output row per new row, when the hello declares
     outputs), "written" and "read" (slot ids, when it reports slots),
     "read_view" ("after_writes" or "causal") and "stored" ({"k": rows[, "v":
-    rows]}, the rows as stored, when it reports them). Any step may also
-    answer the slots it padded, the rows it moved and the slots it freed
-    ("padded", "moved", "freed"): `write` puts them in its answer, the other
-    steps return a dict of them (or None)."""
+    rows]}, the rows as stored, when it reports them). Any step, `begin`
+    included, may also answer the slots it padded, the rows it moved and the
+    slots it freed ("padded", "moved", "freed"): `write` puts them in its
+    answer, the other steps return a dict of them (or None). kvcheck judges
+    a begin's as any step's (a prefix cache's evictions at a begin: a row a
+    query still to run may read must not be freed). A slot the cache cannot
+    have (negative, past the pool `open` gave) fails the case at that step."""
 
     def begin(self, layer, state, request, prefix=None):
         """`prefix`: a Prefix when the request starts from another's (only

@@ -9,9 +9,10 @@ and 7, issue 19 item 5).
    addressing, names another protocol, or gives an out-of-range integer
    (max_states 2^64 - 1, max_heads -1) is exit 2 naming the JSON path
    (tests/cli/twisted_adapter.py).
-2. A read slot below -1 or beyond int64, a written slot below 0, and an
-   `out` from an engine that declared "outputs": false are exit 2 naming
-   answer.read[i][j] / answer.written[i] / answer.out.
+2. A read slot beyond int64 and an `out` from an engine that declared
+   "outputs": false are exit 2 naming answer.read[i][j] / answer.out; a read
+   slot below -1 and a written slot below 0 fail the run at the step
+   (issue 30 item 2: an impossible slot is the cache's failure).
 3. An engine that refuses head_dims not a multiple of 8: undeclared, many
    cases are refused; declared in hello (head_dim.multiple_of), none is.
 4. A bookkeeping-only engine (adapters' --no-outputs: slots and no outputs)
@@ -83,11 +84,12 @@ try:
         expect(code == 2 and first.startswith("kvcheck error 600 at " + path + ":") and detail in first,
                f"hello twist {twist}: exit 2 at {path} naming {detail} (got {code}: {first[:160]})")
 
-    # 2. Slot ids outside the protocol's, and out from an engine without outputs.
+    # 2. Malformed answers (a slot beyond int64, out from an engine without
+    # outputs) are exit 2 naming the field; a well-formed slot the cache does
+    # not have (below -1, -1 where it means nothing, past the ring) fails
+    # the run at its step, naming the layer and the field (issue 30 item 2).
     answers = {
-        "read-minus-two": "steps[0] (prefill, layer 0) answer.read[0][1]: slot -2",
         "read-2-63": "steps[0] (prefill, layer 0) answer.read[0][1]: out of range: 9223372036854775808",
-        "written-minus-one": "steps[0] (prefill, layer 0) answer.written[0]: slot -1",
         "out-with-no-outputs": "steps[0] (prefill, layer 0) answer.out: the engine declared",
     }
     for twist, expected in answers.items():
@@ -95,6 +97,14 @@ try:
         first = err.splitlines()[0] if err else ""
         expect(code == 2 and first.startswith("kvcheck error 600 at " + expected),
                f"answer twist {twist}: exit 2 naming {expected} (got {code}: {first[:160]})")
+    impossible = {
+        "read-minus-two": "step 0 (prefill) layer 0: answer.read[0][1]: slot -2 is not a slot of the cache",
+        "written-minus-one": "step 0 (prefill) layer 0: answer.written[0]: slot -1 is not a slot of the cache",
+    }
+    for twist, expected in impossible.items():
+        code, out, err = run(["replay", FAST, "--impl", twisted(twist)])
+        expect(code == 1 and "first failure: " + expected in out,
+               f"answer twist {twist}: exit 1, first failure {expected} (got {code}: {out[-300:]} {err[:200]})")
 
     # 3. Shape limits: undeclared they are refusals, declared they are honoured.
     limits = ["--require-head-dim-multiple", "8"]

@@ -14,11 +14,19 @@ Hello twists (kvcheck must refuse the handshake, naming the field):
   max-heads-negative  capabilities.max_heads is -1
   verify-no-accept    capabilities.steps has verify without accept
   outputs-no-slots    capabilities.outputs false and reports no read slots
-Answer twists (kvcheck must end the run, naming answer.read[i][j] / answer.written[i]):
-  read-minus-two      every read list of the first write step gets slot -2
+Answer twists, malformed (kvcheck must end the run, exit 2, naming the field):
   read-2-63           every read list of the first write step gets slot 2^63
-  written-minus-one   the first write step's written[0] is -1
   out-with-no-outputs capabilities.outputs false, yet answers carry out
+Answer twists, well-formed but impossible slots (the case fails at the step,
+naming the layer and answer.read[i][j] / answer.written[i]):
+  read-minus-two      every read list of the first write step gets slot -2
+  written-minus-one   the first write step's written[0] is -1
+  decode-minus-four   every decode's written[0] is -4 (a free list's sentinel block -1 of 4 rows)
+  written-past-pool   the first write step's written[0] is states * capacity (one past the ring)
+Slot events (issue 30 item 1: a begin's are judged as any step's):
+  begin-frees-visible the first begin that finds another request live on its layer answers
+                      "freed": [the slot of that request's last row] (still visible)
+  step-frees-visible  the same free, answered by that begun request's first write step instead
 """
 import os
 import sys
@@ -64,6 +72,34 @@ class TwistedAdapter(ring_cache.RingAdapter):
 
 class TwistedSession(kp.Session):
     first_write = True
+    last_slot = {}      # (layer, request) -> the slot of its last written row, while it is live (per case)
+    frees_done = False  # begin-frees-visible / step-frees-visible: only once
+    pending_free = None  # step-frees-visible: (layer, request, slot) freed by that request's first write
+
+    def op_begin(self, msg):
+        answer = super().op_begin(msg)
+        if TWIST in ("begin-frees-visible", "step-frees-visible") and not self.frees_done and answer.get("ok"):
+            layer, request = msg["layer"], msg["request"]
+            live = [s for (l, r), s in sorted(self.last_slot.items()) if l == layer and r != request]
+            if live:
+                self.frees_done = True
+                if TWIST == "begin-frees-visible":
+                    answer["freed"] = answer.get("freed", []) + [live[0]]
+                else:
+                    self.pending_free = (layer, request, live[0])
+        return answer
+
+    def op_open(self, msg):
+        self.last_slot = {}  # a new case: no request is live
+        return super().op_open(msg)
+
+    def op_finish(self, msg):
+        self.last_slot.pop((msg["layer"], msg["request"]), None)
+        return super().op_finish(msg)
+
+    def op_reset(self, msg):
+        self.last_slot.pop((msg["layer"], msg["request"]), None)
+        return super().op_reset(msg)
 
     def op_hello(self, msg):
         answer = super().op_hello(msg)
@@ -75,7 +111,14 @@ class TwistedSession(kp.Session):
 
     def op_write(self, msg):
         answer = super().op_write(msg)
-        if self.first_write:
+        if answer.get("ok") and "written" in answer:
+            self.last_slot[(msg["layer"], msg["request"])] = answer["written"][-1]
+            if self.pending_free and self.pending_free[:2] == (msg["layer"], msg["request"]):
+                answer["freed"] = answer.get("freed", []) + [self.pending_free[2]]
+                self.pending_free = None
+            if TWIST == "decode-minus-four" and msg["op"] == "decode":
+                answer["written"][0] = -4
+        if self.first_write and answer.get("ok"):
             self.first_write = False
             if TWIST == "read-minus-two":
                 for reads in answer["read"]:
@@ -85,6 +128,8 @@ class TwistedSession(kp.Session):
                     reads.append(2**63)
             elif TWIST == "written-minus-one":
                 answer["written"][0] = -1
+            elif TWIST == "written-past-pool":
+                answer["written"][0] = self.cache.spec.states * self.cache.spec.capacity
         if TWIST == "out-with-no-outputs":
             answer["out"] = [[0.0] * self.cache.spec.q_width for _ in answer["written"]]
         return answer

@@ -442,11 +442,19 @@ TEST_CASE("ExecAnswer: padded, moved and freed slots are read, and a malformed o
   CHECK(s.answer.moved == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 5}, {1, 6}});
   CHECK(s.answer.freed == std::vector<std::int64_t>{4});
   CHECK(run_prefill(hello, json_answer(), en::ExecEncoding::kJson).answer.freed.empty());
+  // A well-formed slot the cache cannot have is read as it is: the checker
+  // fails the case at the step (issue 30 item 2), it is not a malformed answer.
+  Json impossible = Json::parse(json_answer());
+  impossible["padded"] = {1, -1};
+  impossible["freed"] = {-4};
+  const Session kept = run_prefill(hello, impossible.dump() + "\n", en::ExecEncoding::kJson);
+  CHECK(kept.answer.padded == std::vector<std::int64_t>{1, -1});
+  CHECK(kept.answer.freed == std::vector<std::int64_t>{-4});
 
   const std::string at = "steps[1] (prefill, layer 0) answer";
   const std::pair<const char*, std::string> twists[] = {
       {R"({"padded": 3})", at + ".padded: expected an array of slots"},
-      {R"({"padded": [1, -1]})", at + ".padded[1]: slot -1 is outside the protocol's slot ids"},
+      {R"({"padded": [1, 9223372036854775808]})", at + ".padded[1]: out of range: 9223372036854775808"},
       {R"({"freed": ["4"]})", at + ".freed[0]: expected an integer"},
       {R"({"moved": [[0, 1], [2]]})", at + ".moved[1]: expected [from, to]: two slots"},
       {R"({"moved": [[0, 1.5]]})", at + ".moved[0][1]: expected an integer"},

@@ -54,6 +54,8 @@ TEST_CASE("Shard: a check shard's options and tally round-trip through its docum
   properties::CaseTally t = tally_of(1, 3, 10);
   t.failures = 2;
   t.first_failing_case = 4;
+  t.failing_cases = {4, 7};  // every failing case of shard 1/3 (cases 1, 4, 7)
+  t.observed = "slots";
   const pipelines::ShardResult s = shard(1, 3, some_options(), t);
   CHECK(s.kind == "check");
   CHECK(s.index == 1);

@@ -630,8 +630,40 @@ TEST_CASE("Audit: padding, moves and frees in a trace go through the shadow map,
         std::string::npos);
   CHECK(parse_where(lines({kHeader, prefill + R"(,"moved":[[1]]})"})) == "line 2: moved[0]");
   CHECK(parse_where(lines({kHeader, prefill + R"(,"freed":[-1]})"})) == "line 2: freed[0]");
-  CHECK(parse_where(lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":0,"state":0,"freed":[1]})"})) ==
-        "line 2: freed");
+  CHECK(parse_where(lines({kHeader, R"({"step":0,"layer":0,"kind":"begin","request":0,"state":0,"freed":[-1]})"})) ==
+        "line 2: freed[0]");
+}
+
+TEST_CASE("Audit: a begin record's frees are judged as a step's (a free of a visible row fails either way)") {
+  // Window 3. Request 0 writes positions 0..2 at slots 0..2; request 1
+  // begins on state 1 at step 1 and prefills one row at slot 10. Request 0's
+  // next query (at 3) still sees positions 1 and 2, not 0.
+  const std::string begin = R"({"step":1,"layer":0,"kind":"begin","request":1,"state":1)";
+  const std::string prefill1 =
+      R"({"step":1,"layer":0,"kind":"prefill","request":1,"state":1,"position":0,"rows":1,"order":"store_then_load","written":[10],"read":[[10]])";
+  const std::string prefill0 = kPrefill3 + "}";
+  // Freeing position 2 at the begin, or in the step it begins: both fail, the same row named.
+  const RunObservation at_begin = audit(lines({kHeader, prefill0, begin + R"(,"freed":[2]})", prefill1 + "}"}));
+  const RunObservation at_step = audit(lines({kHeader, prefill0, begin + "}", prefill1 + R"(,"freed":[2]})"}));
+  for (const RunObservation* run : {&at_begin, &at_step}) {
+    CHECK_FALSE(run->passed);
+    CHECK(run->freed_visible == 1);
+    CHECK_THAT(run->first_failure, Catch::StartsWith("step 1 (prefill) layer 0: freed 1 rows still visible; first: slot 2 "
+                                                     "holding request 0 position 2"));
+  }
+  CHECK_THAT(at_begin.first_failure, Catch::EndsWith("(freed by the begin)"));
+  REQUIRE(at_begin.steps.size() == 2);
+  CHECK(at_begin.steps[1].freed_slots == 1);
+  // Position 0 is out of request 0's window: freeing it at the begin is clean.
+  const RunObservation clean = audit(lines({kHeader, prefill0, begin + R"(,"freed":[0]})", prefill1 + "}"}));
+  CHECK(clean.passed);
+  CHECK(clean.steps[1].freed_slots == 1);
+  // A begin's padding is written as a step's: over position 1, overwritten for request 0's next query.
+  const std::string decode0 =
+      R"({"step":2,"layer":0,"kind":"decode","request":0,"state":0,"position":3,"written":[3],"read":[[1,2,3]]})";
+  const RunObservation padded = audit(lines({kHeader, prefill0, begin + R"(,"padded":[1]})", prefill1 + "}", decode0}));
+  CHECK_FALSE(padded.passed);
+  CHECK(padded.lost_rows == 1);
 }
 
 TEST_CASE("Audit: a trace's resident bound is judged as check judges it, and read strictly") {

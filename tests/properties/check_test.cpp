@@ -466,6 +466,49 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   CHECK(steps.counts.resident == 1);
 }
 
+TEST_CASE("Side by side: both caches crashing or refusing at a step is not agreement, and is counted") {
+  // The same crash on both sides at step 1 (after an agreeing step 0).
+  properties::RunObservation a, b;
+  a.steps.resize(2);
+  b.steps.resize(2);
+  a.steps[1].step = b.steps[1].step = 1;
+  a.steps[1].kind = b.steps[1].kind = "decode";
+  a.steps[1].error = b.steps[1].error = "the cache crashed: the adapter closed its stdout";
+  a.crashed = b.crashed = true;
+  const properties::PairComparison crashed = properties::compare_runs(a, b, false);
+  REQUIRE(crashed.differ());
+  CHECK(crashed.differences.front().what == "both-stopped");
+  CHECK(crashed.differences.front().step == 1);
+  CHECK(crashed.differences.front().detail ==
+        "A: the cache crashed: the adapter closed its stdout; B: the cache crashed: the adapter closed its stdout");
+  CHECK(crashed.counts.cases == 1);
+  CHECK(crashed.counts.steps == 1);
+  CHECK(crashed.counts.both_stopped == 1);
+  // Both refusing the step alike: the same.
+  a.crashed = b.crashed = false;
+  a.steps[1].error = b.steps[1].error = "full: no free block";
+  CHECK(properties::compare_runs(a, b, false).counts.both_stopped == 1);
+  // Both crashing at open (no step ran): a difference, counted as well.
+  properties::RunObservation c, d;
+  c.crashed = d.crashed = true;
+  c.first_failure = d.first_failure = "open: the cache crashed: boom";
+  const properties::PairComparison at_open = properties::compare_runs(c, d, false);
+  REQUIRE(at_open.differ());
+  CHECK(at_open.counts.both_stopped == 1);
+  // Summed over cases as the other counts are.
+  properties::ComparedCounts total;
+  total += crashed.counts;
+  total += at_open.counts;
+  CHECK(total.both_stopped == 2);
+  // Agreeing runs count none.
+  properties::RunObservation e, f;
+  e.steps.resize(1);
+  f.steps.resize(1);
+  const properties::PairComparison agree = properties::compare_runs(e, f, false);
+  CHECK_FALSE(agree.differ());
+  CHECK(agree.counts.both_stopped == 0);
+}
+
 // ---- paged pools (--impl paged, --profile paged) ------------------------------
 
 TEST_CASE("Paged: --impl paged passes the paged and default profiles, counts blocks, and a faulted pool fails") {

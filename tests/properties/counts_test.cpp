@@ -3,6 +3,7 @@
 // counts its queries whose output was not judged.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -104,6 +105,48 @@ TEST_CASE("Counts: a sharded tally adds refused cases and queries like one proce
   REQUIRE(merged.refused > 0);
   REQUIRE(merged.queries == whole.queries);
   REQUIRE(merged.queries_not_output_checked == whole.queries_not_output_checked);
+}
+
+TEST_CASE("Counts: a tally lists every failing case, the lowest kListedFailingCases of them, across shards") {
+  // Two shards of 4000 cases (even and odd indices) with 1500 failures each.
+  std::vector<CaseTally> parts(2);
+  for (std::int64_t s = 0; s < 2; ++s) {
+    CaseTally& t = parts[static_cast<std::size_t>(s)];
+    t.cases = 2000;
+    t.failures = 1500;
+    for (std::int64_t k = 0; k < 1500 && t.failing_cases.size() < kListedFailingCases; ++k)
+      t.failing_cases.push_back(s + 2 * (k + 100));  // from case 200 + s on
+    t.first_failing_case = t.failing_cases.front();
+    t.observed = "slots";
+  }
+  const CaseTally merged = merge_tallies(parts);
+  CHECK(merged.failures == 3000);
+  REQUIRE(merged.failing_cases.size() == kListedFailingCases);
+  CHECK(merged.failing_cases.front() == 200);
+  CHECK(merged.failing_cases.back() == 200 + kListedFailingCases - 1);  // both shards' lowest, interleaved
+  CHECK(std::is_sorted(merged.failing_cases.begin(), merged.failing_cases.end()));
+  CHECK(merged.first_failing_case == 200);
+  CHECK(merged.observed == "slots");
+}
+
+TEST_CASE("Counts: a check lists the seed of every failing case, and what the cache makes available") {
+  CheckOptions o;
+  o.cases = 40;
+  o.seed = 1;
+  o.threads = 2;
+  o.run.backend = "cpu";
+  o.run.fault = "window-too-narrow";
+  const CaseTally tally = run_cases(o);
+  REQUIRE(tally.failures > 1);
+  REQUIRE(tally.failing_cases.size() == static_cast<std::size_t>(tally.failures));
+  CHECK(tally.failing_cases.front() == tally.first_failing_case);
+  CHECK(std::is_sorted(tally.failing_cases.begin(), tally.failing_cases.end()));
+  CHECK(tally.observed == "slots+outputs");
+  const CheckResult result = finish_check(o, tally);
+  REQUIRE(result.failing_case_seeds.size() == tally.failing_cases.size());
+  CHECK(result.failing_case_seeds.front() == result.failing_case_seed);
+  CHECK(result.failing_case_seeds.back() == check_case_seed(o, tally.failing_cases.back()));
+  CHECK(result.observed == "slots+outputs");
 }
 
 TEST_CASE("Counts: judge_run counts the queries whose output was not checked, from the queries") {
