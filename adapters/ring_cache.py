@@ -6,7 +6,7 @@
 
 Per layer and per state id the cache owns `capacity` rows; position p of the
 request on state b lives in slot b * capacity + p % capacity (addressing
-"ring", SPEC §1). Each slot holds the stored key row (RoPE'd at its position,
+"ring", docs/semantics.md "Windows"). Each slot holds the stored key row (RoPE'd at its position,
 then rounded through the format) and value row. A query at position p reads
 the slots of positions max(0, p - keys + 1) .. p. Prefill runs in either
 order: store_then_load stores the chunk and then reads the pool (rows of the

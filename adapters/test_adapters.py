@@ -408,7 +408,7 @@ class Case:
 
 def random_case(seed, conventions=("keys", "keys", "keys", "keys", "left", "off-by-one")):
     """A schedule drawn as kvcheck's generator draws one (properties/generator.cpp):
-    swarm step weights, a ring sized to the SPEC §5 minimum plus 0..2 rows."""
+    swarm step weights, a ring sized to the docs/semantics.md "Safe capacity" minimum plus 0..2 rows."""
     rng = random.Random(seed)
     kinds = ["lts", "stl", "decode", "verify", "finish", "reset"]
     weights = {k: (rng.randint(1, 4) if rng.random() < 2 / 3 else 0) for k in kinds}

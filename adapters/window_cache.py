@@ -346,7 +346,7 @@ class WindowCache(kp.Cache):
         st.pending_first = st.pending_drafts = -1
         st.table = {}
 
-    # The adapter's own copy of the SPEC §3 step semantics, deliberately not
+    # The adapter's own copy of the docs/semantics.md "Steps" step semantics, deliberately not
     # derived from kvcheck's (scenarios/step_semantics.hpp): a mistake in one
     # must show up as a disagreement with the other.
     def accept(self, layer, state, request, accepted):

@@ -223,7 +223,7 @@ class RecordingCache final : public CacheUnderTest {
   std::int64_t kv_width() const { return std::int64_t{spec_.cache.kv_heads} * spec_.cache.head_dim; }
   std::int64_t q_width() const { return std::int64_t{spec_.cache.q_heads} * spec_.cache.head_dim; }
 
-  /// A refusal probe: a call no valid schedule makes (SPEC §3 step
+  /// A refusal probe: a call no valid schedule makes (docs/semantics.md "Steps" step
   /// semantics, one active request per state, finite rows).
   bool is_probe(const StepCall& c) const {
     const auto it = layers_.find(c.layer);

@@ -12,7 +12,7 @@
 // wrapped cache answered (explicit slot lists, the read view, the rows sent
 // and the outputs), so auditing the recording gives the live run's verdict.
 // Refused calls are recorded with `"refused":"code: detail"`. Refusal probes
-// (calls invalid under SPEC §3 step semantics, or rows with NaN, which the
+// (calls invalid under docs/semantics.md "Steps" step semantics, or rows with NaN, which the
 // runner sends in `check` and a correct cache refuses) are not recorded: a
 // trace holds the schedule only.
 #pragma once

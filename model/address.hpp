@@ -1,6 +1,6 @@
 // The address oracle: where a ring-addressed sliding-window cache must put and
-// find each row (SPEC §2), and which tag every slot must hold after any
-// sequence of writes. Plain integer arithmetic written from the SPEC, kept
+// find each row (docs/semantics.md "Ring addressing"), and which tag every slot must hold after any
+// sequence of writes. Plain integer arithmetic written from docs/semantics.md, kept
 // apart from impl/'s own index math so a bug cannot sit in both.
 #pragma once
 
@@ -21,7 +21,7 @@ struct Ring {
 /// Flattened slot of row (state, position): state*S + position mod S.
 std::int64_t slot_of(std::int64_t state, std::int64_t position, std::int64_t ring_rows);
 
-/// SPEC §2 decode metadata for one query, plus the trace-table columns.
+/// docs/semantics.md "Ring addressing" decode metadata for one query, plus the trace-table columns.
 struct DecodeMeta {
   std::int64_t length = 0;          ///< min(p + 1, W)
   std::int64_t start = 0;           ///< p - length + 1 (logical first)

@@ -1,4 +1,4 @@
-// The seed's attention lab (SPEC §6): five 2-vectors, query (a,b), key
+// The seed's attention lab (docs/semantics.md "Golden values"): five 2-vectors, query (a,b), key
 // (a-b, a+b), value (a+2b, 2a-b), scale 1/sqrt(2), run through the
 // full-prefix and incremental paths with and without a window.
 #pragma once

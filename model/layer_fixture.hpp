@@ -1,4 +1,4 @@
-// The layer-bound cache fixture of seed 000 (SPEC §6, last paragraph),
+// The layer-bound cache fixture of seed 000 (docs/semantics.md "Golden values", last paragraph),
 // reconstructed from the rows the seed prints: D = 4, H = 2, d_h = 2,
 // Wq = Wk = Wv = I, Wo swaps the two heads' halves, RoPE angle = position
 // radians on each 2-wide head, inputs x0 = (1,0,1,0), x1 = (cos 1, -sin 1, 0, 1),

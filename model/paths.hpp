@@ -1,5 +1,5 @@
 // Two ways to compute the same outputs, so the model itself can show the
-// SPEC's row and pair counts: the full-prefix path recomputes every prefix
+// docs/semantics.md's row and pair counts: the full-prefix path recomputes every prefix
 // from scratch (the recompute baseline), the incremental path projects one
 // new row per position and retains keys and values (the cache).
 #pragma once

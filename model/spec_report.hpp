@@ -1,7 +1,7 @@
-// The reference model's reproduction of SPEC §6, as a readable table: every
+// The reference model's reproduction of docs/semantics.md "Golden values", as a readable table: every
 // number recomputed (attention lab, bytes, ring trace, state 3, verify and
-// prefill overwrite lists, layer-bound cache), beside the SPEC's value and a
-// match mark. The values are computed here; the SPEC's are quoted only to
+// prefill overwrite lists, layer-bound cache), beside docs/semantics.md's value and a
+// match mark. The values are computed here; docs/semantics.md's are quoted only to
 // compare against.
 #pragma once
 
@@ -15,11 +15,11 @@ struct SpecLine {
   std::string section;   ///< "attention lab", "bytes", ...
   std::string quantity;  ///< what is measured
   std::string computed;  ///< what the model computed
-  std::string spec;      ///< what SPEC §6 says
+  std::string spec;      ///< what docs/semantics.md "Golden values" says
   bool match = false;
 };
 
-/// Recomputes SPEC §6.
+/// Recomputes docs/semantics.md "Golden values".
 std::vector<SpecLine> reproduce_spec();
 
 /// Renders the lines as an aligned text table with a final verdict line.

@@ -1,4 +1,4 @@
-// The SPEC's ring trace table for any window, ring, state and positions:
+// The docs/semantics.md's ring trace table for any window, ring, state and positions:
 // logical range, first/last read slot and write slot of each query, from the
 // address oracle.
 #pragma once

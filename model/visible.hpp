@@ -1,7 +1,7 @@
 // Visible ranges for causal and sliding-window attention. Real systems
 // disagree on what "window W" means, so the convention is explicit and every
 // report names it:
-//   kKeys      W keys, the query itself included (SPEC §1)
+//   kKeys      W keys, the query itself included (docs/semantics.md "Windows")
 //   kLeft      the parameter is `left`: left + 1 keys (FlashAttention (left, 0))
 //   kOffByOne  the parameter W shows W + 1 keys (the off-by-one engines ship)
 #pragma once

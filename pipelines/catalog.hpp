@@ -1,5 +1,5 @@
 // What the CLI names and lists that lives in model/ and impl/: the named
-// faults, which backends this build and machine can run, the SPEC §6 table,
+// faults, which backends this build and machine can run, the docs/semantics.md "Golden values" table,
 // and the ring-trace rows of `kvcheck trace`. cli/ asks here, so it includes
 // neither model/ nor impl/.
 #pragma once
@@ -23,7 +23,7 @@ bool backend_available(const std::string& name, std::string* why);
 /// columns, then its description (`kvcheck faults`).
 std::string fault_table();
 
-/// SPEC §6 reproduced by the reference model, as a table; `*all_match`
+/// docs/semantics.md "Golden values" reproduced by the reference model, as a table; `*all_match`
 /// says whether every line matched.
 std::string spec_table(bool* all_match);
 

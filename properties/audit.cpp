@@ -204,7 +204,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
                list.end());
   }
 
-  // The schedule must be valid (SPEC §3) before positions mean anything.
+  // The schedule must be valid (docs/semantics.md "Steps") before positions mean anything.
   try {
     scenarios::validate_scenario(sc);
   } catch (const Error& e) {
@@ -222,7 +222,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
           fail_at(ErrorId::kJsonValue, s.line, "position",
                   "position " + std::to_string(s.position) + ", but request " + std::to_string(s.request) +
                       " writes at its logical length " + std::to_string(scenarios::step_first_position(p)) +
-                      " here (SPEC §3: prefill and decode advance it, verify(k) + accept(a) by 1 + a, reset "
+                      " here (docs/semantics.md, Steps: prefill and decode advance it, verify(k) + accept(a) by 1 + a, reset "
                       "to 0)",
                   run);
         }

@@ -43,7 +43,7 @@ struct TraceScenario {
 
 /// Builds and validates the scenario of `run`. Throws kvcheck::Error naming
 /// the trace line ("line 7: accepted", "line 1: capacity") when the records
-/// are not a valid schedule (SPEC §3: positions, accepts, states, finished
+/// are not a valid schedule (docs/semantics.md "Steps": positions, accepts, states, finished
 /// requests) or the header cannot describe a cache.
 TraceScenario trace_scenario(const scenarios::TraceRun& run);
 

@@ -243,8 +243,11 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   reach.push_back(paged && !caps.full_window_only);
   reach.push_back(paged && caps.reports_written_slots && caps.finish);
   reach.push_back(paged && caps.verify);
-  // A window per layer.
-  reach.push_back(can(Feature::kLayerWindows));
+  // A window per layer. A global layer beside a sliding one is not
+  // reachable in the production profile: a global layer's reads are the
+  // whole request, past any production case's work budget, so the case
+  // keeps one window (generate_production).
+  reach.push_back(can(Feature::kLayerWindows) && !production);
   reach.push_back(can(Feature::kLayerWindows));
   // Shared prefixes: live sharing needs two states; a write into the block a
   // prefix ends in needs a prefix that ends inside a block (blocks of two
@@ -305,7 +308,7 @@ void fit_step_bounds(const engines::Capabilities& caps, std::int64_t* max_chunk,
   }
 }
 
-/// Minimum safe ring for these bounds (SPEC §5), before slack.
+/// Minimum safe ring for these bounds (docs/semantics.md "Safe capacity"), before slack.
 std::int64_t safe_ring_rows(std::int64_t keys, std::int64_t max_chunk, std::int64_t max_drafts,
                             bool store_then_load) {
   std::int64_t safe = std::max(keys + max_drafts, max_chunk);

@@ -1,4 +1,4 @@
-// What a run observes, per query and per step (SPEC §4). Produced by
+// What a run observes, per query and per step (docs/semantics.md "What is judged"). Produced by
 // properties/runner.hpp from one scenario run on the model and an
 // implementation; consumed by reports/. Plain values, no JSON here.
 #pragma once
@@ -54,7 +54,7 @@ inline bool reads_correct(const QueryObservation& q) noexcept {
   return q.overwritten.empty() && q.missing.empty() && q.extra.empty();
 }
 
-/// Slot collisions of one step (SPEC §4, three kinds).
+/// Slot collisions of one step (docs/semantics.md "What is judged", three kinds).
 struct Collisions {
   std::int64_t same_step = 0;        ///< two rows of one step written to one slot
   std::int64_t outside_block = 0;    ///< writes outside the request's own state block

@@ -30,7 +30,7 @@ struct Prober {
 
   /// Which of `apply` (non-empty) to send before step `step_index`: they
   /// rotate with the step index, except that right after a reset of the
-  /// request the stale-revision probe goes first where it applies (SPEC §6:
+  /// request the stale-revision probe goes first where it applies (docs/semantics.md "Golden values":
   /// a revision mismatch is refused also after reset).
   std::string choose(const std::vector<std::string>& apply, std::int64_t step_index, bool after_reset) const;
 

@@ -1,5 +1,5 @@
 // Runs one scenario on the reference model and on an implementation, step by
-// step, and observes per query what SPEC §4 lists: expected rows, rows read
+// step, and observes per query what docs/semantics.md "What is judged" lists: expected rows, rows read
 // with the tag each held at read time, overwritten visible rows, missing and
 // extra reads, slot collisions of the three kinds, and the output difference
 // against the high-precision reference (kernel error on the dequantized rows,

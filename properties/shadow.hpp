@@ -1,6 +1,6 @@
 // The shadow map: what kvcheck believes each slot of a cache under test
 // holds, built only from what the cache reported (the slot each new row was
-// written to), and the SPEC §4 slot observations derived from it for every
+// written to), and the docs/semantics.md "What is judged" slot observations derived from it for every
 // query of a step (overwritten visible rows, missing and extra reads) and for
 // the step (slot collisions). A slot is an opaque integer: ring, paged or
 // anything else. The runner (live caches) and `kvcheck audit` (recorded

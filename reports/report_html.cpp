@@ -50,7 +50,7 @@ std::string num(double v) {
   return s;
 }
 
-// What a slot holds, judged against the pictured query (SPEC §4).
+// What a slot holds, judged against the pictured query (docs/semantics.md "What is judged").
 enum class SlotClass { kVisible, kOverwritten, kExtra, kStale, kEmpty, kHeld };
 
 const char* class_name(SlotClass c) {

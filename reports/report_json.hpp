@@ -1,6 +1,6 @@
 // The machine-readable report: one self-describing JSON document
 // ("report_version", "schema_version", "name", "description") with the
-// invocation context and, per run, per step and per query, everything SPEC §4
+// invocation context and, per run, per step and per query, everything docs/semantics.md "What is judged"
 // observes. Keys keep a fixed order and nothing depends on the clock, so equal
 // reports serialize to identical bytes.
 #pragma once

@@ -1,4 +1,4 @@
-// The ring trace table of `kvcheck trace`, as text (the SPEC's layout) and as
+// The ring trace table of `kvcheck trace`, as text (docs/semantics.md's layout) and as
 // JSON (an array of objects). The rows are computed by the address oracle
 // (model/trace.hpp); this file only formats plain integers.
 #pragma once

@@ -1,7 +1,7 @@
 // Scenario types: one saved, replayable run of the ring-addressed pool.
 //
 // A scenario is the cache configuration, the requests (each bound to a state
-// id), the step list of SPEC §3, where row values come from, and optional
+// id), the step list of docs/semantics.md "Steps", where row values come from, and optional
 // expectations that replay checks. It is a plain value: JSON I/O lives in
 // scenarios/scenario_json.hpp, and neither the model nor the implementations
 // see these types (properties/ translates them).

@@ -68,7 +68,7 @@ void check_count(std::int64_t value, std::int64_t lo, std::int64_t hi, const std
   }
 }
 
-/// Visible keys of the window parameter under its convention (SPEC §1, model/visible.hpp).
+/// Visible keys of the window parameter under its convention (docs/semantics.md "Windows", model/visible.hpp).
 std::int64_t window_keys(const CacheConfig& c) {
   return c.convention == Convention::kKeys ? c.window : c.window + 1;
 }

@@ -1,5 +1,5 @@
 // How each step kind changes a request's logical length and pending drafts
-// (SPEC §3), written once, in integers only. Scenario validation, the
+// (docs/semantics.md "Steps"), written once, in integers only. Scenario validation, the
 // generator, the runner, the sweep engine and the step-level caches of
 // engines/ all advance requests through this one function. The request
 // lifecycle (a request begins and takes its state, one active request per

@@ -10,7 +10,7 @@
 // ascending, a begin before its step), every layer of a step agrees on the
 // step (kind, request, state, position, sizes), sizes agree with `rows`,
 // block tables cover every position they are asked to read, and nothing
-// follows a refusal. Whether the schedule itself is valid (SPEC §3) is
+// follows a refusal. Whether the schedule itself is valid (docs/semantics.md "Steps") is
 // judged by `kvcheck audit` (properties/audit.hpp), also naming the line.
 //
 // Writing: one record per line, fixed key order, integers as integers and

@@ -1,7 +1,7 @@
 // The capacity sweep: for each (window W, drafts k, chunk C, prefill order)
 // the smallest ring S that loses no visible row, found by running RingPool
 // over the CPU kernels (with tags) on worst-case schedules (the pool and
-// steps `check --impl cpu` runs), never by evaluating the SPEC §5 formula
+// steps `check --impl cpu` runs), never by evaluating the docs/semantics.md "Safe capacity" formula
 // (which is reported beside it, with whether it agreed).
 //
 // Why the schedules run by probe_ring() are the worst cases (the argument is
@@ -196,7 +196,7 @@ std::vector<ScheduleStepResult> run_schedule(const SweepConfig& config, std::int
 std::optional<scenarios::Scenario> make_counterexample(const SweepConfig& config, std::int64_t ring_rows,
                                                        const ProbeResult& below);
 
-/// SPEC §5 bound: max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store.
+/// docs/semantics.md "Safe capacity" bound: max(W + k, W + C - 1) store-then-load, max(W + k, C) load-then-store.
 std::int64_t spec_bound(const SweepConfig& config) noexcept;
 
 // ---- paged caches -------------------------------------------------------------

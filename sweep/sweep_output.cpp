@@ -94,7 +94,7 @@ std::string sweep_json(const SweepResult& result) {
   doc["name"] = "kvcheck-sweep";
   doc["description"] =
       "Minimum safe ring size per (window, drafts, chunk, prefill order), found by running the CPU "
-      "backend with tags on worst-case schedules; SPEC section 5 bound, the seed's W + k + 1 "
+      "backend with tags on worst-case schedules; safe-capacity bound (docs/semantics.md), the seed's W + k + 1 "
       "allocation and the user's formula are compared with it";
   Json grid;
   grid["windows"] = result.grid.windows;
@@ -336,12 +336,12 @@ std::string sweep_table(const SweepResult& result, std::int64_t max_rows) {
   }
   if (!all) {
     s << "(" << total << " configurations; " << shown
-      << " shown: those that disagree with SPEC 5, the formula or their replay; use --json or --csv for "
+      << " shown: those that disagree with the safe-capacity bound, the formula or their replay; use --json or --csv for "
          "all)\n";
   }
   const std::int64_t measured = total - result.unsupported_rows;
   s << "configurations: " << total << ", probes: " << result.probes
-    << (paged ? ", block bound agreed on " : ", SPEC 5 bound agreed on ") << measured - result.spec_disagreements
+    << (paged ? ", block bound agreed on " : ", safe-capacity bound agreed on ") << measured - result.spec_disagreements
     << "/" << measured << "\n";
   if (formula) {
     if (result.formula_unsafe_rows == 0) {

@@ -25,7 +25,7 @@ std::string sweep_csv(const SweepResult& result);
 std::string sweep_svg(const SweepResult& result);
 
 /// Human-readable table and summary; all rows up to `max_rows`, then only
-/// the rows that disagree with SPEC §5, the formula, or their replay.
+/// the rows that disagree with docs/semantics.md "Safe capacity", the formula, or their replay.
 std::string sweep_table(const SweepResult& result, std::int64_t max_rows = 100);
 
 }  // namespace kvcheck::sweep

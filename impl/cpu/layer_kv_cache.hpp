@@ -1,4 +1,4 @@
-// The layer-bound KV cache of seed 000 (SPEC §6, last paragraph): a fixed
+// The layer-bound KV cache of seed 000 (docs/semantics.md "Golden values", last paragraph): a fixed
 // capacity cache bound to one AttentionLayer. Physical layout
 // [batch, heads, capacity, head_width] for keys and values, a logical length,
 // one appended row per call. Construction captures each parameter's identity

@@ -60,7 +60,7 @@ std::size_t lines(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("CLI: trace prints the SPEC table and its JSON form") {
+TEST_CASE("CLI: trace prints docs/semantics.md table and its JSON form") {
   const Outcome text = run("trace --window 128 --ring 134 --state 2 --positions 127,128,133,134");
   REQUIRE(text.code == 0);
   CHECK(text.out.find("134 | 7..134          | 275 / 268             | 268") != std::string::npos);
@@ -498,7 +498,7 @@ TEST_CASE("CLI exec: same seed, same adapter, same report bytes") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI exec: sweep passes each capacity to the adapter, the ring adapter's minimum is SPEC 5's") {
+TEST_CASE("CLI exec: sweep passes each capacity to the adapter, the ring adapter's minimum is the safe capacity's") {
   const Outcome o =
       run("sweep --impl " + adapter("ring_cache.py") +
           " --window 8,13 --drafts 0,2 --chunk 1,6 --order both --counterexamples none --json -");

@@ -15,6 +15,8 @@
 * The pages a newcomer reads say what `begin` may answer (slot events,
   judged as in any step) and what kvcheck does not model (preemption,
   lookahead slots).
+* Comments and messages cite docs/semantics.md's sections, never "SPEC"
+  section numbers of a document the repository does not ship.
 """
 import os
 import shutil
@@ -94,6 +96,19 @@ try:
            "PROTOCOL.md says a begin may answer freed, moved and padded, judged as in any step")
     expect("preemption" in engine_doc and "lookahead" in engine_doc,
            "checking-an-engine.md says what kvcheck does not model: preemption, lookahead slots")
+    # Comments and messages cite the project's own pages (docs/semantics.md),
+    # never the section numbers of "SPEC", a document the repository does not ship.
+    cited = []
+    for top in ("model", "impl", "engines", "scenarios", "properties", "sweep", "reports", "pipelines", "cli",
+                "api", "adapters", "python", "support", "tests", "bench", "scripts", "examples"):
+        for root, _, names in os.walk(os.path.join(SOURCE, top)):
+            for name in names:
+                if name.endswith((".cpp", ".hpp", ".cu", ".cuh", ".py", ".sh", ".md", ".txt")):
+                    with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
+                        if "SPEC \u00a7" in f.read():
+                            cited.append(os.path.relpath(os.path.join(root, name), SOURCE))
+    expect(not cited, "no file cites 'SPEC \u00a7N' (found in %s)" % cited[:5])
+    expect(os.path.isfile(os.path.join(SOURCE, "docs", "semantics.md")), "docs/semantics.md, the page cited, ships")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 sys.exit(finish())

@@ -1,6 +1,6 @@
 // The backend conformance suite, written once and run over every backend
 // (ggml's test-backend-ops pattern). A Harness drives a RingPool on a named
-// backend through SPEC §3 steps with PRNG rows and checks every step against
+// backend through docs/semantics.md "Steps" steps with PRNG rows and checks every step against
 // independent references:
 //   * tags and slots: model::SlotOracle / expand_index (model/address.hpp)
 //     predict every write (slot, new tag, replaced tag) and every index
@@ -653,7 +653,7 @@ inline PoolSnapshot snapshot(RingPool& pool) {
     CHECK(code(s) == CacheError::kSizeOverflow);                                                             \
   }                                                                                                          \
                                                                                                              \
-  TEST_CASE(NAME " conformance: SPEC verify S = 128 loses [5,4,3,2,1,0], S = 133 and 134 none",              \
+  TEST_CASE(NAME " conformance: golden verify S = 128 loses [5,4,3,2,1,0], S = 133 and 134 none",              \
             "[conformance][spec]") {                                                                         \
     using namespace kvcheck::conformance;                                                                    \
     if (!backend_or_skip(NAME)) return;                                                                      \
@@ -689,7 +689,7 @@ inline PoolSnapshot snapshot(RingPool& pool) {
     }                                                                                                        \
   }                                                                                                          \
                                                                                                              \
-  TEST_CASE(NAME " conformance: SPEC prefill W = 3, S = 5 store-then-load hazards", "[conformance][spec]") { \
+  TEST_CASE(NAME " conformance: golden prefill W = 3, S = 5 store-then-load hazards", "[conformance][spec]") { \
     using namespace kvcheck::conformance;                                                                    \
     if (!backend_or_skip(NAME)) return;                                                                      \
     for (const auto order : {PrefillOrder::kStoreThenLoad, PrefillOrder::kLoadThenStore}) {                  \

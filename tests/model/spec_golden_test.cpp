@@ -1,4 +1,4 @@
-// Every number of SPEC §6 that the reference model owns, recomputed here.
+// Every number of docs/semantics.md "Golden values" that the reference model owns, recomputed here.
 #include <catch2/catch.hpp>
 
 #include "model/address.hpp"
@@ -17,7 +17,7 @@ std::vector<std::int64_t> counts(const std::vector<std::vector<std::int64_t>>& l
 }
 }  // namespace
 
-TEST_CASE("AttentionLab: full causal reproduces the SPEC counts and last output") {
+TEST_CASE("AttentionLab: full causal reproduces docs/semantics.md counts and last output") {
   const LabRun run = run_attention_lab(std::nullopt);
   CHECK(run.recompute.projected_rows == 15);
   CHECK(run.cache.projected_rows == 5);
@@ -31,7 +31,7 @@ TEST_CASE("AttentionLab: full causal reproduces the SPEC counts and last output"
   CHECK(run.max_rel_difference <= 1e-12);
 }
 
-TEST_CASE("AttentionLab: window 3 reproduces the SPEC counts and output (3, 1)") {
+TEST_CASE("AttentionLab: window 3 reproduces docs/semantics.md counts and output (3, 1)") {
   const LabRun run = run_attention_lab(3);
   CHECK(run.recompute.projected_rows == 15);
   CHECK(run.cache.projected_rows == 5);
@@ -64,7 +64,7 @@ TEST_CASE("Bytes: full and window KV payloads and the shared fp8 row") {
   CHECK_FALSE(kv_payload_bytes(1LL << 40, 1LL << 20, 128, 4096, 2).has_value());
 }
 
-TEST_CASE("RingTrace: W=128, S=134, state 2 reproduces the SPEC table") {
+TEST_CASE("RingTrace: W=128, S=134, state 2 reproduces docs/semantics.md table") {
   const Ring ring{3, 134, 128};
   struct Row {
     std::int64_t position, first, last, first_slot, last_slot, write_slot;

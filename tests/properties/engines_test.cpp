@@ -444,7 +444,7 @@ Hunt hunt(engines::CacheProvider& provider, const std::string& backend, std::uin
 TEST_CASE(
     "Generated schedules: a cache that keeps pending drafts past finish or reset fails within 100 cases") {
   // The generator finishes or resets requests whose verify is still pending
-  // (SPEC §3: legal, the drafts are dropped); the bug keeps them, so the
+  // (docs/semantics.md "Steps": legal, the drafts are dropped); the bug keeps them, so the
   // state refuses its next write. A correct cache passes the same cases.
   PlantedProvider buggy("cpu", Planted::kKeepDraftsOnFinish);
   const Hunt h = hunt(buggy, "cpu", 1, 100);

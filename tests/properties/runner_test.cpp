@@ -1,4 +1,4 @@
-// The runner against the bundled SPEC §6 scenarios and hand-built schedules.
+// The runner against the bundled docs/semantics.md "Golden values" scenarios and hand-built schedules.
 #include <catch2/catch.hpp>
 
 #include <filesystem>

@@ -1,5 +1,5 @@
 // Tests for reports/: JSON, text, JUnit and HTML writers on hand-built
-// observations (the SPEC §6 verify case at S = 128), and the atomic writer.
+// observations (the docs/semantics.md "Golden values" verify case at S = 128), and the atomic writer.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -62,7 +62,7 @@ void settle(RunObservation& run) {
 }
 
 // Verify of six queries p..p+5 in a ring of S slots, W = 128 visible keys,
-// all six rows stored before the reads (SPEC §6): with S = 128 the draft rows
+// all six rows stored before the reads (docs/semantics.md "Golden values"): with S = 128 the draft rows
 // p+1..p+5 land on the slots of the oldest visible rows.
 RunObservation verify_run(std::int64_t ring_rows, std::int64_t p, std::int64_t state = 0) {
   constexpr std::int64_t kWindow = 128;

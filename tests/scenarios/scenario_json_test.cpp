@@ -1,5 +1,5 @@
 // Tests for the scenario JSON format: bundled files are canonical and carry
-// the SPEC §6 expectations, malformed inputs fail with the right error id and
+// the docs/semantics.md "Golden values" expectations, malformed inputs fail with the right error id and
 // JSON path, writes are atomic, and random valid scenarios round-trip.
 #include "scenarios/scenario_json.hpp"
 

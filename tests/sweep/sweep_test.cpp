@@ -1,4 +1,4 @@
-// The capacity sweep: acceptance numbers, the default grid against SPEC §5
+// The capacity sweep: acceptance numbers, the default grid against docs/semantics.md "Safe capacity"
 // (read back from the sweep's JSON, not computed by the test from the
 // engine), the worst-case argument of sweep/sweep.hpp against
 // randomized schedules through the full runner, phase invariance,
@@ -114,7 +114,7 @@ TEST_CASE("Sweep: W=128 k=0 C=64 needs 128 load-then-store and 191 store-then-lo
   std::filesystem::remove_all(o.out_dir);
 }
 
-TEST_CASE("Sweep: small grid minimum equals SPEC 5 per order, read from the sweep output") {
+TEST_CASE("Sweep: small grid minimum equals the safe-capacity bound per order, read from the sweep output") {
   // Sizes that break things: 1, 2, 3, chunks longer than the window and the ring.
   SweepGrid g;
   for (std::int64_t w = 1; w <= 13; ++w) g.windows.push_back(w);

@@ -129,7 +129,7 @@ TEST_CASE("element format: fp8 rows pick the smallest power-of-two scale that fi
   }
 }
 
-TEST_CASE("element format: row bytes and epsilons (SPEC: 512 fp8 elements are 528 bytes)") {
+TEST_CASE("element format: row bytes and epsilons (golden value: 512 fp8 elements are 528 bytes)") {
   CHECK(format_row_bytes(ElementFormat::kFp8, 512) == 528);
   CHECK(format_row_bytes(ElementFormat::kFp8, 512) * 128 == 67584);
   CHECK(format_row_bytes(ElementFormat::kFp8, 512) * 134 == 70752);

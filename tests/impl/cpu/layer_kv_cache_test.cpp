@@ -1,4 +1,4 @@
-// LayerKvCache (seed 000, SPEC §6): the three-append fixture against the
+// LayerKvCache (seed 000, docs/semantics.md "Golden values"): the three-append fixture against the
 // printed values and the model's independent full-prefix pass, reset/replay,
 // and the nine rejected calls, each leaving length and storage
 // byte-identical.
@@ -24,7 +24,7 @@ std::vector<double> flat(const std::vector<model::Row<model::Real>>& w) {
   return out;
 }
 
-// The fixture layer, built from the model's reconstruction (SPEC §6).
+// The fixture layer, built from the model's reconstruction (docs/semantics.md "Golden values").
 AttentionLayer fixture_layer(const model::LayerModel<model::Real>& m, double base = 10000.0,
                              std::int64_t max_positions = 8) {
   return AttentionLayer(m.model_width, m.heads.q_heads, LayerRope{2, max_positions, base}, flat(m.wq),

@@ -47,7 +47,7 @@ std::vector<ProbeCase> probe_grid() {
       }
     }
   }
-  // The SPEC §6 ring trace geometry: W = 128, S = 134, states 2 and 3.
+  // The docs/semantics.md "Golden values" ring trace geometry: W = 128, S = 134, states 2 and 3.
   for (std::int64_t p : {127, 128, 133, 134, 135, 267, 268}) {
     cases.push_back({2, p, 128, 134, 4, Fault::kNone});
     cases.push_back({3, p, 128, 134, 4, Fault::kNone});
@@ -103,11 +103,11 @@ TEST_CASE("ring_index: nvcc-compiled host math equals g++ and the model oracle",
   REQUIRE(model_checked > cases.size() / 2);
 }
 
-TEST_CASE("ring_index: nvcc-compiled host math reproduces the SPEC ring trace", "[cuda][index]") {
+TEST_CASE("ring_index: nvcc-compiled host math reproduces docs/semantics.md ring trace", "[cuda][index]") {
   struct Row {
     std::int64_t state, position, first, last, write;
   };
-  // SPEC §6: W = 128, S = 134; state 2 owns slots 268..401.
+  // docs/semantics.md "Golden values": W = 128, S = 134; state 2 owns slots 268..401.
   const Row rows[] = {{2, 127, 268, 395, 395},
                       {2, 128, 269, 396, 396},
                       {2, 133, 274, 401, 401},
