@@ -55,6 +55,11 @@ std::atomic<pid_t> g_owner{0};
 // the handler's sweep ends instead of chasing what other worker threads keep
 // starting (each closed adapter of a run can leave an orphan to sweep).
 std::atomic<bool> g_terminating{false};
+// Threads between posix_spawn and register_adapter, with the terminating
+// signals blocked in them: the handler (on another thread) waits for them
+// to register what they started before it kills, else an adapter started in
+// that window outlives kvcheck.
+std::atomic<int> g_spawning{0};
 
 // The environment variable every adapter (and what it starts) inherits: a
 // process that became kvcheck's child and carries it is an adapter's orphan.
@@ -216,6 +221,13 @@ void sweep_orphans() noexcept {
 /// signal's default action (so its parent sees the conventional status).
 extern "C" void on_terminating_signal(int sig) {
   g_terminating.store(true);
+  // A spawn in flight on another thread registers its adapter first (at most
+  // about 10 s: nanosleep is async-signal-safe; that thread blocks these
+  // signals, so this handler never waits for itself).
+  for (int i = 0; i < 100000 && g_spawning.load() > 0; ++i) {
+    struct timespec pause_for {0, 100000};
+    ::nanosleep(&pause_for, nullptr);
+  }
   kill_exec_children();
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // blocked in this handler; delivered (and fatal) when it returns
@@ -318,8 +330,22 @@ class ChildTransport final : public ExecTransport {
       // kvcheck is ending by a signal: its handler is killing every adapter
       // and then the process; this thread starts none and waits for the end.
       while (g_terminating.load()) ::pause();
-      rc = ::posix_spawn(&pid_, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), env.data());
-      if (rc == 0) registered = register_adapter(pid_);
+      // Spawn and register with the terminating signals blocked here and
+      // counted in g_spawning, so the handler kills what this starts.
+      sigset_t terminating, previous;
+      sigemptyset(&terminating);
+      for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&terminating, sig);
+      ::pthread_sigmask(SIG_BLOCK, &terminating, &previous);
+      g_spawning.fetch_add(1);
+      if (g_terminating.load()) {
+        rc = EINTR;  // the handler began before this counted: start nothing
+      } else {
+        rc = ::posix_spawn(&pid_, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), env.data());
+        if (rc == 0) registered = register_adapter(pid_);
+      }
+      g_spawning.fetch_sub(1);
+      ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      while (g_terminating.load()) ::pause();
     }
     // Started while the handler began its kill pass: gone with the others.
     if (rc == 0 && g_terminating.load()) ::kill(-pid_, SIGKILL);

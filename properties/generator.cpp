@@ -479,8 +479,10 @@ class FeaturePart {
 class TrimPart final : public FeaturePart {
  public:
   /// How deep a case's trims go: the trim profile's always deep (a trim one
-  /// step in four), the long runs' of the paged profile shallow, the
-  /// others' either (a trim one step in eight).
+  /// step in four), the paged and production profiles' shallow (their rings
+  /// stay as drawn: long runs, and production cases whose work budget
+  /// cannot lengthen the schedule), the others' either (a trim one step in
+  /// eight).
   enum class Depth : std::uint8_t { kDeep, kEither, kShallow };
   TrimPart(std::uint64_t data_seed, Depth depth) : rng_(mix_seed(data_seed, 0x7472696d)), depth_kind_(depth) {}  // "trim"
   void sizes(CaseSizes& s, CaseDraw& /*d*/) override {
@@ -669,7 +671,8 @@ std::vector<std::unique_ptr<FeaturePart>> make_parts(const FeatureSet& on, std::
   if (on[static_cast<std::size_t>(Feature::kLongRuns)]) parts.push_back(std::make_unique<LongRunsPart>());
   if (on[static_cast<std::size_t>(Feature::kTrim)])
     parts.push_back(std::make_unique<TrimPart>(data_seed, profile == Profile::kTrim    ? TrimPart::Depth::kDeep
-                                                          : profile == Profile::kPaged ? TrimPart::Depth::kShallow
+                                                          : profile == Profile::kPaged || profile == Profile::kProduction
+                                                              ? TrimPart::Depth::kShallow
                                                                                        : TrimPart::Depth::kEither));
   if (on[static_cast<std::size_t>(Feature::kPrefix)]) parts.push_back(std::make_unique<PrefixPart>(data_seed));
   if (on[static_cast<std::size_t>(Feature::kLayerWindows)])
