@@ -19,7 +19,6 @@
 """
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -31,7 +30,6 @@ from harness import expect, finish
 KVCHECK = sys.argv[1]
 SOURCE = sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
-ADAPTERS = os.path.join(SOURCE, "adapters")
 FAST = os.path.join(SOURCE, "scenarios", "fast", "prefill-w3-s5-store-then-load-4-6.json")
 
 
@@ -39,16 +37,12 @@ def run(args):
     return harness.run([KVCHECK] + args)
 
 
-def impl(path, *flags):
-    return "exec:" + " ".join(shlex.quote(a) for a in ["python3", path, *flags])
-
-
-def twisted(twist):
-    return impl(os.path.join(HERE, "twisted_adapter.py"), twist)
+impl = harness.exec_impl
+twisted = harness.twisted
 
 
 def adapter(name, *flags):
-    return impl(os.path.join(ADAPTERS, name), *flags)
+    return harness.bundled_adapter(SOURCE, name, *flags)
 
 
 def report(out_dir):

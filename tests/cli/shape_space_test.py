@@ -23,7 +23,6 @@ and 7, issue 19 item 5).
 """
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -34,8 +33,6 @@ from harness import expect, finish
 
 KVCHECK = sys.argv[1]
 SOURCE = sys.argv[2]
-HERE = os.path.dirname(os.path.abspath(__file__))
-ADAPTERS = os.path.join(SOURCE, "adapters")
 FAST = os.path.join(SOURCE, "scenarios", "fast", "prefill-w3-s5-store-then-load-4-6.json")
 
 
@@ -43,16 +40,12 @@ def run(args):
     return harness.run([KVCHECK] + args)
 
 
-def impl(path, *flags):
-    return "exec:" + " ".join(shlex.quote(a) for a in ["python3", path, *flags])
-
-
-def twisted(twist):
-    return impl(os.path.join(HERE, "twisted_adapter.py"), twist)
+impl = harness.exec_impl
+twisted = harness.twisted
 
 
 def adapter(name, *flags):
-    return impl(os.path.join(ADAPTERS, name), *flags)
+    return harness.bundled_adapter(SOURCE, name, *flags)
 
 
 def counts(stdout):
