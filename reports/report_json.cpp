@@ -240,6 +240,10 @@ Json check_json(const CheckSummary& c) {
   j["failing_case_seeds"] = c.failing_case_seeds;
   j["failing_case_seeds_omitted"] = c.failures - static_cast<std::int64_t>(c.failing_case_seeds.size());
   j["observed"] = c.observed;
+  if (c.cases_not_run > 0) {
+    // Only for a check --max-failures stopped: the cases after it never counted.
+    j["stopped"] = Json{{"max_failures", c.max_failures}, {"cases_not_run", c.cases_not_run}};
+  }
   if (c.side_by_side) {
     // Only for two caches side by side.
     const SideBySide& b = *c.side_by_side;
