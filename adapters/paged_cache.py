@@ -136,6 +136,7 @@ class PagedCache(window_cache.WindowCache):
         # free-late: every (N+2)-th, one step later than declared.
         self.free_deferral = 0
         self.free_late = "free-late" in bugs
+        self.ahead_now = []  # lookahead blocks the step under way takes once its rows are stored
         # --trims: a trim takes a request back over rows its window already
         # passed, so the cache also keeps the last `keep_rows` (the capacity)
         # positions written, top - capacity .. top - 1 (top: one past the
@@ -212,6 +213,7 @@ class PagedCache(window_cache.WindowCache):
         return max(layer.top[b], p + 1) - self.keep_rows
 
     def after_step(self, layer, st, b):
+        self._take_ahead(layer, st)
         if self.no_window_free:
             return
         if self.free_deferral and layer.writes[b] % (self.free_deferral + (2 if self.free_late else 1)) != 0:
@@ -250,16 +252,13 @@ class PagedCache(window_cache.WindowCache):
         B = self.B
         table = st.table
         avail = layer.available()
-        # The lookahead blocks past the step's rows are taken first, before
-        # anything is freed or stored (as vLLM's allocate_slots takes them
-        # with the step's own).
+        # The lookahead blocks past the step's rows are taken once its rows
+        # are stored, before anything more is freed (after_step): vLLM's
+        # allocate_slots takes them with the step's own, which a cache that
+        # frees nothing while it stores holds at once just the same.
         ahead = [j for j in range((first + n - 1) // B + 1, (first + n - 1 + self.lookahead) // B + 1)
                  if j not in table]
-        allocated = len(ahead)
-        if allocated > avail and not self.no_window_free:
-            raise kp.Refusal("out-of-blocks",
-                             f"layer pool of {layer.total} blocks of {B} rows has none free for "
-                             f"lookahead position {ahead[-1] * B} of state {b}")
+        allocated = 0
         stl_limit = self._stl_limit(layer, b, first, n)
         for j_block in range(first // B, (first + n - 1) // B + 1):
             if j_block in table:
@@ -276,16 +275,31 @@ class PagedCache(window_cache.WindowCache):
                 raise kp.Refusal("out-of-blocks",
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
+        if ahead and not self.no_window_free:
+            # Blocks freed by the time the last row is stored.
+            if load_then_store and not self.store_first:
+                limit = min(self._lts_limit(layer, first, n - 1), self._keep_limit(layer, b, first + n - 1))
+            else:
+                limit = stl_limit
+            freeable = sum(1 for i in table if (i + 1) * B <= limit)
+            if allocated + len(ahead) > avail + freeable:
+                raise kp.Refusal("out-of-blocks",
+                                 f"layer pool of {layer.total} blocks of {B} rows has none free for "
+                                 f"lookahead position {ahead[-1] * B} of state {b}")
         if not load_then_store and not self.no_window_free:
             self._free_below(layer, st, stl_limit)
         # Nothing is refused past this point.
         layer.writes[b] += 1
-        for j in ahead:
+        self.ahead_now = ahead  # taken in after_step, once the rows are stored
+
+    def _take_ahead(self, layer, st):
+        for j in self.ahead_now:
             if self.lookahead_shared:
                 # Peeked, not popped: the free list still offers it.
-                table[j] = layer.free[-1] if layer.free else layer.alloc()
+                st.table[j] = layer.free[-1] if layer.free else layer.alloc()
             else:
-                table[j] = layer.alloc()
+                st.table[j] = layer.alloc()
+        self.ahead_now = []
 
 
 # Bugs of the prefix cache (each switches --prefix-cache on).

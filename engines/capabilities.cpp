@@ -125,7 +125,8 @@ double Capabilities::probability_epsilon() const noexcept {
   return 0;
 }
 
-std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size, std::int64_t slack_rows) noexcept {
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
+                               std::int64_t slack_rows) noexcept {
   if (spec.pool_blocks > 0) return spec.pool_blocks;
   if (block_size < 1) return 0;
   const std::int64_t rows =

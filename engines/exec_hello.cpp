@@ -335,7 +335,8 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     }
   }
   if (caps.contains("free_deferral_steps")) {
-    c.free_deferral_steps = integer(caps["free_deferral_steps"], p + ".free_deferral_steps", 0, kMaxSlackSteps);
+    c.free_deferral_steps =
+        integer(caps["free_deferral_steps"], p + ".free_deferral_steps", 0, kMaxSlackSteps);
     if (!c.reports_frees) {
       bad(p + ".free_deferral_steps",
           "a free deferral needs frees reported (reports: {\"frees\": true}): kvcheck judges each free's "

@@ -98,7 +98,7 @@ struct StepObservation {
   /// every row in them left the window than the cache's declared free
   /// deferral allows (Capabilities::free_deferral_steps; the step fails).
   std::int64_t late_frees = 0;
-  std::string late_detail;  ///< the first of them, one line
+  std::string late_detail;       ///< the first of them, one line
   std::int64_t bound_limit = 0;  ///< the declared resident bound in force (0: none)
   std::int64_t bound_held = 0;   ///< what the cache held, counted as the bound counts (the step fails above it)
   std::string bound_unit;        ///< how the bound counts: "rows in all", "blocks per request", ...

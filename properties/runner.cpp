@@ -794,7 +794,8 @@ class StepDriver {
       obs->freed_visible += static_cast<std::int64_t>(lost.size());
       if (!lost.empty() && obs->freed_detail.empty()) obs->freed_detail = freed_text(lost_slots.front(), lost.front());
     }
-    if (caps_.reports_frees && caps_.free_deferral_steps) judge_free_deadline(step_index, layer, visible(), obs);
+    if (caps_.reports_frees && caps_.free_deferral_steps)
+      judge_free_deadline(step_index, layer, visible(), obs);
     if (!caps_.reports_frees && !caps_.resident_bound.declared()) return;
     // Per request, a shared row counts for the requests that still see it
     // (a request's table drops a block its window left, while a sharer's
@@ -917,15 +918,17 @@ class StepDriver {
     }
     for (const auto& [block, h] : blocks) {
       if (!h.left) continue;
-      auto [it, fresh] = since.try_emplace(block, LeftBlock{static_cast<std::int64_t>(step_index), h.request, 0});
+      auto [it, fresh] =
+          since.try_emplace(block, LeftBlock{static_cast<std::int64_t>(step_index), h.request, 0});
       if (!fresh && counts && step.request == it->second.request) ++it->second.steps_since;
       if (it->second.steps_since < deferral) continue;
       if (++obs->late_frees == 1) {
-        obs->late_detail = freed_text(h.slot, h.row) + (caps_.block_size > 0 ? " (block " + std::to_string(block) + ")" : "") +
-                           " still held " + std::to_string(it->second.steps_since) + " write steps of request " +
-                           std::to_string(h.request) + " after it left the window at step " +
-                           std::to_string(it->second.step) + ": the declared free deferral is " +
-                           std::to_string(deferral) + " steps";
+        obs->late_detail = freed_text(h.slot, h.row) +
+                           (caps_.block_size > 0 ? " (block " + std::to_string(block) + ")" : "") +
+                           " still held " + std::to_string(it->second.steps_since) +
+                           " write steps of request " + std::to_string(h.request) +
+                           " after it left the window at step " + std::to_string(it->second.step) +
+                           ": the declared free deferral is " + std::to_string(deferral) + " steps";
       }
     }
   }
@@ -1092,8 +1095,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 
   const engines::Capabilities& caps = provider.capabilities();
   run.block_size = caps.block_size;
-  if (caps.block_size > 0)
-    run.pool_blocks = engines::paged_pool_blocks(spec, caps);
+  if (caps.block_size > 0) run.pool_blocks = engines::paged_pool_blocks(spec, caps);
   run.observed = observed_name(caps);
   std::string why;
   if (!caps.supports(sc, &why)) {

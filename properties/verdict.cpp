@@ -121,7 +121,8 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
     run.late_frees += obs.late_frees;
     if (obs.late_frees > 0) {
       fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
-           ": " + std::to_string(obs.late_frees) + " blocks freed later than declared; first: " + obs.late_detail);
+           ": " + std::to_string(obs.late_frees) +
+           " blocks freed later than declared; first: " + obs.late_detail);
     }
     const bool over_bound = obs.bound_limit > 0 && obs.bound_held > obs.bound_limit;
     if (over_bound) {

@@ -291,10 +291,10 @@ std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size,
   const std::int64_t step = longest_step_rows(config);
   // A deferral lets rows wait through a step in either order (store-first),
   // and N steps' worth of rows past it.
-  const std::int64_t rows = (caps.free_deferral_steps
-                                 ? config.window_keys - 1 + step + *caps.free_deferral_steps * step
-                                 : spec_bound(config)) +
-                            caps.lookahead_slots;
+  const std::int64_t rows =
+      (caps.free_deferral_steps ? config.window_keys - 1 + step + *caps.free_deferral_steps * step
+                                : spec_bound(config)) +
+      caps.lookahead_slots;
   return (rows - 1 + block_size - 1) / block_size + 1;
 }
 
@@ -339,7 +339,10 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
     auto add = [&](const scenarios::Step& st, std::int64_t advance) {
       if (caps.supports_step(st)) push(st, advance);
     };
-    const std::int64_t chunk = std::min(config.window_keys, capacity);
+    // A deferral's slack is N steps of the longest step's rows: the fill's
+    // chunks are no longer than that step, or they would outgrow it.
+    const std::int64_t chunk = std::min({config.window_keys, capacity,
+                                         caps.free_deferral_steps ? longest_step_rows(config) : capacity});
     while (length < fill) {
       const scenarios::Step st = fill_step(std::min(chunk, fill - length), caps);
       push(st, scenarios::step_rows(st));
@@ -544,7 +547,8 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
     SweepRow& row = result.rows[static_cast<std::size_t>(r)];
     row.config = grid.at(r);
     row.spec_bound = block_size > 0 ? paged_bound(row.config, block_size, live_caps) : spec_bound(row.config);
-    row.seed_ring = block_size > 0 ? paged_default_pool(row.config, block_size, live_caps) : seed_ring(row.config);
+    row.seed_ring =
+        block_size > 0 ? paged_default_pool(row.config, block_size, live_caps) : seed_ring(row.config);
     // Evaluated up front so a bad formula fails before any work, the same way every time.
     if (options.formula) {
       row.has_formula = true;

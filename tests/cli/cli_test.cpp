@@ -275,11 +275,11 @@ TEST_CASE(
     // trimming for the paged trim bug) the case passes.
     const std::string name(bug);
     const bool paged = std::string(script) == "paged_cache.py";
-    const std::string correct = prefix_bug(bug)                                      ? "--prefix-cache"
-                                : paged && name == "trim-keeps-drafts"               ? "--trims"
-                                : paged && name.rfind("lookahead-", 0) == 0          ? "--lookahead 4"
-                                : paged && name == "free-late"                       ? "--free-deferral 2"
-                                                                                     : "";
+    const std::string correct = prefix_bug(bug)                             ? "--prefix-cache"
+                                : paged && name == "trim-keeps-drafts"      ? "--trims"
+                                : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
+                                : paged && name == "free-late"              ? "--free-deferral 2"
+                                                                            : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
   fs::remove_all(dir);

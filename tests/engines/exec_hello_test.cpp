@@ -417,13 +417,15 @@ TEST_CASE("ExecHello: lookahead slots and a free deferral, and the pool and boun
   // Lookahead is room in a paged pool; a deadline on frees needs frees.
   Json ring = ring_hello();
   ring["capabilities"]["lookahead_slots"] = 2;
-  CHECK_THAT(error_of(ring), Catch::StartsWith("hello answer.capabilities.lookahead_slots: lookahead slots need "
-                                               "\"addressing\": \"paged\" with a block_size"));
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.lookahead_slots: lookahead slots need "
+                               "\"addressing\": \"paged\" with a block_size"));
   ring["capabilities"]["lookahead_slots"] = 0;  // none: fine anywhere
   CHECK(error_of(ring).empty());
   ring["capabilities"]["free_deferral_steps"] = 1;
-  CHECK_THAT(error_of(ring), Catch::StartsWith("hello answer.capabilities.free_deferral_steps: a free deferral "
-                                               "needs frees reported"));
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.free_deferral_steps: a free deferral "
+                               "needs frees reported"));
 }
 
 TEST_CASE("ExecHello: per_layer_windows is off unless declared, and must be a boolean") {

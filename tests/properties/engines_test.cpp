@@ -1147,7 +1147,8 @@ class DeferringCache final : public engines::CacheUnderTest {
     const auto st = inner_->call(c, answer);
     if (st || answer == nullptr || c.op != engines::StepCall::Op::kStep || c.rows == 0) return st;
     const std::int64_t count = ++writes_;
-    for (std::int64_t i = 0; i < c.rows; ++i) held_.push_back(Row{answer->written[static_cast<std::size_t>(i)], c.position + i, -1});
+    for (std::int64_t i = 0; i < c.rows; ++i)
+      held_.push_back(Row{answer->written[static_cast<std::size_t>(i)], c.position + i, -1});
     const std::int64_t first = c.position + c.rows;  // decodes and prefills commit every row
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->left_at < 0 && it->position < first - std::max<std::int64_t>(keys_, 2) + 1) it->left_at = count;
@@ -1180,7 +1181,8 @@ class DeferringProvider final : public engines::CacheProvider {
   }
   const engines::Capabilities& capabilities() override { return caps_; }
   std::string name() const override { return "deferring"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
     auto inner = inner_->open(spec, refused);
     if (!inner) return nullptr;
     return std::make_unique<DeferringCache>(std::move(inner), spec.window_keys, delay_);
@@ -1198,13 +1200,14 @@ scenarios::Scenario deferral_scenario(std::int64_t keys) {
   std::string steps = R"({"kind": "prefill", "request": 0, "rows": 6, "order": "store_then_load"})";
   for (int i = 0; i < 10; ++i) steps += R"(, {"kind": "decode", "request": 0})";
   return scenarios::parse_scenario(R"({"schema_version": 1, "name": "deferral", "description": "one request",
-    "cache": {"window": )" + std::to_string(keys) + R"(, "window_convention": "keys", "ring_rows": 32, "states": 1,
+    "cache": {"window": )" + std::to_string(keys) +
+                                       R"(, "window_convention": "keys", "ring_rows": 32, "states": 1,
       "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
       "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 1, "softmax_scale": null,
       "sink_logit": null},
     "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
-                                     steps + "]}",
-                                 "deferral");
+                                       steps + "]}",
+                                   "deferral");
 }
 
 }  // namespace
@@ -1229,9 +1232,11 @@ TEST_CASE("Free deferral: a row freed D write steps after it left passes a decla
         CHECK(run.late_frees > 0);
         // The first late block is named with how late it is and when it left.
         CHECK_THAT(run.first_failure, Catch::Contains("blocks freed later than declared; first: slot "));
-        CHECK_THAT(run.first_failure, Catch::Contains("still held " + std::to_string(declared) +
-                                                      " write steps of request 0 after it left the window at step "));
-        CHECK_THAT(run.first_failure, Catch::Contains("the declared free deferral is " + std::to_string(declared)));
+        CHECK_THAT(run.first_failure,
+                   Catch::Contains("still held " + std::to_string(declared) +
+                                   " write steps of request 0 after it left the window at step "));
+        CHECK_THAT(run.first_failure,
+                   Catch::Contains("the declared free deferral is " + std::to_string(declared)));
       }
     }
     // Nothing declared: no deadline, however late (only the bound, if any, counts).
