@@ -341,8 +341,8 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
     };
     // A deferral's slack is N steps of the longest step's rows: the fill's
     // chunks are no longer than that step, or they would outgrow it.
-    const std::int64_t chunk = std::min({config.window_keys, capacity,
-                                         caps.free_deferral_steps ? longest_step_rows(config) : capacity});
+    const std::int64_t chunk = std::min(
+        {config.window_keys, capacity, caps.free_deferral_steps ? longest_step_rows(config) : capacity});
     while (length < fill) {
       const scenarios::Step st = fill_step(std::min(chunk, fill - length), caps);
       push(st, scenarios::step_rows(st));

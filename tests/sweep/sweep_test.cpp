@@ -504,7 +504,8 @@ TEST_CASE("Formula: bad expressions throw kUsage naming --formula and the column
   CHECK_THROWS_WITH(big.evaluate(4, 1, 1), Catch::Contains("overflow"));
 }
 
-TEST_CASE("Sweep: a paged cache's declared lookahead and free deferral lengthen its bound and the check's pool") {
+TEST_CASE(
+    "Sweep: a paged cache's declared lookahead and free deferral lengthen its bound and the check's pool") {
   engines::Capabilities plain, ahead, deferring;
   ahead.lookahead_slots = 4;
   deferring.free_deferral_steps = 2;
@@ -519,9 +520,9 @@ TEST_CASE("Sweep: a paged cache's declared lookahead and free deferral lengthen 
   // Load-then-store frees the old window as a chunk stores (m = max(W + k, C));
   // a deferral lets it hold W - 1 + C as a store-first cache does.
   const SweepConfig lts{16, 0, 16, SweepOrder::kLoadThenStore};
-  CHECK(paged_bound(lts, 4, plain) == (16 - 1 + 3) / 4 + 1);          // 5
-  CHECK(paged_bound(lts, 4, ahead) == (20 - 1 + 3) / 4 + 1);          // 6
-  CHECK(paged_bound(lts, 4, deferring) == (63 - 1 + 3) / 4 + 1);      // 15 + 16 + 32 = 63: 17
+  CHECK(paged_bound(lts, 4, plain) == (16 - 1 + 3) / 4 + 1);      // 5
+  CHECK(paged_bound(lts, 4, ahead) == (20 - 1 + 3) / 4 + 1);      // 6
+  CHECK(paged_bound(lts, 4, deferring) == (63 - 1 + 3) / 4 + 1);  // 15 + 16 + 32 = 63: 17
   // The paged schedule runs 2N + 2 chunks in a row for a deferral, and fills
   // the window in steps no longer than the longest step.
   engines::Capabilities runs = deferring;
