@@ -174,6 +174,8 @@ std::string resident_text(const properties::StepObservation& s) {
            std::to_string(s.moved_rows) + ", freed " + std::to_string(s.freed_slots);
     if (s.freed_visible > 0) out += " (" + std::to_string(s.freed_visible) + " still visible)";
   }
+  if (s.late_frees > 0)
+    out += (out.empty() ? "" : "; ") + std::to_string(s.late_frees) + " blocks freed late";
   return out;
 }
 

@@ -107,6 +107,10 @@ Json step_json(const properties::StepObservation& s) {
                          {"freed_visible", s.freed_visible},
                          {"freed_detail", s.freed_detail},
                          {"text", resident_text(s)}};
+    if (s.late_frees > 0) {  // a cache that declares a free deferral, past it
+      j["resident"]["late_frees"] = s.late_frees;
+      j["resident"]["late_detail"] = s.late_detail;
+    }
   }
   return j;
 }
@@ -194,6 +198,7 @@ Json run_json(const properties::RunObservation& r) {
   // Only when not zero (a cache that frees or declares a bound): other reports keep their bytes.
   if (r.freed_visible > 0) totals["freed_visible"] = r.freed_visible;
   if (r.steps_over_bound > 0) totals["steps_over_bound"] = r.steps_over_bound;
+  if (r.late_frees > 0) totals["late_frees"] = r.late_frees;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));

@@ -251,7 +251,11 @@ TEST_CASE(
       // Shared prefixes (each switch turns on --prefix-cache):
       {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
-      {"paged_cache.py", "evicted-prefix-reused"}};  // an evicted prefix's block ids reused as if present
+      {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
+      // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
+      {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
+      {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
+      {"paged_cache.py", "free-late"}};        // frees a step later than its declared deferral
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / (std::string(script) + "-" + bug);
@@ -276,9 +280,13 @@ TEST_CASE(
           1);
     // Without the bug (the same cache: sharing prefixes for a prefix bug,
     // trimming for the paged trim bug) the case passes.
-    const std::string correct = prefix_bug(bug)                                                      ? "--prefix-cache"
-                                : std::string(script) == "paged_cache.py" && std::string(bug) == "trim-keeps-drafts" ? "--trims"
-                                                                                                                      : "";
+    const std::string name(bug);
+    const bool paged = std::string(script) == "paged_cache.py";
+    const std::string correct = prefix_bug(bug)                             ? "--prefix-cache"
+                                : paged && name == "trim-keeps-drafts"      ? "--trims"
+                                : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
+                                : paged && name == "free-late"              ? "--free-deferral 2"
+                                                                            : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
   fs::remove_all(dir);
