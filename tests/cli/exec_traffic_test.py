@@ -7,8 +7,11 @@ Runs `kvcheck check --cases 60` and `kvcheck replay` of every bundled fast
 scenario against the bundled ring and paged adapters through a tee that logs
 every line in both directions, then validates each logged line with
 jsonschema (Draft 2020-12) against the definition its op names (requests) or
-the answer definitions. Exits 0 when every line validates, 1 otherwise, 77
-(skipped) when python3-jsonschema is missing.
+the answer definitions: every line of a structure seen fewer than 20 times
+(its keys, nesting and value types), the first 20 of each other structure and
+every 25th line besides (pure-Python validation of all of them took nine
+tenths of the test's time). Exits 0 when every validated line validates, 1
+otherwise, 77 (skipped) when python3-jsonschema is missing.
 """
 import json
 import os
@@ -34,6 +37,15 @@ for line in sys.stdin:
 child.stdin.close()
 child.wait()
 '''
+
+
+def structure(value):
+    """The shape of a JSON value: keys and nesting kept, leaves by type."""
+    if isinstance(value, dict):
+        return "{" + ",".join(k + ":" + structure(v) for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + "|".join(sorted({structure(v) for v in value})) + "]"
+    return type(value).__name__
 
 
 def main():
@@ -67,13 +79,21 @@ def main():
         print("too little traffic logged: %d lines" % len(lines))
         return 1
     bad = 0
+    validated = 0
     ops = set()
+    seen = {}
     for n, line in enumerate(lines):
         direction, text = line[:2], line[2:]
         msg = json.loads(text)
         if direction == "> ":
+            ops.add(msg.get("op"))
+        shape = direction + structure(msg)
+        seen[shape] = seen.get(shape, 0) + 1
+        if seen[shape] > 20 and n % 25 != 0:
+            continue
+        validated += 1
+        if direction == "> ":
             op = msg.get("op")
-            ops.add(op)
             if op not in by_op:
                 by_op[op] = validator(op)
             errors = list(by_op[op].iter_errors(msg))
@@ -87,7 +107,8 @@ def main():
     if not expected <= ops:
         print("ops never sent: %s" % sorted(expected - ops))
         return 1
-    print("%d lines validated, %d broke the schema; ops sent: %s" % (len(lines), bad, sorted(ops)))
+    print("%d of %d lines validated (%d structures), %d broke the schema; ops sent: %s"
+          % (validated, len(lines), len(seen), bad, sorted(ops)))
     return 1 if bad else 0
 
 
