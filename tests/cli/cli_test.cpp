@@ -200,7 +200,8 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   // The paged adapter also as an engine that stores a step's rows before it
   // attends (--store-first): the pool kvcheck gives (pool_blocks) is enough.
   const std::pair<const char*, const char*> adapters[] = {
-      {"ring_cache.py", ""}, {"paged_cache.py", ""}, {"paged_cache.py", "--store-first"}};
+      {"ring_cache.py", ""}, {"paged_cache.py", ""}, {"paged_cache.py", "--store-first"},
+      {"ring_cache.py", "--output-format bf16"}};  // outputs rounded to bf16, and declared
   for (const auto& [script, args] : adapters) {
     INFO(script << " " << args);
     const Outcome o = run("check --impl " + adapter(script, args) + " --cases " + kExecCases + " --seed 1 --out " +
@@ -249,7 +250,9 @@ TEST_CASE(
       // Shared prefixes (each switch turns on --prefix-cache):
       {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
-      {"paged_cache.py", "evicted-prefix-reused"}};  // an evicted prefix's block ids reused as if present
+      {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
+      // Outputs truncated into bf16 (implies --output-format bf16): up to one ULP, over the half an ULP allowed.
+      {"ring_cache.py", "output-truncated"}};
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / (std::string(script) + "-" + bug);
@@ -271,9 +274,53 @@ TEST_CASE(
     // trimming for the paged trim bug) the case passes.
     const std::string correct = prefix_bug(bug)                                                      ? "--prefix-cache"
                                 : std::string(script) == "paged_cache.py" && std::string(bug) == "trim-keeps-drafts" ? "--trims"
+                                : std::string(bug) == "output-truncated" ? "--output-format bf16"
                                                                                                                       : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE(
+    "CLI exec: a declared bf16 output format: rounded outputs pass declared and fail undeclared, and --bitwise "
+    "compares in bf16, seeing one ULP") {
+  const fs::path dir = temp_dir("output-format");
+  const std::string bf16 = adapter("ring_cache.py", "--output-format bf16");
+  // The declaration is what makes rounded outputs correct: undeclared, they
+  // are held to the accumulation's tolerance and fail.
+  const Outcome declared = run("check --impl " + bf16 + " --cases 100 --seed 2 --out " + (dir / "declared").string());
+  INFO(declared.out << declared.err);
+  CHECK(declared.code == 0);
+  // Truncated instead of rounded, it fails, and the reports name the format and its term.
+  const Outcome truncated = run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") +
+                                " --cases 100 --seed 2 --out " + (dir / "truncated").string());
+  INFO(truncated.out << truncated.err);
+  CHECK(truncated.code == 1);
+  CHECK(truncated.out.find(" out=bf16") != std::string::npos);  // the run line
+  CHECK(truncated.out.find("of which bf16 output rounding ") != std::string::npos);
+  const auto report = nlohmann::json::parse(slurp(dir / "truncated" / "report.json"));
+  REQUIRE(report["runs"].size() == 1);
+  CHECK(report["runs"][0]["output_format"] == "bf16");
+  CHECK(report["runs"][0]["totals"]["max_output_rounding_tolerance"].get<double>() > 0);
+  const Outcome undeclared =
+      run("check --impl " + adapter("ring_cache.py", "--output-format bf16 --undeclared-output-format") +
+          " --cases 100 --seed 2 --out " + (dir / "undeclared").string());
+  INFO(undeclared.out << undeclared.err);
+  CHECK(undeclared.code == 1);
+  CHECK(undeclared.out.find("output differs by") != std::string::npos);
+  // Against the binary64 adapter, bit for bit in bf16: the same outputs
+  // rounded once agree; truncated (one bf16 ULP below on about half the
+  // elements) they differ.
+  const Outcome agree = run("check --impl " + bf16 + " --against " + adapter("ring_cache.py") +
+                            " --bitwise --cases 100 --seed 1 --out " + (dir / "agree").string());
+  INFO(agree.out << agree.err);
+  CHECK(agree.code == 0);
+  CHECK(agree.out.find("outputs bit for bit in bf16 (the wider side rounded once): 100 cases") != std::string::npos);
+  const Outcome ulp = run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") + " --against " +
+                          adapter("ring_cache.py") + " --bitwise --cases 100 --seed 1 --out " + (dir / "ulp").string());
+  INFO(ulp.out << ulp.err);
+  CHECK(ulp.code == 1);
+  CHECK(ulp.out.find("not bitwise equal in bf16 (B rounded once into it") != std::string::npos);
   fs::remove_all(dir);
 }
 
