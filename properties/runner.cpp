@@ -345,9 +345,8 @@ class OutputJudge {
       // A declared output format is a claim about every element: a value
       // the format cannot hold was not written in it (docs/semantics.md
       // "Output formats"). round_output is exact, so equal bits are a value of it.
-      if (std::isfinite(out[d]) &&
-          std::bit_cast<std::uint64_t>(model::round_output(caps_.output_format, out[d])) !=
-              std::bit_cast<std::uint64_t>(out[d]))
+      const double in_format = model::round_output(caps_.output_format, out[d]);
+      if (std::isfinite(out[d]) && std::bit_cast<std::uint64_t>(in_format) != std::bit_cast<std::uint64_t>(out[d]))
         ++q.outputs_off_format;
     }
     q.eps_units = q.abs_diff / format_eps_;
@@ -360,7 +359,9 @@ class OutputJudge {
     q.rope_tolerance = tol.parts.rope;
     q.output_rounding_tolerance = tol.parts.output_rounding;
     const bool fixed = sc_.expect && sc_.expect->output_tolerance;
-    q.tolerance = fixed ? *sc_.expect->output_tolerance : tol.parts.total();
+    // A scenario's fixed tolerance is the accumulation's: a declared output
+    // format's rounding comes on top of it.
+    q.tolerance = fixed ? *sc_.expect->output_tolerance + tol.parts.output_rounding : tol.parts.total();
     const bool reads_correct = properties::reads_correct(q);
     q.output_ok = (!reads_correct || q.abs_diff <= q.tolerance) && q.outputs_off_format == 0;
     // Judged only where the reads were right and a wrong output could

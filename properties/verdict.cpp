@@ -74,16 +74,16 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
         const std::string where = "step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) +
                                   " query " + std::to_string(q.position) + ": ";
         if (q.outputs_off_format > 0) {
-          fail(where + std::to_string(q.outputs_off_format) + " output elements are not " + run.output_format +
-               " values, the output format the cache declares");
+          fail(where + std::to_string(q.outputs_off_format) + " output elements are not " +
+               run.output_format + " values, the output format the cache declares");
         } else {
           // The output format's term is named where one was declared.
           const std::string rounding = run.output_format.empty()
                                            ? std::string()
                                            : ", of which " + run.output_format + " output rounding " +
                                                  fmt_g(q.output_rounding_tolerance);
-          fail(where + "output differs by " + fmt_g(q.abs_diff) + " (tolerance " + fmt_g(q.tolerance) + rounding +
-               ", " + fmt_g(q.eps_units) + " eps)");
+          fail(where + "output differs by " + fmt_g(q.abs_diff) + " (tolerance " + fmt_g(q.tolerance) +
+               rounding + ", " + fmt_g(q.eps_units) + " eps)");
         }
       }
       if (reads_fail) {

@@ -196,7 +196,8 @@ Json run_json(const properties::RunObservation& r) {
   totals["max_eps_units"] = number(r.max_eps_units);
   totals["max_quant_abs_diff"] = number(r.max_quant_abs_diff);
   totals["max_rope_tolerance"] = number(r.max_rope_tolerance);
-  if (!r.output_format.empty()) totals["max_output_rounding_tolerance"] = number(r.max_output_rounding_tolerance);
+  if (!r.output_format.empty())
+    totals["max_output_rounding_tolerance"] = number(r.max_output_rounding_tolerance);
   totals["stored_rows_checked"] = r.stored_rows_checked;
   totals["encoding_mismatches"] = r.encoding_mismatches;
   totals["mpfr_queries"] = r.mpfr_queries;

@@ -105,7 +105,8 @@ std::string run_explanation(const Report& report, const properties::RunObservati
       if (!q.missing.empty()) line += " missing " + int_list(q.missing, kPositionsShown);
       if (!q.extra.empty()) line += " extra " + tag_list(q.extra, 4);
       if (q.outputs_off_format > 0) {
-        line += " " + std::to_string(q.outputs_off_format) + " output elements not " + run.output_format + " values";
+        line += " " + std::to_string(q.outputs_off_format) + " output elements not " + run.output_format +
+                " values";
       } else if (!q.output_ok) {
         line += " output " + format_double(q.eps_units) + " eps > tolerance";
       }

@@ -139,11 +139,11 @@ constexpr double format_unit_roundoff(ElementFormat format) noexcept {
 //   max_finite        the largest finite value (above it a rounding overflows).
 // kAccumulation is "not declared": outputs are the accumulation's own
 // results, rounded no further (p 0: no table figures).
-#define KVCHECK_OUTPUT_FORMATS(X)                         \
-  X(kAccumulation, "accumulation", 0, 0, 0.0)             \
-  X(kF64, "f64", 53, -1022, 0x1.fffffffffffffp1023)       \
-  X(kF32, "f32", 24, -126, 0x1.fffffep127)                \
-  X(kBf16, "bf16", 8, -126, 0x1.fep127)                   \
+#define KVCHECK_OUTPUT_FORMATS(X)                   \
+  X(kAccumulation, "accumulation", 0, 0, 0.0)       \
+  X(kF64, "f64", 53, -1022, 0x1.fffffffffffffp1023) \
+  X(kF32, "f32", 24, -126, 0x1.fffffep127)          \
+  X(kBf16, "bf16", 8, -126, 0x1.fep127)             \
   X(kFp16, "fp16", 11, -14, 65504.0)
 
 /// The format of a cache's attention outputs (Capabilities::output_format).

@@ -200,7 +200,9 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   // The paged adapter also as an engine that stores a step's rows before it
   // attends (--store-first): the pool kvcheck gives (pool_blocks) is enough.
   const std::pair<const char*, const char*> adapters[] = {
-      {"ring_cache.py", ""}, {"paged_cache.py", ""}, {"paged_cache.py", "--store-first"},
+      {"ring_cache.py", ""},
+      {"paged_cache.py", ""},
+      {"paged_cache.py", "--store-first"},
       {"ring_cache.py", "--output-format bf16"}};  // outputs rounded to bf16, and declared
   for (const auto& [script, args] : adapters) {
     INFO(script << " " << args);
@@ -234,11 +236,14 @@ TEST_CASE(
   // layer, shared prefixes, long paged runs) are drawn because the adapter
   // declares them (issue 29); before, seven of these passed a plain check.
   const std::pair<const char*, const char*> bugs[] = {
-      {"ring_cache.py", "ring-sized-window"},    {"ring_cache.py", "rope-at-slot"},
-      {"ring_cache.py", "window-plus-one"},      {"paged_cache.py", "free-speculative"},
-      {"paged_cache.py", "free-early"},          {"paged_cache.py", "left-as-keys"},
-      {"ring_cache.py", "bf16-truncate"},  // caught from the stored rows the adapter reports
-      {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
+      {"ring_cache.py", "ring-sized-window"},
+      {"ring_cache.py", "rope-at-slot"},
+      {"ring_cache.py", "window-plus-one"},
+      {"paged_cache.py", "free-speculative"},
+      {"paged_cache.py", "free-early"},
+      {"paged_cache.py", "left-as-keys"},
+      {"ring_cache.py", "bf16-truncate"},          // caught from the stored rows the adapter reports
+      {"ring_cache.py", "zero-output"},            // every value profile judges outputs (README "Tolerances")
       {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
       {"ring_cache.py", "trim-keeps-drafts"},      // trims with drafts pending
       {"paged_cache.py", "trim-keeps-drafts"},     // the same, in the paged cache (implies --trims)
@@ -272,23 +277,26 @@ TEST_CASE(
           1);
     // Without the bug (the same cache: sharing prefixes for a prefix bug,
     // trimming for the paged trim bug) the case passes.
-    const std::string correct = prefix_bug(bug)                                                      ? "--prefix-cache"
-                                : std::string(script) == "paged_cache.py" && std::string(bug) == "trim-keeps-drafts" ? "--trims"
-                                : std::string(bug) == "output-truncated" ? "--output-format bf16"
-                                                                                                                      : "";
+    const std::string correct =
+        prefix_bug(bug) ? "--prefix-cache"
+        : std::string(script) == "paged_cache.py" && std::string(bug) == "trim-keeps-drafts" ? "--trims"
+        : std::string(bug) == "output-truncated" ? "--output-format bf16"
+                                                 : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
   fs::remove_all(dir);
 }
 
 TEST_CASE(
-    "CLI exec: a declared bf16 output format: rounded outputs pass declared and fail undeclared, and --bitwise "
+    "CLI exec: a declared bf16 output format: rounded outputs pass declared and fail undeclared, and "
+    "--bitwise "
     "compares in bf16, seeing one ULP") {
   const fs::path dir = temp_dir("output-format");
   const std::string bf16 = adapter("ring_cache.py", "--output-format bf16");
   // The declaration is what makes rounded outputs correct: undeclared, they
   // are held to the accumulation's tolerance and fail.
-  const Outcome declared = run("check --impl " + bf16 + " --cases 100 --seed 2 --out " + (dir / "declared").string());
+  const Outcome declared =
+      run("check --impl " + bf16 + " --cases 100 --seed 2 --out " + (dir / "declared").string());
   INFO(declared.out << declared.err);
   CHECK(declared.code == 0);
   // Truncated instead of rounded, it fails, and the reports name the format and its term.
@@ -315,9 +323,11 @@ TEST_CASE(
                             " --bitwise --cases 100 --seed 1 --out " + (dir / "agree").string());
   INFO(agree.out << agree.err);
   CHECK(agree.code == 0);
-  CHECK(agree.out.find("outputs bit for bit in bf16 (the wider side rounded once): 100 cases") != std::string::npos);
-  const Outcome ulp = run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") + " --against " +
-                          adapter("ring_cache.py") + " --bitwise --cases 100 --seed 1 --out " + (dir / "ulp").string());
+  CHECK(agree.out.find("outputs bit for bit in bf16 (the wider side rounded once): 100 cases") !=
+        std::string::npos);
+  const Outcome ulp =
+      run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") + " --against " +
+          adapter("ring_cache.py") + " --bitwise --cases 100 --seed 1 --out " + (dir / "ulp").string());
   INFO(ulp.out << ulp.err);
   CHECK(ulp.code == 1);
   CHECK(ulp.out.find("not bitwise equal in bf16 (B rounded once into it") != std::string::npos);

@@ -82,9 +82,11 @@ TEST_CASE(
       {"probes", Json::array({"accept-twice"}), "hello answer.capabilities.probes[0]: unknown name"},
       {"accumulation", "f16", "hello answer.capabilities.accumulation: unknown value \"f16\""},
       {"output_format", "bfloat16",
-       "hello answer.capabilities.output_format: unknown value \"bfloat16\" (one of \"f64\", \"f32\", \"bf16\", "
+       "hello answer.capabilities.output_format: unknown value \"bfloat16\" (one of \"f64\", \"f32\", "
+       "\"bf16\", "
        "\"fp16\")"},
-      {"output_format", "accumulation", "hello answer.capabilities.output_format: unknown value \"accumulation\""},
+      {"output_format", "accumulation",
+       "hello answer.capabilities.output_format: unknown value \"accumulation\""},
       {"output_format", 16, "hello answer.capabilities.output_format: expected a string"},
       {"max_head_dims", 64, "hello answer.capabilities.max_head_dims: unknown key \"max_head_dims\""},
       {"steps", Json::array({"decode", "verify"}), "hello answer.capabilities.steps: verify and accept"},
@@ -178,7 +180,8 @@ TEST_CASE("ExecHello: head_dim and rotary widths as lists or rules, and how the 
   CHECK(error_of(zero).rfind("hello answer.capabilities.head_dim[1]: out of range", 0) == 0);
 }
 
-TEST_CASE("ExecHello: output_format declares the format outputs are written in, apart from the accumulation") {
+TEST_CASE(
+    "ExecHello: output_format declares the format outputs are written in, apart from the accumulation") {
   const Json plain = ring_hello();
   CHECK(parse_hello_answer(plain, "cmd").output_format == kvcheck::OutputFormat::kAccumulation);
   const std::pair<const char*, kvcheck::OutputFormat> formats[] = {{"bf16", kvcheck::OutputFormat::kBf16},
@@ -216,8 +219,8 @@ TEST_CASE("ExecHello: a bookkeeping-only engine reports both slots and declares 
   h = ring_hello();
   h["capabilities"]["outputs"] = false;
   h["capabilities"]["output_format"] = "bf16";
-  CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs has no", 0) ==
-        0);
+  CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs has no",
+                          0) == 0);
 }
 
 TEST_CASE("SizeSet: members, nearest fits along halving and doubling, and descriptions") {

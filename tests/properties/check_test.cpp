@@ -510,7 +510,9 @@ TEST_CASE("Side by side: both caches crashing or refusing at a step is not agree
   CHECK(agree.counts.both_stopped == 0);
 }
 
-TEST_CASE("Side by side: --bitwise compares in the narrower declared output format, and one bf16 ULP still differs") {
+TEST_CASE(
+    "Side by side: --bitwise compares in the narrower declared output format, and one bf16 ULP still "
+    "differs") {
   // One query, four output elements; A declares bf16 outputs, B none (its
   // outputs as accumulated, here doubles).
   const auto one_query = [](std::vector<double> out, std::string output_format) {
@@ -546,7 +548,8 @@ TEST_CASE("Side by side: --bitwise compares in the narrower declared output form
   const properties::PairComparison seen = properties::compare_runs(one_query(moved, "bf16"), wide, true);
   REQUIRE(seen.differ());
   CHECK(seen.differences.front().what == "outputs");
-  CHECK(seen.differences.front().detail.find("not bitwise equal in bf16 (B rounded once into it: A ") != std::string::npos);
+  CHECK(seen.differences.front().detail.find("not bitwise equal in bf16 (B rounded once into it: A ") !=
+        std::string::npos);
   CHECK(seen.differences.front().detail.find("1 of 4 elements differ, the first at 1") != std::string::npos);
   CHECK(properties::compare_runs(one_query(moved, "bf16"), one_query(bf16, "bf16"), true).differ());
   // Either side may be the narrower one: B declaring fp16 rounds A into fp16.
@@ -556,7 +559,8 @@ TEST_CASE("Side by side: --bitwise compares in the narrower declared output form
   CHECK_FALSE(fp.differ());
   CHECK(fp.counts.bitwise_format == "fp16");
   // Two caches that declare one format, or none, compare as answered.
-  CHECK(properties::compare_runs(one_query(bf16, "bf16"), one_query(bf16, "bf16"), true).counts.bitwise_format.empty());
+  CHECK(properties::compare_runs(one_query(bf16, "bf16"), one_query(bf16, "bf16"), true)
+            .counts.bitwise_format.empty());
 }
 
 // ---- paged pools (--impl paged, --profile paged) ------------------------------

@@ -574,7 +574,8 @@ TEST_CASE("Tolerance term: a shared row's value error, dk, from both sides") {
 }
 
 TEST_CASE(
-    "Tolerance term: rounding into a declared output format, half its spacing at the output's magnitude, from both "
+    "Tolerance term: rounding into a declared output format, half its spacing at the output's magnitude, "
+    "from both "
     "sides") {
   // The two-key query's outputs are all -0.90515 (in [2^-1, 1)): one
   // rounding into a format of p significand bits moves them by at most
@@ -598,12 +599,12 @@ TEST_CASE(
     model::Heads heads;
     heads.head_dim = c.d();
     ToleranceScratch scratch;
-    const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position, c.rope,
-                                                     c.arith, ref, &scratch);
+    const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position,
+                                                     c.rope, c.arith, ref, &scratch);
     REQUIRE(t.decisive);
     const double term = std::ldexp(1.0, -1 - r.p);  // half the spacing 2^(-1-p+1) of [2^-1, 1)
-    INFO(output_format_name(r.format) << " over u " << r.u << ": tolerance " << t.parts.total() << ", term "
-                                      << t.parts.output_rounding);
+    INFO(output_format_name(r.format)
+         << " over u " << r.u << ": tolerance " << t.parts.total() << ", term " << t.parts.output_rounding);
     CHECK(t.parts.output_rounding == term);
     const double tol = t.parts.total();
     const double without = tol - t.parts.output_rounding;
