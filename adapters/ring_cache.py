@@ -3,6 +3,7 @@
 
     kvcheck check --impl exec:'python3 adapters/ring_cache.py' --cases 2000
     kvcheck check --impl exec:'python3 adapters/ring_cache.py --bug rope-at-slot'
+    kvcheck check --impl exec:'python3 adapters/ring_cache.py --output-format bf16'
 
 Per layer and per state id the cache owns `capacity` rows; position p of the
 request on state b lives in slot b * capacity + p % capacity (addressing
@@ -13,6 +14,13 @@ order: store_then_load stores the chunk and then reads the pool (rows of the
 chunk may overwrite rows its own queries still need when the ring has no
 slack: the hazard kvcheck measures); load_then_store copies the old window out
 first. Step semantics are shared with paged_cache.py (window_cache.py).
+
+`--output-format bf16` (or fp16, f32, f64) rounds every output once, to
+nearest even, into that format and declares it (hello "output_format"), as a
+kernel that accumulates in float and writes bf16 does (docs/semantics.md
+"Output formats"); `--undeclared-output-format` keeps the declaration out of
+hello (kvcheck then holds the rounded outputs to the accumulation's tolerance,
+and they fail).
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates.
@@ -28,6 +36,7 @@ sys.dont_write_bytecode = True  # keep adapters/ free of __pycache__
 # else the installed one.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
+import kvcheck  # noqa: E402
 from kvcheck import protocol as kp  # noqa: E402
 import window_cache  # noqa: E402
 
@@ -56,6 +65,11 @@ class RingCache(window_cache.WindowCache):
         if "bf16-truncate" in bugs and spec.format == "bf16":
             self.round = bf16_truncate_row
         self.zero_output = "zero-output" in bugs
+        self.output_format = None  # --output-format (RingAdapter.make_cache sets it)
+        # output-truncated: outputs truncated into the output format (toward
+        # zero) instead of rounded to nearest: up to one unit in the last
+        # place off, where a rounding is at most half.
+        self.output_truncated = "output-truncated" in bugs
         # keep-drafts-on-finish: finish and reset leave a pending verify's
         # drafts pending, and the state's next request inherits them.
         self.keep_drafts = "keep-drafts-on-finish" in bugs
@@ -101,6 +115,11 @@ class RingCache(window_cache.WindowCache):
         # zero-output: a kernel that never ran (every output element 0).
         if self.zero_output and answer.get("out"):
             answer["out"] = [None if o is None else [0.0] * len(o) for o in answer["out"]]
+        # The kernel's last operation: each output, computed in double, written in the output format.
+        if self.output_format and answer.get("out"):
+            answer["out"] = [None if o is None else
+                             kvcheck.round_output(o, self.output_format, truncate=self.output_truncated)
+                             for o in answer["out"]]
         return answer
 
     def write_slot(self, layer, st, b, p):
@@ -139,11 +158,47 @@ class RingAdapter(window_cache.WindowAdapter):
                                 "padding at the ring slots after the chunk, over rows still live",
         "layer-window-swapped": "every layer reads with layer 0's window (the per-layer window "
                                 "taken from the wrong layer)",
+        "output-truncated": "outputs are truncated into the output format (toward zero) instead of rounded "
+                            "to nearest even: up to one unit in the last place off (implies --output-format "
+                            "bf16 unless another is given)",
     }
     trims = True
+    output_format = None  # --output-format (configure sets it)
+    declare_output_format = True  # --undeclared-output-format: rounded, not declared
+
+    def add_arguments(self, parser):
+        parser.add_argument("--output-format", choices=kp.OUTPUT_FORMATS, default=None, metavar="FORMAT",
+                            help="round every output once, to nearest even, into FORMAT (one of "
+                                 f"{', '.join(kp.OUTPUT_FORMATS)}) and declare it in hello (\"output_format\"), "
+                                 "as a kernel that accumulates in float and writes bf16 does")
+        parser.add_argument("--undeclared-output-format", action="store_true",
+                            help="keep --output-format out of hello (the outputs are still rounded: kvcheck "
+                                 "then judges them by the accumulation alone)")
+
+    def configure(self, args):
+        self.output_format = args.output_format
+        if self.output_format is None and "output-truncated" in args.bug:
+            self.output_format = "bf16"
+        self.declare_output_format = not args.undeclared_output_format
+        if args.undeclared_output_format and self.output_format is None:
+            raise SystemExit("ring-cache: --undeclared-output-format needs --output-format")
+        if self.output_format is not None and not self.report_outputs:
+            raise SystemExit("ring-cache: --output-format needs outputs (drop --no-outputs)")
+
+    def display_name(self):
+        name = super().display_name()
+        return name if self.output_format is None else f"{name}/out={self.output_format}"
+
+    def capabilities(self):
+        caps = super().capabilities()
+        if self.output_format is not None and self.declare_output_format:
+            caps["output_format"] = self.output_format
+        return caps
 
     def make_cache(self, spec):
-        return RingCache(spec, self.active_bugs)
+        cache = RingCache(spec, self.active_bugs)
+        cache.output_format = self.output_format
+        return cache
 
 
 if __name__ == "__main__":

@@ -534,6 +534,20 @@ class ProtocolTest(AdapterTest):
             self.assertEqual(answer, {"ok": True})
             self.assertEqual(rc, 0)
 
+    def test_ring_output_format_is_declared_or_not(self):
+        # --output-format declares it; --undeclared-output-format rounds without saying so.
+        for args, declared in ((["--output-format", "bf16"], "bf16"), (["--bug", "output-truncated"], "bf16"),
+                               (["--output-format", "fp16"], "fp16"),
+                               (["--output-format", "bf16", "--undeclared-output-format"], None), ([], None)):
+            adapter = Adapter(RING, *args)
+            self.addCleanup(adapter.kill)
+            self.assertEqual(adapter.hello()["capabilities"].get("output_format"), declared, args)
+            self.assertEqual(adapter.bye()[1], 0)
+        for args in (["--undeclared-output-format"], ["--output-format", "bf16", "--no-outputs"],
+                     ["--output-format", "bfloat16"]):
+            bad = subprocess.run([sys.executable, RING, *args], capture_output=True, text=True, input="")
+            self.assertNotEqual(bad.returncode, 0, args)
+
     def test_end_of_input_exits_zero(self):
         adapter = self.start(PAGED, "--block-size", "2")
         adapter.proc.stdin.close()
@@ -543,7 +557,7 @@ class ProtocolTest(AdapterTest):
     def test_list_bugs_and_bad_flags(self):
         for script, names in ((RING, ["ring-sized-window", "rope-at-slot", "window-plus-one", "zero-output", "bf16-truncate",
                                       "keep-drafts-on-finish", "trim-keeps-drafts", "padding-through-ring",
-                                      "layer-window-swapped"]),
+                                      "layer-window-swapped", "output-truncated"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
                                        "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused"])):
@@ -1073,6 +1087,17 @@ class MathTest(unittest.TestCase):
         values += [rng.uniform(-4, 4) * 2.0 ** rng.randint(-140, 130) for _ in range(2000)]
         for x in values:
             got, want = window_cache.bf16(x), ref_bf16(x)
+            self.assertTrue(got == want and math.copysign(1, got) == math.copysign(1, want), (x, got, want))
+
+    def test_output_format_rounding_agrees_with_the_adapters_bf16(self):
+        # The package's round_output and the adapter's own bf16 rounding are two
+        # implementations of one rule: they agree value for value.
+        import kvcheck
+        rng = random.Random(11)
+        values = [1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -40, 2.0 ** -133, 3 * 2.0 ** -135, 3.4e38, -0.0]
+        values += [rng.uniform(-4, 4) * 2.0 ** rng.randint(-140, 130) for _ in range(2000)]
+        for x in values:
+            got, want = kvcheck.round_output([x], "bf16")[0], window_cache.bf16(x)
             self.assertTrue(got == want and math.copysign(1, got) == math.copysign(1, want), (x, got, want))
 
     def test_f32_rounding(self):

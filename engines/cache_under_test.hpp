@@ -124,6 +124,13 @@ struct Capabilities {
   // How it computes, for the output tolerance (README "Tolerances").
   Accumulation accumulation = Accumulation::kByFormat;
   ProbabilityRounding probabilities_rounded_to = ProbabilityRounding::kNone;
+  /// The format each output is written in, after the accumulation
+  /// (docs/semantics.md "Output formats"; hello "output_format"): a kernel
+  /// that accumulates in binary32 and writes bf16 declares kBf16. Where it
+  /// is narrower than the accumulation the tolerance gains the rounding into
+  /// it, every output element must be a value of it, and `--bitwise`
+  /// compares in it. kAccumulation: not declared (outputs as accumulated).
+  OutputFormat output_format = OutputFormat::kAccumulation;
   /// Unit roundoff of the cache's RoPE (theta, angle, cos/sin, rotation); 0:
   /// that of its accumulation. A cache that rotates in double (2^-53) is held
   /// to the narrow RoPE allowance that gives, in stored keys and outputs.

@@ -163,6 +163,18 @@ const std::vector<std::string> kProbes = {"accept-without-verify", "accept-too-m
 const std::vector<std::string> kAccumulation = {"f32", "f64"};
 const std::vector<std::string> kProbabilityRounding = {"none", "bf16", "fp16"};
 
+/// The output formats a hello may declare (support/formats.hpp's table,
+/// less "accumulation", which is what declaring none means).
+std::vector<std::string> hello_output_format_names() {
+  std::vector<std::string> out;
+  for (const OutputFormat f : kOutputFormats) {
+    if (f != OutputFormat::kAccumulation) out.emplace_back(output_format_name(f));
+  }
+  return out;
+}
+
+const std::vector<std::string> kOutputFormatNames = hello_output_format_names();
+
 std::string pick(const Json& v, const std::string& path, const std::vector<std::string>& known) {
   const std::string s = text(v, path);
   if (std::find(known.begin(), known.end(), s) == known.end()) {
@@ -211,6 +223,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "max_positions",
               "accumulation",
               "probabilities_rounded_to",
+              "output_format",
               "outputs",
               "reports",
               "addressing",
@@ -287,6 +300,10 @@ void read_capabilities(const Json& caps, Capabilities* out) {
                                  : r == "fp16" ? ProbabilityRounding::kFp16
                                                : ProbabilityRounding::kNone;
   }
+  if (caps.contains("output_format")) {
+    const std::string f = pick(caps["output_format"], p + ".output_format", kOutputFormatNames);
+    parse_output_format(f, &c.output_format);  // a name of kOutputFormatNames: always parses
+  }
   c.reports_written_slots = c.reports_read_slots = false;
   if (caps.contains("reports")) {
     const Json& rep = caps["reports"];
@@ -306,8 +323,10 @@ void read_capabilities(const Json& caps, Capabilities* out) {
           "(reports: {\"written_slots\": true, \"read_slots\": true}): kvcheck computes its outputs from "
           "them");
     }
-    if (caps.contains("accumulation") || caps.contains("probabilities_rounded_to")) {
-      bad(p + ".outputs", "an engine that computes no outputs has no accumulation or probability rounding");
+    if (caps.contains("accumulation") || caps.contains("probabilities_rounded_to") ||
+        caps.contains("output_format")) {
+      bad(p + ".outputs",
+          "an engine that computes no outputs has no accumulation, probability rounding or output format");
     }
     c.accumulation = Accumulation::kF64;  // kvcheck computes them, in binary64
   }

@@ -114,6 +114,19 @@ double encode_value(Encoding f, const R& x, int scale_exponent = 0) {
   return 0;
 }
 
+/// x rounded once, to nearest with ties to even, into output format `f`
+/// (support/formats.hpp KVCHECK_OUTPUT_FORMATS, gradual underflow below
+/// 2^emin): what a kernel that writes outputs in `f` returns for a result x
+/// of its accumulation. A rounding past the largest finite value overflows
+/// to +-inf (fp16: |x| >= 65520). kAccumulation returns x unchanged. Exact.
+inline double round_output(OutputFormat f, double x) {
+  const OutputFormatInfo& info = output_format_info(f);
+  if (info.significand_bits == 0 || x == 0 || !std::isfinite(x)) return x;
+  const double r = round_nearest_even(x, info.significand_bits, info.min_exponent);
+  if (std::fabs(r) > info.max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  return r;
+}
+
 /// One row encoded: its bytes (layout in the header) and their exact decoding.
 struct EncodedRow {
   std::vector<std::uint8_t> bytes;

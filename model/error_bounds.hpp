@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/attention.hpp"
+#include "support/formats.hpp"
 
 namespace kvcheck::model {
 
@@ -61,11 +62,34 @@ void rope_element_deviation(const std::vector<R>& head, std::int64_t position, c
   }
 }
 
+/// The output rounding term (docs/observations-and-tolerances.md "Output
+/// formats"): the largest |RN(y) - y| over |y| <= m when a kernel rounds its
+/// accumulated result y once, to nearest, into output format `f` of p
+/// significand bits. That is half the spacing of `f` at m: for m in
+/// [2^e, 2^(e+1)) with e >= emin, 2^(e - p) (bf16 at 1: 2^-8, fp16 at 1:
+/// 2^-11), between 2^-(p+1) and 2^-p of m; below 2^emin the subnormal
+/// half-spacing 2^(emin - p). The spacing never shrinks as |y| grows, so the
+/// binade of m bounds every smaller y. Infinite when m exceeds the largest
+/// finite value (a correct rounding may then overflow); 0 for m = 0 and for
+/// kAccumulation (nothing is rounded beyond the accumulation).
+inline double output_rounding_bound(OutputFormat f, double m) {
+  const OutputFormatInfo& info = output_format_info(f);
+  if (info.significand_bits == 0 || m == 0) return 0;
+  if (!(m <= info.max_finite)) return std::numeric_limits<double>::infinity();
+  int e = 0;
+  (void)std::frexp(m, &e);  // m = g 2^e, 0.5 <= g < 1: m in [2^(e-1), 2^e)
+  const int lead = std::max(e - 1, info.min_exponent);
+  return std::ldexp(1.0, lead - info.significand_bits);
+}
+
 /// The two parts of an output tolerance (absolute, per output element).
 struct OutputTolerance {
   double accumulation = 0;  ///< rounding of scores, softmax and the weighted sum
   double rope = 0;          ///< RoPE angle error of the query and the keys (and what it may flip)
-  double total() const noexcept { return accumulation + rope; }
+  /// Rounding of the accumulated output into a declared output format
+  /// narrower than the accumulation (output_rounding_bound); 0 otherwise.
+  double output_rounding = 0;
+  double total() const noexcept { return accumulation + rope + output_rounding; }
 };
 
 /// gamma_n = n u / (1 - n u): the relative error bound of n rounded

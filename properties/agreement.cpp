@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "model/encoding.hpp"
 #include "properties/stored_rows.hpp"
 
 namespace kvcheck::properties {
@@ -70,14 +71,46 @@ bool reads_known(const RunObservation& run) {
   return run.observed.rfind("slots+outputs", 0) == 0 || run.observed.find("position-code") != std::string::npos;
 }
 
+/// How --bitwise compares two runs' outputs (docs/semantics.md "Output
+/// formats"): in the narrower of the output formats the two caches declare,
+/// the side that declared it as answered, the other rounded once (to nearest,
+/// ties to even) into it. Same formats, or none declared: both as answered.
+struct BitwiseFormat {
+  OutputFormat format = OutputFormat::kAccumulation;  ///< kAccumulation: as answered
+  bool round_a = false, round_b = false;
+};
+
+OutputFormat declared_output_format(const RunObservation& run) {
+  OutputFormat f = OutputFormat::kAccumulation;
+  if (!run.output_format.empty()) parse_output_format(run.output_format, &f);
+  return f;
+}
+
+BitwiseFormat bitwise_format(const RunObservation& a, const RunObservation& b) {
+  const OutputFormat fa = declared_output_format(a), fb = declared_output_format(b);
+  BitwiseFormat out;
+  if (fa == fb) return out;
+  // An undeclared side (outputs as accumulated) is the wider one.
+  const double ua = output_format_unit_roundoff(fa), ub = output_format_unit_roundoff(fb);
+  out.format = ua >= ub ? fa : fb;
+  out.round_a = out.format != fa;
+  out.round_b = out.format != fb;
+  return out;
+}
+
 /// The outputs of one query on both sides: "" when they agree.
-std::string outputs_difference(const QueryObservation& qa, const QueryObservation& qb, bool bitwise) {
+std::string outputs_difference(const QueryObservation& qa, const QueryObservation& qb, bool bitwise,
+                               const BitwiseFormat& in) {
   const std::size_t n = qa.out.size();
   std::size_t differing = 0, first = n;
   double largest = 0;
   bool non_finite = false;
+  // Under --bitwise the side with the wider output format is rounded once into the narrower.
+  const auto side = [&](const QueryObservation& q, bool round, std::size_t d) {
+    return bitwise && round ? model::round_output(in.format, q.out[d]) : q.out[d];
+  };
   for (std::size_t d = 0; d < n; ++d) {
-    const double x = qa.out[d], y = qb.out[d];
+    const double x = side(qa, in.round_a, d), y = side(qb, in.round_b, d);
     const bool same_bits = std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
     if (same_bits) continue;
     if (!std::isfinite(x) || !std::isfinite(y)) {
@@ -92,6 +125,12 @@ std::string outputs_difference(const QueryObservation& qa, const QueryObservatio
   const std::string where = " (" + std::to_string(differing) + " of " + std::to_string(n) +
                             " elements differ, the first at " + std::to_string(first) + ": A " +
                             exact_text(qa.out[first]) + ", B " + exact_text(qb.out[first]) + ")";
+  if (bitwise && in.format != OutputFormat::kAccumulation) {
+    const std::string f(output_format_name(in.format));
+    return "not bitwise equal in " + f + " (" + (in.round_a ? "A" : "B") + " rounded once into it: A " +
+           exact_text(side(qa, in.round_a, first)) + ", B " + exact_text(side(qb, in.round_b, first)) +
+           " at element " + std::to_string(first) + "), max |A - B| " + exact_text(largest) + where;
+  }
   if (bitwise) return "not bitwise equal, max |A - B| " + exact_text(largest) + where;
   const double tolerance = std::max(qa.tolerance, qb.tolerance);
   if (!non_finite && largest <= tolerance) return "";
@@ -138,6 +177,8 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
   }
   ComparedCounts& n = cmp.counts;
   n.cases = 1;
+  const BitwiseFormat in = bitwise_format(a, b);
+  if (bitwise && in.format != OutputFormat::kAccumulation) n.bitwise_format = output_format_name(in.format);
   const bool reads = reads_known(a) && reads_known(b);
   const std::size_t steps = std::max(a.steps.size(), b.steps.size());
   for (std::size_t i = 0; i < steps; ++i) {
@@ -184,7 +225,7 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
       if (!qa.out.empty() && qa.out.size() == qb.out.size()) {
         ++n.outputs;
         if (outputs_found.empty()) {
-          const std::string o = outputs_difference(qa, qb, bitwise);
+          const std::string o = outputs_difference(qa, qb, bitwise, in);
           if (!o.empty()) outputs_found = "query at position " + std::to_string(qa.position) + ": " + o;
         }
       }

@@ -56,7 +56,9 @@ struct PairComparison {
 
 /// Compares two runs of the same scenario (runs made with record_reads,
 /// record_outputs and record_resident). `bitwise`: outputs must be equal
-/// bit for bit. `resident`: compare the resident sets too (run_pair: when
+/// bit for bit, in the narrower of the two runs' declared output formats
+/// when they differ (the other side's outputs rounded once, to nearest even,
+/// into it; docs/semantics.md "Output formats"). `resident`: compare the resident sets too (run_pair: when
 /// resident_sets_comparable).
 PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bool bitwise,
                             bool resident = true);

@@ -38,6 +38,13 @@ struct QueryObservation {
   double reference_max = 0;   ///< max |reference output element| (the scale of one rounding of the output)
   double rope_tolerance =
       0;  ///< the part of the computed tolerance owed to the RoPE angle error (README "Tolerances")
+  /// The part of the tolerance owed to rounding into the cache's declared
+  /// output format, where it is narrower than the accumulation (README
+  /// "Tolerances"); 0 otherwise.
+  double output_rounding_tolerance = 0;
+  /// Output elements that are not values of the declared output format (a
+  /// bf16 output that is not a bf16 number): each fails the query.
+  std::int64_t outputs_off_format = 0;
   bool output_ok = true;
   /// Whether the output was judged: false when the reads were wrong (the
   /// query fails on them), outputs were not checked, or the tolerance reaches
@@ -125,7 +132,13 @@ struct ComparedCounts {
   /// crashed, refused, or got a probe wrong there; or both crashed at open):
   /// each cache's own failure counts, so such a case is not an agreement.
   std::int64_t both_stopped = 0;
-  ComparedCounts& operator+=(const ComparedCounts& o) noexcept {
+  /// With --bitwise, when the two caches declare different output formats:
+  /// the narrower one, which outputs were compared in (the other side's
+  /// rounded once into it; docs/semantics.md "Output formats"). Empty:
+  /// outputs compared as answered.
+  std::string bitwise_format;
+  ComparedCounts& operator+=(const ComparedCounts& o) {
+    if (bitwise_format.empty()) bitwise_format = o.bitwise_format;
     both_stopped += o.both_stopped;
     cases += o.cases;
     steps += o.steps;
@@ -171,6 +184,10 @@ struct RunObservation {
   std::int64_t block_size = 0;
   std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer, as the cache was opened
   std::string format;
+  /// The format the cache declared its outputs are written in
+  /// (Capabilities::output_format: "bf16", "fp16", "f32", "f64"); empty when
+  /// it declared none (outputs as accumulated).
+  std::string output_format;
   int precision_bits = 0;  ///< reference significand bits
   /// Requests that began from a shared prefix, in the order they began
   /// (empty for a run without prefixes).
@@ -184,6 +201,7 @@ struct RunObservation {
   double max_eps_units = 0;              ///< likewise, in units of the format's epsilon
   double max_quant_abs_diff = 0;         ///< likewise, against the exact rows
   double max_rope_tolerance = 0;         ///< likewise, largest RoPE part of a query's tolerance
+  double max_output_rounding_tolerance = 0;  ///< likewise, largest output-format part of a query's tolerance
   std::int64_t stored_rows_checked = 0;  ///< sum over steps
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t freed_visible = 0;        ///< sum over steps: visible rows freed

@@ -1,6 +1,7 @@
 #include "properties/runner.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -204,6 +205,7 @@ class OutputJudge {
     arith_.u = caps.accumulation_epsilon(cache_.format);  // as the cache declares it computes
     arith_.prob_u = caps.probability_epsilon();
     arith_.rope_u = rope_eps_;  // the RoPE allowance: the cache's declared RoPE precision
+    arith_.output = caps.output_format;  // its rounding term where narrower than the accumulation
     // The certified reference (model/certified.hpp): double-double balls that
     // contain MPFR's values; MPFR only where a ball does not pin a figure.
     Certifier<Real>& cert = ref_rows_.cert;
@@ -340,6 +342,12 @@ class OutputJudge {
       q.quant_abs_diff =
           std::max(q.quant_abs_diff, std::fabs(out[d] - ref_exact[static_cast<std::size_t>(d)]));
       if (!std::isfinite(out[d])) q.abs_diff = std::numeric_limits<double>::infinity();
+      // A declared output format is a claim about every element: a value
+      // the format cannot hold was not written in it (docs/semantics.md
+      // "Output formats"). round_output is exact, so equal bits are a value of it.
+      const double in_format = model::round_output(caps_.output_format, out[d]);
+      if (std::isfinite(out[d]) && std::bit_cast<std::uint64_t>(in_format) != std::bit_cast<std::uint64_t>(out[d]))
+        ++q.outputs_off_format;
     }
     q.eps_units = q.abs_diff / format_eps_;
     // Kernel error bound (model::head_output_bound): this query's own
@@ -349,10 +357,13 @@ class OutputJudge {
     const QueryTolerance tol = query_tolerance(query, key_bounds, heads_, scale_d_, cache_.sink_logit, p,
                                                rope_, arith_, ref, &tol_scratch_);
     q.rope_tolerance = tol.parts.rope;
+    q.output_rounding_tolerance = tol.parts.output_rounding;
     const bool fixed = sc_.expect && sc_.expect->output_tolerance;
-    q.tolerance = fixed ? *sc_.expect->output_tolerance : tol.parts.total();
+    // A scenario's fixed tolerance is the accumulation's: a declared output
+    // format's rounding comes on top of it.
+    q.tolerance = fixed ? *sc_.expect->output_tolerance + tol.parts.output_rounding : tol.parts.total();
     const bool reads_correct = properties::reads_correct(q);
-    q.output_ok = !reads_correct || q.abs_diff <= q.tolerance;
+    q.output_ok = (!reads_correct || q.abs_diff <= q.tolerance) && q.outputs_off_format == 0;
     // Judged only where the reads were right and a wrong output could
     // fail: a tolerance that reaches the values' size judges nothing.
     q.output_checked = reads_correct && (q.tolerance < tol.value_max || tol.value_max == 0);
@@ -1094,6 +1105,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   run.precision_bits = model::real_bits<Real>();
 
   const engines::Capabilities& caps = provider.capabilities();
+  if (caps.output_format != OutputFormat::kAccumulation && caps.computes_outputs)
+    run.output_format = std::string(output_format_name(caps.output_format));
   run.block_size = caps.block_size;
   if (caps.block_size > 0) run.pool_blocks = engines::paged_pool_blocks(spec, caps);
   run.observed = observed_name(caps);

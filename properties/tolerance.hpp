@@ -112,6 +112,10 @@ struct KernelArithmetic {
   double u = 0x1.0p-24;       ///< unit roundoff of the accumulation (scores, softmax, P.V)
   double prob_u = 0;          ///< probabilities rounded to this unit roundoff before P.V (0: not)
   double rope_u = 0x1.0p-24;  ///< unit roundoff of the RoPE rotation (the query's allowance)
+  /// The format outputs are written in (Capabilities::output_format): when
+  /// its unit roundoff exceeds `u`, each output is rounded once more, into
+  /// it, after the accumulation (parts.output_rounding).
+  OutputFormat output = OutputFormat::kAccumulation;
 };
 
 /// Result of one query's tolerance.
@@ -141,7 +145,10 @@ struct ToleranceScratch {
 ///         and key's RoPE deviations, dk the stored key's err)
 /// and, for shared rows (the value is the rotated key), the value error dk.
 /// `parts.accumulation` is the bound with the RoPE terms left out;
-/// `parts.rope` what they add.
+/// `parts.rope` what they add; `parts.output_rounding` the rounding into an
+/// output format narrower than the accumulation (arith.output), half its
+/// spacing at the largest magnitude a correct unrounded output may have:
+/// max |ref| plus the two parts before it (model::output_rounding_bound).
 template <class R>
 QueryTolerance query_tolerance(const model::Row<R>& query, const std::vector<KeyBounds>& keys,
                                const model::Heads& heads, double scale, const std::optional<double>& sink,
@@ -228,6 +235,16 @@ QueryTolerance query_tolerance(const model::Row<R>& query, const std::vector<Key
   if (t.parts.total() > 2 * t.value_max) {
     t.parts.accumulation = std::min(t.parts.accumulation, 2 * t.value_max);
     t.parts.rope = 2 * t.value_max - t.parts.accumulation;
+  }
+  // The output format: a kernel rounds its result y, within the parts
+  // above of the reference, once more into it; |y| <= max|ref| + those parts
+  // (max|ref| widened by its own double rounding). Not for an output format
+  // as wide as the accumulation: its last operation already rounded there.
+  if (output_format_unit_roundoff(arith.output) > u) {
+    double ref_max = 0;
+    for (const double r : ref) ref_max = std::max(ref_max, std::fabs(r));
+    t.parts.output_rounding =
+        model::output_rounding_bound(arith.output, ref_max * (1 + 0x1.0p-52) + t.parts.total());
   }
   t.decisive = t.value_max == 0 || t.parts.total() < t.value_max;
   return t;

@@ -56,6 +56,8 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       // but not in the run's maxima, which describe the kernel's arithmetic.
       if (reads_correct) {
         run.max_rope_tolerance = std::max(run.max_rope_tolerance, q.rope_tolerance);
+        run.max_output_rounding_tolerance =
+            std::max(run.max_output_rounding_tolerance, q.output_rounding_tolerance);
         run.max_abs_diff = std::max(run.max_abs_diff, q.abs_diff);
         run.max_eps_units = std::max(run.max_eps_units, q.eps_units);
         run.max_quant_abs_diff = std::max(run.max_quant_abs_diff, q.quant_abs_diff);
@@ -69,9 +71,20 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       q.failed = !q.output_ok || reads_fail;
       if (!q.output_ok) {
         ++run.output_failures;
-        fail("step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) + " query " +
-             std::to_string(q.position) + ": output differs by " + fmt_g(q.abs_diff) + " (tolerance " +
-             fmt_g(q.tolerance) + ", " + fmt_g(q.eps_units) + " eps)");
+        const std::string where = "step " + std::to_string(obs.step) + " layer " + std::to_string(obs.layer) +
+                                  " query " + std::to_string(q.position) + ": ";
+        if (q.outputs_off_format > 0) {
+          fail(where + std::to_string(q.outputs_off_format) + " output elements are not " +
+               run.output_format + " values, the output format the cache declares");
+        } else {
+          // The output format's term is named where one was declared.
+          const std::string rounding = run.output_format.empty()
+                                           ? std::string()
+                                           : ", of which " + run.output_format + " output rounding " +
+                                                 fmt_g(q.output_rounding_tolerance);
+          fail(where + "output differs by " + fmt_g(q.abs_diff) + " (tolerance " + fmt_g(q.tolerance) +
+               rounding + ", " + fmt_g(q.eps_units) + " eps)");
+        }
       }
       if (reads_fail) {
         if (it == expected.end() && !obs.expectation_failed) {

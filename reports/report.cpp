@@ -111,10 +111,15 @@ std::string check_counts_text(const CheckSummary& c) {
 
 std::string side_by_side_text(const SideBySide& s) {
   return s.property + " of " + s.first + " (A) and " + s.second + " (B), outputs " +
-         (s.bitwise ? "bit for bit" : "within the larger tolerance") + ": " + std::to_string(s.compared.cases) +
-         " cases, " + std::to_string(s.compared.steps) + " steps (" + std::to_string(s.compared.resident) +
-         " resident sets), " + std::to_string(s.compared.queries) + " queries compared (" +
-         std::to_string(s.compared.reads) + " reads, " + std::to_string(s.compared.outputs) + " outputs)" +
+         (s.bitwise
+              ? "bit for bit" + (s.compared.bitwise_format.empty()
+                                     ? std::string()
+                                     : " in " + s.compared.bitwise_format + " (the wider side rounded once)")
+              : std::string("within the larger tolerance")) +
+         ": " + std::to_string(s.compared.cases) + " cases, " + std::to_string(s.compared.steps) +
+         " steps (" + std::to_string(s.compared.resident) + " resident sets), " +
+         std::to_string(s.compared.queries) + " queries compared (" + std::to_string(s.compared.reads) +
+         " reads, " + std::to_string(s.compared.outputs) + " outputs)" +
          // Only when there were any: other lines keep their text.
          (s.compared.both_stopped > 0 ? "; " + std::to_string(s.compared.both_stopped) +
                                             " cases where both crashed or refused (not agreements)"

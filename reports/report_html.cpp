@@ -619,7 +619,8 @@ std::string runs_and_check_html(const Report& report, const std::string& h, cons
            std::to_string(r.window) + " " + xml_escape(r.window_convention) +
            (r.layer_window_keys.empty() ? std::string() : "<br>layers " + xml_escape(layer_windows_text(r))) +
            "</td><td>" +
-           std::to_string(r.ring_rows) + "</td><td>" + xml_escape(r.format) + "</td><td>" +
+           std::to_string(r.ring_rows) + "</td><td>" +
+           xml_escape(r.format + (r.output_format.empty() ? "" : ", outputs " + r.output_format)) + "</td><td>" +
            std::to_string(steps_observed(r)) + "</td><td>" + std::to_string(r.queries) + "</td><td>" +
            std::to_string(r.lost_rows) + "</td><td>" + std::to_string(r.extra_reads) + "</td><td>" +
            std::to_string(r.collisions) + "</td><td>" + std::to_string(r.output_failures) + "</td><td>" +

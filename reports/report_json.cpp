@@ -35,7 +35,8 @@ std::size_t listed(const std::vector<T>& list) {
   return std::min(list.size(), kReportListItems);
 }
 
-Json query_json(const properties::QueryObservation& q) {
+/// `output_format`: the run declared one (its part of the tolerance is then listed).
+Json query_json(const properties::QueryObservation& q, bool output_format) {
   Json j;
   j["position"] = q.position;
   j["visible"] = Json{{"first", q.visible_first}, {"last", q.position}};
@@ -61,12 +62,17 @@ Json query_json(const properties::QueryObservation& q) {
   out["quant_abs_diff"] = number(q.quant_abs_diff);
   out["tolerance"] = number(q.tolerance);
   out["rope_tolerance"] = number(q.rope_tolerance);
+  if (output_format) {
+    // Only for a cache that declares its output format: other reports keep their bytes.
+    out["output_rounding_tolerance"] = number(q.output_rounding_tolerance);
+    out["outputs_off_format"] = q.outputs_off_format;
+  }
   out["ok"] = q.output_ok;
   j["output"] = std::move(out);
   return j;
 }
 
-Json step_json(const properties::StepObservation& s) {
+Json step_json(const properties::StepObservation& s, bool output_format) {
   Json j;
   j["step"] = s.step;
   j["layer"] = s.layer;
@@ -83,7 +89,7 @@ Json step_json(const properties::StepObservation& s) {
                          {"total", s.collisions.total()}};
   j["overwritten_counts"] = overwritten_per_query(s);
   Json queries = Json::array();
-  for (const auto& q : s.queries) queries.push_back(query_json(q));
+  for (const auto& q : s.queries) queries.push_back(query_json(q, output_format));
   j["queries"] = std::move(queries);
   // Ring contents cost ring_rows numbers per step; keep them where they
   // explain something (failing steps) so long passing runs stay small.
@@ -172,6 +178,8 @@ Json run_json(const properties::RunObservation& r) {
   }
   j["ring_rows"] = r.ring_rows;
   j["format"] = r.format;
+  // Only for a cache that declares its output format: other reports keep their bytes.
+  if (!r.output_format.empty()) j["output_format"] = r.output_format;
   j["precision_bits"] = r.precision_bits;
   j["verdict"] = r.skipped ? "skip" : (r.passed ? "pass" : "fail");
   j["first_failure"] = r.first_failure;
@@ -192,6 +200,8 @@ Json run_json(const properties::RunObservation& r) {
   totals["max_eps_units"] = number(r.max_eps_units);
   totals["max_quant_abs_diff"] = number(r.max_quant_abs_diff);
   totals["max_rope_tolerance"] = number(r.max_rope_tolerance);
+  if (!r.output_format.empty())
+    totals["max_output_rounding_tolerance"] = number(r.max_output_rounding_tolerance);
   totals["stored_rows_checked"] = r.stored_rows_checked;
   totals["encoding_mismatches"] = r.encoding_mismatches;
   totals["mpfr_queries"] = r.mpfr_queries;
@@ -201,7 +211,7 @@ Json run_json(const properties::RunObservation& r) {
   if (r.late_frees > 0) totals["late_frees"] = r.late_frees;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
-  for (const auto& s : r.steps) steps.push_back(step_json(s));
+  for (const auto& s : r.steps) steps.push_back(step_json(s, !r.output_format.empty()));
   j["steps"] = std::move(steps);
   if (r.block_size > 0) j["paged"] = paged_json(r);
   if (!r.prefixes.empty()) {
@@ -264,6 +274,8 @@ Json check_json(const CheckSummary& c) {
                              {"outputs_compared", b.compared.outputs},
                              {"cases_both_stopped", b.compared.both_stopped},
                              {"differences", b.differences}};
+    // Only where --bitwise compared in a narrower declared output format.
+    if (!b.compared.bitwise_format.empty()) j["side_by_side"]["bitwise_format"] = b.compared.bitwise_format;
   }
   if (c.depends_on_earlier) {
     // Only for a failure that passes alone in a fresh cache.

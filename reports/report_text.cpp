@@ -57,6 +57,7 @@ std::string run_summary_line(const properties::RunObservation& run) {
   line += run.scenario_name;
   if (run.skipped) return line + "  (" + run.skip_reason + ")";
   line += "  S=" + std::to_string(run.ring_rows) + " W=" + window_text(run) + " " + run.format;
+  if (!run.output_format.empty()) line += " out=" + run.output_format;
   line += "  steps=" + std::to_string(steps_observed(run)) + " queries=" + std::to_string(run.queries);
   line += " lost=" + std::to_string(run.lost_rows) + " extra=" + std::to_string(run.extra_reads);
   line += " collisions=" + std::to_string(run.collisions);
@@ -104,7 +105,12 @@ std::string run_explanation(const Report& report, const properties::RunObservati
       if (!q.overwritten.empty()) line += " overwritten " + int_list(q.overwritten, kPositionsShown);
       if (!q.missing.empty()) line += " missing " + int_list(q.missing, kPositionsShown);
       if (!q.extra.empty()) line += " extra " + tag_list(q.extra, 4);
-      if (!q.output_ok) line += " output " + format_double(q.eps_units) + " eps > tolerance";
+      if (q.outputs_off_format > 0) {
+        line += " " + std::to_string(q.outputs_off_format) + " output elements not " + run.output_format +
+                " values";
+      } else if (!q.output_ok) {
+        line += " output " + format_double(q.eps_units) + " eps > tolerance";
+      }
       out += line + "\n";
     }
     if (counts.failing_queries > static_cast<std::int64_t>(listed)) {
@@ -130,6 +136,9 @@ std::string run_explanation(const Report& report, const properties::RunObservati
       const auto& worst = s.queries[static_cast<std::size_t>(counts.worst_query)];
       out += "  max output error in step: " + format_double(counts.max_eps_units) + " eps (abs " +
              format_double(worst.abs_diff) + ", tolerance " + format_double(worst.tolerance) +
+             (run.output_format.empty() ? std::string()
+                                        : " of which " + run.output_format + " output rounding " +
+                                              format_double(worst.output_rounding_tolerance)) +
              (exact_rows ? std::string() : ", quantization " + format_double(worst.quant_abs_diff)) +
              ") at query " + std::to_string(worst.position) + "\n";
     }

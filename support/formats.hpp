@@ -122,4 +122,89 @@ constexpr double format_unit_roundoff(ElementFormat format) noexcept {
   return format_info(format).unit_roundoff;
 }
 
+// ---------------------------------------------------------------------------
+// The formats a cache writes its attention outputs in (docs/semantics.md
+// "Output formats"), a table of its own: an output format is not a stored
+// row's format (there is no fp16 row, and no fp8 output), and it is not the
+// accumulation either: a kernel that accumulates in binary32 and writes
+// bf16 rounds each output once more, into the output format, after the
+// accumulation's last operation.
+//
+// X(id, name, significand_bits, min_exponent, max_finite):
+//   id, name          the enumerator and the string of the exec hello
+//                     ("output_format") and the reports;
+//   significand_bits  p, the leading bit included (bf16 8, fp16 11);
+//   min_exponent      emin: the smallest normal exponent (below 2^emin the
+//                     spacing stays 2^(emin - p + 1): gradual underflow);
+//   max_finite        the largest finite value (above it a rounding overflows).
+// kAccumulation is "not declared": outputs are the accumulation's own
+// results, rounded no further (p 0: no table figures).
+#define KVCHECK_OUTPUT_FORMATS(X)                   \
+  X(kAccumulation, "accumulation", 0, 0, 0.0)       \
+  X(kF64, "f64", 53, -1022, 0x1.fffffffffffffp1023) \
+  X(kF32, "f32", 24, -126, 0x1.fffffep127)          \
+  X(kBf16, "bf16", 8, -126, 0x1.fep127)             \
+  X(kFp16, "fp16", 11, -14, 65504.0)
+
+/// The format of a cache's attention outputs (Capabilities::output_format).
+enum class OutputFormat : std::uint8_t {
+#define KVCHECK_OUTPUT_FORMAT_ENUMERATOR(id, name, significand_bits, min_exponent, max_finite) id,
+  KVCHECK_OUTPUT_FORMATS(KVCHECK_OUTPUT_FORMAT_ENUMERATOR)
+#undef KVCHECK_OUTPUT_FORMAT_ENUMERATOR
+};
+
+/// Every output format, in table order (kAccumulation first).
+inline constexpr OutputFormat kOutputFormats[] = {
+#define KVCHECK_OUTPUT_FORMAT_VALUE(id, name, significand_bits, min_exponent, max_finite) OutputFormat::id,
+    KVCHECK_OUTPUT_FORMATS(KVCHECK_OUTPUT_FORMAT_VALUE)
+#undef KVCHECK_OUTPUT_FORMAT_VALUE
+};
+
+/// One row of the output table as data.
+struct OutputFormatInfo {
+  std::string_view name;  ///< "accumulation", "f64", "f32", "bf16", "fp16"
+  int significand_bits;   ///< p (0: kAccumulation)
+  int min_exponent;       ///< emin
+  double max_finite;      ///< largest finite value
+};
+
+/// The output table's rows as data, in table order.
+inline constexpr OutputFormatInfo kOutputFormatInfo[] = {
+#define KVCHECK_OUTPUT_FORMAT_INFO(id, name, significand_bits, min_exponent, max_finite) \
+  {name, significand_bits, min_exponent, max_finite},
+    KVCHECK_OUTPUT_FORMATS(KVCHECK_OUTPUT_FORMAT_INFO)
+#undef KVCHECK_OUTPUT_FORMAT_INFO
+};
+
+/// The table row of `format`.
+constexpr const OutputFormatInfo& output_format_info(OutputFormat format) noexcept {
+  return kOutputFormatInfo[static_cast<int>(format)];
+}
+
+/// Name of an output format ("accumulation", "f64", "f32", "bf16", "fp16").
+constexpr std::string_view output_format_name(OutputFormat format) noexcept {
+  return output_format_info(format).name;
+}
+
+/// Parses a declared output format ("f64", "f32", "bf16", "fp16"; not
+/// "accumulation", which is what declaring none means); false when unknown.
+constexpr bool parse_output_format(std::string_view name, OutputFormat* out) noexcept {
+  for (const OutputFormat f : kOutputFormats) {
+    if (f != OutputFormat::kAccumulation && output_format_name(f) == name) {
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// Unit roundoff of an output format, 2^-p (bf16 2^-8, fp16 2^-11); 0 for
+/// kAccumulation (no rounding beyond the accumulation's).
+constexpr double output_format_unit_roundoff(OutputFormat format) noexcept {
+  const int p = output_format_info(format).significand_bits;
+  double u = p > 0 ? 1.0 : 0.0;
+  for (int i = 0; i < p; ++i) u /= 2;
+  return u;
+}
+
 }  // namespace kvcheck

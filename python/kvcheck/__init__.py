@@ -16,9 +16,9 @@ docs/python.md is the guide.
 __version__ = "0.1.0"
 
 from . import protocol  # noqa: F401
-from .engine import (Engine, EngineAdapter, answer, block_slot, ring_slot, serve, slot_events,  # noqa: F401
-                     stored_rows, window)
+from .engine import (Engine, EngineAdapter, answer, block_slot, ring_slot, round_output, serve,  # noqa: F401
+                     slot_events, stored_rows, window)
 from .protocol import BadRequest, OpenRefused, Refusal, Spec, WriteStep  # noqa: F401
 
-__all__ = ["protocol", "Engine", "EngineAdapter", "answer", "block_slot", "ring_slot", "serve", "slot_events", "stored_rows",
-           "window", "BadRequest", "OpenRefused", "Refusal", "Spec", "WriteStep"]
+__all__ = ["protocol", "Engine", "EngineAdapter", "answer", "block_slot", "ring_slot", "round_output", "serve",
+           "slot_events", "stored_rows", "window", "BadRequest", "OpenRefused", "Refusal", "Spec", "WriteStep"]

@@ -24,14 +24,17 @@ other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
 
 The helpers build what an answer reports: `answer` (the dict a writing step
 returns), `ring_slot` and `block_slot` (slot ids from a ring or a block
-table), `window` (the positions a query sees), `stored_rows`.
+table), `window` (the positions a query sees), `stored_rows`, `round_output`
+(outputs rounded into a declared `output_format`).
 """
 
+import math
 import sys
 
 from . import protocol
 
-__all__ = ["Engine", "answer", "slot_events", "ring_slot", "block_slot", "window", "stored_rows", "EngineAdapter"]
+__all__ = ["Engine", "answer", "slot_events", "ring_slot", "block_slot", "window", "stored_rows", "round_output",
+           "EngineAdapter"]
 
 _ORDERS = {"store_then_load": "prefill_store_then_load", "load_then_store": "prefill_load_then_store"}
 
@@ -59,6 +62,7 @@ class Engine:
     outputs = True                  # False: no `out`; kvcheck computes outputs over the slots read
     slots = None                    # answers carry `written` and `read` (default: when outputs is False)
     rows = "lists"                  # "numpy": step.k, .v, .q as float64 arrays [rows, width]
+    output_format = None            # "bf16", "fp16", "f32", "f64": the format outputs are written in
     capabilities = {}               # any other hello key; wins over the attributes
     # Declared slack (docs/semantics.md "Lookahead slots and deferred frees"):
     lookahead_slots = 0             # positions past each step's rows it takes room for (vLLM num_lookahead_tokens)
@@ -110,6 +114,14 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65536:
                 raise TypeError(f"{cls.__name__}.{key}: an integer in 0..65536, got {value!r}")
             caps[key] = value
+        if cls.output_format is not None:
+            if cls.output_format not in protocol.OUTPUT_FORMATS:
+                raise TypeError(f"{cls.__name__}.output_format: one of {protocol.OUTPUT_FORMATS}, "
+                                f"got {cls.output_format!r}")
+            if not cls.outputs:
+                raise TypeError(f"{cls.__name__}: output_format needs outputs (an engine without outputs "
+                                "writes none)")
+            caps["output_format"] = cls.output_format
         caps.update(cls.capabilities)
         if "free_deferral_steps" in caps and not (caps.get("reports") or {}).get("frees"):
             raise TypeError(f"{cls.__name__}.free_deferral_steps: a free deferral needs frees reported "
@@ -250,3 +262,40 @@ def stored_rows(k, v=None):
     """The `stored` of an answer: each new row as the cache stored it (keys
     after RoPE), decoded to numbers; no `v` for shared rows."""
     return {"k": k} if v is None else {"k": k, "v": v}
+
+
+# The output formats' significand bits (leading bit included), smallest
+# normal exponent and largest finite value (support/formats.hpp
+# KVCHECK_OUTPUT_FORMATS).
+_OUTPUT_FORMAT_TABLE = {
+    "f64": (53, -1022, sys.float_info.max),
+    "f32": (24, -126, float.fromhex("0x1.fffffep127")),
+    "bf16": (8, -126, float.fromhex("0x1.fep127")),
+    "fp16": (11, -14, 65504.0),
+}
+
+
+def round_output(values, output_format, truncate=False):
+    """`values` (numbers) rounded once, to nearest with ties to even, from
+    the double each is straight into `output_format` ("bf16", "fp16",
+    "f32", "f64"): what a kernel that declares that `output_format` returns
+    for its accumulated results (gradual underflow; a rounding past the
+    largest finite value gives +-inf). `truncate=True` rounds toward zero
+    instead (a planted bug; not what a declared format means)."""
+    if output_format not in _OUTPUT_FORMAT_TABLE:
+        raise ValueError(f"output_format: one of {protocol.OUTPUT_FORMATS}, got {output_format!r}")
+    digits, emin, largest = _OUTPUT_FORMAT_TABLE[output_format]
+    out = []
+    for x in values:
+        x = float(x)
+        if x == 0.0 or not math.isfinite(x):
+            out.append(x)
+            continue
+        _, e = math.frexp(x)  # |x| in [2^(e-1), 2^e)
+        q = max(e - 1, emin) - (digits - 1)  # the spacing there: 2^q
+        t = math.ldexp(x, -q)  # exact: a scaling by a power of two
+        y = math.ldexp(math.trunc(t) if truncate else round(t), q)  # round(): ties to even
+        if abs(y) > largest:
+            y = math.inf
+        out.append(math.copysign(y, x))  # keeps the sign of a value that rounded to zero
+    return out

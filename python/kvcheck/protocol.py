@@ -66,7 +66,7 @@ import sys
 
 __all__ = [
     "PROTOCOL", "VERSION", "STEP_KINDS", "FORMATS", "ROPE_STYLES", "LAYOUTS", "CONVENTIONS", "ORDERS",
-    "ADDRESSING", "PROBES", "READ_VIEWS",
+    "ADDRESSING", "PROBES", "READ_VIEWS", "OUTPUT_FORMATS",
     "BadRequest", "Refusal", "OpenRefused",
     "decode_line", "encode", "check_keys", "get_int", "get_number", "get_bool", "get_str", "get_object",
     "get_rows",
@@ -88,6 +88,9 @@ ORDERS = ["load_then_store", "store_then_load"]
 ADDRESSING = ["ring", "paged", "opaque"]
 PROBES = ["accept-without-verify", "accept-too-many", "begin-busy-state"]
 READ_VIEWS = ["after_writes", "causal"]
+# The formats a hello may declare its outputs are written in ("output_format":
+# adapters/PROTOCOL.md "Output formats"), apart from the accumulation.
+OUTPUT_FORMATS = ["f64", "f32", "bf16", "fp16"]
 # How WriteStep rows reach the cache (Adapter.rows): lists of floats, or
 # numpy float64 arrays of shape [rows, width] (numpy needed only then).
 ROW_TYPES = ["lists", "numpy"]

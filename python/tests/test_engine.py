@@ -262,3 +262,29 @@ def test_lookahead_and_free_deferral_are_declared_in_hello():
         capabilities = {"block_size": 4}
     with pytest.raises(TypeError, match="free_deferral_steps: a free deferral needs frees reported"):
         NoFrees.hello_capabilities()
+
+
+def test_output_format_is_declared_and_round_output_rounds_to_nearest_even():
+    class Bf16Out(kvcheck.Engine):
+        output_format = "bf16"
+
+        def decode(self, step):
+            return kvcheck.answer(out=[kvcheck.round_output(q, self.output_format) for q in step.q])
+
+    s, hello, _ = session(Bf16Out)
+    assert hello["capabilities"]["output_format"] == "bf16"
+    assert "output_format" not in session(NumpyOut)[1]["capabilities"]
+    # A declared format that is not one, or one on an engine without outputs, is refused at start.
+    for attrs, words in (({"output_format": "bfloat16"}, "output_format: one of"),
+                         ({"output_format": "fp16", "outputs": False}, "output_format needs outputs")):
+        cls = type("Bad", (Bf16Out,), attrs)
+        with pytest.raises(TypeError, match=words):
+            kvcheck.EngineAdapter(cls)
+    r = kvcheck.round_output
+    # bf16: 8 significand bits, ties to even, straight from the double.
+    assert r([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -40], "bf16") == [1.0, 1 + 2 ** -6, 1 + 2 ** -7]
+    assert r([0.905148], "bf16") == [0.90625] and r([0.905148], "bf16", truncate=True) == [0.90234375]
+    # fp16: 11 bits, subnormals from 2^-24, 65520 (the tie past 65504) overflows.
+    assert r([1 + 2 ** -11, 65519.0, 65520.0, 2 ** -24, -1e-9], "fp16") == [1.0, 65504.0, float("inf"), 2 ** -24, -0.0]
+    with pytest.raises(ValueError, match="output_format"):
+        r([1.0], "fp8")

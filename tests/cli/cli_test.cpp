@@ -201,16 +201,24 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
   const fs::path dir = temp_dir("exec-pass");
   // The paged adapter also as an engine that stores a step's rows before it
   // attends (--store-first): the pool kvcheck gives (pool_blocks) is enough.
-  const std::pair<const char*, const char*> adapters[] = {
-      {"ring_cache.py", ""}, {"paged_cache.py", ""}, {"paged_cache.py", "--store-first"}};
-  for (const auto& [script, args] : adapters) {
+  // The variants run 500 cases (each old class is gated from one case, a
+  // feature from 100; pairs from 1000 are gated in the plain runs).
+  struct Run {
+    const char* script;
+    const char* args;
+    std::string cases;
+  };
+  const Run runs[] = {{"ring_cache.py", "", kExecCases},
+                      {"paged_cache.py", "", kExecCases},
+                      {"paged_cache.py", "--store-first", "500"},
+                      {"ring_cache.py", "--output-format bf16", "500"}};  // outputs rounded to bf16, and declared
+  for (const auto& [script, args, cases] : runs) {
     INFO(script << " " << args);
-    const Outcome o = run("check --impl " + adapter(script, args) + " --cases " + kExecCases + " --seed 1 --out " +
+    const Outcome o = run("check --impl " + adapter(script, args) + " --cases " + cases + " --seed 1 --out " +
                           (dir / (std::string(script) + args)).string());
     INFO(o.out << o.err);
     CHECK(o.code == 0);
-    CHECK(o.out.find(kExecCases + " cases (" + kExecCases + " ran, 0 refused, 0 skipped), 0 failing") !=
-          std::string::npos);
+    CHECK(o.out.find(cases + " cases (" + cases + " ran, 0 refused, 0 skipped), 0 failing") != std::string::npos);
     // Every coverage class is reached through the protocol too.
     CHECK(o.out.find("=0") == std::string::npos);
   }
@@ -235,11 +243,14 @@ TEST_CASE(
   // layer, shared prefixes, long paged runs) are drawn because the adapter
   // declares them (issue 29); before, seven of these passed a plain check.
   const std::pair<const char*, const char*> bugs[] = {
-      {"ring_cache.py", "ring-sized-window"},    {"ring_cache.py", "rope-at-slot"},
-      {"ring_cache.py", "window-plus-one"},      {"paged_cache.py", "free-speculative"},
-      {"paged_cache.py", "free-early"},          {"paged_cache.py", "left-as-keys"},
-      {"ring_cache.py", "bf16-truncate"},  // caught from the stored rows the adapter reports
-      {"ring_cache.py", "zero-output"},    // every value profile judges outputs (README "Tolerances")
+      {"ring_cache.py", "ring-sized-window"},
+      {"ring_cache.py", "rope-at-slot"},
+      {"ring_cache.py", "window-plus-one"},
+      {"paged_cache.py", "free-speculative"},
+      {"paged_cache.py", "free-early"},
+      {"paged_cache.py", "left-as-keys"},
+      {"ring_cache.py", "bf16-truncate"},          // caught from the stored rows the adapter reports
+      {"ring_cache.py", "zero-output"},            // every value profile judges outputs (README "Tolerances")
       {"ring_cache.py", "keep-drafts-on-finish"},  // schedules that finish or reset with drafts pending
       {"ring_cache.py", "trim-keeps-drafts"},      // trims with drafts pending
       {"paged_cache.py", "trim-keeps-drafts"},     // the same, in the paged cache (implies --trims)
@@ -255,7 +266,9 @@ TEST_CASE(
       // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
       {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
       {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
-      {"paged_cache.py", "free-late"}};        // frees a step later than its declared deferral
+      {"paged_cache.py", "free-late"},         // frees a step later than its declared deferral
+      // Outputs truncated into bf16 (implies --output-format bf16): up to one ULP, over the half an ULP allowed.
+      {"ring_cache.py", "output-truncated"}};
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / (std::string(script) + "-" + bug);
@@ -286,9 +299,57 @@ TEST_CASE(
                                 : paged && name == "trim-keeps-drafts"      ? "--trims"
                                 : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
                                 : paged && name == "free-late"              ? "--free-deferral 2"
+                                : name == "output-truncated"                ? "--output-format bf16"
                                                                             : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE(
+    "CLI exec: a declared bf16 output format: rounded outputs pass declared and fail undeclared, and "
+    "--bitwise "
+    "compares in bf16, seeing one ULP") {
+  const fs::path dir = temp_dir("output-format");
+  const std::string bf16 = adapter("ring_cache.py", "--output-format bf16");
+  // The declaration is what makes rounded outputs correct: undeclared, they
+  // are held to the accumulation's tolerance and fail.
+  const Outcome declared =
+      run("check --impl " + bf16 + " --cases 100 --seed 2 --out " + (dir / "declared").string());
+  INFO(declared.out << declared.err);
+  CHECK(declared.code == 0);
+  // Truncated instead of rounded, it fails, and the reports name the format and its term.
+  const Outcome truncated = run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") +
+                                " --cases 100 --seed 2 --out " + (dir / "truncated").string());
+  INFO(truncated.out << truncated.err);
+  CHECK(truncated.code == 1);
+  CHECK(truncated.out.find("of which bf16 output rounding ") != std::string::npos);
+  CHECK(slurp(dir / "truncated" / "report.txt").find(" out=bf16 ") != std::string::npos);  // the run line
+  const auto report = nlohmann::json::parse(slurp(dir / "truncated" / "report.json"));
+  REQUIRE(report["runs"].size() == 1);
+  CHECK(report["runs"][0]["output_format"] == "bf16");
+  CHECK(report["runs"][0]["totals"]["max_output_rounding_tolerance"].get<double>() > 0);
+  const Outcome undeclared =
+      run("check --impl " + adapter("ring_cache.py", "--output-format bf16 --undeclared-output-format") +
+          " --cases 100 --seed 2 --out " + (dir / "undeclared").string());
+  INFO(undeclared.out << undeclared.err);
+  CHECK(undeclared.code == 1);
+  CHECK(undeclared.out.find("output differs by") != std::string::npos);
+  // Against the binary64 adapter, bit for bit in bf16: the same outputs
+  // rounded once agree; truncated (one bf16 ULP below on about half the
+  // elements) they differ.
+  const Outcome agree = run("check --impl " + bf16 + " --against " + adapter("ring_cache.py") +
+                            " --bitwise --cases 100 --seed 1 --out " + (dir / "agree").string());
+  INFO(agree.out << agree.err);
+  CHECK(agree.code == 0);
+  CHECK(agree.out.find("outputs bit for bit in bf16 (the wider side rounded once): 100 cases") !=
+        std::string::npos);
+  const Outcome ulp =
+      run("check --impl " + adapter("ring_cache.py", "--bug output-truncated") + " --against " +
+          adapter("ring_cache.py") + " --bitwise --cases 100 --seed 1 --out " + (dir / "ulp").string());
+  INFO(ulp.out << ulp.err);
+  CHECK(ulp.code == 1);
+  CHECK(ulp.out.find("not bitwise equal in bf16 (B rounded once into it") != std::string::npos);
   fs::remove_all(dir);
 }
 

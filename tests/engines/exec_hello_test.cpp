@@ -81,6 +81,13 @@ TEST_CASE(
       {"addressing", "paged2", "hello answer.capabilities.addressing: unknown value \"paged2\""},
       {"probes", Json::array({"accept-twice"}), "hello answer.capabilities.probes[0]: unknown name"},
       {"accumulation", "f16", "hello answer.capabilities.accumulation: unknown value \"f16\""},
+      {"output_format", "bfloat16",
+       "hello answer.capabilities.output_format: unknown value \"bfloat16\" (one of \"f64\", \"f32\", "
+       "\"bf16\", "
+       "\"fp16\")"},
+      {"output_format", "accumulation",
+       "hello answer.capabilities.output_format: unknown value \"accumulation\""},
+      {"output_format", 16, "hello answer.capabilities.output_format: expected a string"},
       {"max_head_dims", 64, "hello answer.capabilities.max_head_dims: unknown key \"max_head_dims\""},
       {"steps", Json::array({"decode", "verify"}), "hello answer.capabilities.steps: verify and accept"},
       {"steps", Json::array({"finish", "reset"}),
@@ -173,6 +180,28 @@ TEST_CASE("ExecHello: head_dim and rotary widths as lists or rules, and how the 
   CHECK(error_of(zero).rfind("hello answer.capabilities.head_dim[1]: out of range", 0) == 0);
 }
 
+TEST_CASE(
+    "ExecHello: output_format declares the format outputs are written in, apart from the accumulation") {
+  const Json plain = ring_hello();
+  CHECK(parse_hello_answer(plain, "cmd").output_format == kvcheck::OutputFormat::kAccumulation);
+  const std::pair<const char*, kvcheck::OutputFormat> formats[] = {{"bf16", kvcheck::OutputFormat::kBf16},
+                                                                   {"fp16", kvcheck::OutputFormat::kFp16},
+                                                                   {"f32", kvcheck::OutputFormat::kF32},
+                                                                   {"f64", kvcheck::OutputFormat::kF64}};
+  for (const auto& [name, format] : formats) {
+    Json h = ring_hello();
+    h["capabilities"]["accumulation"] = "f32";
+    h["capabilities"]["output_format"] = name;
+    const Capabilities c = parse_hello_answer(h, "cmd");
+    INFO(name);
+    CHECK(c.output_format == format);
+    CHECK(c.accumulation == kvcheck::engines::Accumulation::kF32);  // the accumulation is its own declaration
+  }
+  CHECK(kvcheck::output_format_unit_roundoff(kvcheck::OutputFormat::kBf16) == 0x1.0p-8);
+  CHECK(kvcheck::output_format_unit_roundoff(kvcheck::OutputFormat::kFp16) == 0x1.0p-11);
+  CHECK(kvcheck::output_format_unit_roundoff(kvcheck::OutputFormat::kAccumulation) == 0);
+}
+
 TEST_CASE("ExecHello: a bookkeeping-only engine reports both slots and declares no arithmetic") {
   Json h = ring_hello();
   h["capabilities"]["outputs"] = false;
@@ -185,6 +214,11 @@ TEST_CASE("ExecHello: a bookkeeping-only engine reports both slots and declares 
   h = ring_hello();
   h["capabilities"]["outputs"] = false;
   h["capabilities"]["accumulation"] = "f32";
+  CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs has no",
+                          0) == 0);
+  h = ring_hello();
+  h["capabilities"]["outputs"] = false;
+  h["capabilities"]["output_format"] = "bf16";
   CHECK(error_of(h).rfind("hello answer.capabilities.outputs: an engine that computes no outputs has no",
                           0) == 0);
 }

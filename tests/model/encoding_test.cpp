@@ -125,3 +125,65 @@ TEST_CASE("Error bounds: the RoPE angle bound at p = 1e5 and 2^40 and its cap") 
   CHECK(gamma_bound(4, 0x1.0p-24) == Approx(4 * 0x1.0p-24 / (1 - 4 * 0x1.0p-24)));
   CHECK(std::isinf(gamma_bound(0x1.0p24, 0x1.0p-24)));
 }
+
+TEST_CASE("Output formats: round_output rounds once to nearest even into bf16 and fp16, with overflow") {
+  using kvcheck::OutputFormat;
+  // bf16 (8 significand bits): ties to even at 1 + 2^-8, 1 + 3 2^-8.
+  CHECK(round_output(OutputFormat::kBf16, 1.0 + 0x1.0p-8) == 1.0);
+  CHECK(round_output(OutputFormat::kBf16, 1.0 + 3 * 0x1.0p-8) == 1.0 + 0x1.0p-6);
+  CHECK(round_output(OutputFormat::kBf16, 1.0 + 0x1.0p-8 + 0x1.0p-40) ==
+        1.0 + 0x1.0p-7);  // no double rounding
+  CHECK(round_output(OutputFormat::kBf16, -0x1.0p-140) == 0.0);
+  CHECK(std::signbit(round_output(OutputFormat::kBf16, -0x1.0p-140)));  // the sign of a zero kept
+  CHECK(round_output(OutputFormat::kBf16, 0x1.0p-133) == 0x1.0p-133);   // the least subnormal
+  CHECK(std::isinf(round_output(OutputFormat::kBf16, 0x1.ffp127)));
+  // fp16 (11 bits, emin -14, largest 65504): 65519 rounds down, 65520 (the tie) overflows.
+  CHECK(round_output(OutputFormat::kFp16, 1.0 + 0x1.0p-11) == 1.0);
+  CHECK(round_output(OutputFormat::kFp16, 65519.0) == 65504.0);
+  CHECK(std::isinf(round_output(OutputFormat::kFp16, 65520.0)));
+  CHECK(round_output(OutputFormat::kFp16, 0x1.0p-24) == 0x1.0p-24);  // the least subnormal
+  CHECK(round_output(OutputFormat::kFp16, 0x1.8p-25) == 0x1.0p-24);  // above half of it
+  CHECK(round_output(OutputFormat::kF32, 1.0 + 0x1.0p-30) == 1.0);
+  CHECK(round_output(OutputFormat::kAccumulation, 1.0 + 0x1.0p-30) == 1.0 + 0x1.0p-30);
+  // Idempotent: a value of the format is left as it is.
+  for (const double x : {1.0078125, -3.5, 0x1.0p-133, 448.0})
+    CHECK(round_output(OutputFormat::kBf16, x) == x);
+}
+
+TEST_CASE(
+    "Output formats: the rounding term is half the spacing at the magnitude, and bounds every rounding below "
+    "it") {
+  using kvcheck::OutputFormat;
+  // Half an ULP of the binade: bf16 2^(e-8), fp16 2^(e-11); relative to m
+  // between 2^-(p+1) (just under 2^(e+1)) and 2^-p (at 2^e).
+  CHECK(output_rounding_bound(OutputFormat::kBf16, 1.0) == 0x1.0p-8);
+  CHECK(output_rounding_bound(OutputFormat::kBf16, 1.99) == 0x1.0p-8);
+  CHECK(output_rounding_bound(OutputFormat::kBf16, 0.75) == 0x1.0p-9);
+  CHECK(output_rounding_bound(OutputFormat::kFp16, 1.0) == 0x1.0p-11);
+  CHECK(output_rounding_bound(OutputFormat::kFp16, 1000.0) == 0x1.0p-2);  // 1000 in [2^9, 2^10)
+  CHECK(output_rounding_bound(OutputFormat::kFp16, 1e-6) == 0x1.0p-25);   // subnormal: half of 2^-24
+  CHECK(output_rounding_bound(OutputFormat::kBf16, 0x1.0p-130) == 0x1.0p-134);
+  CHECK(std::isinf(output_rounding_bound(OutputFormat::kFp16, 70000.0)));  // a correct rounding may overflow
+  CHECK(output_rounding_bound(OutputFormat::kAccumulation, 1.0) == 0);
+  CHECK(output_rounding_bound(OutputFormat::kBf16, 0.0) == 0);
+  // Every |y| <= m rounds within the bound at m, and the worst (a tie in
+  // m's binade, below m: m is not at its binade's foot) reaches it: the
+  // bound is neither short nor doubled.
+  for (const OutputFormat f : {OutputFormat::kBf16, OutputFormat::kFp16}) {
+    for (const double m : {1.5, 0.3, 3000.0, 1e-6}) {
+      const double bound = output_rounding_bound(f, m);
+      double worst = 0;
+      for (int i = 0; i <= 4096; ++i) {
+        const double y = m * i / 4096.0;
+        worst = std::max(worst, std::fabs(round_output(f, y) - y));
+      }
+      // A tie in m's binade: half a spacing below a point of the format.
+      const double tie = round_output(f, m) - bound;
+      REQUIRE(tie <= m);
+      worst = std::max(worst, std::fabs(round_output(f, tie) - tie));
+      INFO(kvcheck::output_format_name(f) << " m " << m << ": bound " << bound << ", worst " << worst);
+      CHECK(worst <= bound);
+      CHECK(worst == bound);
+    }
+  }
+}

@@ -15,6 +15,7 @@
 #include "engines/cache_under_test.hpp"
 #include "engines/ring_pool_cache.hpp"
 #include "impl/kv_cache.hpp"
+#include "model/encoding.hpp"
 #include "properties/check.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
@@ -553,6 +554,59 @@ TEST_CASE("Side by side: both caches crashing or refusing at a step is not agree
   const properties::PairComparison agree = properties::compare_runs(e, f, false);
   CHECK_FALSE(agree.differ());
   CHECK(agree.counts.both_stopped == 0);
+}
+
+TEST_CASE(
+    "Side by side: --bitwise compares in the narrower declared output format, and one bf16 ULP still "
+    "differs") {
+  // One query, four output elements; A declares bf16 outputs, B none (its
+  // outputs as accumulated, here doubles).
+  const auto one_query = [](std::vector<double> out, std::string output_format) {
+    properties::RunObservation run;
+    run.output_format = std::move(output_format);
+    run.steps.resize(1);
+    run.steps[0].kind = "decode";
+    run.steps[0].queries.resize(1);
+    run.steps[0].queries[0].out = std::move(out);
+    run.steps[0].queries[0].tolerance = 0x1.0p-8;  // what a bf16 kernel's tolerance allows, about
+    return run;
+  };
+  const std::vector<double> exact = {0.3, -0.90515, 1.0 + 0x1.0p-8, 7.0};
+  std::vector<double> bf16;
+  for (const double x : exact) bf16.push_back(model::round_output(OutputFormat::kBf16, x));
+  const properties::RunObservation wide = one_query(exact, "");
+  // A correct bf16 cache against a wider one: B's outputs rounded once (to
+  // nearest even: 1 + 2^-8 is a tie, down to 1) equal A's bit for bit.
+  const properties::PairComparison agree = properties::compare_runs(one_query(bf16, "bf16"), wide, true);
+  CHECK_FALSE(agree.differ());
+  CHECK(agree.counts.outputs == 1);
+  CHECK(agree.counts.bitwise_format == "bf16");
+  // Unrounded, they differ: the format is what makes the comparison possible.
+  CHECK(properties::compare_runs(one_query(bf16, ""), wide, true).differ());
+  // A block-reuse path that moves one element by one bf16 ULP (2^-8 at
+  // -0.905, inside the tolerance):
+  std::vector<double> moved = bf16;
+  moved[1] += 0x1.0p-8;
+  REQUIRE(model::round_output(OutputFormat::kBf16, moved[1]) == moved[1]);  // still a bf16 value
+  // within the larger tolerance it agrees, bit for bit in bf16 it does not,
+  // against the wider cache and against a correct bf16 one.
+  CHECK_FALSE(properties::compare_runs(one_query(moved, "bf16"), wide, false).differ());
+  const properties::PairComparison seen = properties::compare_runs(one_query(moved, "bf16"), wide, true);
+  REQUIRE(seen.differ());
+  CHECK(seen.differences.front().what == "outputs");
+  CHECK(seen.differences.front().detail.find("not bitwise equal in bf16 (B rounded once into it: A ") !=
+        std::string::npos);
+  CHECK(seen.differences.front().detail.find("1 of 4 elements differ, the first at 1") != std::string::npos);
+  CHECK(properties::compare_runs(one_query(moved, "bf16"), one_query(bf16, "bf16"), true).differ());
+  // Either side may be the narrower one: B declaring fp16 rounds A into fp16.
+  std::vector<double> fp16;
+  for (const double x : exact) fp16.push_back(model::round_output(OutputFormat::kFp16, x));
+  const properties::PairComparison fp = properties::compare_runs(wide, one_query(fp16, "fp16"), true);
+  CHECK_FALSE(fp.differ());
+  CHECK(fp.counts.bitwise_format == "fp16");
+  // Two caches that declare one format, or none, compare as answered.
+  CHECK(properties::compare_runs(one_query(bf16, "bf16"), one_query(bf16, "bf16"), true)
+            .counts.bitwise_format.empty());
 }
 
 // ---- paged pools (--impl paged, --profile paged) ------------------------------

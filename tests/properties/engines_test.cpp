@@ -15,6 +15,7 @@
 
 #include "engines/factory.hpp"
 #include "impl/kv_cache.hpp"
+#include "model/encoding.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
@@ -1338,4 +1339,97 @@ TEST_CASE("Moves: a rolling bookkeeping-only cache passes: shifting in the wrong
   REQUIRE(lost.first_failing_step == 4);  // the first shift
   CHECK(lost.lost_rows > 0);
   CHECK_THAT(lost.first_failure, Catch::Contains("step 4 (decode) layer 0 query 4: overwritten ["));
+}
+
+namespace {
+
+/// The CPU ring pool, its outputs rounded into `round` (none: as it
+/// computes them) and its capabilities declaring `declared` as the output
+/// format: a kernel that accumulates in f32 and writes bf16, or one that
+/// says so without doing it, or does it without saying so.
+class OutputFormatCache final : public engines::CacheUnderTest {
+ public:
+  OutputFormatCache(std::unique_ptr<engines::CacheUnderTest> inner, OutputFormat round)
+      : inner_(std::move(inner)), round_(round) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    engines::StepStatus status = inner_->call(c, answer);
+    if (!status)
+      for (double& x : answer->out) x = model::round_output(round_, x);
+    return status;
+  }
+  engines::StepStatus probe(const std::string& name, const engines::StepCall& context) override {
+    return inner_->probe(name, context);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  OutputFormat round_;
+};
+
+class OutputFormatProvider final : public engines::CacheProvider {
+ public:
+  OutputFormatProvider(OutputFormat round, OutputFormat declared)
+      : inner_(engines::make_provider("cpu", "none")), round_(round) {
+    caps_ = inner_->capabilities();
+    caps_.output_format = declared;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "cpu-output-format"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    return inner ? std::make_unique<OutputFormatCache>(std::move(inner), round_) : nullptr;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  OutputFormat round_;
+  engines::Capabilities caps_;
+};
+
+}  // namespace
+
+TEST_CASE("Output formats: bf16 outputs pass declared, fail undeclared, and a declared format must hold them") {
+  scenarios::Scenario sc;
+  sc.name = "bf16-outputs";
+  sc.cache.window = sc.cache.ring_rows = 4;
+  sc.cache.head_dim = 8;
+  sc.cache.format = scenarios::Format::kF32;
+  sc.requests = {{0, 0}};
+  scenarios::Step prefill;
+  prefill.kind = scenarios::StepKind::kPrefill;
+  prefill.rows = 3;
+  sc.steps.push_back(prefill);
+  for (int i = 0; i < 6; ++i) {
+    scenarios::Step d;
+    d.kind = scenarios::StepKind::kDecode;
+    sc.steps.push_back(d);
+  }
+  const auto run = [&](OutputFormat round, OutputFormat declared) {
+    OutputFormatProvider provider(round, declared);
+    RunOptions o;
+    o.provider = &provider;
+    return run_scenario(sc, o);
+  };
+  // Rounded once into bf16 after the f32 accumulation, and declared: passes,
+  // with the rounding term in every query's tolerance.
+  const RunObservation ok = run(OutputFormat::kBf16, OutputFormat::kBf16);
+  INFO(ok.first_failure);
+  CHECK(ok.passed);
+  CHECK(ok.queries == 9);
+  CHECK(ok.queries_not_output_checked == 0);
+  CHECK(ok.output_format == "bf16");
+  CHECK(ok.max_output_rounding_tolerance >= 0x1.0p-10);
+  // Rounded without the declaration: held to the f32 accumulation alone, it fails.
+  const RunObservation undeclared = run(OutputFormat::kBf16, OutputFormat::kAccumulation);
+  CHECK_FALSE(undeclared.passed);
+  CHECK_THAT(undeclared.first_failure, Catch::Contains("output differs by"));
+  CHECK(undeclared.output_format.empty());
+  // Declared but not done: f32 outputs are not bf16 values.
+  const RunObservation claimed = run(OutputFormat::kAccumulation, OutputFormat::kBf16);
+  CHECK_FALSE(claimed.passed);
+  CHECK_THAT(claimed.first_failure, Catch::Contains("output elements are not bf16 values, the output format the cache declares"));
+  // f32 outputs of the f32 accumulation: declared, nothing added, and they pass.
+  const RunObservation f32 = run(OutputFormat::kAccumulation, OutputFormat::kF32);
+  CHECK(f32.passed);
+  CHECK(f32.max_output_rounding_tolerance == 0);
 }

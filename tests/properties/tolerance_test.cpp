@@ -572,3 +572,66 @@ TEST_CASE("Tolerance term: a shared row's value error, dk, from both sides") {
                     << ", off by 1.5 times as much " << wrong);
   pinned(tol, correct, wrong);
 }
+
+TEST_CASE(
+    "Tolerance term: rounding into a declared output format, half its spacing at the output's magnitude, "
+    "from both "
+    "sides") {
+  // The two-key query's outputs are all -0.90515 (in [2^-1, 1)): one
+  // rounding into a format of p significand bits moves them by at most
+  // 2^(-1-p), the term. A correct kernel (exact, then rounded to nearest)
+  // passes, and fails without the term; one that writes the other neighbour
+  // (truncation there: more than half a spacing off) fails, and would pass
+  // with the term doubled.
+  struct Row {
+    OutputFormat format;
+    double u;
+    int p;
+  };
+  for (const Row& r : {Row{OutputFormat::kBf16, 0x1.0p-53, 8}, Row{OutputFormat::kBf16, 0x1.0p-24, 8},
+                       Row{OutputFormat::kFp16, 0x1.0p-24, 11}, Row{OutputFormat::kF32, 0x1.0p-53, 24}}) {
+    OneQuery c = two_keys(1.0, 10);
+    c.arith = {r.u, 0, r.u, r.format};
+    std::vector<double> ref;
+    for (long double o : attend(c.scale, c.q, c.k, c.values())) ref.push_back(static_cast<double>(o));
+    std::vector<KeyBounds> keys;
+    for (std::size_t j = 0; j < c.k.size(); ++j) keys.push_back({&c.k[j], &c.key_err[j], &c.values()[j]});
+    model::Heads heads;
+    heads.head_dim = c.d();
+    ToleranceScratch scratch;
+    const QueryTolerance t = query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, c.position,
+                                                     c.rope, c.arith, ref, &scratch);
+    REQUIRE(t.decisive);
+    const double term = std::ldexp(1.0, -1 - r.p);  // half the spacing 2^(-1-p+1) of [2^-1, 1)
+    INFO(output_format_name(r.format)
+         << " over u " << r.u << ": tolerance " << t.parts.total() << ", term " << t.parts.output_rounding);
+    CHECK(t.parts.output_rounding == term);
+    const double tol = t.parts.total();
+    const double without = tol - t.parts.output_rounding;
+    double correct = 0, wrong = 0;
+    for (const double o : ref) {
+      const double rounded = model::round_output(r.format, o);
+      const double far = rounded + (o > rounded ? 2 * term : -2 * term);  // the other neighbour
+      REQUIRE(std::fabs(rounded - o) < 0.4 * 2 * term);  // not near a tie: the far one is well over half
+      correct = std::max(correct, std::fabs(rounded - o));
+      wrong = std::max(wrong, std::fabs(far - o));
+    }
+    CHECK(correct <= tol);
+    CHECK(correct > without);  // the term missing: a correctly rounded output fails
+    CHECK(wrong > tol);
+    CHECK(wrong <= without + 2 * t.parts.output_rounding);  // the term doubled: the wrong one passes
+  }
+  // An output format as wide as the accumulation adds nothing: its last
+  // operation already rounded there.
+  OneQuery c = two_keys(1.0, 10);
+  c.arith = {0x1.0p-24, 0, 0x1.0p-24, OutputFormat::kF32};
+  std::vector<double> ref;
+  for (long double o : attend(c.scale, c.q, c.k, c.values())) ref.push_back(static_cast<double>(o));
+  std::vector<KeyBounds> keys;
+  for (std::size_t j = 0; j < c.k.size(); ++j) keys.push_back({&c.k[j], &c.key_err[j], &c.values()[j]});
+  model::Heads heads;
+  heads.head_dim = c.d();
+  ToleranceScratch scratch;
+  CHECK(query_tolerance<double>(c.q, keys, heads, c.scale, std::nullopt, 0, c.rope, c.arith, ref, &scratch)
+            .parts.output_rounding == 0);
+}
