@@ -404,6 +404,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           Coverage cov = classify(sc, caps);
           // Side by side the summary carries no slots: the first cache's run does.
           const BlockCounts blocks = classify_blocks(sc, side_by_side ? pair.a : obs, caps.block_size, &cov);
+          classify_cached(side_by_side ? pair.a : obs, &cov);
           block_window_frees.fetch_add(blocks.window_frees);
           block_end_frees.fetch_add(blocks.end_frees);
           block_reuses.fetch_add(blocks.reuses);

@@ -85,6 +85,10 @@ struct StepObservation {
   std::int64_t padded_slots = 0;
   std::int64_t moved_rows = 0;
   std::int64_t freed_slots = 0;
+  /// Slots answered `cached` (docs/semantics.md "Cached rows"), and cached
+  /// rows this step's writes (its begin's included) took over: evictions.
+  std::int64_t cached_slots = 0;
+  std::int64_t evicted_rows = 0;
   /// Rows freed while a query still to run may read them (the step fails).
   std::int64_t freed_visible = 0;
   std::string freed_detail;  ///< the first of them, one line
@@ -94,6 +98,10 @@ struct StepObservation {
   /// shadow map; reports show reports::resident_text.
   std::int64_t resident_rows = -1;
   std::int64_t resident_blocks = -1;
+  /// Cached rows and blocks after the step (a cache that reports cached;
+  /// else -1): counted apart from the rows held, in no bound.
+  std::int64_t cached_rows = -1;
+  std::int64_t cached_blocks = -1;
   std::int64_t bound_limit = 0;  ///< the declared resident bound in force (0: none)
   std::int64_t bound_held = 0;   ///< what the cache held, counted as the bound counts (the step fails above it)
   std::string bound_unit;        ///< how the bound counts: "rows in all", "blocks per request", ...
@@ -142,6 +150,10 @@ struct PrefixObservation {
   /// Of those, positions the cache said it stored again at the begin (on
   /// layer 0); the rest it shares with `source`.
   std::int64_t stored_again = 0;
+  /// Of the positions its first query sees, those whose source row the
+  /// cache had cached and no slot held any more at the begin (evicted): a
+  /// begin from an evicted prefix (on layer 0).
+  std::int64_t evicted_positions = 0;
   std::int64_t begin_step = 0;  ///< scenario step whose call began the request
   bool operator==(const PrefixObservation&) const = default;
 };

@@ -219,7 +219,8 @@ namespace {
 
 /// The paged adapter's shared-prefix bugs (paged_cache.py PREFIX_BUGS).
 bool prefix_bug(const std::string& bug) {
-  return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused";
+  return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused" ||
+         bug == "evict-leaves-hash";
 }
 
 }  // namespace
@@ -249,7 +250,8 @@ TEST_CASE(
       // Shared prefixes (each switch turns on --prefix-cache):
       {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
-      {"paged_cache.py", "evicted-prefix-reused"}};  // an evicted prefix's block ids reused as if present
+      {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
+      {"paged_cache.py", "evict-leaves-hash"}};     // an evicted cached block still found by its hash
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / (std::string(script) + "-" + bug);

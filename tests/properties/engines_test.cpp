@@ -1091,6 +1091,101 @@ TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under
   CHECK(reads_correct(decode_of(evicted, 1, 4, 21, {30, 2, 20, 21}, 4)));
 }
 
+namespace {
+
+/// One write of `request` at position `p` into `slot` (no read): the step's observation.
+StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot) {
+  const std::vector<std::int64_t> written{slot}, offsets{0, 0}, reads;
+  StepFacts f;
+  f.request = request;
+  f.first_position = p;
+  f.rows = 1;
+  f.window_keys = 1;
+  f.has_written = f.has_reads = true;
+  f.written = written;
+  f.read_offsets = offsets;
+  f.read_slots = reads;
+  StepObservation obs;
+  shadow.observe(f, &obs);
+  return obs;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Shadow map: a cached row is no request's; a write evicts it, a free ends it, a prefix begin reads it "
+    "until then") {
+  // Request 0 wrote positions 0..3 at slots 0..3 (blocks of 2) and its
+  // blocks went to the free pool cached.
+  const std::vector<std::int64_t> none, all{0, 1, 2, 3};
+  const auto nobody = [](const ShadowRow&) { return false; };
+  const auto cached_pool = [&] {
+    ShadowMap m;
+    write_rows(m, 4, 4);
+    REQUIRE(m.release(all, none, nobody, nullptr, true).empty());
+    return m;
+  };
+  ShadowMap m = cached_pool();
+  CHECK(m.at(2).cached);
+  CHECK(m.at(2).position == 2);  // still resolvable
+  const ShadowMap::Resident r = m.resident_totals(2);
+  CHECK(r.rows == 0);
+  CHECK(r.blocks == 0);
+  CHECK(r.cached_rows == 4);
+  CHECK(r.cached_blocks == 2);
+  CHECK(m.resident_counts(2).request_blocks == 0);  // no bound counts them
+  CHECK(m.resident().empty());
+
+  // Caching a row a query still to run may read loses it, as freeing it does.
+  ShadowMap visible;
+  write_rows(visible, 2, 2);
+  const std::vector<std::int64_t> one{1};
+  CHECK(visible
+            .release(
+                one, none, [](const ShadowRow&) { return true; }, nullptr, true)
+            .size() == 1);
+
+  // A prefix hit on the cached rows: request 3 (keys 3) sees positions 2
+  // and 3, which it holds again; positions 0 and 1 stay cached.
+  ShadowMap hit = cached_pool();
+  ShadowMap::PrefixTally tally;
+  hit.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 0);
+  CHECK_FALSE(hit.at(2).cached);
+  CHECK(hit.at(0).cached);
+  CHECK(reads_correct(decode_of(hit, 3, 4, 12, {2, 3, 12}, 3)));
+  CHECK(hit.resident_totals(2).rows == 3);
+  CHECK(hit.resident_totals(2).cached_rows == 2);
+
+  // Request 2 takes slots 2 and 3: two cached rows evicted, no failure.
+  ShadowMap evicted = cached_pool();
+  CHECK(write_one(evicted, 2, 0, 2).evicted_rows == 1);
+  CHECK(write_one(evicted, 2, 1, 3).evicted_rows == 1);
+  CHECK(write_one(evicted, 2, 2, 3).evicted_rows == 0);  // its own row there now
+  // A begin that stores positions 2 and 3 again reads correctly; one that
+  // answers them shared reads request 2's rows: missing, and extra reads.
+  ShadowMap recomputed = evicted;
+  const std::vector<std::int64_t> stored{-1, -1, 10, 11};
+  recomputed.begin_prefix(3, 0, 4, stored, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  CHECK(reads_correct(decode_of(recomputed, 3, 4, 12, {10, 11, 12}, 3)));
+  ShadowMap stale = evicted;
+  stale.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  const QueryObservation q = decode_of(stale, 3, 4, 12, {2, 3, 12}, 3);
+  CHECK(q.missing == std::vector<std::int64_t>{2, 3});
+  CHECK(q.extra.size() == 2);
+
+  // A free of a cached slot ends it: a later begin finds the row gone.
+  ShadowMap ended = cached_pool();
+  const std::vector<std::int64_t> block1{2, 3};
+  ended.release(block1, none, nobody);
+  CHECK(ended.at(2).request < 0);
+  ended.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  CHECK(decode_of(ended, 3, 4, 12, {12}, 3).missing == std::vector<std::int64_t>{2, 3});
+}
+
 TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
   std::int64_t over = 0, freed_visible = 0, ran = 0;
   BoundedProvider ring_bound(0, false), tiny_bound(2, false), frees_visible(0, true);
