@@ -251,8 +251,10 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
         ++obs->collisions.outside_block;
       }
       const ShadowRow& old = replaced[i];
-      if (f.view == engines::ReadView::kAfterWrites && old.request == f.request && old.position < first &&
-          old.position >= first - f.window_keys + 1) {
+      // A cached row the write takes is evicted, not lost: had it been
+      // visible, caching it failed the step that did (docs/semantics.md "Cached rows").
+      if (f.view == engines::ReadView::kAfterWrites && !old.cached && old.request == f.request &&
+          old.position < first && old.position >= first - f.window_keys + 1) {
         // Live: the replaced row is the latest write of its position, this
         // slot its home (not a copy left behind by a move), and a query of
         // this step (the first one reaches furthest back) must read it.

@@ -750,6 +750,36 @@ TEST_CASE("Generator: the prefix profile draws shared prefixes in every case for
   }
 }
 
+TEST_CASE("Generator: pool pressure is drawn for a cache that shares prefixes and reports cached rows, never for the others") {
+  engines::Capabilities sharing;  // shares prefixes, keeps no cached rows
+  sharing.prefix_sharing = true;
+  sharing.block_size = 4;
+  engines::Capabilities cached = sharing;
+  cached.reports_cached = true;
+  const auto pressure = static_cast<std::size_t>(properties::Feature::kPoolPressure);
+  CHECK_FALSE(properties::drawable_features(sharing, properties::Profile::kDefault)[pressure]);
+  CHECK(properties::drawable_features(cached, properties::Profile::kDefault)[pressure]);
+  CHECK_FALSE(properties::drawable_features(cached, properties::Profile::kProduction)[pressure]);
+  // cached_block_evicted and begin_from_evicted_prefix, the last schedule classes.
+  for (const std::size_t k : {std::size_t{23}, std::size_t{24}}) {
+    CHECK_FALSE(properties::reachable_coverage(sharing)[k]);
+    CHECK(properties::reachable_coverage(cached)[k]);
+  }
+  int exercised = 0, with = 0, block_prefixes = 0;
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    exercised += properties::exercised_features(properties::generate_scenario(seed, sharing))[pressure] ? 1 : 0;
+    const auto sc = properties::generate_scenario(seed, cached);
+    if (!properties::exercised_features(sc)[pressure]) continue;
+    ++with;
+    for (const auto& r : sc.requests) block_prefixes += r.prefix && r.prefix->positions % 4 == 0 ? 1 : 0;
+  }
+  // The part draws the cases (without it the same structure is rare), and
+  // its begins are from whole blocks of finished requests.
+  CHECK(with >= 60);
+  CHECK(with >= 3 * exercised);
+  CHECK(block_prefixes >= with);
+}
+
 namespace {
 
 /// Opens every layer with layer 0's window: the per-layer window taken from
@@ -1093,14 +1123,16 @@ TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under
 
 namespace {
 
-/// One write of `request` at position `p` into `slot` (no read): the step's observation.
-StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot) {
+/// One write of `request` at position `p` into `slot` (no read; window
+/// `keys`): the step's observation.
+StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
+                          std::int64_t keys = 1) {
   const std::vector<std::int64_t> written{slot}, offsets{0, 0}, reads;
   StepFacts f;
   f.request = request;
   f.first_position = p;
   f.rows = 1;
-  f.window_keys = 1;
+  f.window_keys = keys;
   f.has_written = f.has_reads = true;
   f.written = written;
   f.read_offsets = offsets;
@@ -1184,6 +1216,20 @@ TEST_CASE(
   ended.begin_prefix(3, 0, 4, none, 2, &tally);
   CHECK(tally.evicted_positions == 2);
   CHECK(decode_of(ended, 3, 4, 12, {12}, 3).missing == std::vector<std::int64_t>{2, 3});
+
+  // Request 1 copied request 0's position 0 into slot 4 (copy-on-write) and
+  // its cache let the copy go, cached; request 0 (window 3) then writes
+  // position 2 into slot 4: an eviction, not a row of its own replaced (it
+  // still reads the original at slot 0).
+  ShadowMap own;
+  write_rows(own, 2, 3);
+  own.begin_prefix(1, 0, 1, none);
+  CHECK(reads_correct(decode_of(own, 1, 1, 5, {4, 5}, 3, {{0, 4}})));
+  const std::vector<std::int64_t> copy{4};
+  CHECK(own.release(copy, none, nobody, nullptr, true).empty());
+  const StepObservation over = write_one(own, 0, 2, 4, 3);
+  CHECK(over.collisions.replaced_needed == 0);
+  CHECK(over.evicted_rows == 1);
 }
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
