@@ -43,6 +43,16 @@ frees what neither its queries nor a rewind need before it stores. Without
 `--trims` the cache frees by its window alone (the bug switches are
 measured that way).
 
+`--lookahead N` takes, with every write step, the blocks for N positions
+past the step's last row before the step stores (vLLM's
+num_lookahead_tokens for a draft model's or EAGLE's speculative decoding),
+and hello declares "lookahead_slots": N; `--free-deferral N` frees
+out-of-window blocks only on every (N+1)-th write step of a request (and on
+the accept of such a verify), frees nothing while a step stores, and
+declares "free_deferral_steps": N (SGLang's hybrid sliding-window allocator,
+which frees every `eviction_interval` decodes). kvcheck's pool makes room
+for both and fails a free later than declared.
+
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates. `--store-first`,
 `--bug double-free` and `--bug no-window-free` are the plain paged cache's:
@@ -69,6 +79,8 @@ class PagedLayer(window_cache.Layer):
         self.free = []       # LIFO stack of freed block ids
         self.next_new = 0    # blocks never handed out yet: next_new .. total - 1
         self.top = [0] * states  # per state: one past the highest position written since begin or reset
+
+        self.writes = [0] * states  # per state: write steps since begin (--free-deferral counts them)
 
     def available(self):
         return len(self.free) + self.total - self.next_new
@@ -110,6 +122,21 @@ class PagedCache(window_cache.WindowCache):
         # reset, and new blocks are taken past the pool instead of refusing
         # (the request's memory grows with its length, past its bound).
         self.no_window_free = "no-window-free" in bugs
+        # --lookahead N: the blocks of N positions past each write step's last
+        # row are taken before it stores. lookahead-shared: they are taken
+        # from the free list without leaving it (the next allocation hands
+        # the same block out again); lookahead-leak: finish and reset return
+        # only the blocks of written positions, so the lookahead blocks past
+        # the end stay taken for good.
+        self.lookahead = 0
+        self.lookahead_shared = "lookahead-shared" in bugs
+        self.lookahead_leak = "lookahead-leak" in bugs
+        # --free-deferral N: out-of-window blocks go only on every (N+1)-th
+        # write step of the request (and the accept of such a verify).
+        # free-late: every (N+2)-th, one step later than declared.
+        self.free_deferral = 0
+        self.free_late = "free-late" in bugs
+        self.ahead_now = []  # lookahead blocks the step under way takes once its rows are stored
         # --trims: a trim takes a request back over rows its window already
         # passed, so the cache also keeps the last `keep_rows` (the capacity)
         # positions written, top - capacity .. top - 1 (top: one past the
@@ -186,8 +213,11 @@ class PagedCache(window_cache.WindowCache):
         return max(layer.top[b], p + 1) - self.keep_rows
 
     def after_step(self, layer, st, b):
+        self._take_ahead(layer, st)
         if self.no_window_free:
             return
+        if self.free_deferral and layer.writes[b] % (self.free_deferral + (2 if self.free_late else 1)) != 0:
+            return  # not a free step: the rows that left wait for one
         self._free_below(layer, st, min(self.first_still_visible(layer, st), self._keep_limit(layer, b)))
 
     def before_store(self, layer, st, b, first, j):
@@ -205,6 +235,13 @@ class PagedCache(window_cache.WindowCache):
 
     def release(self, layer, st, b):
         layer.top[b] = 0
+        layer.writes[b] = 0
+        if self.lookahead_leak:
+            # Only the blocks of written positions go back: the lookahead
+            # blocks past the end are forgotten, still taken.
+            end = st.pending_first + st.pending_drafts + 1 if st.pending_drafts >= 0 else st.length
+            for j in [j for j in st.table if j * self.B >= end]:
+                del st.table[j]
         self._free_below(layer, st, float("inf"))
         if self.double_free:
             layer.free.extend(layer.freed[b])  # the window already freed these
@@ -215,6 +252,12 @@ class PagedCache(window_cache.WindowCache):
         B = self.B
         table = st.table
         avail = layer.available()
+        # The lookahead blocks past the step's rows are taken once its rows
+        # are stored, before anything more is freed (after_step): vLLM's
+        # allocate_slots takes them with the step's own, which a cache that
+        # frees nothing while it stores holds at once just the same.
+        ahead = [j for j in range((first + n - 1) // B + 1, (first + n - 1 + self.lookahead) // B + 1)
+                 if j not in table]
         allocated = 0
         stl_limit = self._stl_limit(layer, b, first, n)
         for j_block in range(first // B, (first + n - 1) // B + 1):
@@ -232,8 +275,31 @@ class PagedCache(window_cache.WindowCache):
                 raise kp.Refusal("out-of-blocks",
                                  f"layer pool of {layer.total} blocks of {B} rows has none free "
                                  f"for position {max(first, j_block * B)} of state {b}")
+        if ahead and not self.no_window_free:
+            # Blocks freed by the time the last row is stored.
+            if load_then_store and not self.store_first:
+                limit = min(self._lts_limit(layer, first, n - 1), self._keep_limit(layer, b, first + n - 1))
+            else:
+                limit = stl_limit
+            freeable = sum(1 for i in table if (i + 1) * B <= limit)
+            if allocated + len(ahead) > avail + freeable:
+                raise kp.Refusal("out-of-blocks",
+                                 f"layer pool of {layer.total} blocks of {B} rows has none free for "
+                                 f"lookahead position {ahead[-1] * B} of state {b}")
         if not load_then_store and not self.no_window_free:
             self._free_below(layer, st, stl_limit)
+        # Nothing is refused past this point.
+        layer.writes[b] += 1
+        self.ahead_now = ahead  # taken in after_step, once the rows are stored
+
+    def _take_ahead(self, layer, st):
+        for j in self.ahead_now:
+            if self.lookahead_shared:
+                # Peeked, not popped: the free list still offers it.
+                st.table[j] = layer.free[-1] if layer.free else layer.alloc()
+            else:
+                st.table[j] = layer.alloc()
+        self.ahead_now = []
 
 
 # Bugs of the prefix cache (each switches --prefix-cache on).
@@ -516,6 +582,12 @@ class PagedAdapter(window_cache.WindowAdapter):
                           "and takes new blocks past its pool: memory grows past the declared bound",
         "trim-keeps-drafts": "a trim rewinds the length but leaves a pending verify's drafts pending "
                              "(implies --trims)",
+        "lookahead-shared": "a lookahead block is taken from the free list without leaving it, so the next "
+                            "allocation hands the same block out again (implies --lookahead 4)",
+        "lookahead-leak": "finish and reset return only the blocks of written positions: the lookahead blocks "
+                          "past a request's end stay taken and the pool shrinks (implies --lookahead 4)",
+        "free-late": "declares a free deferral of N steps but frees every N+2 write steps, one step later "
+                     "(implies --free-deferral 2)",
         **PREFIX_BUGS,
     }
 
@@ -534,6 +606,12 @@ class PagedAdapter(window_cache.WindowAdapter):
         parser.add_argument("--trims", action="store_true",
                             help="run trim (hello lists it): the cache also keeps the last `capacity` "
                                  "positions written, which a rewind reads again")
+        parser.add_argument("--lookahead", type=int, default=None, metavar="N",
+                            help="take the blocks of N positions past each write step's last row before it "
+                                 "stores (vLLM's num_lookahead_tokens), declared in hello as lookahead_slots")
+        parser.add_argument("--free-deferral", type=int, default=None, metavar="N",
+                            help="free out-of-window blocks only on every (N+1)-th write step of a request "
+                                 "(SGLang's eviction interval), declared in hello as free_deferral_steps")
         parser.add_argument("--prefix-cache", action="store_true",
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
                                  "blocks no request holds cached (answered \"cached\", readable by a prefix hit) until evicted "
@@ -548,6 +626,21 @@ class PagedAdapter(window_cache.WindowAdapter):
         self.store_first = args.store_first
         if self.trims and self.prefix_cache:
             raise SystemExit("paged-cache: --trims does not go with the prefix cache")
+        lookahead_bug = any(b in ("lookahead-shared", "lookahead-leak") for b in args.bug)
+        self.lookahead = args.lookahead if args.lookahead is not None else (4 if lookahead_bug else 0)
+        self.free_deferral = args.free_deferral if args.free_deferral is not None else (
+            2 if "free-late" in args.bug else None)
+        if self.lookahead < 0 or self.lookahead > 4096:
+            raise SystemExit("paged-cache: --lookahead must be in 0..4096")
+        if self.free_deferral is not None and not 0 <= self.free_deferral <= 4096:
+            raise SystemExit("paged-cache: --free-deferral must be in 0..4096")
+        if lookahead_bug and self.lookahead < 1:
+            raise SystemExit("paged-cache: the lookahead bugs need --lookahead of at least 1")
+        # Slack is the plain paged cache's: the prefix cache and --trims
+        # free their own way, which these switches would silently change.
+        if (self.lookahead or self.free_deferral is not None) and (self.prefix_cache or self.trims):
+            raise SystemExit("paged-cache: --lookahead and --free-deferral go with the plain paged cache "
+                             "(not --prefix-cache or --trims)")
         # The prefix cache frees and stores its own way: these switches of
         # the plain paged cache would silently do nothing there.
         if self.prefix_cache:
@@ -572,6 +665,10 @@ class PagedAdapter(window_cache.WindowAdapter):
             # Blocks no table holds stay readable for a prefix hit until
             # evicted: answered "cached", counted in no bound.
             caps["reports"]["cached"] = True
+        if self.lookahead:
+            caps["lookahead_slots"] = self.lookahead  # the pool kvcheck gives makes room for them
+        if self.free_deferral is not None:
+            caps["free_deferral_steps"] = self.free_deferral  # free-late frees one step later still
         return caps
 
     def make_cache(self, spec):
@@ -583,7 +680,11 @@ class PagedAdapter(window_cache.WindowAdapter):
         if self.prefix_cache:
             return SharingPagedCache(spec, self.active_bugs, self.block_size)
         cache = PagedCache(spec, self.active_bugs, self.block_size)
-        cache.store_first = self.store_first
+        # A deferred free waits for a free step, so nothing goes while a
+        # step stores either: --free-deferral frees as --store-first does.
+        cache.store_first = self.store_first or self.free_deferral is not None
+        cache.lookahead = self.lookahead
+        cache.free_deferral = self.free_deferral or 0
         if self.trims:
             cache.keep_rows = spec.capacity
         return cache

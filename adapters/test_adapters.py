@@ -545,8 +545,9 @@ class ProtocolTest(AdapterTest):
                                       "keep-drafts-on-finish", "trim-keeps-drafts", "padding-through-ring",
                                       "layer-window-swapped"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
-                                       "no-window-free", "trim-keeps-drafts", "free-shared", "cow-skipped",
-                                       "evicted-prefix-reused", "evict-leaves-hash"])):
+                                       "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
+                                       "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused",
+                                       "evict-leaves-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -861,6 +862,47 @@ class ProtocolTest(AdapterTest):
         for bad in (dict(spec, block_size=4, pool_blocks=3), dict(spec, pool_blocks=3)):
             answer = adapter.send({"op": "open", "spec": bad})
             self.assertFalse(answer["ok"], answer)
+
+    def test_paged_lookahead_and_free_deferral(self):
+        plain = self.start(PAGED).hello()["capabilities"]
+        self.assertNotIn("lookahead_slots", plain)
+        self.assertNotIn("free_deferral_steps", plain)
+        t = {"layer": 0, "request": 0, "state": 0}
+        # --lookahead 4: a prefill of 2 rows at 0 takes blocks 0 (its rows)
+        # and 1, 2 (positions 2..5): 3 blocks of 2, refused with 2.
+        adapter = self.start(PAGED, "--block-size", "2", "--lookahead", "4")
+        self.assertEqual(adapter.hello()["capabilities"]["lookahead_slots"], 4)
+        spec = make_spec(states=1, capacity=4, param=2, max_step_rows=2)
+        for blocks, ok in ((2, False), (3, True)):
+            self.assertEqual(adapter.send({"op": "open", "spec": dict(spec, block_size=2, pool_blocks=blocks)}),
+                             {"ok": True})
+            self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+            answer = send_rows_step(adapter, t, "prefill", 0, 2, rows=2, order="store_then_load")
+            self.assertEqual(answer["ok"], ok, answer)
+            if not ok:
+                self.assertEqual(answer["error"], "out-of-blocks")
+        # --free-deferral 2, W = 2 keys, blocks of 2: eagerly, block j goes
+        # once (j + 1) * 2 <= p (after the decode at p); deferred, only on
+        # every third write step (p = 2, 5, 8): blocks 0, then 1, then 2 and 3.
+        adapter = self.start(PAGED, "--block-size", "2", "--free-deferral", "2")
+        self.assertEqual(adapter.hello()["capabilities"]["free_deferral_steps"], 2)
+        self.assertEqual(adapter.send({"op": "open", "spec": dict(spec, block_size=2, pool_blocks=8)}), {"ok": True})
+        self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+        freed = {}
+        for p in range(9):
+            answer = send_rows_step(adapter, t, "decode", p)
+            self.assertTrue(answer["ok"], answer)
+            if "freed" in answer:
+                freed[p] = len(answer["freed"]) // 2
+        self.assertEqual(freed, {2: 1, 5: 1, 8: 2})
+        # Out-of-range values and the prefix cache or trims are refused at start.
+        for args in (["--lookahead", "-1"], ["--free-deferral", "5000"], ["--lookahead", "4", "--prefix-cache"],
+                     ["--free-deferral", "1", "--trims"], ["--bug", "lookahead-leak", "--lookahead", "0"]):
+            bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
+            self.assertNotEqual(bad.returncode, 0, args)
+        # The bugs imply their option: hello declares what the correct cache would.
+        self.assertEqual(self.start(PAGED, "--bug", "free-late").hello()["capabilities"]["free_deferral_steps"], 2)
+        self.assertEqual(self.start(PAGED, "--bug", "lookahead-leak").hello()["capabilities"]["lookahead_slots"], 4)
 
     def test_paged_trims_keep_the_last_capacity_rows(self):
         # Without --trims the paged cache frees by its window and lists no

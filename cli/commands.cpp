@@ -247,6 +247,9 @@ properties::CheckOptions read_check_options(const Args& args, bool probe_backend
       case CheckOption::kNoCoverageGate:
         if (args.has("--no-coverage-gate")) options.coverage_gate = false;
         break;
+      case CheckOption::kMaxFailures:
+        options.max_failures = args.integer("--max-failures", 0, 1, 100000000);
+        break;
       case CheckOption::kThreads:
         options.threads = threads_flag(args);
         break;
@@ -354,6 +357,13 @@ int command_check(int argc, char** argv) {
   const fs::path out = args.get_or("--out", "kvcheck-out");
   const std::optional<ShardFlag> shard = args.shard("--shard");
   if (shard) refuse_side_by_side(options, "--shard", "two caches side by side run in one process");
+  const auto refuse_max_failures = [&options](const char* where) {
+    if (options.max_failures == 0) return;
+    throw Error(ErrorId::kUsage, "--max-failures",
+                std::string("stops one process's check at its N-th failing case: not ") + where +
+                    " (each shard runs all its cases; the merge shrinks the lowest failing one)");
+  };
+  if (shard) refuse_max_failures("with --shard");
   if (args.has("--record")) refuse_side_by_side(options, "--record", "a trace records one cache's runs");
   if (shard && args.has("--record")) {
     throw Error(ErrorId::kUsage, "--record",
@@ -365,6 +375,7 @@ int command_check(int argc, char** argv) {
     if (args.has("--record"))
       throw Error(ErrorId::kUsage, "--record", "not under mpirun (use it with `kvcheck replay`)");
     refuse_side_by_side(options, "mpirun", "two caches side by side run in one process");
+    refuse_max_failures("under mpirun");
     return check_over_mpi(*world, options, command_line(argc, argv), out);
   }
   pipelines::prepare_out_dir(out);

@@ -85,6 +85,10 @@ constexpr FlagHelp kFlagHelp[] = {
     {"", "--no-coverage-gate",
      "a coverage class no case reached does not fail the check (a small run meant as such); the summary "
      "says the gate is off"},
+    {"", "--max-failures",
+     "stop drawing cases once N have failed: the check counts the cases up to its N-th failing one (the "
+     "same whatever --threads), shrinks as usual and says how many cases did not run; not with --shard "
+     "(default: every case runs)"},
     {"", "--memory-limit",
      "refuse to start when the estimated memory exceeds BYTES (K, M, G suffixes; default: the memory "
      "available)"},
@@ -112,7 +116,8 @@ constexpr FlagHelp kFlagHelp[] = {
     {"trace", "--state", "the state id whose rows are shown"},
     {"trace", "--positions", "the query positions, comma-separated"},
     {"trace", "--json", "print JSON instead of the table"},
-    {"sweep", "--window", "the windows swept: A, A:B or A:B:STEP, or a comma list (default: the built-in grid)"},
+    {"sweep", "--window",
+     "the windows swept: A, A:B or A:B:STEP, or a comma list (default: the built-in grid)"},
     {"sweep", "--drafts", "the drafts per verify swept (default: the built-in grid)"},
     {"sweep", "--chunk", "the prefill chunk sizes swept (default: the built-in grid)"},
     {"sweep", "--order", "the prefill orders: store-then-load, load-then-store or both (default both)"},

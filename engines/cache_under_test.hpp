@@ -160,6 +160,23 @@ struct Capabilities {
   /// The memory bound the cache declares (hello "resident_bound"): kvcheck
   /// fails a step after which the cache holds more (ResidentBound).
   ResidentBound resident_bound;
+  /// Lookahead slots (vLLM's num_lookahead_tokens, for a draft model's or
+  /// EAGLE's speculative decoding): with each step the cache takes room for
+  /// this many positions past the step's last row, which hold no row until a
+  /// later step writes there (docs/semantics.md "Lookahead slots and deferred
+  /// frees"). kvcheck's pool (paged_pool_blocks) and a default resident bound
+  /// in blocks make room for them. Paged addressing only (hello
+  /// "lookahead_slots").
+  std::int64_t lookahead_slots = 0;
+  /// A free deferral of N steps (SGLang's hybrid sliding-window allocator,
+  /// which frees out-of-window slots every `eviction_interval` decodes): a
+  /// row that left every window may stay held until N more of its request's
+  /// own write steps have run. kvcheck's pool and default resident bounds
+  /// make room for N steps of rows, and a block held past N steps fails the
+  /// step (docs/semantics.md "Lookahead slots and deferred frees"). None:
+  /// nothing declared and no deadline judged; a declared deferral needs
+  /// reports_frees (hello "free_deferral_steps").
+  std::optional<std::int64_t> free_deferral_steps;
   /// Shared prefixes (Request::prefix): a request may begin from the first n
   /// positions of another, live or finished; the begin carries that
   /// request's rows there. Off unless the cache says so (hello
@@ -222,13 +239,26 @@ struct CacheSpec {
 /// block boundary, ceil(R / block_size) + 1; states times that in all. A
 /// cache that stores a step's rows before its queries read holds keys - 1 +
 /// max_step_rows rows of a request at once.
-std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept;
+/// `slack_rows` more rows per state are added to R before the blocks are
+/// counted (pool_slack_rows: a cache's declared lookahead and free deferral).
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
+                               std::int64_t slack_rows = 0) noexcept;
+/// The rows per state a cache's declared slack adds to what it may hold at
+/// once (docs/semantics.md "Lookahead slots and deferred frees"):
+/// lookahead_slots, plus free_deferral_steps * max_step_rows (the positions
+/// N steps of at most max_step_rows rows move a window by). 0 when none.
+std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) noexcept;
+/// The pool kvcheck gives the cache `caps` for a run of `spec`:
+/// paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec)).
+std::int64_t paged_pool_blocks(const CacheSpec& spec, const Capabilities& caps) noexcept;
 
 /// The bound in force for a run of `spec`: the declared limit, or (limit 0)
-/// what kvcheck gives the case: rows per request `capacity`, in all `states
-/// * capacity`; blocks in all the pool's `pool_blocks` (paged_pool_blocks
-/// when the spec leaves it 0), per request that over `states`. 0 when no
-/// bound is declared.
+/// what kvcheck gives the case: rows per request `capacity` plus the rows a
+/// declared free deferral may keep (free_deferral_steps * max_step_rows;
+/// lookahead slots hold no row), in all `states` times that; blocks in all
+/// the pool's `pool_blocks` (paged_pool_blocks with the cache's slack when
+/// the spec leaves it 0), per request that over `states`. 0 when no bound is
+/// declared.
 std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept;
 
 /// One step sent to a cache (prefill, decode, verify, accept, finish, reset)

@@ -125,12 +125,32 @@ double Capabilities::probability_epsilon() const noexcept {
   return 0;
 }
 
-std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size) noexcept {
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
+                               std::int64_t slack_rows) noexcept {
   if (spec.pool_blocks > 0) return spec.pool_blocks;
   if (block_size < 1) return 0;
   const std::int64_t rows =
-      std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, 1});
+      std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, 1}) +
+      std::max<std::int64_t>(slack_rows, 0);
   return spec.cache.states * ((rows + block_size - 1) / block_size + 1);
+}
+
+namespace {
+
+/// The rows a declared free deferral may keep past the windows of one
+/// request: N steps of at most max_step_rows rows each.
+std::int64_t deferred_rows(const Capabilities& caps, const CacheSpec& spec) noexcept {
+  return caps.free_deferral_steps.value_or(0) * std::max<std::int64_t>(spec.max_step_rows, 1);
+}
+
+}  // namespace
+
+std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) noexcept {
+  return caps.lookahead_slots + deferred_rows(caps, spec);
+}
+
+std::int64_t paged_pool_blocks(const CacheSpec& spec, const Capabilities& caps) noexcept {
+  return paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec));
 }
 
 std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept {
@@ -138,8 +158,12 @@ std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noe
   if (!b.declared()) return 0;
   if (b.limit > 0) return b.limit;
   const std::int64_t states = std::max<std::int64_t>(spec.cache.states, 1);
-  if (b.unit == ResidentBound::Unit::kRows) return b.per_request ? spec.cache.ring_rows : states * spec.cache.ring_rows;
-  const std::int64_t pool = paged_pool_blocks(spec, caps.block_size);
+  if (b.unit == ResidentBound::Unit::kRows) {
+    // Lookahead slots hold no row; rows a deferral keeps are rows.
+    const std::int64_t rows = spec.cache.ring_rows + deferred_rows(caps, spec);
+    return b.per_request ? rows : states * rows;
+  }
+  const std::int64_t pool = paged_pool_blocks(spec, caps);
   return b.per_request ? pool / states : pool;
 }
 

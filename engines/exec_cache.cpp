@@ -240,7 +240,7 @@ class ExecProvider final : public CacheProvider {
     if (caps_.block_size > 0) {
       // Paged addressing: the pool in blocks of the declared size (the sweep
       // sets pool_blocks; otherwise it is derived from the capacity).
-      const std::int64_t blocks = paged_pool_blocks(spec, caps_.block_size);
+      const std::int64_t blocks = paged_pool_blocks(spec, caps_);
       if (blocks < 1) {
         throw Error(ErrorId::kSize, "spec.pool_blocks", "a paged pool needs at least one block, got " +
                                                             std::to_string(blocks));

@@ -99,6 +99,10 @@ bool has(const std::vector<std::string>& v, const char* x) {
 constexpr std::int64_t kMaxInt64 = std::numeric_limits<std::int64_t>::max();
 // Sizes of one head (head_dim, rotary widths) are 32-bit in scenario files.
 constexpr std::int64_t kMaxDim = std::numeric_limits<std::int32_t>::max();
+// Lookahead slots and free deferral steps: engines declare a handful (vLLM's
+// num_speculative_tokens, SGLang's eviction interval of up to a window);
+// more than 2^16 is a mistake, and the pool it would ask for is refused here.
+constexpr std::int64_t kMaxSlackSteps = std::int64_t{1} << 16;
 
 /// `[64, 128]` or `{"multiple_of": 8, "min": 8, "max": 256}`.
 SizeSet size_set(const Json& v, const std::string& path) {
@@ -212,6 +216,8 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "addressing",
               "block_size",
               "resident_bound",
+              "lookahead_slots",
+              "free_deferral_steps",
               "probes"});
   Capabilities& c = *out;
   const auto steps = names(caps["steps"], p + ".steps", kSteps, false);
@@ -320,6 +326,24 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     c.block_size = integer(caps["block_size"], p + ".block_size", 1, kMaxDim);
   }
   if (caps.contains("resident_bound")) read_resident_bound(caps["resident_bound"], p + ".resident_bound", &c);
+  // Declared slack (docs/semantics.md "Lookahead slots and deferred frees").
+  if (caps.contains("lookahead_slots")) {
+    c.lookahead_slots = integer(caps["lookahead_slots"], p + ".lookahead_slots", 0, kMaxSlackSteps);
+    if (c.lookahead_slots > 0 && c.block_size < 1) {
+      bad(p + ".lookahead_slots",
+          "lookahead slots need \"addressing\": \"paged\" with a block_size (they are room in the pool "
+          "kvcheck sizes in blocks)");
+    }
+  }
+  if (caps.contains("free_deferral_steps")) {
+    c.free_deferral_steps =
+        integer(caps["free_deferral_steps"], p + ".free_deferral_steps", 0, kMaxSlackSteps);
+    if (!c.reports_frees) {
+      bad(p + ".free_deferral_steps",
+          "a free deferral needs frees reported (reports: {\"frees\": true}): kvcheck judges each free's "
+          "deadline");
+    }
+  }
   if (caps.contains("probes")) c.probes = names(caps["probes"], p + ".probes", kProbes, true);
 }
 

@@ -355,7 +355,7 @@ class Recorder final : public RecordingProvider {
                                          : scenarios::Addressing::kOpaque;
     if (caps.block_size > 0) {
       h.block_size = caps.block_size;
-      h.pool_blocks = paged_pool_blocks(spec, caps.block_size);
+      h.pool_blocks = paged_pool_blocks(spec, caps);
     }
     if (caps.resident_bound.declared()) {  // the bound this run was judged by, its limit resolved
       h.resident_bound = scenarios::TraceResidentBound{caps.resident_bound.unit == ResidentBound::Unit::kBlocks,

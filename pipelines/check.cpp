@@ -100,6 +100,8 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
   summary.queries = result.queries;
   summary.queries_not_output_checked = result.queries_not_output_checked;
   summary.min_run_share = options.min_run_share;
+  summary.max_failures = options.max_failures;
+  summary.cases_not_run = result.cases_not_run;
   auto names = properties::coverage_names();
   names.insert(names.end(), result.kernel_paths.begin(), result.kernel_paths.end());  // the cache's own, last
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -176,6 +178,13 @@ int report_check(const properties::CheckOptions& options, const properties::Chec
       options.profile == properties::Profile::kDefault
           ? ""
           : (", profile " + properties::profile_name(options.profile)).c_str());
+  if (result.cases_not_run > 0) {
+    std::printf(
+        "stopped after %lld failing cases (--max-failures): the first %lld cases counted, %lld not run; "
+        "coverage not gated\n",
+        static_cast<long long>(options.max_failures), static_cast<long long>(result.cases),
+        static_cast<long long>(result.cases_not_run));
+  }
   if (result.refused > 0) {
     std::printf("refused: %lld cases the cache refused to open\n", static_cast<long long>(result.refused));
   }

@@ -320,14 +320,67 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   tally.kernel_paths = caps.kernel_paths;
   const std::size_t classes = tally.reachable.size();
 
+  // What one case adds to the tally.
+  struct CaseRecord {
+    bool failed = false;
+    bool skipped = false;
+    bool refused = false;
+    bool crash_not_reproduced = false;
+    std::int64_t queries = 0;
+    std::int64_t not_output_checked = 0;
+    ComparedCounts compared;
+    std::vector<bool> flags;  ///< coverage flags; of a skipped or refused case, what it was drawn with
+    BlockCounts blocks;
+  };
   // Results are added up as cases finish (sums commute, so the tally does
-  // not depend on which worker ran what): nothing is sized by the case count.
-  std::atomic<std::int64_t> failures{0}, skipped{0}, refused{0}, queries{0}, not_output_checked{0},
-      not_reproduced{0};
-  std::mutex compared_mutex;
-  ComparedCounts compared;  // guarded by compared_mutex
-  std::vector<std::atomic<std::int64_t>> coverage(classes), coverage_refused(classes);
-  std::atomic<std::int64_t> block_window_frees{0}, block_end_frees{0}, block_reuses{0};
+  // not depend on which worker ran what): nothing is sized by the case
+  // count. With --max-failures cases are counted in case order instead
+  // (`pending` holds those that finished ahead of a lower one), so the
+  // stop falls after the same case whatever the threads.
+  std::mutex tally_mutex;
+  std::map<std::int64_t, CaseRecord> pending;  // guarded by tally_mutex
+  std::int64_t counted = 0;                    // guarded: with max_failures, cases 0..counted-1 counted
+  std::vector<std::int64_t> lowest_failing;    // guarded: the lowest failing k, ascending
+  std::vector<std::int64_t> failing;           // guarded: failing k, the lowest kListedFailingCases kept
+  tally.coverage_counts.assign(classes, 0);
+  tally.coverage_refused.assign(classes, 0);
+  std::atomic<bool> stopped{false};
+  const auto count = [&](std::int64_t k, const CaseRecord& r) {  // under tally_mutex
+    if (r.skipped) {
+      ++(r.refused ? tally.refused : tally.skipped);
+    } else {
+      tally.queries += r.queries;
+      tally.queries_not_output_checked += r.not_output_checked;
+      tally.block_window_frees += r.blocks.window_frees;
+      tally.block_end_frees += r.blocks.end_frees;
+      tally.block_reuses += r.blocks.reuses;
+    }
+    // What the cache would not take counts apart: a class it refuses
+    // whenever it is drawn is not gated (finish_with).
+    std::vector<std::int64_t>& counts = r.skipped ? tally.coverage_refused : tally.coverage_counts;
+    for (std::size_t c = 0; c < classes; ++c) counts[c] += r.flags[c] ? 1 : 0;
+    tally.compared += r.compared;
+    tally.crashes_not_reproduced += r.crash_not_reproduced ? 1 : 0;
+    if (r.failed) {
+      ++tally.failures;
+      lowest_failing.insert(std::upper_bound(lowest_failing.begin(), lowest_failing.end(), k), k);
+      if (lowest_failing.size() > kShrunkFailingCases) lowest_failing.pop_back();
+      failing.push_back(k);
+      if (failing.size() >= 2 * kListedFailingCases) keep_lowest(&failing, kListedFailingCases);
+    }
+  };
+  const auto record = [&](std::int64_t k, CaseRecord r) {
+    const std::lock_guard<std::mutex> lock(tally_mutex);
+    if (options.max_failures <= 0) return count(k, r);
+    if (stopped.load()) return;  // after the stop: dropped
+    pending.emplace(k, std::move(r));
+    while (!stopped.load() && !pending.empty() && pending.begin()->first == counted) {
+      count(counted, pending.begin()->second);
+      pending.erase(pending.begin());
+      ++counted;
+      if (tally.failures >= options.max_failures) stopped.store(true);
+    }
+  };
   std::atomic<std::int64_t> next{0}, done{0};
   std::atomic<std::int64_t> first_failure{mine};                              // in this shard's numbering k
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));  // read after join only
@@ -338,8 +391,6 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::vector<std::int64_t> first_failure_earlier;  // guarded by first_failure_mutex
   std::int64_t first_failure_earlier_run = 0;       // guarded
   std::string first_failure_text;                   // guarded
-  std::vector<std::int64_t> lowest_failing;         // guarded: the lowest failing k, ascending
-  std::vector<std::int64_t> failing;                // guarded: failing k, the lowest kListedFailingCases kept
 
   auto worker = [&](int id) {
     try {
@@ -353,6 +404,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
       std::deque<std::int64_t> earlier;
       std::int64_t earlier_run = 0;
       for (;;) {
+        if (stopped.load()) break;
         const std::int64_t k = next.fetch_add(1);
         if (k >= mine) break;
         const std::int64_t i = case_index(k);
@@ -372,6 +424,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
                       e.rule() + "\n(check case " + std::to_string(i) + ", case seed " +
                           std::to_string(check_case_seed(options, i)) + ")");
         }
+        CaseRecord r;
         if (obs.crashed) {
           // A crash is a failure only if the case fails again: it runs once
           // more alone, on a fresh provider (a new adapter process), which
@@ -382,42 +435,29 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           earlier_run = 0;
           RunObservation again = run_scenario(sc, run);
           if (again.passed || again.skipped) {
-            not_reproduced.fetch_add(1);
+            r.crash_not_reproduced = true;
             obs = std::move(again);
           } else if (again.crashed) {
             provider.reset();  // spent: the next case starts a new one
           }
         }
-        if (side_by_side) {
-          const std::lock_guard<std::mutex> lock(compared_mutex);
-          compared += pair.comparison.counts;
-        }
+        if (side_by_side) r.compared = pair.comparison.counts;
+        r.skipped = obs.skipped;
+        r.refused = obs.refused;
         if (obs.skipped) {
-          (obs.refused ? refused : skipped).fetch_add(1);
-          // What the cache would not take counts apart: a class it refuses
-          // whenever it is drawn is not gated (finish_with).
-          const std::vector<bool> flags = coverage_flags(classify(sc, caps));
-          for (std::size_t c = 0; c < classes; ++c) coverage_refused[c].fetch_add(flags[c] ? 1 : 0);
+          r.flags = coverage_flags(classify(sc, caps));
         } else {
-          queries.fetch_add(obs.queries);
-          not_output_checked.fetch_add(obs.queries_not_output_checked);
+          r.queries = obs.queries;
+          r.not_output_checked = obs.queries_not_output_checked;
           Coverage cov = classify(sc, caps);
           // Side by side the summary carries no slots: the first cache's run does.
-          const BlockCounts blocks = classify_blocks(sc, side_by_side ? pair.a : obs, caps.block_size, &cov);
+          r.blocks = classify_blocks(sc, side_by_side ? pair.a : obs, caps.block_size, &cov);
           classify_cached(side_by_side ? pair.a : obs, &cov);
-          block_window_frees.fetch_add(blocks.window_frees);
-          block_end_frees.fetch_add(blocks.end_frees);
-          block_reuses.fetch_add(blocks.reuses);
-          const std::vector<bool> flags = coverage_flags(cov);
-          for (std::size_t c = 0; c < classes; ++c) coverage[c].fetch_add(flags[c] ? 1 : 0);
+          r.flags = coverage_flags(cov);
         }
-        if (!obs.passed) {
-          failures.fetch_add(1);
+        r.failed = !obs.passed;
+        if (r.failed) {
           const std::lock_guard<std::mutex> lock(first_failure_mutex);
-          lowest_failing.insert(std::upper_bound(lowest_failing.begin(), lowest_failing.end(), k), k);
-          if (lowest_failing.size() > kShrunkFailingCases) lowest_failing.pop_back();
-          failing.push_back(k);
-          if (failing.size() >= 2 * kListedFailingCases) keep_lowest(&failing, kListedFailingCases);
           if (k < first_failure.load()) {
             first_failure.store(k);
             first_failure_earlier.assign(earlier.begin(), earlier.end());
@@ -425,6 +465,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
             first_failure_text = obs.first_failure;
           }
         }
+        record(k, std::move(r));
         earlier.push_back(i);
         if (earlier.size() > kKeptEarlierCases) earlier.pop_front();
         ++earlier_run;
@@ -440,7 +481,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   while (done.load() < mine) {
-    if (worker_failed.load()) break;
+    if (worker_failed.load() || stopped.load()) break;
     if (options.progress) options.progress(done.load(), mine);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -450,19 +491,13 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
   }
   if (options.progress) options.progress(mine, mine);
 
-  tally.failures = failures.load();
-  tally.crashes_not_reproduced = not_reproduced.load();
-  tally.skipped = skipped.load();
-  tally.refused = refused.load();
-  tally.queries = queries.load();
-  tally.queries_not_output_checked = not_output_checked.load();
-  tally.compared = compared;
-  for (const auto& c : coverage) tally.coverage_counts.push_back(c.load());
-  for (const auto& c : coverage_refused) tally.coverage_refused.push_back(c.load());
+  if (stopped.load()) {
+    // Counted: the cases up to the max_failures-th failing one; the rest
+    // did not run (or ran and were dropped).
+    tally.cases = counted;
+    tally.cases_not_run = mine - counted;
+  }
   tally.block_size = caps.block_size;
-  tally.block_window_frees = block_window_frees.load();
-  tally.block_end_frees = block_end_frees.load();
-  tally.block_reuses = block_reuses.load();
   tally.observed = observed_name(caps);
   keep_lowest(&failing, kListedFailingCases);
   for (const std::int64_t k : failing) tally.failing_cases.push_back(case_index(k));
@@ -486,6 +521,7 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   result.queries = tally.queries;
   result.queries_not_output_checked = tally.queries_not_output_checked;
   result.crashes_not_reproduced = tally.crashes_not_reproduced;
+  result.cases_not_run = tally.cases_not_run;
   result.compared = tally.compared;
   result.observed = tally.observed;
   for (const std::int64_t i : tally.failing_cases) result.failing_case_seeds.push_back(check_case_seed(options, i));
@@ -504,7 +540,9 @@ CheckResult finish_with(const CheckOptions& options, const CaseTally& tally,
   const auto& gate_cases = coverage_gate_cases();
   result.kernel_paths = tally.kernel_paths;
   for (std::size_t k = 0; k < result.coverage_counts.size(); ++k) {
-    std::int64_t minimum = result.reachable[k] && options.coverage_gate ? 1 : 0;
+    // A check stopped by --max-failures has failed: the classes of the
+    // cases it did not run are not judged.
+    std::int64_t minimum = result.reachable[k] && options.coverage_gate && result.cases_not_run == 0 ? 1 : 0;
     if (k < gate_cases.size() && result.cases < gate_cases[k]) minimum = 0;
     // Drawn, and refused by the cache every time: what it accepts decides.
     if (result.coverage_counts[k] == 0 && result.coverage_refused[k] > 0) minimum = 0;

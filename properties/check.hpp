@@ -68,6 +68,11 @@ struct CheckOptions {
   /// `--no-coverage-gate` false: a coverage class no case reached does not
   /// fail the check (a small run meant as such); the counts are still shown.
   bool coverage_gate = true;
+  /// `--max-failures N`: once N cases have failed, no further case is
+  /// drawn; the check counts the cases up to and including its N-th lowest
+  /// failing case, and no other (the same cases whatever the threads: cases
+  /// after it that were already running are dropped). 0: every case runs.
+  std::int64_t max_failures = 0;
 };
 
 /// Result of a check run.
@@ -136,6 +141,9 @@ struct CheckResult {
   /// fresh cache: not failures (a failure is reported only if it happens
   /// again), counted and said.
   std::int64_t crashes_not_reproduced = 0;
+  /// With --max-failures: the cases after the check stopped (not drawn, or
+  /// dropped), not among `cases`; 0 when it did not stop early.
+  std::int64_t cases_not_run = 0;
 };
 
 /// How many failing cases a check lists (the lowest indices): report.json's
@@ -159,6 +167,9 @@ inline constexpr std::size_t kSmallCounterexampleRequests = 3;
 /// What the cases of one shard (or of a whole run) found, before shrinking.
 struct CaseTally {
   std::int64_t cases = 0;                       ///< cases run
+  /// With --max-failures: the shard's cases after the check stopped (not
+  /// among `cases`). Kept in memory only (a shard never stops early).
+  std::int64_t cases_not_run = 0;
   std::int64_t failures = 0;                    ///< cases that failed
   std::int64_t skipped = 0;                     ///< cases outside the cache's capabilities (not sent)
   std::int64_t refused = 0;                     ///< cases the cache refused at open

@@ -102,6 +102,11 @@ struct StepObservation {
   /// else -1): counted apart from the rows held, in no bound.
   std::int64_t cached_rows = -1;
   std::int64_t cached_blocks = -1;
+  /// Blocks (slots, without a block size) still held more steps after
+  /// every row in them left the window than the cache's declared free
+  /// deferral allows (Capabilities::free_deferral_steps; the step fails).
+  std::int64_t late_frees = 0;
+  std::string late_detail;       ///< the first of them, one line
   std::int64_t bound_limit = 0;  ///< the declared resident bound in force (0: none)
   std::int64_t bound_held = 0;   ///< what the cache held, counted as the bound counts (the step fails above it)
   std::string bound_unit;        ///< how the bound counts: "rows in all", "blocks per request", ...
@@ -195,6 +200,7 @@ struct RunObservation {
   std::int64_t encoding_mismatches = 0;  ///< sum over steps
   std::int64_t freed_visible = 0;        ///< sum over steps: visible rows freed
   std::int64_t steps_over_bound = 0;     ///< steps (and layers) after which the cache held more than its bound
+  std::int64_t late_frees = 0;           ///< sum over steps: blocks held past the declared free deferral
   std::int64_t queries = 0;
   std::int64_t queries_not_output_checked = 0;  ///< queries whose output was not judged (see QueryObservation)
   std::int64_t mpfr_queries =

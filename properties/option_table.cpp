@@ -76,6 +76,7 @@ std::optional<std::string> option_text(CheckOption id, const CheckOptions& optio
       return decimal_text(options.min_run_share);
     case CheckOption::kNoCoverageGate:
       return std::string(options.coverage_gate ? "on" : "off");
+    case CheckOption::kMaxFailures: return std::to_string(options.max_failures);
     case CheckOption::kThreads:
       return std::to_string(options.threads);
     case CheckOption::kMemoryLimit:

@@ -48,31 +48,33 @@ enum class OptionEffect : std::uint8_t {
 // a check shard document's "options" that records the option ("" when a
 // shard records none). Rows in the order the replay command and the usage
 // text list them.
-#define KVCHECK_CHECK_OPTIONS(X)                                                                       \
-  X(kImpl, "--impl", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "impl")                           \
-  X(kFault, "--fault", "NAME", kForCheck | kForReplay | kRecorded, kRun, "fault")                        \
-  X(kAgainst, "--against", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "against")                  \
-  X(kBitwise, "--bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "bitwise")                      \
-  X(kRepeatBitwise, "--repeat-bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "repeat_bitwise")  \
-  X(kPrecision, "--precision", "53|113|169", kForCheck | kForReplay | kRecorded, kRun, "precision_requested") \
-  X(kStepTimeout, "--step-timeout", "S", kForCheck | kForReplay | kRecorded, kRun, "step_timeout_seconds")  \
-  X(kReference, "--reference", "certified|mpfr", kForCheck | kForReplay, kNothing, "")                  \
-  X(kExecEncoding, "--exec-encoding", "json|binary", kForCheck | kForReplay, kNothing, "")              \
-  X(kCases, "--cases", "N", kForCheck | kRecorded, kCases, "cases")                                      \
-  X(kSeed, "--seed", "X", kForCheck | kRecorded, kCases, "seed")                                         \
-  X(kCaseSeed, "--case-seed", "X", kForCheck | kRecorded, kCases, "case_seed")                           \
-  X(kProfile, "--profile", "default|production|trim|paged|layers|prefix", kForCheck | kRecorded, kCases, \
-    "profile")                                                                                           \
-  X(kMinRunShare, "--min-run-share", "F", kForCheck | kRecorded, kVerdict, "min_run_share")              \
-  X(kNoCoverageGate, "--no-coverage-gate", "", kForCheck | kRecorded, kVerdict, "coverage_gate")         \
-  X(kMemoryLimit, "--memory-limit", "BYTES", kForCheck | kForReplay | kRecorded, kNothing, "")           \
-  X(kWorkLimit, "--work-limit", "ROWS", kForCheck | kForReplay | kRecorded, kNothing, "")                \
-  X(kRecord, "--record", "TRACE", kForCheck | kForReplay | kRecorded, kNothing, "")                      \
-  X(kThreads, "--threads", "T", kForCheck, kNothing, "")                                                 \
-  X(kShard, "--shard", "I/N", kForCheck, kNothing, "")                                                   \
-  X(kOut, "--out", "DIR", kForCheck, kNothing, "")                                                       \
-  X(kReport, "--report", "FILE", kForReplay | kRecorded, kNothing, "")                                   \
-  X(kJunit, "--junit", "FILE", kForReplay | kRecorded, kNothing, "")                                     \
+#define KVCHECK_CHECK_OPTIONS(X)                                                                           \
+  X(kImpl, "--impl", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "impl")                             \
+  X(kFault, "--fault", "NAME", kForCheck | kForReplay | kRecorded, kRun, "fault")                          \
+  X(kAgainst, "--against", "IMPL", kForCheck | kForReplay | kRecorded, kRun, "against")                    \
+  X(kBitwise, "--bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "bitwise")                        \
+  X(kRepeatBitwise, "--repeat-bitwise", "", kForCheck | kForReplay | kRecorded, kRun, "repeat_bitwise")    \
+  X(kPrecision, "--precision", "53|113|169", kForCheck | kForReplay | kRecorded, kRun,                     \
+    "precision_requested")                                                                                 \
+  X(kStepTimeout, "--step-timeout", "S", kForCheck | kForReplay | kRecorded, kRun, "step_timeout_seconds") \
+  X(kReference, "--reference", "certified|mpfr", kForCheck | kForReplay, kNothing, "")                     \
+  X(kExecEncoding, "--exec-encoding", "json|binary", kForCheck | kForReplay, kNothing, "")                 \
+  X(kCases, "--cases", "N", kForCheck | kRecorded, kCases, "cases")                                        \
+  X(kSeed, "--seed", "X", kForCheck | kRecorded, kCases, "seed")                                           \
+  X(kCaseSeed, "--case-seed", "X", kForCheck | kRecorded, kCases, "case_seed")                             \
+  X(kProfile, "--profile", "default|production|trim|paged|layers|prefix", kForCheck | kRecorded, kCases,   \
+    "profile")                                                                                             \
+  X(kMinRunShare, "--min-run-share", "F", kForCheck | kRecorded, kVerdict, "min_run_share")                \
+  X(kNoCoverageGate, "--no-coverage-gate", "", kForCheck | kRecorded, kVerdict, "coverage_gate")           \
+  X(kMaxFailures, "--max-failures", "N", kForCheck | kRecorded, kVerdict, "max_failures")                  \
+  X(kMemoryLimit, "--memory-limit", "BYTES", kForCheck | kForReplay | kRecorded, kNothing, "")             \
+  X(kWorkLimit, "--work-limit", "ROWS", kForCheck | kForReplay | kRecorded, kNothing, "")                  \
+  X(kRecord, "--record", "TRACE", kForCheck | kForReplay | kRecorded, kNothing, "")                        \
+  X(kThreads, "--threads", "T", kForCheck, kNothing, "")                                                   \
+  X(kShard, "--shard", "I/N", kForCheck, kNothing, "")                                                     \
+  X(kOut, "--out", "DIR", kForCheck, kNothing, "")                                                         \
+  X(kReport, "--report", "FILE", kForReplay | kRecorded, kNothing, "")                                     \
+  X(kJunit, "--junit", "FILE", kForReplay | kRecorded, kNothing, "")                                       \
   X(kHtml, "--html", "FILE", kForReplay | kRecorded, kNothing, "")
 
 /// One option of check or replay.

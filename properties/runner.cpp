@@ -820,6 +820,8 @@ class StepDriver {
       if (!lost.empty() && obs->freed_detail.empty())
         obs->freed_detail = freed_text(lost_slots.front(), lost.front()) + (cache ? " (cached)" : "");
     }
+    if (caps_.reports_frees && caps_.free_deferral_steps)
+      judge_free_deadline(step_index, layer, visible(), obs);
     if (!caps_.reports_frees && !caps_.resident_bound.declared() && !caps_.reports_cached) return;
     // Per request, a shared row counts for the requests that still see it
     // (a request's table drops a block its window left, while a sharer's
@@ -891,6 +893,74 @@ class StepDriver {
       if (later.kind == StepKind::kTrim) first = std::min(first, it->second.length);
     }
     return v;
+  }
+
+  /// When a block (a slot, without a block size) left the window: the step
+  /// it was first seen to, its request, and how many of that request's
+  /// write steps have run since.
+  struct LeftBlock {
+    std::int64_t step = 0;
+    std::int64_t request = 0;
+    std::int64_t steps_since = 0;
+  };
+
+  /// A cache declaring a free deferral of N steps (docs/semantics.md
+  /// "Lookahead slots and deferred frees"): after step `step_index` on
+  /// `layer`, every block whose rows have all left the window N or more of
+  /// their request's write steps ago must no longer be held. A row has left
+  /// once it is below the window of its request's next query by more than
+  /// that request's last committed row (position < first - max(keys, 2) + 1:
+  /// with one key the last row shares its block with the next one written);
+  /// rows of a finished request, rows another request begins from (a prefix
+  /// cache keeps them), copies and stale rows above the window never leave.
+  void judge_free_deadline(std::size_t step_index, std::int32_t layer, const Visibility& v,
+                           StepObservation* obs) {
+    const std::int64_t deferral = *caps_.free_deferral_steps;
+    const scenarios::Step& step = sc_.steps[step_index];
+    const bool counts = scenarios::step_kind_writes_rows(step.kind);
+    const std::int64_t unit = caps_.block_size > 0 ? caps_.block_size : 1;
+    const std::int64_t reach = std::max<std::int64_t>(v.keys, 2) - 1;
+    struct Held {
+      bool left = true;
+      std::int64_t request = -1;
+      std::int64_t slot = -1;  // the lowest slot holding a row, and its row
+      ShadowRow row;
+    };
+    std::map<std::int64_t, Held> blocks;  // block -> what it holds
+    shadows_[static_cast<std::size_t>(layer)].for_each_slot([&](std::int64_t slot, const ShadowRow& row) {
+      if (row.padding || row.request < 0) return;
+      Held& h = blocks[slot / unit];
+      if (h.slot < 0 || slot < h.slot) {
+        h.slot = slot;
+        h.row = row;
+      }
+      if (h.request >= 0 && h.request != row.request) h.left = false;  // two requests' rows: not judged
+      h.request = row.request;
+      const auto it = v.range.find(row.request);
+      const bool left = !row.copied && it != v.range.end() && !prefix_sources_.contains(row.request) &&
+                        row.position < it->second.first - reach;
+      if (!left) h.left = false;
+    });
+    std::map<std::int64_t, LeftBlock>& since = left_blocks_[static_cast<std::size_t>(layer)];
+    for (auto it = since.begin(); it != since.end();) {
+      const auto h = blocks.find(it->first);
+      it = h == blocks.end() || !h->second.left ? since.erase(it) : std::next(it);
+    }
+    for (const auto& [block, h] : blocks) {
+      if (!h.left) continue;
+      auto [it, fresh] =
+          since.try_emplace(block, LeftBlock{static_cast<std::int64_t>(step_index), h.request, 0});
+      if (!fresh && counts && step.request == it->second.request) ++it->second.steps_since;
+      if (it->second.steps_since < deferral) continue;
+      if (++obs->late_frees == 1) {
+        obs->late_detail = freed_text(h.slot, h.row) +
+                           (caps_.block_size > 0 ? " (block " + std::to_string(block) + ")" : "") +
+                           " still held " + std::to_string(it->second.steps_since) +
+                           " write steps of request " + std::to_string(h.request) +
+                           " after it left the window at step " + std::to_string(it->second.step) +
+                           ": the declared free deferral is " + std::to_string(deferral) + " steps";
+      }
+    }
   }
 
   /// Slots: everything from what the cache reported, via the shadow map
@@ -966,6 +1036,9 @@ class StepDriver {
   std::map<std::int64_t, RequestState> requests_;
   std::vector<std::int64_t> trim_floor_;  // [steps] see trim_floors()
   std::int64_t resident_limit_ = 0;       // the declared resident bound for this run (0: none)
+  // [layers] block -> when it left the window (judge_free_deadline)
+  std::vector<std::map<std::int64_t, LeftBlock>> left_blocks_ =
+      std::vector<std::map<std::int64_t, LeftBlock>>(static_cast<std::size_t>(cache_.layers));
   std::int64_t slot_end_ = std::numeric_limits<std::int64_t>::max();  // one past the highest slot (set_slot_end)
   std::string slot_end_text_;
   BeginEvents begun_events_;  // the begin of the step under way on this layer (settle_begin)
@@ -1052,8 +1125,7 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
 
   const engines::Capabilities& caps = provider.capabilities();
   run.block_size = caps.block_size;
-  if (caps.block_size > 0)
-    run.pool_blocks = engines::paged_pool_blocks(spec, caps.block_size);
+  if (caps.block_size > 0) run.pool_blocks = engines::paged_pool_blocks(spec, caps);
   run.observed = observed_name(caps);
   std::string why;
   if (!caps.supports(sc, &why)) {

@@ -188,6 +188,12 @@ class ShadowMap {
   Resident resident_counts(std::int64_t block_size, const std::function<bool(const ShadowRow&)>& visible = {},
                            const std::function<bool(std::int64_t)>& live = {}) const;
 
+  /// Calls `f(slot, row)` for every slot holding something (padding
+  /// included), in no particular order.
+  template <class F>
+  void for_each_slot(F&& f) const {
+    for (const auto& [slot, row] : slots_) f(slot, row);
+  }
   /// What `slot` holds now.
   ShadowRow at(std::int64_t slot) const;
   /// What every written slot holds now, cached rows left out (docs/semantics.md

@@ -118,6 +118,12 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
            ": freed " + std::to_string(obs.freed_visible) + " rows still visible; first: " + obs.freed_detail);
     }
+    run.late_frees += obs.late_frees;
+    if (obs.late_frees > 0) {
+      fail("step " + std::to_string(obs.step) + " (" + obs.kind + ") layer " + std::to_string(obs.layer) +
+           ": " + std::to_string(obs.late_frees) +
+           " blocks freed later than declared; first: " + obs.late_detail);
+    }
     const bool over_bound = obs.bound_limit > 0 && obs.bound_held > obs.bound_limit;
     if (over_bound) {
       ++run.steps_over_bound;
@@ -126,7 +132,7 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
            ", over its declared resident bound of " + std::to_string(obs.bound_limit));
     }
     obs.failed = collision_fail || obs.expectation_failed || !obs.error.empty() ||
-                 obs.encoding_mismatches > 0 || obs.freed_visible > 0 || over_bound ||
+                 obs.encoding_mismatches > 0 || obs.freed_visible > 0 || obs.late_frees > 0 || over_bound ||
                  std::any_of(obs.queries.begin(), obs.queries.end(),
                              [](const QueryObservation& q) { return q.failed; });
   }

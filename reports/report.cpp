@@ -102,6 +102,10 @@ std::string check_counts_text(const CheckSummary& c) {
   }
   out += "; " + std::to_string(c.failures) + " failed; " + std::to_string(c.queries_not_output_checked) +
          " of " + std::to_string(c.queries) + " queries not output-checked";
+  if (c.cases_not_run > 0) {
+    out += "; stopped after " + std::to_string(c.max_failures) + " failing cases (--max-failures " +
+           std::to_string(c.max_failures) + "): " + std::to_string(c.cases_not_run) + " cases not run";
+  }
   return out;
 }
 
@@ -177,6 +181,8 @@ std::string resident_text(const properties::StepObservation& s) {
       out += ", cached " + std::to_string(s.cached_slots) + ", evicted " + std::to_string(s.evicted_rows);
     if (s.freed_visible > 0) out += " (" + std::to_string(s.freed_visible) + " still visible)";
   }
+  if (s.late_frees > 0)
+    out += (out.empty() ? "" : "; ") + std::to_string(s.late_frees) + " blocks freed late";
   return out;
 }
 

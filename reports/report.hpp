@@ -98,6 +98,10 @@ struct CheckSummary {
   /// False for replayed files compared side by side: their cases were not
   /// drawn, so a failure has no case seed to show.
   bool cases_drawn = true;
+  /// `--max-failures N` given (0: not given), and the cases after the check
+  /// stopped at its N-th failing case (not among `cases`; 0: it did not stop).
+  std::int64_t max_failures = 0;
+  std::int64_t cases_not_run = 0;
   /// Whether the failing case's seed is shown: a case failed and was drawn.
   bool shows_failing_case_seed() const noexcept { return failures != 0 && cases_drawn; }
   /// Cases that ran: neither refused nor skipped.

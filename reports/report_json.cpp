@@ -116,6 +116,10 @@ Json step_json(const properties::StepObservation& s) {
       j["resident"]["cached"] = s.cached_slots;
       j["resident"]["evicted"] = s.evicted_rows;
     }
+    if (s.late_frees > 0) {  // a cache that declares a free deferral, past it
+      j["resident"]["late_frees"] = s.late_frees;
+      j["resident"]["late_detail"] = s.late_detail;
+    }
   }
   return j;
 }
@@ -203,6 +207,7 @@ Json run_json(const properties::RunObservation& r) {
   // Only when not zero (a cache that frees or declares a bound): other reports keep their bytes.
   if (r.freed_visible > 0) totals["freed_visible"] = r.freed_visible;
   if (r.steps_over_bound > 0) totals["steps_over_bound"] = r.steps_over_bound;
+  if (r.late_frees > 0) totals["late_frees"] = r.late_frees;
   j["totals"] = std::move(totals);
   Json steps = Json::array();
   for (const auto& s : r.steps) steps.push_back(step_json(s));
@@ -249,6 +254,10 @@ Json check_json(const CheckSummary& c) {
   j["failing_case_seeds"] = c.failing_case_seeds;
   j["failing_case_seeds_omitted"] = c.failures - static_cast<std::int64_t>(c.failing_case_seeds.size());
   j["observed"] = c.observed;
+  if (c.cases_not_run > 0) {
+    // Only for a check --max-failures stopped: the cases after it never counted.
+    j["stopped"] = Json{{"max_failures", c.max_failures}, {"cases_not_run", c.cases_not_run}};
+  }
   if (c.side_by_side) {
     // Only for two caches side by side.
     const SideBySide& b = *c.side_by_side;

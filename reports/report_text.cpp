@@ -69,6 +69,7 @@ std::string run_summary_line(const properties::RunObservation& run) {
   if (run.mpfr_queries > 0) line += " mpfr_queries=" + std::to_string(run.mpfr_queries);
   if (run.freed_visible > 0) line += " freed_visible=" + std::to_string(run.freed_visible);
   if (run.steps_over_bound > 0) line += " over_bound=" + std::to_string(run.steps_over_bound);
+  if (run.late_frees > 0) line += " late_frees=" + std::to_string(run.late_frees);
   if (run.block_size > 0)
     line += " block_size=" + std::to_string(run.block_size) + " pool_blocks=" + std::to_string(run.pool_blocks);
   return line;

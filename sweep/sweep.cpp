@@ -277,8 +277,24 @@ scenarios::Scenario worst_case_scenario(const SweepConfig& config, std::int64_t 
   return sc;
 }
 
-std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noexcept {
-  const std::int64_t rows = spec_bound(config);
+namespace {
+
+/// The longest step of `config`: verify(k)'s k + 1 rows or a chunk of C.
+std::int64_t longest_step_rows(const SweepConfig& config) noexcept {
+  return std::max(config.drafts + 1, config.chunk_rows);
+}
+
+}  // namespace
+
+std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size,
+                         const engines::Capabilities& caps) noexcept {
+  const std::int64_t step = longest_step_rows(config);
+  // A deferral lets rows wait through a step in either order (store-first),
+  // and N steps' worth of rows past it.
+  const std::int64_t rows =
+      (caps.free_deferral_steps ? config.window_keys - 1 + step + *caps.free_deferral_steps * step
+                                : spec_bound(config)) +
+      caps.lookahead_slots;
   return (rows - 1 + block_size - 1) / block_size + 1;
 }
 
@@ -286,13 +302,14 @@ std::int64_t paged_ring_bound(const SweepConfig& config, std::int64_t block_size
   return (spec_bound(config) + block_size - 1) / block_size;
 }
 
-std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept {
+std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size,
+                                const engines::Capabilities& caps) noexcept {
   engines::CacheSpec spec;
   spec.cache.states = 1;
   spec.cache.ring_rows = spec_bound(config);
   spec.window_keys = config.window_keys;
-  spec.max_step_rows = std::max(config.drafts + 1, config.chunk_rows);
-  return engines::paged_pool_blocks(spec, block_size);
+  spec.max_step_rows = longest_step_rows(config);
+  return engines::paged_pool_blocks(spec, block_size, engines::pool_slack_rows(caps, spec));
 }
 
 scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::int64_t block_size,
@@ -322,7 +339,10 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
     auto add = [&](const scenarios::Step& st, std::int64_t advance) {
       if (caps.supports_step(st)) push(st, advance);
     };
-    const std::int64_t chunk = std::min(config.window_keys, capacity);
+    // A deferral's slack is N steps of the longest step's rows: the fill's
+    // chunks are no longer than that step, or they would outgrow it.
+    const std::int64_t chunk = std::min(
+        {config.window_keys, capacity, caps.free_deferral_steps ? longest_step_rows(config) : capacity});
     while (length < fill) {
       const scenarios::Step st = fill_step(std::min(chunk, fill - length), caps);
       push(st, scenarios::step_rows(st));
@@ -343,6 +363,22 @@ scenarios::Scenario worst_case_paged_scenario(const SweepConfig& config, std::in
             add(decode, 1);
           } else {
             add(prefill, config.chunk_rows);
+          }
+        }
+      }
+      if (caps.free_deferral_steps) {
+        // Rows left behind by the last N steps stay: 2N + 2 of the longest
+        // steps in a row hold a whole cycle of N + 1 between two frees.
+        scenarios::Step accept;
+        accept.kind = StepKind::kAccept;
+        accept.accepted = config.drafts;
+        const bool chunks = config.chunk_rows >= config.drafts + 1 && caps.supports_step(prefill);
+        for (std::int64_t i = 0; i < 2 * *caps.free_deferral_steps + 2; ++i) {
+          if (chunks) {
+            push(prefill, config.chunk_rows);
+          } else if (caps.verify) {
+            push(verify, 0);
+            push(accept, config.drafts + 1);
           }
         }
       }
@@ -496,20 +532,23 @@ SweepResult run_sweep(const SweepGrid& grid, const SweepOptions& options) {
   result.grid = grid;
   result.states = options.probe.states;
   const std::int64_t total = grid.size();
+  engines::Capabilities live_caps;  // a live cache's, for its declared slack
   if (!options.impl.empty() && total > 0) {
     // A live cache that declares paged addressing is swept for its pool in blocks.
     properties::RunOptions ask;
     ask.backend = options.impl;
     ask.step_timeout_seconds = options.step_timeout_seconds;
-    result.block_size = properties::make_provider(ask)->capabilities().block_size;
+    live_caps = properties::make_provider(ask)->capabilities();
+    result.block_size = live_caps.block_size;
   }
   const std::int64_t block_size = result.block_size;
   result.rows.resize(static_cast<std::size_t>(total));
   for (std::int64_t r = 0; r < total; ++r) {
     SweepRow& row = result.rows[static_cast<std::size_t>(r)];
     row.config = grid.at(r);
-    row.spec_bound = block_size > 0 ? paged_bound(row.config, block_size) : spec_bound(row.config);
-    row.seed_ring = block_size > 0 ? paged_default_pool(row.config, block_size) : seed_ring(row.config);
+    row.spec_bound = block_size > 0 ? paged_bound(row.config, block_size, live_caps) : spec_bound(row.config);
+    row.seed_ring =
+        block_size > 0 ? paged_default_pool(row.config, block_size, live_caps) : seed_ring(row.config);
     // Evaluated up front so a bad formula fails before any work, the same way every time.
     if (options.formula) {
       row.has_formula = true;

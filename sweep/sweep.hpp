@@ -217,9 +217,19 @@ std::int64_t spec_bound(const SweepConfig& config) noexcept;
 // span at most ceil((m - 1) / B) + 1 blocks (the first at the last row of a
 // block): paged_bound. The schedule runs every step at every phase mod B,
 // so it meets that worst alignment.
+//
+// Declared slack (docs/semantics.md "Lookahead slots and deferred frees")
+// lengthens the run: L lookahead slots past the step's last row add L; a
+// free deferral of N steps lets the rows of the last N steps stay too, each
+// step at most S = max(k + 1, C) rows, and lets rows wait through a step as
+// a store-first cache's do, so m is W - 1 + S + N * S in either order. The
+// paged schedule then also runs 2N + 2 steps of S rows in a row, a whole
+// cycle of N + 1 of them between two frees at any phase of the cache's own.
 
-/// Blocks one live request needs at once: ceil((m - 1) / B) + 1, m = spec_bound(config).
-std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noexcept;
+/// Blocks one live request needs at once: ceil((m - 1) / B) + 1, m =
+/// spec_bound(config) plus the slack `caps` declares (above).
+std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size,
+                         const engines::Capabilities& caps = {}) noexcept;
 /// Blocks a cache needs that keeps each request's rows as a ring of m rows
 /// laid over its blocks (slot p mod m, through the block table: `--impl
 /// paged`), rewriting slots in place rather than freeing blocks the window
@@ -228,8 +238,10 @@ std::int64_t paged_bound(const SweepConfig& config, std::int64_t block_size) noe
 /// either.
 std::int64_t paged_ring_bound(const SweepConfig& config, std::int64_t block_size) noexcept;
 /// The pool `check` gives a paged cache per state (engines::paged_pool_blocks
-/// at capacity m): ceil((W - 1 + max(k + 1, C)) / B) + 1.
-std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size) noexcept;
+/// at capacity m, with the slack `caps` declares): ceil((W - 1 + max(k + 1,
+/// C) + slack) / B) + 1.
+std::int64_t paged_default_pool(const SweepConfig& config, std::int64_t block_size,
+                                const engines::Capabilities& caps = {}) noexcept;
 
 /// The worst-case schedule of `config` for a paged cache of `block_size`
 /// rows per block (capacity m = spec_bound(config), pool given at open by

@@ -51,7 +51,9 @@ def test_a_bug_where_prefixes_and_layer_windows_meet_fails_a_plain_check(request
     # failure shrinks to a few requests and steps with both still in it.
     binary = kvcheck.testing.find_binary(request.config.getoption("--kvcheck-binary"))
     with pytest.raises(kvcheck.testing.CheckFailed) as failed:
-        kvcheck.testing.check(PrefixWindowOfLayer0, cases=2000, binary=binary, out=str(tmp_path / "bug"))
+        kvcheck.testing.check(PrefixWindowOfLayer0, cases=2000, binary=binary, out=str(tmp_path / "bug"),
+                              args=["--max-failures", "4"])
+    assert failed.value.counterexample, str(failed.value)
     case = json.loads(failed.value.counterexample)
     assert len(case["requests"]) <= 3 and len(case["steps"]) <= 8, failed.value.counterexample
     assert any("prefix" in r for r in case["requests"]), failed.value.counterexample

@@ -17,7 +17,8 @@ The steps a subclass defines are the steps its hello declares: `prefill`
 (in the orders of `prefill_orders`), `decode`, `verify` with `accept`,
 `finish`, `reset`, `trim`; `begin` is always there (by default it does nothing).
 Class attributes say the rest of the hello: `name`, `formats`, `rope`,
-`layouts`, `addressing`, `outputs`, `slots`, `rows` and `capabilities` (any
+`layouts`, `addressing`, `outputs`, `slots`, `rows`, `lookahead_slots`,
+`free_deferral_steps` and `capabilities` (any
 other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
 `probes`, ...; it wins over what the attributes say).
 
@@ -60,6 +61,9 @@ class Engine:
     rows = "lists"                  # "numpy": step.k, .v, .q as float64 arrays [rows, width]
     cached = False                  # True: answers may carry `cached` (hello "reports": {"cached": true})
     capabilities = {}               # any other hello key; wins over the attributes
+    # Declared slack (docs/semantics.md "Lookahead slots and deferred frees"):
+    lookahead_slots = 0             # positions past each step's rows it takes room for (vLLM num_lookahead_tokens)
+    free_deferral_steps = None      # write steps of its request a free may come late (SGLang eviction_interval)
 
     def __init__(self, spec):
         self.spec = spec
@@ -102,7 +106,17 @@ class Engine:
             caps["addressing"] = cls.addressing
         if cls.begin_prefix is not None:
             caps["prefix_sharing"] = True
+        for key in ("lookahead_slots", "free_deferral_steps"):
+            value = getattr(cls, key)
+            if value is None or (key == "lookahead_slots" and value == 0):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65536:
+                raise TypeError(f"{cls.__name__}.{key}: an integer in 0..65536, got {value!r}")
+            caps[key] = value
         caps.update(cls.capabilities)
+        if "free_deferral_steps" in caps and not (caps.get("reports") or {}).get("frees"):
+            raise TypeError(f"{cls.__name__}.free_deferral_steps: a free deferral needs frees reported "
+                            f"(capabilities = {{\"reports\": {{..., \"frees\": True}}}})")
         return caps
 
 

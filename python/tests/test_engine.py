@@ -252,3 +252,32 @@ def test_begin_prefix_declares_prefix_sharing_and_answers_written():
     assert json.loads(s.handle(json.dumps(bad).encode()))["ok"] is False
     # A plain begin still reaches begin().
     assert json.loads(s.handle(b'{"op":"begin","layer":0,"request":2,"state":0}')) == {"ok": True}
+
+
+def test_lookahead_and_free_deferral_are_declared_in_hello():
+    class Slack(Ring):
+        addressing = "paged"
+        lookahead_slots = 4
+        free_deferral_steps = 2
+        capabilities = {"block_size": 4, "reports": {"written_slots": True, "read_slots": True, "frees": True}}
+
+    caps = Slack.hello_capabilities()
+    assert (caps["lookahead_slots"], caps["free_deferral_steps"]) == (4, 2)
+    # Nothing declared: neither key (an old kvcheck reads the same hello).
+    assert "lookahead_slots" not in Ring.hello_capabilities()
+    assert "free_deferral_steps" not in Ring.hello_capabilities()
+
+    class Zero(Slack):
+        free_deferral_steps = 0  # frees with the step that leaves them: a deadline of 0 is declared
+
+    assert Zero.hello_capabilities()["free_deferral_steps"] == 0
+    for bad in (-1, 65537, 2.0, True, "4"):
+        class Bad(Slack):
+            lookahead_slots = bad
+        with pytest.raises(TypeError, match="lookahead_slots: an integer in 0..65536"):
+            Bad.hello_capabilities()
+
+    class NoFrees(Slack):
+        capabilities = {"block_size": 4}
+    with pytest.raises(TypeError, match="free_deferral_steps: a free deferral needs frees reported"):
+        NoFrees.hello_capabilities()

@@ -108,7 +108,9 @@ TEST_CASE("CLI: every named fault fails check at 2000 cases, shrinks small and r
     INFO("fault " << fault);
     ++faults;
     const fs::path out = dir / fault;
-    const Outcome o = run("check --fault " + fault + " --cases 2000 --seed 1 --out " + out.string());
+    // Stopped at its fourth failing case: the counterexample is the one a
+    // run of all 2000 shrinks (the same lowest failing cases).
+    const Outcome o = run("check --fault " + fault + " --cases 2000 --seed 1 --max-failures 4 --out " + out.string());
     CHECK(o.code == 1);
     const fs::path file = out / ("counterexample-" + fault + "-seed1.json");
     REQUIRE(fs::exists(file));
@@ -251,14 +253,23 @@ TEST_CASE(
       {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
       {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
-      {"paged_cache.py", "evict-leaves-hash"}};     // an evicted cached block still found by its hash
+      {"paged_cache.py", "evict-leaves-hash"},      // an evicted cached block still found by its hash
+      // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
+      {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
+      {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
+      {"paged_cache.py", "free-late"}};        // frees a step later than its declared deferral
   for (const auto& [script, bug] : bugs) {
     INFO(script << " --bug " << bug);
     const fs::path out = dir / (std::string(script) + "-" + bug);
-    const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " + kExecCases +
-                          " --seed 1 --out " + out.string());
+    // It stops at its fourth failing case (--max-failures: the lowest four
+    // are what the shrinker may take), and says so; a rare bug runs all.
+    const Outcome o = run("check --impl " + adapter(script, std::string("--bug ") + bug) + " --cases " +
+                          kExecCases + " --seed 1 --max-failures 4 --out " + out.string());
     INFO(o.out << o.err);
     CHECK(o.code == 1);
+    if (o.out.find("stopped after 4 failing cases (--max-failures)") == std::string::npos) {
+      CHECK(o.out.find(kExecCases + " cases (") != std::string::npos);  // fewer than 4 failed: every case ran
+    }
     const fs::path file = out / "counterexample-exec-seed1.json";
     REQUIRE(fs::exists(file));
     const auto sc = kvcheck::scenarios::load_scenario_file(file);
@@ -271,9 +282,13 @@ TEST_CASE(
           1);
     // Without the bug (the same cache: sharing prefixes for a prefix bug,
     // trimming for the paged trim bug) the case passes.
-    const std::string correct = prefix_bug(bug)                                                      ? "--prefix-cache"
-                                : std::string(script) == "paged_cache.py" && std::string(bug) == "trim-keeps-drafts" ? "--trims"
-                                                                                                                      : "";
+    const std::string name(bug);
+    const bool paged = std::string(script) == "paged_cache.py";
+    const std::string correct = prefix_bug(bug)                             ? "--prefix-cache"
+                                : paged && name == "trim-keeps-drafts"      ? "--trims"
+                                : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
+                                : paged && name == "free-late"              ? "--free-deferral 2"
+                                                                            : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);
   }
   fs::remove_all(dir);
@@ -558,6 +573,41 @@ TEST_CASE("CLI: stray positional arguments and an unusable --out are refused bef
   CHECK(o.code == 2);
   CHECK(o.err.rfind("kvcheck error 400 at --out: cannot create directory", 0) == 0);
   CHECK(o.out.empty());  // refused before the first case
+  fs::remove_all(dir);
+}
+
+TEST_CASE("CLI: --max-failures stops at the N-th failing case and says so; not with --shard") {
+  const fs::path dir = temp_dir("max-failures");
+  const std::string common = "check --fault window-too-narrow --cases 400 --seed 3 ";
+  const Outcome all = run(common + "--out " + (dir / "all").string());
+  CHECK(all.code == 1);
+  const auto full = nlohmann::json::parse(slurp(dir / "all" / "report.json"))["check"];
+  REQUIRE(full["failures"].get<std::int64_t>() > 2);
+  CHECK_FALSE(full.contains("stopped"));
+  const auto seeds = full["failing_case_seeds"];
+  for (const char* threads : {"1", "3"}) {
+    INFO("threads " << threads);
+    const fs::path out = dir / threads;
+    const Outcome o = run(common + "--max-failures 2 --threads " + threads + " --out " + out.string());
+    INFO(o.out << o.err);
+    CHECK(o.code == 1);
+    const auto check = nlohmann::json::parse(slurp(out / "report.json"))["check"];
+    CHECK(check["failures"] == 2);
+    CHECK(check["failing_case_seeds"] == nlohmann::json::array({seeds[0], seeds[1]}));
+    CHECK(check["failing_case_seed"] == full["failing_case_seed"]);
+    const std::int64_t cases = check["cases"].get<std::int64_t>();
+    CHECK(check["stopped"]["max_failures"] == 2);
+    CHECK(check["stopped"]["cases_not_run"].get<std::int64_t>() == 400 - cases);
+    CHECK(o.out.find("stopped after 2 failing cases (--max-failures): the first " + std::to_string(cases) +
+                     " cases counted, " + std::to_string(400 - cases) + " not run") != std::string::npos);
+    // The same counterexample as the run of every case.
+    CHECK(slurp(out / "counterexample-window-too-narrow-seed3.json") ==
+          slurp(dir / "all" / "counterexample-window-too-narrow-seed3.json"));
+  }
+  const Outcome shard = run(common + "--max-failures 2 --shard 0/2 --out " + (dir / "shard").string());
+  CHECK(shard.code == 2);
+  CHECK(shard.err.rfind("kvcheck error 100 at --max-failures:", 0) == 0);
+  CHECK(run(common + "--max-failures 0").code == 2);
   fs::remove_all(dir);
 }
 

@@ -117,11 +117,11 @@ try:
         code, out, err = run(["check", "--cases", "300", "--out", os.path.join(work, "bk-" + name),
                               "--impl", adapter(name, "--no-outputs")])
         expect(code == 0 and ", 0 failing" in out, f"{name} --no-outputs passes 300 cases (exit {code}): {err[:200]}")
-    code, out, err = run(["check", "--cases", "300", "--out", os.path.join(work, "bk-paged-bug"),
+    code, out, err = run(["check", "--cases", "300", "--max-failures", "4", "--out", os.path.join(work, "bk-paged-bug"),
                           "--impl", adapter("paged_cache.py", "--no-outputs", "--bug", "free-early")])
     expect(code == 1, f"paged_cache.py --no-outputs --bug free-early fails (exit {code})")
     bug = os.path.join(work, "bk-bug")
-    code, out, err = run(["check", "--cases", "300", "--out", bug,
+    code, out, err = run(["check", "--cases", "300", "--max-failures", "4", "--out", bug,
                           "--impl", adapter("ring_cache.py", "--no-outputs", "--bug", "ring-sized-window")])
     expect(code == 1, f"ring_cache.py --no-outputs --bug ring-sized-window fails (exit {code})")
     report = json.load(open(os.path.join(bug, "report.json"), encoding="utf-8"))
@@ -129,7 +129,7 @@ try:
     expect(bool(lost), "the counterexample shows a lost row (missing or overwritten)")
     expect(any(q["output"]["abs_diff"] > q["output"]["tolerance"] for q in lost),
            "and the output kvcheck computed over the rows read differs from the reference beyond its tolerance")
-    code, out, err = run(["check", "--cases", "300", "--out", os.path.join(work, "bk-ring-bug"),
+    code, out, err = run(["check", "--cases", "300", "--max-failures", "4", "--out", os.path.join(work, "bk-ring-bug"),
                           "--impl", adapter("ring_cache.py", "--no-outputs", "--bug", "window-plus-one")])
     expect(code == 1, f"ring_cache.py --no-outputs --bug window-plus-one fails (exit {code})")
 finally:

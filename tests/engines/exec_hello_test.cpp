@@ -368,6 +368,73 @@ TEST_CASE("ExecHello: paged addressing with a block size, and the pool kvcheck g
   CHECK(en::paged_pool_blocks(spec, 0) == 0);  // not paged
 }
 
+TEST_CASE("ExecHello: lookahead slots and a free deferral, and the pool and bounds they widen") {
+  namespace en = kvcheck::engines;
+  Json h = ring_hello();
+  h["capabilities"]["addressing"] = "paged";
+  h["capabilities"]["block_size"] = 4;
+  h["capabilities"]["reports"]["frees"] = true;
+  h["capabilities"]["resident_bound"] = {{"unit", "blocks"}, {"per", "request"}};
+  h["capabilities"]["lookahead_slots"] = 5;
+  h["capabilities"]["free_deferral_steps"] = 2;
+  Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.lookahead_slots == 5);
+  REQUIRE(c.free_deferral_steps.has_value());
+  CHECK(*c.free_deferral_steps == 2);
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").free_deferral_steps.has_value());  // none declared
+  CHECK(parse_hello_answer(ring_hello(), "cmd").lookahead_slots == 0);
+  // R = max(capacity, keys - 1 + max_step_rows) + lookahead + deferral * max_step_rows:
+  // 16 + 5 + 2 * 9 = 39 rows, ceil(39 / 4) + 1 = 11 blocks per state.
+  en::CacheSpec spec;
+  spec.cache.states = 3;
+  spec.cache.ring_rows = 12;
+  spec.window_keys = 8;
+  spec.max_step_rows = 9;
+  CHECK(en::pool_slack_rows(c, spec) == 5 + 2 * 9);
+  CHECK(en::paged_pool_blocks(spec, c) == 3 * 11);
+  CHECK(en::paged_pool_blocks(spec, 4) == 3 * 5);  // without the slack: ceil(16 / 4) + 1
+  CHECK(en::resident_limit(c, spec) == 11);        // the pool over the states
+  // A bound in rows: lookahead slots hold no row, a deferral keeps 2 * 9 more.
+  c.resident_bound.unit = en::ResidentBound::Unit::kRows;
+  CHECK(en::resident_limit(c, spec) == 12 + 18);
+  c.resident_bound.per_request = false;
+  CHECK(en::resident_limit(c, spec) == 3 * 30);
+  c.resident_bound.limit = 7;  // a declared limit is the cache's own count: as declared
+  CHECK(en::resident_limit(c, spec) == 7);
+  // The sweep's explicit pool wins over every derived size.
+  spec.pool_blocks = 4;
+  CHECK(en::paged_pool_blocks(spec, c) == 4);
+
+  const std::pair<std::pair<const char*, Json>, std::string> twists[] = {
+      {{"lookahead_slots", -1}, ".lookahead_slots: out of range: -1 (0 .. 65536)"},
+      {{"lookahead_slots", 65537}, ".lookahead_slots: out of range: 65537 (0 .. 65536)"},
+      {{"lookahead_slots", "4"}, ".lookahead_slots: expected an integer"},
+      {{"lookahead_slots", 2.5}, ".lookahead_slots: expected an integer"},
+      {{"free_deferral_steps", -3}, ".free_deferral_steps: out of range: -3 (0 .. 65536)"},
+      {{"free_deferral_steps", Json(std::uint64_t{18446744073709551615u})},
+       ".free_deferral_steps: out of range: 18446744073709551615 (at most 65536)"},
+      {{"free_deferral_steps", true}, ".free_deferral_steps: expected an integer"},
+  };
+  for (const auto& [entry, expected] : twists) {
+    INFO(expected);
+    Json bad = h;
+    bad["capabilities"][entry.first] = entry.second;
+    CHECK(error_of(bad) == "hello answer.capabilities" + expected);
+  }
+  // Lookahead is room in a paged pool; a deadline on frees needs frees.
+  Json ring = ring_hello();
+  ring["capabilities"]["lookahead_slots"] = 2;
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.lookahead_slots: lookahead slots need "
+                               "\"addressing\": \"paged\" with a block_size"));
+  ring["capabilities"]["lookahead_slots"] = 0;  // none: fine anywhere
+  CHECK(error_of(ring).empty());
+  ring["capabilities"]["free_deferral_steps"] = 1;
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.free_deferral_steps: a free deferral "
+                               "needs frees reported"));
+}
+
 TEST_CASE("ExecHello: per_layer_windows is off unless declared, and must be a boolean") {
   CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").per_layer_windows);
   Json with = ring_hello();

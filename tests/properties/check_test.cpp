@@ -78,6 +78,52 @@ TEST_CASE("Check: a shard runs exactly the cases index = I mod N, and its lowest
   CHECK(properties::run_cases(options).first_failing_case == lowest);
 }
 
+/// A tally without what depends on which worker ran which case (the cases
+/// before the failing one in its worker's cache).
+properties::CaseTally counted_part(properties::CaseTally t) {
+  t.earlier_cases.clear();
+  t.earlier_cases_run = 0;
+  return t;
+}
+
+TEST_CASE("Check: --max-failures counts the cases up to the N-th failing one, the same on 1 and 4 threads") {
+  properties::CheckOptions options = faulted_options();
+  const properties::CaseTally all = properties::run_cases(options);
+  REQUIRE(all.failures >= 4);
+  CHECK(all.cases_not_run == 0);
+  // The whole run's fourth lowest failing case is where a stop at 3 would
+  // have to count up to at least: the stop falls after the third.
+  const std::int64_t third = all.failing_cases[2];
+  properties::CaseTally first;
+  for (const int threads : {1, 4}) {
+    INFO("threads " << threads);
+    options.threads = threads;
+    options.max_failures = 3;
+    const properties::CaseTally t = properties::run_cases(options);
+    CHECK(t.failures == 3);
+    CHECK(t.cases == third + 1);
+    CHECK(t.cases_not_run == options.cases - (third + 1));
+    CHECK(t.failing_cases ==
+          std::vector<std::int64_t>(all.failing_cases.begin(), all.failing_cases.begin() + 3));
+    CHECK(t.first_failing_case == all.first_failing_case);
+    CHECK(t.lowest_failing_cases == t.failing_cases);
+    if (threads == 1) {
+      first = t;
+    } else {
+      CHECK(counted_part(t) == counted_part(first));
+    }
+  }
+  // The result has failed; the cases that did not run are said, not gated.
+  const properties::CheckResult result = properties::finish_check(options, first);
+  CHECK(result.found_failure);
+  CHECK(result.cases_not_run == first.cases_not_run);
+  for (const std::int64_t minimum : result.coverage_minimums) CHECK(minimum == 0);
+  // A limit the run never reaches changes nothing.
+  options.max_failures = all.failures + 1;
+  options.threads = 2;
+  CHECK(counted_part(properties::run_cases(options)) == counted_part(all));
+}
+
 TEST_CASE("Check: a run with no failure merges without making a cache provider") {
   properties::CheckOptions options;
   options.cases = 40;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -1271,6 +1272,126 @@ TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed 
   CHECK(ran > 10);
   CHECK(over > 5);
   CHECK(freed_visible > 0);
+}
+
+namespace {
+
+/// The CPU ring pool (a capacity no schedule below wraps) answering frees as
+/// an engine with a free deferral does: a row that left the window (below
+/// its request's next query's window by more than its last committed row)
+/// is freed `delay` write steps of its request later.
+class DeferringCache final : public engines::CacheUnderTest {
+ public:
+  DeferringCache(std::unique_ptr<engines::CacheUnderTest> inner, std::int64_t keys, std::int64_t delay)
+      : inner_(std::move(inner)), keys_(keys), delay_(delay) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const auto st = inner_->call(c, answer);
+    if (st || answer == nullptr || c.op != engines::StepCall::Op::kStep || c.rows == 0) return st;
+    const std::int64_t count = ++writes_;
+    for (std::int64_t i = 0; i < c.rows; ++i)
+      held_.push_back(Row{answer->written[static_cast<std::size_t>(i)], c.position + i, -1});
+    const std::int64_t first = c.position + c.rows;  // decodes and prefills commit every row
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->left_at < 0 && it->position < first - std::max<std::int64_t>(keys_, 2) + 1) it->left_at = count;
+      if (it->left_at >= 0 && it->left_at + delay_ <= count) {
+        answer->freed.push_back(it->slot);
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return st;
+  }
+
+ private:
+  struct Row {
+    std::int64_t slot, position, left_at;  // left_at: the write step count it left at (-1: not yet)
+  };
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  std::int64_t keys_, delay_, writes_ = 0;
+  std::vector<Row> held_;
+};
+
+class DeferringProvider final : public engines::CacheProvider {
+ public:
+  DeferringProvider(std::int64_t delay, std::optional<std::int64_t> declared)
+      : inner_(engines::make_provider("cpu", "none")), delay_(delay) {
+    caps_ = inner_->capabilities();
+    caps_.reports_frees = true;
+    caps_.free_deferral_steps = declared;
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return "deferring"; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    if (!inner) return nullptr;
+    return std::make_unique<DeferringCache>(std::move(inner), spec.window_keys, delay_);
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  std::int64_t delay_;
+  engines::Capabilities caps_;
+};
+
+/// One request of W = `keys` keys on a ring of 32 rows: a prefill of 6
+/// rows, then 10 decodes.
+scenarios::Scenario deferral_scenario(std::int64_t keys) {
+  std::string steps = R"({"kind": "prefill", "request": 0, "rows": 6, "order": "store_then_load"})";
+  for (int i = 0; i < 10; ++i) steps += R"(, {"kind": "decode", "request": 0})";
+  return scenarios::parse_scenario(R"({"schema_version": 1, "name": "deferral", "description": "one request",
+    "cache": {"window": )" + std::to_string(keys) +
+                                       R"(, "window_convention": "keys", "ring_rows": 32, "states": 1,
+      "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
+      "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 1, "softmax_scale": null,
+      "sink_logit": null},
+    "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
+                                       steps + "]}",
+                                   "deferral");
+}
+
+}  // namespace
+
+TEST_CASE("Free deferral: a row freed D write steps after it left passes a declared N exactly when D <= N") {
+  for (const std::int64_t keys : {1, 2, 4}) {
+    const scenarios::Scenario sc = deferral_scenario(keys);
+    for (std::int64_t delay = 0; delay <= 3; ++delay) {
+      for (std::int64_t declared = 0; declared <= 3; ++declared) {
+        INFO("keys " << keys << ", freed " << delay << " steps late, declared " << declared);
+        DeferringProvider provider(delay, declared);
+        RunOptions o;
+        o.provider = &provider;
+        const RunObservation run = run_scenario(sc, o);
+        REQUIRE_FALSE(run.skipped);
+        INFO(run.first_failure);
+        CHECK(run.passed == (delay <= declared));
+        if (delay <= declared) {
+          CHECK(run.late_frees == 0);
+          continue;
+        }
+        CHECK(run.late_frees > 0);
+        // The first late block is named with how late it is and when it left.
+        CHECK_THAT(run.first_failure, Catch::Contains("blocks freed later than declared; first: slot "));
+        CHECK_THAT(run.first_failure,
+                   Catch::Contains("still held " + std::to_string(declared) +
+                                   " write steps of request 0 after it left the window at step "));
+        CHECK_THAT(run.first_failure,
+                   Catch::Contains("the declared free deferral is " + std::to_string(declared)));
+      }
+    }
+    // Nothing declared: no deadline, however late (only the bound, if any, counts).
+    DeferringProvider undeclared(3, std::nullopt);
+    RunOptions o;
+    o.provider = &undeclared;
+    CHECK(run_scenario(sc, o).passed);
+    // Never freed: late at the declared step, and at every one after.
+    DeferringProvider never(100, 2);
+    o.provider = &never;
+    const RunObservation kept = run_scenario(sc, o);
+    CHECK_FALSE(kept.passed);
+    CHECK(kept.late_frees > 1);
+  }
 }
 
 namespace {

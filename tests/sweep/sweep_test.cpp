@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -501,4 +502,47 @@ TEST_CASE("Formula: bad expressions throw kUsage naming --formula and the column
   CHECK_THROWS_WITH(div.evaluate(4, 1, 1), Catch::Contains("division by zero") && Catch::Contains("k=1"));
   const Formula big = Formula::parse("W * 4611686018427387904");
   CHECK_THROWS_WITH(big.evaluate(4, 1, 1), Catch::Contains("overflow"));
+}
+
+TEST_CASE(
+    "Sweep: a paged cache's declared lookahead and free deferral lengthen its bound and the check's pool") {
+  engines::Capabilities plain, ahead, deferring;
+  ahead.lookahead_slots = 4;
+  deferring.free_deferral_steps = 2;
+  // W = 16, k = 4, C = 1, store-then-load: m = 20 rows, S = max(k + 1, C) = 5.
+  const SweepConfig stl{16, 4, 1, SweepOrder::kStoreThenLoad};
+  CHECK(paged_bound(stl, 4, plain) == (20 - 1 + 3) / 4 + 1);         // 6
+  CHECK(paged_bound(stl, 4, ahead) == (20 + 4 - 1 + 3) / 4 + 1);     // 7
+  CHECK(paged_bound(stl, 4, deferring) == (30 - 1 + 3) / 4 + 1);     // m = 15 + 5 + 2 * 5 = 30: 9
+  CHECK(paged_default_pool(stl, 4, plain) == (20 + 3) / 4 + 1);      // 6
+  CHECK(paged_default_pool(stl, 4, ahead) == (24 + 3) / 4 + 1);      // 7
+  CHECK(paged_default_pool(stl, 4, deferring) == (30 + 3) / 4 + 1);  // 9
+  // Load-then-store frees the old window as a chunk stores (m = max(W + k, C));
+  // a deferral lets it hold W - 1 + C as a store-first cache does.
+  const SweepConfig lts{16, 0, 16, SweepOrder::kLoadThenStore};
+  CHECK(paged_bound(lts, 4, plain) == (16 - 1 + 3) / 4 + 1);      // 5
+  CHECK(paged_bound(lts, 4, ahead) == (20 - 1 + 3) / 4 + 1);      // 6
+  CHECK(paged_bound(lts, 4, deferring) == (63 - 1 + 3) / 4 + 1);  // 15 + 16 + 32 = 63: 17
+  // The paged schedule runs 2N + 2 chunks in a row for a deferral, and fills
+  // the window in steps no longer than the longest step.
+  engines::Capabilities runs = deferring;
+  const auto longest = [](const scenarios::Scenario& sc) {
+    std::int64_t most = 0;
+    for (const auto& st : sc.steps) most = std::max(most, scenarios::step_rows(st));
+    return most;
+  };
+  const auto chunks_in_a_row = [](const scenarios::Scenario& sc, std::int64_t rows) {
+    std::int64_t run = 0, best = 0;
+    for (const auto& st : sc.steps) {
+      run = st.kind == StepKind::kPrefill && st.rows == rows ? run + 1 : 0;
+      best = std::max(best, run);
+    }
+    return best;
+  };
+  const SweepConfig decodes{16, 0, 1, SweepOrder::kStoreThenLoad};
+  CHECK(longest(worst_case_paged_scenario(decodes, 4, 2, runs)) == 1);
+  CHECK(longest(worst_case_paged_scenario(decodes, 4, 2, plain)) == 16);  // the fill's chunks of W
+  const SweepConfig chunks{16, 0, 8, SweepOrder::kStoreThenLoad};
+  CHECK(chunks_in_a_row(worst_case_paged_scenario(chunks, 4, 2, runs), 8) >= 6);
+  CHECK(chunks_in_a_row(worst_case_paged_scenario(chunks, 4, 2, plain), 8) < 6);
 }
