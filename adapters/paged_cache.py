@@ -310,81 +310,122 @@ PREFIX_BUGS = {
                    "changing the other sharer's rows",
     "evicted-prefix-reused": "a begin from an evicted prefix reuses the evicted blocks' ids as if "
                              "they still held the prefix",
+    "evict-leaves-hash": "evicting a cached block hands it out but leaves its hash -> block entry "
+                         "behind, so a later prefix begin reads the new owner's rows",
 }
 
 
 class SharingPagedCache(PagedCache):
-    """The paged cache with prefix caching (`--prefix-cache`), as vLLM's and
-    SGLang's block managers share prompt blocks.
+    """The paged cache with prefix caching (`--prefix-cache`), as vLLM's
+    block pool shares prompt blocks.
 
-    Blocks are refcounted: a block is in the tables of every request that
-    shares it (live requests' tables, and the tables a finished request
-    leaves in the prefix cache) and goes back to the free list only when no
-    table holds it. A begin from a shared prefix of n positions takes the
-    other request's blocks for the positions its first query can still see
-    (a live request's table, else the prefix cache's); a block no longer
-    there (freed by that request's window, or evicted) is stored again from
-    the rows kvcheck sends, and answered in `written`. A write into a block
-    another table holds copies it first (copy-on-write, answered as "moved").
-    finish keeps the request's table in the prefix cache, which holds the
-    tables of at most `--prefix-cache-size` finished requests (default 1):
-    past that, and whenever the pool runs out, the least recently used
-    finished request's blocks are evicted (freed where no live table holds
-    them)."""
+    Blocks are refcounted: a block is in the tables of every live request
+    that shares it and leaves the table when that request's window passes
+    it, or at finish or reset. A full block of committed rows a table lets
+    go of is indexed by (request, logical block), vLLM's block hash, for
+    every request whose rows it holds (its writer, and the requests sharing
+    it as a prefix). When no table holds a block any more it goes to the
+    free pool: cached (answered "cached": its rows still resolvable for a
+    prefix hit) when the index has it, else freed ("freed"). A new block is
+    taken from the plain free blocks first (the last freed first), then
+    from the never-used ones, and only then by evicting the least recently
+    cached block, whose index entries go with it: cached blocks are free
+    capacity. A finished request holds nothing.
 
-    def __init__(self, spec, bugs, block_size, max_cached=1):
+    A begin from a shared prefix of n positions takes, for the positions
+    its first query can still see, the source's blocks: a live source's
+    table, else the index (a cached block taken back leaves the free pool);
+    a block in neither (evicted, or the partial last block of a finished
+    request) is stored again from the rows kvcheck sends, and answered in
+    `written`. A write into a block another table holds, or that the index
+    holds (a cached block taken back), copies it first (copy-on-write,
+    answered as "moved"). A reset takes the request's own rows out of the
+    index (what it writes next is other rows)."""
+
+    def __init__(self, spec, bugs, block_size):
         super().__init__(spec, bugs, block_size)
         self.free_shared = "free-shared" in bugs
         self.cow_skipped = "cow-skipped" in bugs
         self.reuse_evicted = "evicted-prefix-reused" in bugs
-        # Finished requests whose blocks the prefix cache keeps (LRU): a
-        # finish past this many evicts the least recently used.
-        self.max_cached = max_cached
+        self.leave_hash = "evict-leaves-hash" in bugs
         self.moved_now = []
+        self.indexing = True  # False while a reset lets go of its blocks
 
     def new_layer(self):
         layer = super().new_layer()
-        layer.refs = {}                        # block -> tables holding it
-        layer.cached = collections.OrderedDict()  # finished request -> its table (LRU first)
-        layer.ghosts = {}                      # evicted request -> its table (evicted-prefix-reused)
+        layer.refs = {}                           # block -> live tables holding it
+        layer.cached = collections.OrderedDict()  # cached-but-free blocks, least recently cached first
+        layer.index = {}                          # (request, logical block) -> block holding those rows
+        layer.hashes = collections.defaultdict(set)  # block -> its index keys (its hashes)
+        layer.ghosts = {}                         # finished request -> its table (evicted-prefix-reused)
         return layer
 
     # -- blocks ----------------------------------------------------------------
-    def _evictable(self, layer):
-        """Blocks only finished requests' tables hold (evicting frees them)."""
-        held = collections.Counter(b for t in layer.cached.values() for b in t.values())
-        return sum(1 for b, c in held.items() if layer.refs.get(b, 0) == c)
+    def _slots(self, block):
+        return range(block * self.B, block * self.B + self.B)
+
+    def _available(self, layer):
+        """Blocks a new block may come from: free, never used, or cached (evicted)."""
+        return layer.available() + len(layer.cached)
+
+    def _index(self, layer, st, j, block):
+        """A full block of the request's committed rows goes in the index."""
+        if self.indexing and (j + 1) * self.B <= st.length:
+            layer.index[(st.request, j)] = block
+            layer.hashes[block].add((st.request, j))
+
+    def _unindex(self, layer, block):
+        for key in layer.hashes.pop(block, ()):
+            if layer.index.get(key) == block:
+                del layer.index[key]
 
     def _drop(self, layer, block, outright=False):
-        """One table lets go of `block`; the last one frees it."""
+        """One table lets go of `block`; the last one puts it in the free
+        pool, cached when the index holds its rows."""
         left = layer.refs.get(block, 0) - 1
         if left > 0 and not outright:
             layer.refs[block] = left
             return
         layer.refs.pop(block, None)
-        if block not in layer.free:
+        if block in layer.free or block in layer.cached:
+            return
+        if layer.hashes.get(block) and left <= 0:
+            layer.cached[block] = None
+            self.cached_now.extend(self._slots(block))
+        else:
+            self._unindex(layer, block)
             layer.free.append(block)
-            self.note_freed(range(block * self.B, block * self.B + self.B))
+            self.note_freed(self._slots(block))
 
-    def _evict(self, layer):
-        """Evicts the least recently used finished request's blocks."""
-        request, table = layer.cached.popitem(last=False)
-        if self.reuse_evicted:
-            layer.ghosts[request] = table
-        for block in table.values():
-            self._drop(layer, block)
+    def _take(self, layer, block):
+        """One more table holds `block` (a prefix hit): a free one leaves the pool."""
+        layer.cached.pop(block, None)
+        if block in layer.free:
+            layer.free.remove(block)
+        layer.refs[block] = layer.refs.get(block, 0) + 1
 
     def _alloc(self, layer):
-        while not layer.free and layer.next_new >= layer.total and layer.cached:
-            self._evict(layer)
-        if not layer.free and layer.next_new >= layer.total:
+        if layer.free or layer.next_new < layer.total:
+            block = layer.alloc()
+        elif layer.cached:
+            block, _ = layer.cached.popitem(last=False)  # evicts the least recently cached
+            if self.leave_hash:
+                layer.hashes.pop(block, None)  # the block forgets its keys; the index keeps them
+            else:
+                self._unindex(layer, block)
+        else:
             raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks has none free")
-        block = layer.alloc()
         layer.refs[block] = 1
-        # A block freed and taken again within the step (a load_then_store
-        # chunk sliding past it) is held at the step's end: not a net free.
+        # A block released and taken again within the step (a load_then_store
+        # chunk sliding past it) is held at the step's end: not a net release.
         self.freed_now = [s for s in self.freed_now if s // self.B != block]
+        self.cached_now = [s for s in self.cached_now if s // self.B != block]
         return block
+
+    def _must_copy(self, layer, block):
+        """A write into `block` copies it first: another table holds it, or
+        the index does (a cached block taken back by a prefix hit)."""
+        return not self.cow_skipped and (layer.refs.get(block, 0) > 1 or bool(layer.hashes.get(block)))
 
     def write_slot(self, layer, st, b, p):
         B = self.B
@@ -392,7 +433,7 @@ class SharingPagedCache(PagedCache):
         if block is None:
             block = self._alloc(layer)
             st.table[p // B] = block
-        elif layer.refs.get(block, 0) > 1 and not self.cow_skipped:
+        elif self._must_copy(layer, block):
             # Copy-on-write: the rows move to a block of this request's own.
             copy = self._alloc(layer)
             for o in range(B):
@@ -400,33 +441,36 @@ class SharingPagedCache(PagedCache):
                 if row is not None:
                     layer.rows[copy * B + o] = row
                     self.moved_now.append([block * B + o, copy * B + o])
-            layer.refs[block] -= 1
+            self._drop(layer, block)
             st.table[p // B] = copy
             block = copy
         return block * B + p % B
 
     def _free_below(self, layer, st, first_visible):
         B = self.B
+        window = first_visible != float("inf")
         for j in sorted(j for j in st.table if (j + 1) * B <= first_visible):
-            self._drop(layer, st.table.pop(j), outright=self.free_shared)
+            block = st.table.pop(j)
+            self._index(layer, st, j, block)
+            self._drop(layer, block, outright=self.free_shared and window)
 
     def release(self, layer, st, b):
         self._free_below(layer, st, float("inf"))
 
     def reserve(self, layer, st, b, first, n, load_then_store):
         """Refuses (changing nothing) a step that would find no block: new
-        blocks and copies against the free, unused and evictable ones."""
+        blocks and copies against the free, unused and cached ones."""
         B = self.B
         need = 0
         for j in range(first // B, (first + n - 1) // B + 1):
             block = st.table.get(j)
-            if block is None or (layer.refs.get(block, 0) > 1 and not self.cow_skipped):
+            if block is None or self._must_copy(layer, block):
                 need += 1
         freeable = 0
         if load_then_store:
             limit = self._lts_limit(layer, first, n - 1)
             freeable = sum(1 for i, blk in st.table.items() if (i + 1) * B <= limit and layer.refs.get(blk, 0) == 1)
-        if need > layer.available() + self._evictable(layer) + freeable:
+        if need > self._available(layer) + freeable:
             raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks of {B} rows has too few "
                                               f"free for positions {first}..{first + n - 1} of state {b}")
 
@@ -440,41 +484,70 @@ class SharingPagedCache(PagedCache):
     # -- steps -------------------------------------------------------------------
     def finish(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
-        table, st.table = st.table, {}
-        super().finish(layer, state, request)
-        lay.cached.pop(request, None)
-        lay.cached[request] = table  # kept for a later prefix
-        lay.ghosts.pop(request, None)
-        while len(lay.cached) > self.max_cached:
-            self._evict(lay)
+        if self.reuse_evicted:
+            lay.ghosts[request] = dict(st.table)
+        return super().finish(layer, state, request)
+
+    def reset(self, layer, state, request):
+        lay, _ = self._busy_state(layer, state, request)
+        self.indexing = False
+        try:
+            events = super().reset(layer, state, request)
+        finally:
+            self.indexing = True
+        # The request's rows from before the reset are no prefix of it any
+        # more: out of the index; a cached block no key holds is plain free.
+        for key in [k for k in lay.index if k[0] == request]:
+            block = lay.index.pop(key)
+            keys = lay.hashes.get(block)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del lay.hashes[block]
+            if not lay.hashes.get(block) and block in lay.cached:
+                del lay.cached[block]
+                lay.free.append(block)
+                self.cached_now = [s for s in self.cached_now if s // self.B != block]
+                self.note_freed(self._slots(block))
         return self.events()
 
     def begin(self, layer, state, request, prefix=None):
-        result = super().begin(layer, state, request)
         if prefix is None:
-            return result
-        lay = self.layers[layer]
-        st = lay.states[state]
+            return super().begin(layer, state, request)
+        lay = self._layer(layer)
         B = self.B
         source = None
         for other in lay.states:
-            if other.busy and other.request == prefix.request and other is not st:
+            if other.busy and other.request == prefix.request:
                 source = other.table
-        if source is None and prefix.request in lay.cached:
-            lay.cached.move_to_end(prefix.request)
-            source = lay.cached[prefix.request]
-        if source is None:
-            source = lay.ghosts.get(prefix.request, {})  # the evicted-prefix-reused bug; else empty
+        ghost = lay.ghosts.get(prefix.request, {}) if self.reuse_evicted and source is None else {}
         n = prefix.positions
         keys = self.layer_keys(lay)
         lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its first query sees
-        hd = self.spec.head_dim
-        written = [-1] * n
+        # Each block: the source's (its table, else the index), else the
+        # evicted-prefix-reused bug's old id, else None (stored again).
+        hits = {}
         for j in range(lo // B, (n - 1) // B + 1):
-            block = source.get(j)
+            block = source.get(j) if source is not None else None
+            if block is None:
+                block = lay.index.get((prefix.request, j), ghost.get(j))
+            hits[j] = block
+        # Refused before anything changes when the pool cannot store the misses.
+        taken_free = sum(1 for blk in set(hits.values()) if blk is not None and (blk in lay.free or blk in lay.cached))
+        misses = sum(1 for blk in hits.values() if blk is None)
+        if misses > self._available(lay) - taken_free:
+            raise kp.Refusal("out-of-blocks", f"layer pool of {lay.total} blocks has too few free for "
+                                              f"{misses} prefix blocks")
+        result = super().begin(layer, state, request)
+        st = lay.states[state]
+        for j, block in hits.items():
             if block is not None:
                 st.table[j] = block  # shared: one more table holds it
-                lay.refs[block] = lay.refs.get(block, 0) + 1
+                self._take(lay, block)
+        hd = self.spec.head_dim
+        written = [-1] * n
+        for j, block in hits.items():
+            if block is not None:
                 continue
             block = self._alloc(lay)
             st.table[j] = block
@@ -487,8 +560,7 @@ class SharingPagedCache(PagedCache):
                 lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
                 written[p] = block * B + p % B
         st.length = n
-        return {"written": written, **(self.events() or {})} if self.slots else self.events()
-
+        return {"written": written, **(self.events() or {})} if self.slots else (result or self.events())
 
 
 class PagedAdapter(window_cache.WindowAdapter):
@@ -528,8 +600,6 @@ class PagedAdapter(window_cache.WindowAdapter):
     def add_arguments(self, parser):
         parser.add_argument("--block-size", type=int, default=4, metavar="N",
                             help="rows per block (default 4)")
-        parser.add_argument("--prefix-cache-size", type=int, default=1, metavar="N",
-                            help="finished requests whose blocks the prefix cache keeps (default 1)")
         parser.add_argument("--store-first", action="store_true",
                             help="free no block while a step stores, in either order (an engine that stores a "
                                  "step's rows before it attends): it needs the pool open gives, not capacity")
@@ -544,16 +614,14 @@ class PagedAdapter(window_cache.WindowAdapter):
                                  "(SGLang's eviction interval), declared in hello as free_deferral_steps")
         parser.add_argument("--prefix-cache", action="store_true",
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
-                                 "finished requests' blocks kept until evicted (implied by the prefix bugs)")
+                                 "blocks no request holds cached (answered \"cached\", readable by a prefix hit) until evicted "
+                                 "(implied by the prefix bugs)")
 
     def configure(self, args):
         if args.block_size < 1:
             raise SystemExit("paged-cache: --block-size must be >= 1")
         self.block_size = args.block_size
         self.prefix_cache = args.prefix_cache or any(b in PREFIX_BUGS for b in args.bug)
-        if args.prefix_cache_size < 0:
-            raise SystemExit("paged-cache: --prefix-cache-size must be >= 0")
-        self.prefix_cache_size = args.prefix_cache_size
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
         if self.trims and self.prefix_cache:
@@ -594,6 +662,9 @@ class PagedAdapter(window_cache.WindowAdapter):
         caps["resident_bound"] = {"unit": "blocks", "per": "request"}
         if self.prefix_cache:
             caps["prefix_sharing"] = True  # a begin may name a prefix (--prefix-cache)
+            # Blocks no table holds stay readable for a prefix hit until
+            # evicted: answered "cached", counted in no bound.
+            caps["reports"]["cached"] = True
         if self.lookahead:
             caps["lookahead_slots"] = self.lookahead  # the pool kvcheck gives makes room for them
         if self.free_deferral is not None:
@@ -607,7 +678,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         if self.prefix_cache:
-            return SharingPagedCache(spec, self.active_bugs, self.block_size, self.prefix_cache_size)
+            return SharingPagedCache(spec, self.active_bugs, self.block_size)
         cache = PagedCache(spec, self.active_bugs, self.block_size)
         # A deferred free waits for a free step, so nothing goes while a
         # step stores either: --free-deferral frees as --store-first does.

@@ -560,7 +560,8 @@ class ProtocolTest(AdapterTest):
                                       "layer-window-swapped", "output-truncated"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
-                                       "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused"])):
+                                       "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused",
+                                       "evict-leaves-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -708,57 +709,76 @@ class ProtocolTest(AdapterTest):
 
     def test_paged_prefix_sharing_copy_on_write_and_eviction(self):
         """--prefix-cache: a begin from a prefix shares the source's blocks
-        (written -1), a write into a shared block copies it first (moved),
-        and a finished request's prefix evicted past --prefix-cache-size is
-        stored again from the rows sent; each bug switch breaks its part."""
-        spec = make_spec(states=2, capacity=8, param=4)
+        (written -1), a write into a shared block copies it first (moved), a
+        finished request's full blocks go to the free pool cached (answered
+        "cached", still shared by a later begin) until a write needs the
+        block, and a prefix whose block was evicted is stored again from the
+        rows sent; each bug switch breaks its part."""
+        spec = {**make_spec(states=2, capacity=8, param=4), "block_size": 2, "pool_blocks": 4}
         r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
-        rows3 = {"k": [[0.1] * 4] * 3, "v": [[0.2] * 4] * 3}
+        rows = {"k": [[0.1] * 4] * 4, "v": [[0.2] * 4] * 4}
+        rows3 = {"k": rows["k"][:3], "v": rows["v"][:3]}
         self.assertNotIn("prefix_sharing", self.start(PAGED).hello()["capabilities"])
 
         def share(*args):
             adapter = self.start(PAGED, "--block-size", "2", *args)
-            self.assertTrue(adapter.hello()["capabilities"]["prefix_sharing"])
+            caps = adapter.hello()["capabilities"]
+            self.assertTrue(caps["prefix_sharing"])
+            self.assertTrue(caps["reports"]["cached"])
             self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
             adapter.send({"op": "begin", **r0})
             source = send_rows_step(adapter, r0, "prefill", 0, 3, rows=3, order="store_then_load")["written"]
             begun = adapter.send({"op": "begin", **r1, "prefix": {"request": 0, "positions": 3}, **rows3})
             return adapter, source, begun
 
+        def evict(adapter, source):
+            """r1 copies block 1 and r0 completes it; r0 finishes (block 1
+            cached, block 0 still r1's); r2 takes the last unused block and
+            evicts block 1, then finishes; r3 begins from r0's 4 positions."""
+            a = send_rows_step(adapter, r1, "decode", 3)
+            send_rows_step(adapter, r0, "decode", 3)
+            finished = adapter.send({"op": "finish", **r0})
+            r2 = {"layer": 0, "request": 2, "state": 0}
+            adapter.send({"op": "begin", **r2})
+            taken = send_rows_step(adapter, r2, "prefill", 0, 4, rows=4, order="store_then_load")["written"]
+            adapter.send({"op": "finish", **r2})
+            r3 = {"layer": 0, "request": 3, "state": 0}
+            again = adapter.send({"op": "begin", **r3, "prefix": {"request": 0, "positions": 4}, **rows})
+            return a, finished, taken, again
+
         adapter, source, begun = share("--prefix-cache")
         self.assertEqual(begun, {"ok": True, "written": [-1, -1, -1]})
-        a = send_rows_step(adapter, r1, "decode", 3)
+        a, finished, taken, again = evict(adapter, source)
         self.assertEqual([m[0] for m in a["moved"]], [source[2], source[2] + 1][:len(a["moved"])])
         self.assertNotIn(a["written"][0], source)
         self.assertEqual(a["read"][0][:2], source[:2])  # blocks the write did not touch stay shared
-        b = send_rows_step(adapter, r0, "decode", 3)
-        self.assertNotEqual(b["written"][0], a["written"][0])
-        # The source finishes (its blocks kept), another request finishes
-        # after it: the prefix cache keeps one, so the source's is evicted,
-        # and a later begin from it stores the rows again.
+        # Block 1 (positions 2, 3) is no request's: cached, not freed; block 0 is still r1's.
+        self.assertEqual(finished, {"ok": True, "cached": [source[2], source[2] + 1]})
+        self.assertIn(source[2], taken)  # evicted: the pool had no other block
+        # Block 0 is shared; block 1 was evicted, so its rows are stored again.
+        self.assertEqual(again["written"][:2], [-1, -1])
+        self.assertTrue(all(s >= 0 for s in again["written"][2:]), again)
+
+        # A cached block is still shared by a later begin (a prefix hit).
+        adapter, source, _ = share("--prefix-cache")
+        send_rows_step(adapter, r1, "decode", 3)
+        send_rows_step(adapter, r0, "decode", 3)
         adapter.send({"op": "finish", **r0})
-        r2 = {"layer": 0, "request": 2, "state": 0}
-        adapter.send({"op": "begin", **r2})
-        send_rows_step(adapter, r2, "decode", 0)
-        self.assertIn("freed", adapter.send({"op": "finish", **r2}))
-        adapter.send({"op": "finish", **r1})
-        r3 = {"layer": 0, "request": 3, "state": 0}
-        again = adapter.send({"op": "begin", **r3, "prefix": {"request": 0, "positions": 3}, **rows3})
-        self.assertTrue(all(s >= 0 for s in again["written"]), again)
+        hit = adapter.send({"op": "begin", **{**r0, "request": 2}, "prefix": {"request": 0, "positions": 4}, **rows})
+        self.assertEqual(hit, {"ok": True, "written": [-1, -1, -1, -1]})
 
         # cow-skipped: the sharer writes into the source's block in place.
         adapter, source, _ = share("--bug", "cow-skipped")
         a = send_rows_step(adapter, r1, "decode", 3)
         self.assertNotIn("moved", a)
         self.assertEqual(a["written"][0], source[2] + 1)
-        # evicted-prefix-reused: the evicted prefix is answered as shared.
-        adapter, source, _ = share("--bug", "evicted-prefix-reused")
-        adapter.send({"op": "finish", **r0})
-        adapter.send({"op": "begin", **{**r0, "request": 2}})
-        adapter.send({"op": "finish", **{**r0, "request": 2}})
-        adapter.send({"op": "finish", **r1})
-        again = adapter.send({"op": "begin", **r1, "request": 3, "prefix": {"request": 0, "positions": 3}, **rows3})
-        self.assertEqual(again["written"], [-1, -1, -1])
+        # evict-leaves-hash and evicted-prefix-reused: the evicted block is
+        # answered as shared, though it now holds r2's rows.
+        for bug in ("evict-leaves-hash", "evicted-prefix-reused"):
+            adapter, source, _ = share("--bug", bug)
+            _, _, taken, again = evict(adapter, source)
+            self.assertIn(source[2], taken)
+            self.assertEqual(again["written"], [-1, -1, -1, -1], bug)
 
     def test_typed_refusals_change_nothing(self):
         for script in (RING, PAGED):

@@ -213,6 +213,7 @@ class WindowCache(kp.Cache):
         # the padding written (zeros) at pad_slot and answered as "padded".
         self.pad_to = 0
         self.freed_now = []  # slots released by the step under way (answered as "freed"; paged_cache.py)
+        self.cached_now = []  # slots released with their rows kept for a prefix hit ("cached"; paged_cache.py)
         self.outputs = True  # False for --no-outputs: no attention computed, none answered
         self.slots = True    # False for --no-slots: no written or read slots answered
         self.layers = [self.new_layer() for _ in range(spec.layers)]
@@ -256,9 +257,12 @@ class WindowCache(kp.Cache):
 
     def events(self):
         """The slot events of a step without rows (None when there are none)."""
+        events = {}
         if self.freed_now:
-            return {"freed": list(self.freed_now)}
-        return None
+            events["freed"] = list(self.freed_now)
+        if self.cached_now:
+            events["cached"] = list(self.cached_now)
+        return events or None
 
     def _store(self, lay, st, state, first, stored, pool, hook):
         """Writes the step's rows; `hook`: call before_store before each."""
@@ -324,6 +328,7 @@ class WindowCache(kp.Cache):
 
     def _busy_state(self, layer, state, request):
         self.freed_now = []  # every step but begin starts here
+        self.cached_now = []
         lay = self._layer(layer)
         st = self._state(lay, state)
         if not st.busy:
@@ -336,6 +341,7 @@ class WindowCache(kp.Cache):
     # -- steps ---------------------------------------------------------------
     def begin(self, layer, state, request):
         self.freed_now = []  # a begin may free too (a prefix cache's eviction)
+        self.cached_now = []
         lay = self._layer(layer)
         st = self._state(lay, state)
         if st.busy:
@@ -473,6 +479,8 @@ class WindowCache(kp.Cache):
             answer["padded"] = padded
         if self.freed_now:
             answer["freed"] = list(self.freed_now)
+        if self.cached_now:
+            answer["cached"] = list(self.cached_now)
         return answer
 
 

@@ -157,6 +157,13 @@ struct Capabilities {
   /// the resident set after each step and fails a free of a row still
   /// visible (hello "reports": {"frees": true}).
   bool reports_frees = false;
+  /// Step answers may carry `cached` (docs/semantics.md "Cached rows"):
+  /// slots released to the cache's free pool that still hold their rows
+  /// for a later prefix begin until they are reused or freed. kvcheck then
+  /// counts them in no resident bound, reports them apart from the rows
+  /// held, and draws pool pressure for a cache that also shares prefixes
+  /// (hello "reports": {"cached": true}).
+  bool reports_cached = false;
   /// The memory bound the cache declares (hello "resident_bound"): kvcheck
   /// fails a step after which the cache holds more (ResidentBound).
   ResidentBound resident_bound;
@@ -307,6 +314,10 @@ struct StepAnswer {
   /// Slots the cache released during the step (applied after its reads; a
   /// slot the step wrote keeps the step's row).
   std::vector<std::int64_t> freed;
+  /// Slots the cache released to its free pool during the step with their
+  /// rows still readable by a later prefix begin (applied after its reads,
+  /// as `freed`): no request holds them, and any write may reuse them.
+  std::vector<std::int64_t> cached;
   /// Same-step write-write collisions the cache itself detected (beyond what
   /// `written` shows; e.g. a GPU race counter). 0 when unknown.
   std::int64_t duplicate_slots = 0;
@@ -334,6 +345,7 @@ struct StepAnswer {
     padded.clear();
     moved.clear();
     freed.clear();
+    cached.clear();
     has_stored = has_stored_bytes = false;
     stored_k.clear();
     stored_v.clear();

@@ -167,9 +167,10 @@ struct FrameArray {
 };
 
 /// The optional slot events of an ok step answer (adapters/PROTOCOL.md
-/// "Padding, moves and frees"): "padded" and "freed" lists of slots, "moved"
-/// a list of [from, to] pairs.
-void read_slot_events(const Json& j, const Reader& r, StepAnswer* answer) {
+/// "Padding, moves and frees"): "padded", "freed" and "cached" lists of
+/// slots, "moved" a list of [from, to] pairs. "cached" only from a cache
+/// that declared it (hello "reports": {"cached": true}).
+void read_slot_events(const Json& j, const Reader& r, bool cached_declared, StepAnswer* answer) {
   const auto slots = [&](const char* key, std::vector<std::int64_t>& into) {
     if (!j.contains(key)) return;
     const std::string pk = std::string(".") + key;
@@ -179,6 +180,10 @@ void read_slot_events(const Json& j, const Reader& r, StepAnswer* answer) {
   };
   slots("padded", answer->padded);
   slots("freed", answer->freed);
+  if (j.contains("cached") && !cached_declared)
+    r.bad(".cached",
+          "cached slots from a cache that did not declare them (hello \"reports\": {\"cached\": true})");
+  slots("cached", answer->cached);
   if (!j.contains("moved")) return;
   const Json& moved = j["moved"];
   if (!moved.is_array()) r.bad(".moved", "expected an array of [from, to] slot pairs");
@@ -514,7 +519,7 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
     }
   }
   // Any ok answer's slot events, a begin's included (a prefix cache evicts at a begin).
-  read_slot_events(j, r, answer);
+  read_slot_events(j, r, caps.reports_cached, answer);
   if (!writes) return {};
   const auto in_frame = [&](const char* name) {
     for (const FrameArray& a : arrays)

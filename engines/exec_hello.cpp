@@ -309,11 +309,12 @@ void read_capabilities(const Json& caps, Capabilities* out) {
     const Json& rep = caps["reports"];
     const std::string pr = p + ".reports";
     if (!rep.is_object()) bad(pr, "expected an object {written_slots, read_slots}");
-    check_keys(rep, pr, {}, {"written_slots", "read_slots", "frees"});
+    check_keys(rep, pr, {}, {"written_slots", "read_slots", "frees", "cached"});
     if (rep.contains("written_slots"))
       c.reports_written_slots = boolean(rep["written_slots"], pr + ".written_slots");
     if (rep.contains("read_slots")) c.reports_read_slots = boolean(rep["read_slots"], pr + ".read_slots");
     if (rep.contains("frees")) c.reports_frees = boolean(rep["frees"], pr + ".frees");
+    if (rep.contains("cached")) c.reports_cached = boolean(rep["cached"], pr + ".cached");
   }
   c.computes_outputs = flag("outputs", true);
   if (!c.computes_outputs) {

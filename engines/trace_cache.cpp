@@ -110,6 +110,7 @@ class TraceCache final : public CacheUnderTest {
     answer->padded = rec.padded;
     answer->moved = rec.moved;
     answer->freed = rec.freed;
+    answer->cached = rec.cached;
     if (begin || !scenarios::trace_kind_writes(rec.kind)) return std::nullopt;
 
     const std::int64_t n = rec.rows;
@@ -151,6 +152,8 @@ class TraceProvider final : public CacheProvider {
     for (const TraceStep& s : run.steps) caps_.prefix_sharing = caps_.prefix_sharing || s.prefix.has_value();
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
+    // A recording that answered cached slots (docs/semantics.md "Cached rows").
+    for (const TraceStep& s : run.steps) caps_.reports_cached = caps_.reports_cached || !s.cached.empty();
     if (const auto& b = run.header.resident_bound) {  // judged as the recorded cache's own bound
       caps_.resident_bound.unit = b->blocks ? ResidentBound::Unit::kBlocks : ResidentBound::Unit::kRows;
       caps_.resident_bound.per_request = b->per_request;
@@ -272,6 +275,7 @@ class RecordingCache final : public CacheUnderTest {
       s.padded = answer->padded;
       s.moved = answer->moved;
       s.freed = answer->freed;
+      s.cached = answer->cached;
     }
     if (scenarios::trace_kind_writes(s.kind)) {
       s.position = c.position;

@@ -255,9 +255,10 @@ engines::Capabilities intersect_capabilities(const engines::Capabilities& a, con
   c.rope_styles = both(a.rope_styles, b.rope_styles);
   using C = engines::Capabilities;
   // What the cache supports or reports: both must.
-  for (bool C::*m : {&C::gqa, &C::shared_row, &C::sink, &C::softmax_scale, &C::partial_rope, &C::computes_outputs,
-                     &C::reports_written_slots, &C::reports_read_slots, &C::ring_addressing, &C::per_layer_windows,
-                     &C::prefix_sharing, &C::reports_frees}) {
+  for (bool C::*m :
+       {&C::gqa, &C::shared_row, &C::sink, &C::softmax_scale, &C::partial_rope, &C::computes_outputs,
+        &C::reports_written_slots, &C::reports_read_slots, &C::ring_addressing, &C::per_layer_windows,
+        &C::prefix_sharing, &C::reports_frees, &C::reports_cached}) {
     c.*m = a.*m && b.*m;
   }
   c.full_window_only = a.full_window_only || b.full_window_only;

@@ -452,6 +452,7 @@ CaseTally run_cases_with(const CheckOptions& options, engines::CacheProvider& ma
           Coverage cov = classify(sc, caps);
           // Side by side the summary carries no slots: the first cache's run does.
           r.blocks = classify_blocks(sc, side_by_side ? pair.a : obs, caps.block_size, &cov);
+          classify_cached(side_by_side ? pair.a : obs, &cov);
           r.flags = coverage_flags(cov);
         }
         r.failed = !obs.passed;

@@ -1,6 +1,7 @@
 #include "properties/features.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "scenarios/step_semantics.hpp"
 
@@ -58,6 +59,10 @@ FeatureSet drawable_features(const engines::Capabilities& caps, Profile profile)
   f[bit(Feature::kNarrowFormat)] = std::any_of(caps.formats.begin(), caps.formats.end(),
                                                [](scenarios::Format x) { return x != scenarios::Format::kF64; });
   f[bit(Feature::kSharedRow)] = caps.shared_row;
+  // Pressure on a prefix cache's pool: a cache that keeps cached blocks
+  // (docs/semantics.md "Cached rows") and finishes requests.
+  f[bit(Feature::kPoolPressure)] =
+      f[bit(Feature::kPrefix)] && caps.reports_cached && caps.finish && profile != Profile::kProduction;
   return f;
 }
 
@@ -87,6 +92,28 @@ FeatureSet exercised_features(const scenarios::Scenario& sc) {
   f[bit(Feature::kRope)] = c.rope.style != scenarios::RopeStyle::kNone && c.rope.rotary_dims > 0;
   f[bit(Feature::kNarrowFormat)] = c.format != scenarios::Format::kF64;
   f[bit(Feature::kSharedRow)] = c.shared_row;
+  std::int64_t finished = 0;
+  for (const scenarios::Step& s : sc.steps) finished += s.kind == scenarios::StepKind::kFinish ? 1 : 0;
+  // A begin from a request that finished before it (the schedule's order).
+  bool from_finished = false;
+  {
+    scenarios::RequestLifecycle life;
+    std::map<std::int64_t, const scenarios::Request*> by_id;
+    for (const auto& r : sc.requests) by_id[r.id] = &r;
+    for (const scenarios::Step& s : sc.steps) {
+      const auto it = by_id.find(s.request);
+      const scenarios::Request* req = it == by_id.end() ? nullptr : it->second;
+      std::int64_t n = 0;
+      if (req != nullptr && req->prefix &&
+          life.phase(s.request) == scenarios::RequestLifecycle::Phase::kIdle) {
+        n = req->prefix->positions;
+        from_finished = from_finished ||
+                        life.phase(req->prefix->request) == scenarios::RequestLifecycle::Phase::kFinished;
+      }
+      life.step(s.request, req != nullptr ? req->state : 0, s, n);
+    }
+  }
+  f[bit(Feature::kPoolPressure)] = sc.requests.size() >= 4 && finished >= 3 && from_finished;
   return f;
 }
 

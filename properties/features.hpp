@@ -7,6 +7,11 @@
 // then counts, per declared feature and per pair of them, the cases that
 // exercised it (properties/generator.hpp).
 //
+// Pool pressure (a cache that shares prefixes and reports cached rows) is
+// many short requests on few states, each finishing, so the cache's free
+// pool turns over and cached blocks are evicted before a later begin looks
+// them up (docs/check.md "Features").
+//
 // A feature is one row here (its name, what a cache must declare for it, and
 // what a scenario must contain to exercise it) plus, where it shapes the
 // schedule, one part of the generator (generator.cpp's FeaturePart).
@@ -52,7 +57,9 @@ enum class Profile : std::uint8_t {
   X(kSink, "sink", "an attention-sink logit")                                                             \
   X(kRope, "rope", "a RoPE style")                                                                        \
   X(kNarrowFormat, "narrow_format", "rows stored in a format narrower than f64")                          \
-  X(kSharedRow, "shared_row", "one stored row as both key and value")
+  X(kSharedRow, "shared_row", "one stored row as both key and value")                                     \
+  X(kPoolPressure, "pool_pressure",                                                                       \
+    "four or more requests, three finishing, one beginning from a finished request's prefix")
 
 enum class Feature : std::uint8_t {
 #define KVCHECK_FEATURE_ENUM(id, name, what) id,

@@ -134,6 +134,8 @@ constexpr ScheduleClass kScheduleClasses[] = {
     {"cow_write_into_shared_block", &Coverage::cow_write_into_shared_block, kFeatureGateCases},
     {"window_free_of_shared_block", &Coverage::window_free_of_shared_block, kFeatureGateCases},
     {"trim_into_prefix", &Coverage::trim_into_prefix, kFeatureGateCases},
+    {"cached_block_evicted", &Coverage::cached_block_evicted, kFeatureGateCases},
+    {"begin_from_evicted_prefix", &Coverage::begin_from_evicted_prefix, kFeatureGateCases},
 };
 constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
 
@@ -258,6 +260,11 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   reach.push_back(prefix && caps.block_size > 1);
   reach.push_back(prefix && two_states && !caps.full_window_only);
   reach.push_back(prefix && can(Feature::kTrim));
+  // Pool pressure: evictions where kvcheck sizes the pool (a paged cache's
+  // pool_blocks), seen in the slots the cache reports.
+  const bool pressure = can(Feature::kPoolPressure) && paged && caps.reports_written_slots;
+  reach.push_back(pressure);
+  reach.push_back(pressure);
   KVCHECK_ASSERT(reach.size() == kScheduleClassCount);
   for (int f = 0; f < kFeatureCount; ++f) reach.push_back(drawable[static_cast<std::size_t>(f)]);
   for (int a = 0; a < kFeatureCount; ++a) {
@@ -645,6 +652,56 @@ class LongRunsPart final : public FeaturePart {
   }
 };
 
+/// Pool pressure on a prefix cache (a cache that reports cached rows,
+/// docs/semantics.md "Cached rows"): 4..8 requests on at most two states,
+/// windows and chunks of the cache's blocks (a paged cache), finish on, so
+/// requests fill blocks and end one after another and the cache's free pool
+/// turns over (cached blocks evicted by later writes); a request's first
+/// step often begins it from the prefix of the request that finished
+/// longest ago (its blocks the least recently cached: a block pool's first
+/// to go), n a multiple of the block size where the source wrote a whole
+/// block (full blocks are the ones a prefix cache keeps). Kvcheck's pool is
+/// not tightened: cached blocks are free capacity, so the pool it gives is
+/// already all the room a correct cache has.
+class PoolPressurePart final : public FeaturePart {
+ public:
+  explicit PoolPressurePart(std::uint64_t data_seed) : rng_(mix_seed(data_seed, 0x70726573)) {}  // "pres"
+  void sizes(CaseSizes& s, CaseDraw& d) override {
+    if (d.caps.finish) d.weights[kFinish] = 1;
+    s.min_requests = std::max<std::int64_t>(s.min_requests, 4);
+    s.max_requests = std::max<std::int64_t>(s.max_requests, 8);
+    s.min_steps += 8;
+    s.max_steps += 24;
+    s.max_states = std::max(s.min_states, std::min<std::int64_t>(s.max_states, 2));
+    // Windows and chunks of the cache's blocks (a long run's sizes), so
+    // requests fill whole blocks, and the pool turns over, at any block size.
+    if (d.caps.block_size > 0) s.block = d.caps.block_size;
+  }
+  std::int64_t begin_from(CaseDraw& d, const ScheduleView& view, std::int64_t r, const Step& step) override {
+    std::vector<std::int64_t> sources;  // finished, in finish order, with rows
+    for (const std::int64_t o : finished_) {
+      if (view.lifecycle.progress(o).length >= 1) sources.push_back(o);
+    }
+    if (sources.empty() || !rng_.chance(3, 4)) return 0;
+    const std::int64_t o =
+        rng_.chance(3, 4) ? sources.front() : sources[static_cast<std::size_t>(rng_.below(sources.size()))];
+    const std::int64_t length = view.lifecycle.progress(o).length;
+    const std::int64_t block = d.caps.block_size > 0 ? d.caps.block_size : 4;
+    const std::int64_t n = length >= block ? block * rng_.range(1, length / block) : rng_.range(1, length);
+    const std::int64_t room = view.max_positions > 0 ? view.max_positions - n : 1;
+    if (room <= 0 && scenarios::step_rows(step) > 0) return 0;
+    d.sc.requests[static_cast<std::size_t>(r)].prefix = scenarios::Prefix{o, n};
+    return n;
+  }
+  void placed(const ScheduleView& /*view*/, std::int64_t r, const Step& step) override {
+    if (step.kind == StepKind::kFinish) finished_.push_back(r);
+  }
+
+ private:
+  Prng rng_;
+  std::vector<std::int64_t> finished_;  // requests in the order they finished
+};
+
 /// The features of a case: each drawable one on in about half the cases
 /// (the profile's own always), from their own stream.
 FeatureSet draw_feature_mask(std::uint64_t data_seed, const engines::Capabilities& caps, Profile profile) {
@@ -662,6 +719,8 @@ FeatureSet draw_feature_mask(std::uint64_t data_seed, const engines::Capabilitie
   const bool long_coin = rng.chance(1, 2);
   on[static_cast<std::size_t>(Feature::kLongRuns)] =
       drawable[static_cast<std::size_t>(Feature::kLongRuns)] && (profile == Profile::kPaged || (long_coin && rng.chance(1, 2)));
+  // Drawn last: the rows above keep their draws.
+  draw(Feature::kPoolPressure, false);
   return on;
 }
 
@@ -674,6 +733,9 @@ std::vector<std::unique_ptr<FeaturePart>> make_parts(const FeatureSet& on, std::
                                                           : profile == Profile::kPaged || profile == Profile::kProduction
                                                               ? TrimPart::Depth::kShallow
                                                                                        : TrimPart::Depth::kEither));
+  // Before the prefix part: a begin it places wins.
+  if (on[static_cast<std::size_t>(Feature::kPoolPressure)])
+    parts.push_back(std::make_unique<PoolPressurePart>(data_seed));
   if (on[static_cast<std::size_t>(Feature::kPrefix)]) parts.push_back(std::make_unique<PrefixPart>(data_seed));
   if (on[static_cast<std::size_t>(Feature::kLayerWindows)])
     parts.push_back(std::make_unique<LayerWindowsPart>(data_seed, profile == Profile::kLayers));
@@ -1306,6 +1368,15 @@ BlockCounts classify_blocks(const Scenario& sc, const RunObservation& run, std::
     }
   }
   return counts;
+}
+
+void classify_cached(const RunObservation& run, Coverage* cov) {
+  for (const StepObservation& o : run.steps) {
+    if (o.layer == 0 && o.evicted_rows > 0) cov->cached_block_evicted = true;
+  }
+  for (const PrefixObservation& p : run.prefixes) {
+    if (p.evicted_positions > 0) cov->begin_from_evicted_prefix = true;
+  }
 }
 
 }  // namespace kvcheck::properties

@@ -87,6 +87,10 @@ struct Coverage {
   bool window_free_of_shared_block = false;  ///< one sharer's window leaves a shared block the other still sees
   // Features met together:
   bool trim_into_prefix = false;  ///< a request that began from a shared prefix trims back into it
+  // Pool pressure on a prefix cache, from the run (classify_cached):
+  bool cached_block_evicted = false;  ///< a write took a slot whose row the cache had answered cached
+  bool begin_from_evicted_prefix =
+      false;  ///< a prefix begin's first query sees a source row cached, then evicted
   /// The features the case exercised (exercised_features).
   FeatureSet features;
   // After all of the above: one per Capabilities::kernel_paths entry (the
@@ -171,5 +175,11 @@ struct BlockCounts {
 /// positions when it reports none). Adds them to `cov` and returns the counts.
 BlockCounts classify_blocks(const scenarios::Scenario& scenario, const RunObservation& run,
                             std::int64_t block_size, Coverage* cov);
+
+/// The pool-pressure classes of one run (docs/semantics.md "Cached rows"),
+/// from what the shadow map saw on layer 0: cached_block_evicted (a write
+/// over a cached row) and begin_from_evicted_prefix (a prefix begin whose
+/// first query sees a source row that was cached and is gone). Adds them to `cov`.
+void classify_cached(const RunObservation& run, Coverage* cov);
 
 }  // namespace kvcheck::properties

@@ -92,6 +92,10 @@ struct StepObservation {
   std::int64_t padded_slots = 0;
   std::int64_t moved_rows = 0;
   std::int64_t freed_slots = 0;
+  /// Slots answered `cached` (docs/semantics.md "Cached rows"), and cached
+  /// rows this step's writes (its begin's included) took over: evictions.
+  std::int64_t cached_slots = 0;
+  std::int64_t evicted_rows = 0;
   /// Rows freed while a query still to run may read them (the step fails).
   std::int64_t freed_visible = 0;
   std::string freed_detail;  ///< the first of them, one line
@@ -101,6 +105,10 @@ struct StepObservation {
   /// shadow map; reports show reports::resident_text.
   std::int64_t resident_rows = -1;
   std::int64_t resident_blocks = -1;
+  /// Cached rows and blocks after the step (a cache that reports cached;
+  /// else -1): counted apart from the rows held, in no bound.
+  std::int64_t cached_rows = -1;
+  std::int64_t cached_blocks = -1;
   /// Blocks (slots, without a block size) still held more steps after
   /// every row in them left the window than the cache's declared free
   /// deferral allows (Capabilities::free_deferral_steps; the step fails).
@@ -160,6 +168,10 @@ struct PrefixObservation {
   /// Of those, positions the cache said it stored again at the begin (on
   /// layer 0); the rest it shares with `source`.
   std::int64_t stored_again = 0;
+  /// Of the positions its first query sees, those whose source row the
+  /// cache had cached and no slot held any more at the begin (evicted): a
+  /// begin from an evicted prefix (on layer 0).
+  std::int64_t evicted_positions = 0;
   std::int64_t begin_step = 0;  ///< scenario step whose call began the request
   bool operator==(const PrefixObservation&) const = default;
 };

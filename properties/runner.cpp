@@ -569,6 +569,8 @@ class StepDriver {
     std::int64_t padded = 0;
     std::int64_t moved = 0;
     std::int64_t freed = 0;
+    std::int64_t cached = 0;
+    std::int64_t evicted = 0;  ///< cached rows the begin's stored-again rows took over
     std::int64_t freed_visible = 0;
     std::string freed_detail;
   };
@@ -583,13 +585,19 @@ class StepDriver {
     begun_events_.padded = static_cast<std::int64_t>(answer_.padded.size());
     begun_events_.moved = static_cast<std::int64_t>(answer_.moved.size());
     begun_events_.freed = static_cast<std::int64_t>(answer_.freed.size());
-    if (answer_.freed.empty()) return;
+    begun_events_.cached = static_cast<std::int64_t>(answer_.cached.size());
+    if (answer_.freed.empty() && answer_.cached.empty()) return;
     // A prefix row the begin stored again keeps it (as a step's own written slots).
     const std::span<const std::int64_t> keep =
         answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
     std::vector<std::int64_t> lost_slots;
-    const std::vector<ShadowRow> lost =
-        shadow.release(answer_.freed, keep, visibility_at(step_index, l, false), &lost_slots);
+    const Visibility visible = visibility_at(step_index, l, false);
+    std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visible, &lost_slots);
+    // Cached slots keep their rows for a later prefix begin; one still
+    // visible is lost all the same (docs/semantics.md "Cached rows").
+    const std::vector<ShadowRow> lost_cached =
+        shadow.release(answer_.cached, keep, visible, &lost_slots, true);
+    lost.insert(lost.end(), lost_cached.begin(), lost_cached.end());
     begun_events_.freed_visible = static_cast<std::int64_t>(lost.size());
     if (!lost.empty()) begun_events_.freed_detail = freed_text(lost_slots.front(), lost.front()) + " (freed by the begin)";
   }
@@ -639,6 +647,7 @@ class StepDriver {
     in_pool = false;
     list(answer_.padded, "padded", false);
     list(answer_.freed, "freed", false);
+    list(answer_.cached, "cached", false);
     for (std::size_t i = 0; i < answer_.moved.size() && field.empty(); ++i) {
       const auto [from, to] = answer_.moved[i];
       if (bad(from, false)) {
@@ -686,9 +695,17 @@ class StepDriver {
     if (!slots_possible(step_index, l, "begin", true)) return false;
     // Moves first (a copy before the rows are stored), as in any step.
     shadows_[static_cast<std::size_t>(l)].move(answer_.moved);
+    // The first position the begun request's queries see on this layer: a
+    // cached row it shares from there on is held again.
+    const std::int64_t visible_from =
+        std::max<std::int64_t>(0, n - layer_keys_[static_cast<std::size_t>(l)] + 1);
+    ShadowMap::PrefixTally tally;
     const std::vector<std::uint64_t> seqs = shadows_[static_cast<std::size_t>(l)].begin_prefix(
         begin.step.request, req.prefix->request, n,
-        answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>());
+        answer_.has_written ? std::span<const std::int64_t>(answer_.written)
+                            : std::span<const std::int64_t>(),
+        visible_from, &tally);
+    begun_events_.evicted = tally.evicted_rows;
     judge_.share_prefix(l, begin.step.request, req.prefix->request, n, seqs);
     if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, req.prefix->request, n);
     if (l == 0) {
@@ -701,6 +718,7 @@ class StepDriver {
         began.stored_again = std::count_if(answer_.written.begin(), answer_.written.end(),
                                            [](std::int64_t slot) { return slot >= 0; });
       }
+      began.evicted_positions = tally.evicted_positions;
       began.begin_step = static_cast<std::int64_t>(step_index);
       run_.prefixes.push_back(began);
     }
@@ -788,6 +806,8 @@ class StepDriver {
     obs->padded_slots = begun_events_.padded + static_cast<std::int64_t>(answer_.padded.size());
     obs->moved_rows = begun_events_.moved + static_cast<std::int64_t>(answer_.moved.size());
     obs->freed_slots = begun_events_.freed + static_cast<std::int64_t>(answer_.freed.size());
+    obs->cached_slots = begun_events_.cached + static_cast<std::int64_t>(answer_.cached.size());
+    obs->evicted_rows += begun_events_.evicted;
     obs->freed_visible = begun_events_.freed_visible;
     obs->freed_detail = begun_events_.freed_detail;
     begun_events_ = BeginEvents{};
@@ -797,17 +817,23 @@ class StepDriver {
       if (!visibility) visibility = visibility_at(step_index, layer, true);
       return *visibility;
     };
-    if (!answer_.freed.empty()) {
+    // Frees empty their slots; cached slots keep their rows for a later
+    // prefix begin (docs/semantics.md "Cached rows"). Either, of a row still
+    // visible, loses it.
+    for (const bool cache : {false, true}) {
+      const std::vector<std::int64_t>& slots = cache ? answer_.cached : answer_.freed;
+      if (slots.empty()) continue;
       const std::span<const std::int64_t> keep =
           answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
       std::vector<std::int64_t> lost_slots;
-      const std::vector<ShadowRow> lost = shadow.release(answer_.freed, keep, visible(), &lost_slots);
+      const std::vector<ShadowRow> lost = shadow.release(slots, keep, visible(), &lost_slots, cache);
       obs->freed_visible += static_cast<std::int64_t>(lost.size());
-      if (!lost.empty() && obs->freed_detail.empty()) obs->freed_detail = freed_text(lost_slots.front(), lost.front());
+      if (!lost.empty() && obs->freed_detail.empty())
+        obs->freed_detail = freed_text(lost_slots.front(), lost.front()) + (cache ? " (cached)" : "");
     }
     if (caps_.reports_frees && caps_.free_deferral_steps)
       judge_free_deadline(step_index, layer, visible(), obs);
-    if (!caps_.reports_frees && !caps_.resident_bound.declared()) return;
+    if (!caps_.reports_frees && !caps_.resident_bound.declared() && !caps_.reports_cached) return;
     // Per request, a shared row counts for the requests that still see it
     // (a request's table drops a block its window left, while a sharer's
     // keeps it): the visibility after this step decides.
@@ -818,6 +844,10 @@ class StepDriver {
             : shadow.resident_totals(caps_.block_size);
     obs->resident_rows = r.rows;
     obs->resident_blocks = caps_.block_size > 0 ? r.blocks : -1;
+    if (caps_.reports_cached) {
+      obs->cached_rows = r.cached_rows;
+      obs->cached_blocks = caps_.block_size > 0 ? r.cached_blocks : -1;
+    }
     const engines::ResidentBound& bound = caps_.resident_bound;
     if (!bound.declared()) return;
     const bool blocks = bound.unit == engines::ResidentBound::Unit::kBlocks;

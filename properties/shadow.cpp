@@ -16,17 +16,27 @@ ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
 }  // namespace
 
 std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
-                                                   std::span<const std::int64_t> written) {
+                                                   std::span<const std::int64_t> written,
+                                                   std::int64_t visible_from, PrefixTally* tally) {
+  PrefixTally counts;
   std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
   for (std::int64_t p = 0; p < n; ++p) {
     const auto i = static_cast<std::size_t>(p);
+    const auto src = latest_.find({source, p});
+    // The source's row no slot holds any more after the cache had cached it:
+    // evicted (a later write took the slot) or freed since.
+    if (p >= visible_from && src != latest_.end() && was_cached_.contains(src->second.write_seq) &&
+        at(src->second.slot).write_seq != src->second.write_seq && !slot_holding(src->second.write_seq)) {
+      ++counts.evicted_positions;
+    }
     if (i < written.size() && written[i] >= 0) {
+      const ShadowRow old = at(written[i]);
+      if (old.cached && old.request >= 0) ++counts.evicted_rows;
       seqs[i] = ++write_seq_;
       slots_[written[i]] = ShadowRow{request, p, seqs[i]};
       latest_[{request, p}] = Latest{seqs[i], written[i]};
       continue;
     }
-    const auto src = latest_.find({source, p});
     std::optional<Latest> held;
     if (src != latest_.end() && at(src->second.slot).write_seq == src->second.write_seq) {
       held = src->second;
@@ -37,10 +47,17 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     }
     if (held) {
       latest_[{request, p}] = *held;  // one row, two requests
+      // A cached row the begun request can see is held again (a prefix hit
+      // takes its block back from the free pool).
+      if (p >= visible_from) {
+        const auto it = slots_.find(held->slot);
+        if (it != slots_.end()) it->second.cached = false;
+      }
     } else {
       latest_.erase({request, p});
     }
   }
+  if (tally != nullptr) *tally = counts;
   return seqs;
 }
 
@@ -53,7 +70,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> ShadowMap::resident() const {
   std::vector<std::pair<std::int64_t, std::int64_t>> held;
   held.reserve(slots_.size());
   for (const auto& [slot, row] : slots_) {
-    if (row.request >= 0) held.emplace_back(row.request, row.position);
+    if (row.request >= 0 && !row.cached) held.emplace_back(row.request, row.position);
   }
   std::sort(held.begin(), held.end());
   return held;
@@ -69,6 +86,7 @@ void ShadowMap::move(std::span<const std::pair<std::int64_t, std::int64_t>> move
     ShadowRow row = it->second;
     if (!row.padding && is_latest(row)) latest_[{row.request, row.position}].slot = to;
     row.copied = true;
+    row.cached = false;  // the cache put the copy there: it holds it
     slots_[to] = row;
     any_copies_ = true;
   }
@@ -100,14 +118,21 @@ bool ShadowMap::held_elsewhere(std::int64_t slot, std::uint64_t write_seq) const
 
 ShadowMap::Resident ShadowMap::resident_totals(std::int64_t block_size) const {
   Resident r;
-  std::vector<std::int64_t> blocks;
+  std::vector<std::int64_t> blocks, cached_blocks;
   for (const auto& [slot, row] : slots_) {
     if (row.padding || row.request < 0) continue;
-    ++r.rows;
-    if (block_size > 0) blocks.push_back(slot / block_size);
+    ++(row.cached ? r.cached_rows : r.rows);
+    if (block_size > 0) (row.cached ? cached_blocks : blocks).push_back(slot / block_size);
   }
   std::sort(blocks.begin(), blocks.end());
-  r.blocks = std::unique(blocks.begin(), blocks.end()) - blocks.begin();
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  r.blocks = static_cast<std::int64_t>(blocks.size());
+  std::sort(cached_blocks.begin(), cached_blocks.end());
+  cached_blocks.erase(std::unique(cached_blocks.begin(), cached_blocks.end()), cached_blocks.end());
+  // A block with a row held is held (its cached rows ride along).
+  r.cached_blocks = std::count_if(cached_blocks.begin(), cached_blocks.end(), [&](std::int64_t b) {
+    return !std::binary_search(blocks.begin(), blocks.end(), b);
+  });
   return r;
 }
 
@@ -126,7 +151,7 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   std::unordered_map<std::uint64_t, bool> original;                     // write -> still where it was written
   std::map<std::int64_t, std::vector<std::int64_t>> owners;             // block -> requests that wrote in it
   for (const auto& [slot, row] : slots_) {
-    if (row.padding || row.request < 0 || row.copied) continue;
+    if (row.padding || row.request < 0 || row.copied || row.cached) continue;
     original[row.write_seq] = true;
     if (block_size > 0) add(owners[slot / block_size], row.request);
   }
@@ -140,7 +165,7 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   }
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> copy_holders;  // write -> owners of a copy
   for (const auto& [slot, row] : slots_) {
-    if (row.padding || row.request < 0 || !row.copied || block_size <= 0) continue;
+    if (row.padding || row.request < 0 || !row.copied || row.cached || block_size <= 0) continue;
     const auto o = owners.find(slot / block_size);
     if (o != owners.end()) {
       for (const std::int64_t request : o->second) add(copy_holders[row.write_seq], request);
@@ -151,7 +176,7 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   std::map<std::int64_t, std::vector<std::int64_t>> kept_in;       // block -> writers of rows none sees
   std::vector<std::int64_t> holders;
   for (const auto& [slot, row] : slots_) {
-    if (row.padding || row.request < 0) continue;
+    if (row.padding || row.request < 0 || row.cached) continue;  // a cached row is no request's
     holders.clear();
     bool seen = true;
     const auto o = block_size > 0 ? owners.find(slot / block_size) : owners.end();
@@ -226,8 +251,10 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
         ++obs->collisions.outside_block;
       }
       const ShadowRow& old = replaced[i];
-      if (f.view == engines::ReadView::kAfterWrites && old.request == f.request && old.position < first &&
-          old.position >= first - f.window_keys + 1) {
+      // A cached row the write takes is evicted, not lost: had it been
+      // visible, caching it failed the step that did (docs/semantics.md "Cached rows").
+      if (f.view == engines::ReadView::kAfterWrites && !old.cached && old.request == f.request &&
+          old.position < first && old.position >= first - f.window_keys + 1) {
         // Live: the replaced row is the latest write of its position, this
         // slot its home (not a copy left behind by a move), and a query of
         // this step (the first one reaches furthest back) must read it.
@@ -236,6 +263,8 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
           ++obs->collisions.replaced_needed;
         }
       }
+      // A write over a cached row evicts it (docs/semantics.md "Cached rows").
+      if (old.cached && old.request >= 0) ++obs->evicted_rows;
       written_rows[i] = ShadowRow{f.request, p, ++write_seq_};
     }
     // Apply the writes in row order (a later row of the step wins a slot).

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -32,6 +33,11 @@ struct ShadowRow {
   bool padding = false;
   /// The row came here by a move (a copy of a row written elsewhere); not compared.
   bool copied = false;
+  /// The cache released the slot to its free pool with the row still in it
+  /// (docs/semantics.md "Cached rows"): no request holds it and no bound
+  /// counts it; a later write there evicts it, a free ends it, a prefix
+  /// begin that shares it takes it back. Not compared.
+  bool cached = false;
   bool operator==(const ShadowRow& o) const noexcept {
     return request == o.request && position == o.position && write_seq == o.write_seq && padding == o.padding;
   }
@@ -82,8 +88,19 @@ class ShadowMap {
   /// prefix row no slot holds any more (evicted, freed) is absent: a query
   /// that needs it finds it missing. Returns each position's write number
   /// (0 where shared or absent).
+  /// `visible_from`: the first position the begun request's queries can
+  /// see; a cached row it shares from there on is held again. `tally`, when
+  /// given, counts what the begin found (PrefixTally).
+  struct PrefixTally {
+    std::int64_t evicted_rows = 0;  ///< rows stored again over cached rows (evictions)
+    /// Positions from `visible_from` whose source row was cached and no
+    /// slot holds any more (evicted, or freed after): the cache had to store
+    /// them again to read them.
+    std::int64_t evicted_positions = 0;
+  };
   std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
-                                          std::span<const std::int64_t> written);
+                                          std::span<const std::int64_t> written,
+                                          std::int64_t visible_from = 0, PrefixTally* tally = nullptr);
 
   /// Copies slot `from`'s row to slot `to`, in order (an empty `from`
   /// empties `to`); the copy becomes the row's home.
@@ -97,15 +114,28 @@ class ShadowMap {
   /// while that row is visible) or after (its row is then out of every
   /// window): released without a count when its row is not visible.
   /// `lost_slots`, when given, gets the slot of each row returned, in order.
+  /// `cache` (docs/semantics.md "Cached rows"): the slots keep their rows,
+  /// marked cached, instead of being emptied; a row still visible is lost
+  /// all the same (any write may take the slot now).
   template <class Visible>
   std::vector<ShadowRow> release(std::span<const std::int64_t> slots, std::span<const std::int64_t> keep,
-                                 Visible&& visible, std::vector<std::int64_t>* lost_slots = nullptr) {
+                                 Visible&& visible, std::vector<std::int64_t>* lost_slots = nullptr,
+                                 bool cache = false) {
     std::vector<ShadowRow> lost;
+    // Empties the slot, or (cache) marks its row cached; padding is never a row to keep.
+    const auto let_go = [&](auto it) {
+      if (!cache || it->second.padding) {
+        slots_.erase(it);
+      } else if (!it->second.cached) {
+        it->second.cached = true;
+        was_cached_.insert(it->second.write_seq);
+      }
+    };
     for (const std::int64_t slot : slots) {
       const auto it = slots_.find(slot);
       if (it == slots_.end()) continue;
       if (std::find(keep.begin(), keep.end(), slot) != keep.end()) {
-        if (it->second.padding || !visible(it->second)) slots_.erase(it);
+        if (it->second.padding || !visible(it->second)) let_go(it);
         continue;
       }
       // A copy freed while another slot still holds the same write (a
@@ -115,7 +145,7 @@ class ShadowMap {
         lost.push_back(it->second);
         if (lost_slots != nullptr) lost_slots->push_back(slot);
       }
-      slots_.erase(it);
+      let_go(it);
     }
     return lost;
   }
@@ -131,9 +161,13 @@ class ShadowMap {
   /// The resident set: slots holding a token's row (padding left out), and
   /// blocks of `block_size` slots holding one (block_size 0: not counted);
   /// in all and for the request holding most.
+  /// Cached rows (docs/semantics.md "Cached rows") are counted apart, in
+  /// no other field.
   struct Resident {
     std::int64_t rows = 0;
     std::int64_t blocks = 0;
+    std::int64_t cached_rows = 0;    ///< slots holding a cached row
+    std::int64_t cached_blocks = 0;  ///< blocks holding a cached row and no other row
     std::int64_t request_rows = 0;   ///< the most rows one request holds
     std::int64_t request_blocks = 0;  ///< the most blocks one request holds
   };
@@ -162,7 +196,8 @@ class ShadowMap {
   }
   /// What `slot` holds now.
   ShadowRow at(std::int64_t slot) const;
-  /// What every written slot holds now, as (request, position), sorted:
+  /// What every written slot holds now, cached rows left out (docs/semantics.md
+  /// "Cached rows"), as (request, position), sorted:
   /// the resident set as the cache's reports show it, slot numbers left out.
   std::vector<std::pair<std::int64_t, std::int64_t>> resident() const;
   /// Rows written so far (for memory accounting in tests).
@@ -179,6 +214,7 @@ class ShadowMap {
   std::map<std::pair<std::int64_t, std::int64_t>, Latest> latest_;  // (request, position)
   std::uint64_t write_seq_ = 0;
   bool any_copies_ = false;  // a move has put a row in a second slot
+  std::set<std::uint64_t> was_cached_;  // writes the cache has answered cached (begin_prefix's tally)
 };
 
 }  // namespace kvcheck::properties

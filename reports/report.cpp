@@ -173,10 +173,17 @@ std::string resident_text(const properties::StepObservation& s) {
       out += " (bound " + std::to_string(s.bound_limit) + " " + s.bound_unit + ": held " +
              std::to_string(s.bound_held) + ")";
     }
+    // Cached rows apart from the rows held (docs/semantics.md "Cached rows").
+    if (s.cached_rows >= 0) {
+      out += ", cached " + std::to_string(s.cached_rows) + " rows";
+      if (s.cached_blocks >= 0) out += ", " + std::to_string(s.cached_blocks) + " blocks";
+    }
   }
-  if (s.padded_slots + s.moved_rows + s.freed_slots > 0) {
+  if (s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows > 0) {
     out += (out.empty() ? "" : "; ") + std::string("padded ") + std::to_string(s.padded_slots) + ", moved " +
            std::to_string(s.moved_rows) + ", freed " + std::to_string(s.freed_slots);
+    if (s.cached_slots + s.evicted_rows > 0)
+      out += ", cached " + std::to_string(s.cached_slots) + ", evicted " + std::to_string(s.evicted_rows);
     if (s.freed_visible > 0) out += " (" + std::to_string(s.freed_visible) + " still visible)";
   }
   if (s.late_frees > 0)

@@ -234,7 +234,9 @@ bool format_stores_exact_rows(std::string_view format) noexcept;
 /// The resident set after a step, for a cache that reports frees or
 /// declares a bound, with the step's slot events: "resident 12 rows, 3
 /// blocks (bound 4 blocks per request: held 5); padded 2, moved 0, freed 4
-/// (1 still visible)". Empty when the step has nothing of this (every
+/// (1 still visible)"; with cached rows (docs/semantics.md "Cached rows")
+/// "resident 8 rows, 2 blocks (...), cached 4 rows, 1 blocks; padded 0,
+/// moved 0, freed 0, cached 4, evicted 2". Empty when the step has nothing of this (every
 /// writer shows this line and counts nothing itself).
 std::string resident_text(const properties::StepObservation& step);
 

@@ -101,7 +101,8 @@ Json step_json(const properties::StepObservation& s, bool output_format) {
   j["expectation_detail"] = s.expectation_detail;
   // Only for a cache that reports slot events or frees, or declares a bound:
   // other reports keep their bytes.
-  if (s.resident_rows >= 0 || s.padded_slots + s.moved_rows + s.freed_slots > 0) {
+  if (s.resident_rows >= 0 ||
+      s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows > 0) {
     j["resident"] = Json{{"rows", s.resident_rows},
                          {"blocks", s.resident_blocks},
                          {"bound", s.bound_limit},
@@ -113,6 +114,14 @@ Json step_json(const properties::StepObservation& s, bool output_format) {
                          {"freed_visible", s.freed_visible},
                          {"freed_detail", s.freed_detail},
                          {"text", resident_text(s)}};
+    // A cache that reports cached rows (docs/semantics.md "Cached rows"):
+    // the other reports keep their bytes.
+    if (s.cached_rows >= 0 || s.cached_slots + s.evicted_rows > 0) {
+      j["resident"]["cached_rows"] = s.cached_rows;
+      j["resident"]["cached_blocks"] = s.cached_blocks;
+      j["resident"]["cached"] = s.cached_slots;
+      j["resident"]["evicted"] = s.evicted_rows;
+    }
     if (s.late_frees > 0) {  // a cache that declares a free deferral, past it
       j["resident"]["late_frees"] = s.late_frees;
       j["resident"]["late_detail"] = s.late_detail;

@@ -142,6 +142,10 @@ struct TraceStep {
   std::vector<std::int64_t> padded;
   std::vector<std::pair<std::int64_t, std::int64_t>> moved;
   std::vector<std::int64_t> freed;
+  /// Any step: slots released to the cache's free pool with their rows
+  /// still readable by a later prefix begin (docs/semantics.md "Cached
+  /// rows"); empty when absent.
+  std::vector<std::int64_t> cached;
   /// "code: detail" when the cache refused this call (the run stops there).
   std::optional<std::string> refused;
   bool operator==(const TraceStep&) const = default;

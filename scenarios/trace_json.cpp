@@ -328,8 +328,8 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   s.line = line;
   s.kind = get_enum(require(j, "", "kind"), "kind", kKinds, trace_kind_name);
   const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
-  std::vector<std::string_view> allowed = {"step", "layer", "kind", "request", "state", "refused",
-                                           "padded", "moved", "freed"};
+  std::vector<std::string_view> allowed = {"step",    "layer",  "kind",  "request", "state",
+                                           "refused", "padded", "moved", "freed",   "cached"};
   if (s.kind == TraceKind::kBegin) allowed.insert(allowed.end(), {"prefix", "written"});
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {
@@ -382,11 +382,12 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
     fail(ErrorId::kJsonValue, "written", "only a begin from a shared prefix reports written slots");
   }
   // Slot events of any step (a refused one has none).
-  for (const char* key : {"padded", "moved", "freed"}) {
+  for (const char* key : {"padded", "moved", "freed", "cached"}) {
     if (s.refused && find(j, key)) fail(ErrorId::kJsonValue, key, "a refused step reports no slots or outputs");
   }
   if (const json* v = find(j, "padded")) s.padded = int_list(*v, "padded", 0, kSlotMax, "slot");
   if (const json* v = find(j, "freed")) s.freed = int_list(*v, "freed", 0, kSlotMax, "slot");
+  if (const json* v = find(j, "cached")) s.cached = int_list(*v, "cached", 0, kSlotMax, "slot");
   if (const json* v = find(j, "moved")) {
     as_array(*v, "moved");
     for (std::size_t i = 0; i < v->size(); ++i) {
@@ -802,6 +803,7 @@ std::string trace_step_line(const TraceStep& s) {
     j["moved"] = std::move(moved);
   }
   if (!s.freed.empty()) j["freed"] = s.freed;
+  if (!s.cached.empty()) j["cached"] = s.cached;
   if (s.refused) j["refused"] = *s.refused;
   return dump_line(j);
 }

@@ -63,6 +63,7 @@ class Engine:
     slots = None                    # answers carry `written` and `read` (default: when outputs is False)
     rows = "lists"                  # "numpy": step.k, .v, .q as float64 arrays [rows, width]
     output_format = None            # "bf16", "fp16", "f32", "f64": the format outputs are written in
+    cached = False                  # True: answers may carry `cached` (hello "reports": {"cached": true})
     capabilities = {}               # any other hello key; wins over the attributes
     # Declared slack (docs/semantics.md "Lookahead slots and deferred frees"):
     lookahead_slots = 0             # positions past each step's rows it takes room for (vLLM num_lookahead_tokens)
@@ -101,6 +102,8 @@ class Engine:
         slots = (not cls.outputs) if cls.slots is None else cls.slots
         if slots:
             caps["reports"] = {"written_slots": True, "read_slots": True}
+        if cls.cached:
+            caps.setdefault("reports", {})["cached"] = True
         if not cls.outputs:
             caps["outputs"] = False
         if cls.addressing is not None:
@@ -195,7 +198,7 @@ def serve(engine_class, argv=None):
 
 
 def answer(out=None, written=None, read=None, stored=None, causal=False, padded=None, moved=None,
-           freed=None):
+           freed=None, cached=None):
     """A writing step's answer: `out` (one output row per new row), `written`
     (one slot per new row), `read` (one list of slots per query; -1 entries
     are ignored), `stored` (from `stored_rows`), `causal` (True for a
@@ -203,7 +206,7 @@ def answer(out=None, written=None, read=None, stored=None, causal=False, padded=
     step: read_view "causal"). Lists, numpy arrays or tensors. The slot
     events (`slot_events`) go in too when given."""
     result = {"ok": True}
-    result.update(slot_events(padded, moved, freed))
+    result.update(slot_events(padded, moved, freed, cached))
     if out is not None:
         result["out"] = out
     if written is not None:
@@ -216,14 +219,17 @@ def answer(out=None, written=None, read=None, stored=None, causal=False, padded=
     return result
 
 
-def slot_events(padded=None, moved=None, freed=None):
+def slot_events(padded=None, moved=None, freed=None, cached=None):
     """The slot events of a step (adapters/PROTOCOL.md "Padding, moves and
     frees"), as a step method returns them for a step without rows (or
     `answer` puts them in a writing step's answer): `padded`, slots written
     with no token; `moved`, [from, to] pairs, a row copied from slot to
-    slot; `freed`, slots released. Empty ones are left out."""
+    slot; `freed`, slots released; `cached`, slots released to the free pool
+    whose rows a later prefix begin may still read until a write reuses them
+    (PROTOCOL.md "Cached rows": an engine with `cached = True`). Empty ones
+    are left out."""
     events = {}
-    for key, value in (("padded", padded), ("moved", moved), ("freed", freed)):
+    for key, value in (("padded", padded), ("moved", moved), ("freed", freed), ("cached", cached)):
         if value is not None and len(value) > 0:
             events[key] = value
     return events

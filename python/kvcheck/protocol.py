@@ -795,8 +795,10 @@ class Session:
 
 
 # What a step that writes no rows may answer besides "ok" (adapters/PROTOCOL.md
-# "Padding, moves and frees"): slots padded and freed, rows moved.
-SLOT_EVENTS = ("padded", "moved", "freed")
+# "Padding, moves and frees"): slots padded and freed, rows moved; slots
+# cached (released to the free pool, still readable by a later prefix begin:
+# "Cached rows"; hello "reports": {"cached": true}).
+SLOT_EVENTS = ("padded", "moved", "freed", "cached")
 
 
 def _events_answer(events, op):

@@ -162,6 +162,25 @@ def test_slot_events_are_answered_by_any_step():
     assert kvcheck.slot_events() == {}
 
 
+class Caching(Rolling):
+    """A prefix cache's finish: one block freed, one kept cached (readable by a later prefix hit)."""
+    cached = True
+
+    def finish(self, layer, state, request):
+        return kvcheck.slot_events(freed=[2, 3], cached=[0, 1])
+
+
+def test_cached_slots_are_declared_and_answered():
+    assert Caching.hello_capabilities()["reports"] == {"written_slots": True, "read_slots": True, "cached": True}
+    assert "cached" not in Rolling.hello_capabilities()["reports"]
+    s, _, _ = session(Caching)
+    assert ask(s, {"op": "begin", "layer": 0, "request": 7, "state": 1}) == {"ok": True}
+    assert ask(s, {"op": "finish", "layer": 0, "request": 7, "state": 1}) == {"ok": True, "freed": [2, 3],
+                                                                              "cached": [0, 1]}
+    assert kvcheck.answer(written=[0], cached=[4])["cached"] == [4]
+    assert "cached" not in kvcheck.answer(written=[0], cached=[])
+
+
 def test_python_m_kvcheck_serves_a_file_and_keeps_prints_off_stdout(tmp_path):
     module = tmp_path / "printing_cache.py"
     module.write_text("import kvcheck\nprint('imported')\n\n"

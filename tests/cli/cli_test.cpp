@@ -229,7 +229,8 @@ namespace {
 
 /// The paged adapter's shared-prefix bugs (paged_cache.py PREFIX_BUGS).
 bool prefix_bug(const std::string& bug) {
-  return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused";
+  return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused" ||
+         bug == "evict-leaves-hash";
 }
 
 }  // namespace
@@ -263,6 +264,7 @@ TEST_CASE(
       {"paged_cache.py", "free-shared"},            // the window frees a block a sharer still sees
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
       {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
+      {"paged_cache.py", "evict-leaves-hash"},      // an evicted cached block still found by its hash
       // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
       {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
       {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks

@@ -474,3 +474,33 @@ TEST_CASE("ExecAnswer: padded, moved and freed slots are read, and a malformed o
     CHECK_THAT(error, Catch::StartsWith(expected));
   }
 }
+
+TEST_CASE(
+    "ExecAnswer: cached slots are read from a cache that declared them, and are an error from one that did "
+    "not") {
+  Json declared = Json::parse(hello_answer(""));
+  declared["capabilities"]["reports"]["cached"] = true;
+  Json j = Json::parse(json_answer());
+  j["cached"] = {4, 5};
+  j["freed"] = {6};
+  const Session s = run_prefill(declared.dump() + "\n", j.dump() + "\n", en::ExecEncoding::kJson);
+  CHECK(s.answer.cached == std::vector<std::int64_t>{4, 5});
+  CHECK(s.answer.freed == std::vector<std::int64_t>{6});
+  const std::pair<std::string, std::string> twists[] = {
+      {hello_answer(""), ".cached: cached slots from a cache that did not declare them"},
+      {declared.dump() + "\n", ".cached[1]: expected an integer"},
+  };
+  Json bad = Json::parse(json_answer());
+  for (const auto& [hello, expected] : twists) {
+    INFO(expected);
+    bad["cached"] = Json::array({4, "5"});
+    std::string error;
+    try {
+      Session t;
+      run_prefill_into(t, hello, bad.dump() + "\n", en::ExecEncoding::kJson);
+    } catch (const kvcheck::Error& e) {
+      error = e.where() + ": " + e.rule();
+    }
+    CHECK_THAT(error, Catch::StartsWith("steps[1] (prefill, layer 0) answer" + expected));
+  }
+}

@@ -362,6 +362,13 @@ TEST_CASE("ExecHello: frees and the resident bound, and the limit kvcheck derive
   h = ring_hello();
   h["capabilities"]["reports"]["frees"] = "yes";
   CHECK(error_of(h) == "hello answer.capabilities.reports.frees: expected true or false");
+  // Cached rows (docs/semantics.md "Cached rows"): off unless declared.
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").reports_cached);
+  h = ring_hello();
+  h["capabilities"]["reports"]["cached"] = true;
+  CHECK(parse_hello_answer(h, "cmd").reports_cached);
+  h["capabilities"]["reports"]["cached"] = 1;
+  CHECK(error_of(h) == "hello answer.capabilities.reports.cached: expected true or false");
 }
 
 TEST_CASE("ExecHello: paged addressing with a block size, and the pool kvcheck gives a paged case") {

@@ -536,6 +536,42 @@ TEST_CASE("Audit: a begin from a shared prefix: a prefix row read from its slot 
         "line 2: written");
 }
 
+TEST_CASE("Audit: cached slots in a trace keep their rows for a prefix begin until a write evicts them") {
+  // Window 3. Request 0 writes positions 0 and 1 at slots 0, 1 and finishes,
+  // its slots cached; request 1 begins from its first 2 positions.
+  const std::string r0 =
+      R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";
+  const std::string fin = R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0,"cached":[0,1]})";
+  const auto begin = [](int step) {
+    return R"({"step":)" + std::to_string(step) +
+           R"(,"layer":0,"kind":"begin","request":1,"state":0,"prefix":{"request":0,"positions":2}})";
+  };
+  const auto decode = [](int step) {
+    return R"({"step":)" + std::to_string(step) +
+           R"(,"layer":0,"kind":"decode","request":1,"state":0,"position":2,"rows":1,"written":[5],"read":[[0,1,5]]})";
+  };
+  // Request 2 takes slot 1 (an eviction) and finishes.
+  const std::string r2 =
+      R"({"step":2,"layer":0,"kind":"decode","request":2,"state":0,"position":0,"rows":1,"written":[1],"read":[[1]]})";
+  const std::string fin2 = R"({"step":3,"layer":0,"kind":"finish","request":2,"state":0,"freed":[1]})";
+  const std::string r2_later = R"({"step":2,"layer":0,"kind":"begin","request":2,"state":0})";
+  // Not evicted: the cached rows are read by the begin (a prefix hit).
+  const auto hit = audit_trace(scenarios::parse_trace(lines({kHeader, r0, fin, begin(2), decode(2)}), ""), AuditOptions{});
+  INFO(hit[0].first_failure);
+  CHECK(hit[0].passed);
+  CHECK(hit[0].steps.back().cached_rows == 0);  // held again by request 1
+  const auto parsed = scenarios::parse_trace(lines({kHeader, r0, fin}), "");
+  CHECK(parsed[0].steps[1].cached == std::vector<std::int64_t>{0, 1});
+  CHECK(scenarios::trace_step_line(parsed[0].steps[1]).find(R"("cached":[0,1])") != std::string::npos);
+  CHECK(parse_where(lines({kHeader, r0, R"({"step":1,"layer":0,"kind":"finish","request":0,"state":0,"cached":[-2]})"})) ==
+        "line 3: cached[0]");
+  // Evicted by request 2's write, then shared by the begin: position 1 is missing.
+  const auto evicted =
+      audit_trace(scenarios::parse_trace(lines({kHeader, r0, fin, r2_later, r2, fin2, begin(4), decode(4)}), ""), AuditOptions{});
+  CHECK_FALSE(evicted[0].passed);
+  CHECK(evicted[0].first_failure.find("missing [1]") != std::string::npos);
+}
+
 TEST_CASE("Audit: a trace whose schedule is invalid is rejected naming its line") {
   const std::string prefill =
       R"({"step":0,"layer":0,"kind":"prefill","request":0,"state":0,"position":0,"rows":2,"order":"store_then_load","written":[0,1],"read":[[0],[0,1]]})";

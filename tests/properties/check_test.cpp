@@ -454,6 +454,11 @@ TEST_CASE("Side by side: a case is drawn inside what both caches can run") {
   CHECK(both.head_dims.contains(16));
   CHECK_FALSE(both.head_dims.contains(4));
   CHECK_FALSE(both.head_dims.contains(24));
+  // Cached rows (and the pool pressure drawn for them) only when both report them.
+  a.reports_cached = true;
+  CHECK_FALSE(properties::intersect_capabilities(a, b).reports_cached);
+  b.reports_cached = true;
+  CHECK(properties::intersect_capabilities(a, b).reports_cached);
   // Resident sets compare when both caches report frees, or neither does and they address alike.
   engines::Capabilities ring, paged, freeing;
   ring.ring_addressing = true;

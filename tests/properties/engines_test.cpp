@@ -752,6 +752,36 @@ TEST_CASE("Generator: the prefix profile draws shared prefixes in every case for
   }
 }
 
+TEST_CASE("Generator: pool pressure is drawn for a cache that shares prefixes and reports cached rows, never for the others") {
+  engines::Capabilities sharing;  // shares prefixes, keeps no cached rows
+  sharing.prefix_sharing = true;
+  sharing.block_size = 4;
+  engines::Capabilities cached = sharing;
+  cached.reports_cached = true;
+  const auto pressure = static_cast<std::size_t>(properties::Feature::kPoolPressure);
+  CHECK_FALSE(properties::drawable_features(sharing, properties::Profile::kDefault)[pressure]);
+  CHECK(properties::drawable_features(cached, properties::Profile::kDefault)[pressure]);
+  CHECK_FALSE(properties::drawable_features(cached, properties::Profile::kProduction)[pressure]);
+  // cached_block_evicted and begin_from_evicted_prefix, the last schedule classes.
+  for (const std::size_t k : {std::size_t{23}, std::size_t{24}}) {
+    CHECK_FALSE(properties::reachable_coverage(sharing)[k]);
+    CHECK(properties::reachable_coverage(cached)[k]);
+  }
+  int exercised = 0, with = 0, block_prefixes = 0;
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    exercised += properties::exercised_features(properties::generate_scenario(seed, sharing))[pressure] ? 1 : 0;
+    const auto sc = properties::generate_scenario(seed, cached);
+    if (!properties::exercised_features(sc)[pressure]) continue;
+    ++with;
+    for (const auto& r : sc.requests) block_prefixes += r.prefix && r.prefix->positions % 4 == 0 ? 1 : 0;
+  }
+  // The part draws the cases (without it the same structure is rare), and
+  // its begins are from whole blocks of finished requests.
+  CHECK(with >= 60);
+  CHECK(with >= 3 * exercised);
+  CHECK(block_prefixes >= with);
+}
+
 namespace {
 
 /// Opens every layer with layer 0's window: the per-layer window taken from
@@ -1091,6 +1121,117 @@ TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under
   CHECK(e.missing == std::vector<std::int64_t>{0});
   CHECK(e.overwritten.empty());
   CHECK(reads_correct(decode_of(evicted, 1, 4, 21, {30, 2, 20, 21}, 4)));
+}
+
+namespace {
+
+/// One write of `request` at position `p` into `slot` (no read; window
+/// `keys`): the step's observation.
+StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
+                          std::int64_t keys = 1) {
+  const std::vector<std::int64_t> written{slot}, offsets{0, 0}, reads;
+  StepFacts f;
+  f.request = request;
+  f.first_position = p;
+  f.rows = 1;
+  f.window_keys = keys;
+  f.has_written = f.has_reads = true;
+  f.written = written;
+  f.read_offsets = offsets;
+  f.read_slots = reads;
+  StepObservation obs;
+  shadow.observe(f, &obs);
+  return obs;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Shadow map: a cached row is no request's; a write evicts it, a free ends it, a prefix begin reads it "
+    "until then") {
+  // Request 0 wrote positions 0..3 at slots 0..3 (blocks of 2) and its
+  // blocks went to the free pool cached.
+  const std::vector<std::int64_t> none, all{0, 1, 2, 3};
+  const auto nobody = [](const ShadowRow&) { return false; };
+  const auto cached_pool = [&] {
+    ShadowMap m;
+    write_rows(m, 4, 4);
+    REQUIRE(m.release(all, none, nobody, nullptr, true).empty());
+    return m;
+  };
+  ShadowMap m = cached_pool();
+  CHECK(m.at(2).cached);
+  CHECK(m.at(2).position == 2);  // still resolvable
+  const ShadowMap::Resident r = m.resident_totals(2);
+  CHECK(r.rows == 0);
+  CHECK(r.blocks == 0);
+  CHECK(r.cached_rows == 4);
+  CHECK(r.cached_blocks == 2);
+  CHECK(m.resident_counts(2).request_blocks == 0);  // no bound counts them
+  CHECK(m.resident().empty());
+
+  // Caching a row a query still to run may read loses it, as freeing it does.
+  ShadowMap visible;
+  write_rows(visible, 2, 2);
+  const std::vector<std::int64_t> one{1};
+  CHECK(visible
+            .release(
+                one, none, [](const ShadowRow&) { return true; }, nullptr, true)
+            .size() == 1);
+
+  // A prefix hit on the cached rows: request 3 (keys 3) sees positions 2
+  // and 3, which it holds again; positions 0 and 1 stay cached.
+  ShadowMap hit = cached_pool();
+  ShadowMap::PrefixTally tally;
+  hit.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 0);
+  CHECK_FALSE(hit.at(2).cached);
+  CHECK(hit.at(0).cached);
+  CHECK(reads_correct(decode_of(hit, 3, 4, 12, {2, 3, 12}, 3)));
+  CHECK(hit.resident_totals(2).rows == 3);
+  CHECK(hit.resident_totals(2).cached_rows == 2);
+
+  // Request 2 takes slots 2 and 3: two cached rows evicted, no failure.
+  ShadowMap evicted = cached_pool();
+  CHECK(write_one(evicted, 2, 0, 2).evicted_rows == 1);
+  CHECK(write_one(evicted, 2, 1, 3).evicted_rows == 1);
+  CHECK(write_one(evicted, 2, 2, 3).evicted_rows == 0);  // its own row there now
+  // A begin that stores positions 2 and 3 again reads correctly; one that
+  // answers them shared reads request 2's rows: missing, and extra reads.
+  ShadowMap recomputed = evicted;
+  const std::vector<std::int64_t> stored{-1, -1, 10, 11};
+  recomputed.begin_prefix(3, 0, 4, stored, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  CHECK(reads_correct(decode_of(recomputed, 3, 4, 12, {10, 11, 12}, 3)));
+  ShadowMap stale = evicted;
+  stale.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  const QueryObservation q = decode_of(stale, 3, 4, 12, {2, 3, 12}, 3);
+  CHECK(q.missing == std::vector<std::int64_t>{2, 3});
+  CHECK(q.extra.size() == 2);
+
+  // A free of a cached slot ends it: a later begin finds the row gone.
+  ShadowMap ended = cached_pool();
+  const std::vector<std::int64_t> block1{2, 3};
+  ended.release(block1, none, nobody);
+  CHECK(ended.at(2).request < 0);
+  ended.begin_prefix(3, 0, 4, none, 2, &tally);
+  CHECK(tally.evicted_positions == 2);
+  CHECK(decode_of(ended, 3, 4, 12, {12}, 3).missing == std::vector<std::int64_t>{2, 3});
+
+  // Request 1 copied request 0's position 0 into slot 4 (copy-on-write) and
+  // its cache let the copy go, cached; request 0 (window 3) then writes
+  // position 2 into slot 4: an eviction, not a row of its own replaced (it
+  // still reads the original at slot 0).
+  ShadowMap own;
+  write_rows(own, 2, 3);
+  own.begin_prefix(1, 0, 1, none);
+  CHECK(reads_correct(decode_of(own, 1, 1, 5, {4, 5}, 3, {{0, 4}})));
+  const std::vector<std::int64_t> copy{4};
+  CHECK(own.release(copy, none, nobody, nullptr, true).empty());
+  const StepObservation over = write_one(own, 0, 2, 4, 3);
+  CHECK(over.collisions.replaced_needed == 0);
+  CHECK(over.evicted_rows == 1);
 }
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
