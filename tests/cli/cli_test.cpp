@@ -2,6 +2,7 @@
 // acceptance runs, replay of counterexamples, and byte-identical reports.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -214,8 +215,10 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
                       {"ring_cache.py", "--output-format bf16", "500"}};  // outputs rounded to bf16, and declared
   for (const auto& [script, args, cases] : runs) {
     INFO(script << " " << args);
+    std::string name = std::string(script) + args;
+    std::replace(name.begin(), name.end(), ' ', '_');  // one argument
     const Outcome o = run("check --impl " + adapter(script, args) + " --cases " + cases + " --seed 1 --out " +
-                          (dir / (std::string(script) + args)).string());
+                          (dir / name).string());
     INFO(o.out << o.err);
     CHECK(o.code == 0);
     CHECK(o.out.find(cases + " cases (" + cases + " ran, 0 refused, 0 skipped), 0 failing") != std::string::npos);
@@ -637,7 +640,7 @@ TEST_CASE("CLI: stray positional arguments and an unusable --out are refused bef
   fs::remove_all(dir);
 }
 
-TEST_CASE("CLI: --max-failures stops at the N-th failing case and says so; not with --shard") {
+TEST_CASE("CLI: --max-failures stops at the N-th failing case and says so, and is refused with --shard") {
   const fs::path dir = temp_dir("max-failures");
   const std::string common = "check --fault window-too-narrow --cases 400 --seed 3 ";
   const Outcome all = run(common + "--out " + (dir / "all").string());

@@ -1147,7 +1147,7 @@ StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t 
 }  // namespace
 
 TEST_CASE(
-    "Shadow map: a cached row is no request's; a write evicts it, a free ends it, a prefix begin reads it "
+    "Shadow map: a cached row is no request's, a write evicts it, a free ends it, a prefix begin reads it "
     "until then") {
   // Request 0 wrote positions 0..3 at slots 0..3 (blocks of 2) and its
   // blocks went to the free pool cached.
