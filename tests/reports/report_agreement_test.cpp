@@ -694,15 +694,18 @@ TEST_CASE("Reports agree: a request begun from a shared prefix is named once, in
 
   // The other forms: rows stored again at the begin, one position, and the
   // explanation's lines up to a step, cut after four.
-  kvcheck::properties::PrefixObservation some{2, 0, 4, 1, 7};
+  kvcheck::properties::PrefixObservation some{
+      .request = 2, .source = 0, .positions = 4, .stored_again = 1, .begin_step = 7};
   CHECK(kvcheck::reports::prefix_text(some) ==
         "request 2 began from request 0's first 4 positions (1 stored again, 3 shared)");
   some.stored_again = 4;
   CHECK(kvcheck::reports::prefix_text(some) == "request 2 began from request 0's first 4 positions (stored again)");
-  some = {3, 1, 1, 0, 9};
+  some = {.request = 3, .source = 1, .positions = 1, .stored_again = 0, .begin_step = 9};
   CHECK(kvcheck::reports::prefix_text(some) == "request 3 began from request 1's first 1 position (shared)");
   kvcheck::properties::RunObservation many;
-  for (std::int64_t r = 1; r <= 6; ++r) many.prefixes.push_back({r, 0, 2, 0, r * 10});
+  for (std::int64_t r = 1; r <= 6; ++r)
+    many.prefixes.push_back(
+        {.request = r, .source = 0, .positions = 2, .stored_again = 0, .begin_step = r * 10});
   CHECK(kvcheck::reports::prefix_lines(many, 25).size() == 2);  // begun at steps 10 and 20
   const auto cut = kvcheck::reports::prefix_lines(many, -1);
   REQUIRE(cut.size() == 5);
