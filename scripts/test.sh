@@ -71,7 +71,11 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # engines_test's ExecFrames cases); the Python driver of issue 30's
   # answers (begin events, impossible slots, crashes side by side, failing
   # seeds: its C++ paths are properties_test's audit, side-by-side and
-  # counts cases and engines_test's ExecAnswer case). Under ASan
+  # counts cases and engines_test's ExecAnswer case); the CLI's bf16 output
+  # format through the adapter (check_test's bitwise and engines_test's
+  # runner cases of output formats), --max-failures through the CLI and the
+  # CLI's byte-identical reports (properties_test's --max-failures case and
+  # its 1-and-2-thread identity). Under ASan
   # they cost ~12 minutes of CI's 25.
   release_only=(
     'every named fault fails check at 2000'
@@ -98,6 +102,9 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
     'python: pip install ./python'
     'binary frames and JSON text give the same report bytes'
     'exec answers: begin events judged'
+    'a declared bf16 output format'
+    'CLI: --max-failures stops'
+    'CLI: the same seed gives byte-identical reports'
   )
   exclude=$(IFS='|'; echo "${release_only[*]}")
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -48,7 +48,12 @@ TEST_CASE("Check: shards I mod N merged give run_check's result, counterexample 
   const properties::CheckOptions options = faulted_options();
   const properties::CheckResult whole = properties::run_check(options);
   REQUIRE(whole.found_failure);
-  for (const std::int64_t shards : {1, 2, 3, 7, 121}) {
+#if defined(KVCHECK_SANITIZED_TREE)
+  const std::int64_t shard_counts[] = {3, 121};  // a third of the runs: the Release tree runs all five
+#else
+  const std::int64_t shard_counts[] = {1, 2, 3, 7, 121};
+#endif
+  for (const std::int64_t shards : shard_counts) {
     INFO("shards " << shards);
     const properties::CheckResult split = split_run(options, shards);
     CHECK(split.cases == whole.cases);
