@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -888,6 +889,33 @@ TEST_CASE("Generator: the layers profile mixes sliding and global layers in ever
 
 namespace {
 
+/// The CPU ring pool with capabilities `declare` edits, each cache it opens
+/// wrapped by `wrap` (given the spec it was opened with): what the wrapping
+/// caches below do, declared as they say.
+class WrappedCpuProvider final : public engines::CacheProvider {
+ public:
+  using Wrap = std::function<std::unique_ptr<engines::CacheUnderTest>(
+      std::unique_ptr<engines::CacheUnderTest>, const engines::CacheSpec&)>;
+  WrappedCpuProvider(std::string name, const std::function<void(engines::Capabilities&)>& declare, Wrap wrap)
+      : inner_(engines::make_provider("cpu", "none")), name_(std::move(name)), wrap_(std::move(wrap)) {
+    caps_ = inner_->capabilities();
+    declare(caps_);
+  }
+  const engines::Capabilities& capabilities() override { return caps_; }
+  std::string name() const override { return name_; }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto inner = inner_->open(spec, refused);
+    return inner ? wrap_(std::move(inner), spec) : nullptr;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheProvider> inner_;
+  std::string name_;
+  Wrap wrap_;
+  engines::Capabilities caps_;
+};
+
 /// The CPU ring pool declaring a resident bound of rows in all (`limit` 0:
 /// states * capacity, which a ring never exceeds) and, with `free_previous`,
 /// freeing at each decode the slot of the request's previous row, which its
@@ -913,29 +941,19 @@ class BoundedCache final : public engines::CacheUnderTest {
   std::map<std::int64_t, std::int64_t> last_;  // request -> slot of its last row
 };
 
-class BoundedProvider final : public engines::CacheProvider {
- public:
-  BoundedProvider(std::int64_t limit, bool free_previous)
-      : inner_(engines::make_provider("cpu", "none")), free_previous_(free_previous) {
-    caps_ = inner_->capabilities();
-    caps_.reports_frees = true;
-    caps_.resident_bound.unit = engines::ResidentBound::Unit::kRows;
-    caps_.resident_bound.limit = limit;
-  }
-  const engines::Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return "bounded"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
-                                                engines::Refusal* refused) override {
-    auto inner = inner_->open(spec, refused);
-    if (!inner) return nullptr;
-    return std::make_unique<BoundedCache>(std::move(inner), free_previous_);
-  }
-
- private:
-  std::unique_ptr<engines::CacheProvider> inner_;
-  bool free_previous_;
-  engines::Capabilities caps_;
-};
+/// The CPU ring pool declaring a resident bound of `limit` rows and its frees.
+WrappedCpuProvider bounded_provider(std::int64_t limit, bool free_previous) {
+  return WrappedCpuProvider(
+      "bounded",
+      [limit](engines::Capabilities& caps) {
+        caps.reports_frees = true;
+        caps.resident_bound.unit = engines::ResidentBound::Unit::kRows;
+        caps.resident_bound.limit = limit;
+      },
+      [free_previous](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec&) {
+        return std::make_unique<BoundedCache>(std::move(inner), free_previous);
+      });
+}
 
 /// Rows 0 .. n-1 of request 0 at slots 0 .. n-1 (a store_then_load prefill,
 /// each query reading the slots up to its own).
@@ -1236,7 +1254,8 @@ TEST_CASE(
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
   std::int64_t over = 0, freed_visible = 0, ran = 0;
-  BoundedProvider ring_bound(0, false), tiny_bound(2, false), frees_visible(0, true);
+  WrappedCpuProvider ring_bound = bounded_provider(0, false), tiny_bound = bounded_provider(2, false),
+                     frees_visible = bounded_provider(0, true);
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     const auto sc = generate_scenario(case_seed(11, static_cast<std::int64_t>(seed)));
     RunOptions o;
@@ -1313,28 +1332,18 @@ class DeferringCache final : public engines::CacheUnderTest {
   std::vector<Row> held_;
 };
 
-class DeferringProvider final : public engines::CacheProvider {
- public:
-  DeferringProvider(std::int64_t delay, std::optional<std::int64_t> declared)
-      : inner_(engines::make_provider("cpu", "none")), delay_(delay) {
-    caps_ = inner_->capabilities();
-    caps_.reports_frees = true;
-    caps_.free_deferral_steps = declared;
-  }
-  const engines::Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return "deferring"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
-                                                engines::Refusal* refused) override {
-    auto inner = inner_->open(spec, refused);
-    if (!inner) return nullptr;
-    return std::make_unique<DeferringCache>(std::move(inner), spec.window_keys, delay_);
-  }
-
- private:
-  std::unique_ptr<engines::CacheProvider> inner_;
-  std::int64_t delay_;
-  engines::Capabilities caps_;
-};
+/// Frees `delay` write steps late, declaring `declared` (none: no deferral).
+WrappedCpuProvider deferring_provider(std::int64_t delay, std::optional<std::int64_t> declared) {
+  return WrappedCpuProvider(
+      "deferring",
+      [declared](engines::Capabilities& caps) {
+        caps.reports_frees = true;
+        caps.free_deferral_steps = declared;
+      },
+      [delay](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec& spec) {
+        return std::make_unique<DeferringCache>(std::move(inner), spec.window_keys, delay);
+      });
+}
 
 /// One request of W = `keys` keys on a ring of 32 rows: a prefill of 6
 /// rows, then 10 decodes.
@@ -1360,7 +1369,7 @@ TEST_CASE("Free deferral: a row freed D write steps after it left passes a decla
     for (std::int64_t delay = 0; delay <= 3; ++delay) {
       for (std::int64_t declared = 0; declared <= 3; ++declared) {
         INFO("keys " << keys << ", freed " << delay << " steps late, declared " << declared);
-        DeferringProvider provider(delay, declared);
+        WrappedCpuProvider provider = deferring_provider(delay, declared);
         RunOptions o;
         o.provider = &provider;
         const RunObservation run = run_scenario(sc, o);
@@ -1382,12 +1391,12 @@ TEST_CASE("Free deferral: a row freed D write steps after it left passes a decla
       }
     }
     // Nothing declared: no deadline, however late (only the bound, if any, counts).
-    DeferringProvider undeclared(3, std::nullopt);
+    WrappedCpuProvider undeclared = deferring_provider(3, std::nullopt);
     RunOptions o;
     o.provider = &undeclared;
     CHECK(run_scenario(sc, o).passed);
     // Never freed: late at the declared step, and at every one after.
-    DeferringProvider never(100, 2);
+    WrappedCpuProvider never = deferring_provider(100, 2);
     o.provider = &never;
     const RunObservation kept = run_scenario(sc, o);
     CHECK_FALSE(kept.passed);
@@ -1507,25 +1516,14 @@ class OutputFormatCache final : public engines::CacheUnderTest {
   OutputFormat round_;
 };
 
-class OutputFormatProvider final : public engines::CacheProvider {
- public:
-  OutputFormatProvider(OutputFormat round, OutputFormat declared)
-      : inner_(engines::make_provider("cpu", "none")), round_(round) {
-    caps_ = inner_->capabilities();
-    caps_.output_format = declared;
-  }
-  const engines::Capabilities& capabilities() override { return caps_; }
-  std::string name() const override { return "cpu-output-format"; }
-  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec, engines::Refusal* refused) override {
-    auto inner = inner_->open(spec, refused);
-    return inner ? std::make_unique<OutputFormatCache>(std::move(inner), round_) : nullptr;
-  }
-
- private:
-  std::unique_ptr<engines::CacheProvider> inner_;
-  OutputFormat round_;
-  engines::Capabilities caps_;
-};
+/// Outputs rounded into `round`, declaring `declared`.
+WrappedCpuProvider output_format_provider(OutputFormat round, OutputFormat declared) {
+  return WrappedCpuProvider(
+      "cpu-output-format", [declared](engines::Capabilities& caps) { caps.output_format = declared; },
+      [round](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec&) {
+        return std::make_unique<OutputFormatCache>(std::move(inner), round);
+      });
+}
 
 }  // namespace
 
@@ -1546,7 +1544,7 @@ TEST_CASE("Output formats: bf16 outputs pass declared, fail undeclared, and a de
     sc.steps.push_back(d);
   }
   const auto run = [&](OutputFormat round, OutputFormat declared) {
-    OutputFormatProvider provider(round, declared);
+    WrappedCpuProvider provider = output_format_provider(round, declared);
     RunOptions o;
     o.provider = &provider;
     return run_scenario(sc, o);
