@@ -68,7 +68,7 @@ constexpr TraceReadView kReadViews[] = {TraceReadView::kAfterWrites, TraceReadVi
 
 // ---- header ---------------------------------------------------------------------------
 
-TraceCache read_cache(const json& j, const std::string& path) {
+TraceCache read_trace_cache(const json& j, const std::string& path) {
   as_object(j, path);
   check_keys(j, path,
              {"q_heads", "kv_heads", "head_dim", "shared_row", "format", "rope", "softmax_scale",
@@ -245,7 +245,7 @@ TraceHeader read_header(const json& j) {
     h.pool_blocks = get_range(*v, "pool_blocks", 1, kMaxRows - 1, "pool_blocks");
   }
   if (const json* v = find(j, "resident_bound")) h.resident_bound = read_resident_bound(*v, h, "resident_bound");
-  if (const json* v = find(j, "cache")) h.cache = read_cache(*v, "cache");
+  if (const json* v = find(j, "cache")) h.cache = read_trace_cache(*v, "cache");
   // The ranges of "expect" are checked against the schedule by `kvcheck
   // audit`, which validates the scenario of the run.
   if (const json* v = find(j, "expect")) h.expect = read_expectations(*v, "expect");

@@ -25,7 +25,15 @@ generator_for() {
   fi
 }
 
-cmake -S . -B build -G "$(generator_for build)" -DCMAKE_BUILD_TYPE=Release
+# Unity builds (CMake joins up to 8 of a target's sources into one
+# translation unit): the headers every file includes (Boost.Multiprecision,
+# nlohmann/json, Catch2) are parsed once per batch instead of once per file,
+# about a third of both trees' compile time (docs/measurements.md "CI time").
+# Only this script asks for them: an edit in a tree of your own recompiles
+# one file, not its batch. A file-local name must therefore be unique within
+# its target (an anonymous namespace is shared by the batch).
+unity=-DCMAKE_UNITY_BUILD=ON
+cmake -S . -B build -G "$(generator_for build)" -DCMAKE_BUILD_TYPE=Release "$unity"
 cmake --build build -j"$build_jobs"
 
 # The tests start Python (the bundled adapters, the test drivers) thousands
@@ -45,7 +53,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # No MPI here: OpenMPI's own allocations would be LeakSanitizer reports;
   # kvcheck's MPI glue is the Release tree's (its mpi test there), and the
   # sharded path it drives is tested here too, without mpirun.
-  cmake -S . -B build-asan -G "$(generator_for build-asan)" -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON \
+  cmake -S . -B build-asan -G "$(generator_for build-asan)" -DCMAKE_BUILD_TYPE=Debug -DKVCHECK_SANITIZE=ON "$unity" \
         -DKVCHECK_CUDA=OFF -DKVCHECK_BENCH=OFF -DKVCHECK_MPI=OFF
   cmake --build build-asan -j"$build_jobs"
   # The sanitizer run skips the tests whose cost is a long loop or a Python
@@ -61,7 +69,7 @@ if [ "${KVCHECK_SKIP_SANITIZE:-0}" != "1" ]; then
   # the shape-space test (the hello's checks: engines_test); the report
   # set's full-disk and concurrent-run cases (the atomic writer:
   # support_test), the usage and --help text (its table: cli_flags_test),
-  # the production-shape draws and their all-MPFR comparison (the 8
+  # the production-shape draws and their all-MPFR comparison (the 4
   # production cases and the 113- and 169-bit comparisons stay); the
   # Python drivers of the report counts, the misbehaving adapter and the
   # reproduce labels (their C++ paths: counts_test and reports_test, the

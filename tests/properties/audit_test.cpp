@@ -22,9 +22,11 @@
 #include "scenarios/scenario_json.hpp"
 #include "scenarios/trace_json.hpp"
 #include "support/error.hpp"
+#include "tests/properties/bundled_files.hpp"
 
 using namespace kvcheck;
 using namespace kvcheck::properties;
+using kvcheck::test::bundled;
 
 namespace {
 
@@ -55,11 +57,6 @@ std::string lines(std::initializer_list<std::string> records) {
   std::string out;
   for (const auto& r : records) out += r + "\n";
   return out;
-}
-
-scenarios::Scenario bundled(const std::string& name) {
-  return scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
-                                       (name + ".json"));
 }
 
 std::vector<scenarios::TraceRun> bundled_trace(const std::string& name) {

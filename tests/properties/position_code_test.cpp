@@ -269,6 +269,11 @@ TEST_CASE("PositionCode: an output-only ring pool reports the rows the slot-repo
   // alone as from reported slots, except where only a slot collision no
   // query reads again (README "Black-box engines") tells them apart.
   std::int64_t failing = 0, compared = 0, collision_only = 0, counted = 0, narrow = 0, narrow_agree = 0;
+#if defined(KVCHECK_SANITIZED_TREE)
+  constexpr std::int64_t kSeeds = 40;  // half under ASan (34 s for 80 seeds); the Release tree runs 80
+#else
+  constexpr std::int64_t kSeeds = 80;
+#endif
   for (const impl::Fault fault :
        {impl::Fault::kNone, impl::Fault::kRingSizedWindow, impl::Fault::kWindowTooWide,
         impl::Fault::kWindowTooNarrow, impl::Fault::kSlotNoStateOffset, impl::Fault::kModuloWholePool,
@@ -276,7 +281,7 @@ TEST_CASE("PositionCode: an output-only ring pool reports the rows the slot-repo
         impl::Fault::kStoreThenLoadPrefill}) {
     HiddenSlotsProvider hidden(fault);
     const auto plain = engines::make_provider("cpu", std::string(impl::fault_name(fault)));
-    for (std::uint64_t seed = 1; seed <= 80; ++seed) {
+    for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(kSeeds); ++seed) {
       auto sc = generate_scenario(case_seed(11, static_cast<std::int64_t>(seed)));
       sc.data.profile = scenarios::ValueProfile::kPositionCode;
       if (position_code_layout(sc.cache).classes == 0) continue;
@@ -319,7 +324,8 @@ TEST_CASE("PositionCode: an output-only ring pool reports the rows the slot-repo
       "narrow-code runs agree\n",
       static_cast<long long>(compared), static_cast<long long>(collision_only),
       static_cast<long long>(counted), static_cast<long long>(narrow_agree), static_cast<long long>(narrow));
-  CHECK(counted > 80);
-  REQUIRE(compared > 600);
-  REQUIRE(failing > 120);  // the faults were really exercised
+  // Per 80 seeds: more than 80 counted, 600 compared, 120 failing.
+  CHECK(counted > kSeeds);
+  REQUIRE(compared > kSeeds * 15 / 2);
+  REQUIRE(failing > kSeeds * 3 / 2);  // the faults were really exercised
 }

@@ -6,16 +6,13 @@
 #include "impl/kv_cache.hpp"
 #include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
+#include "tests/properties/bundled_files.hpp"
 
 using namespace kvcheck;
 using namespace kvcheck::properties;
+using kvcheck::test::bundled;
 
 namespace {
-
-scenarios::Scenario bundled(const std::string& name) {
-  return scenarios::load_scenario_file(std::filesystem::path(KVCHECK_SOURCE_DIR) / "scenarios" / "fast" /
-                                       (name + ".json"));
-}
 
 std::vector<std::int64_t> counts(const StepObservation& step) {
   std::vector<std::int64_t> out;
