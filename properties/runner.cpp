@@ -788,7 +788,8 @@ class StepDriver {
     const ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
     judge_.write_rows(call.layer, step.request, call.position, n, in, answer_, shadow, &obs);
     observe_slots(call, &obs);
-    claim_shared(step_index, call.layer, &obs.collisions.other_layer, &obs.other_layer_detail, &obs.evicted_rows);
+    claim_shared(step_index, call.layer, &obs.collisions.other_layer, &obs.other_layer_detail,
+                 &obs.evicted_rows);
     judge_.judge_outputs(call.layer, step.request, call.position, n, in, answer_, &obs);
     judge_.settle_reads(call.layer, n, answer_, shadow);
     if (options_.record_outputs) {
@@ -817,7 +818,8 @@ class StepDriver {
     obs->freed_visible = begun_events_.freed_visible;
     obs->freed_detail = begun_events_.freed_detail;
     obs->collisions.other_layer += begun_events_.other_layer;
-    if (!begun_events_.other_layer_detail.empty()) obs->other_layer_detail = begun_events_.other_layer_detail;  // it came first
+    if (!begun_events_.other_layer_detail.empty())
+      obs->other_layer_detail = begun_events_.other_layer_detail;  // it came first
     begun_events_ = BeginEvents{};
     // Built once for the step's frees and its per-request counts.
     std::optional<Visibility> visibility;
@@ -936,8 +938,9 @@ class StepDriver {
         continue;
       }
       const Visibility v = m == layer ? own : visibility_at(step_index, m, m < layer);
-      shadow.resident_counts(caps_.block_size, std::cref(v), [&v](std::int64_t request) { return v.live(request); },
-                             &by_request);
+      shadow.resident_counts(
+          caps_.block_size, std::cref(v), [&v](std::int64_t request) { return v.live(request); },
+          &by_request);
     }
     for (const auto& [request, held] : by_request) total = std::max(total, blocks ? held.blocks : held.rows);
     return total;
@@ -981,7 +984,8 @@ class StepDriver {
         }
         if (!visibility) visibility = visibility_at(step_index, m, m < l);
         // A stale row, or a copy whose row another slot still holds, loses nothing.
-        if (!other.is_latest(row) || other.held_elsewhere(slot, row.write_seq) || !(*visibility)(row)) continue;
+        if (!other.is_latest(row) || other.held_elsewhere(slot, row.write_seq) || !(*visibility)(row))
+          continue;
         if (++*collisions == 1) {
           *detail = "layer " + std::to_string(l) + " wrote " + freed_text(slot, row) + " on layer " +
                     std::to_string(m) + ", which layer " + std::to_string(m) + " still sees";

@@ -112,8 +112,9 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
       collision_fail = true;
       // Other-layer collisions (a pool shared by the layers) are named only
       // where there are any: other runs keep their lines.
-      const std::string other_layer =
-          obs.collisions.other_layer > 0 ? ", " + std::to_string(obs.collisions.other_layer) + " other-layer" : "";
+      const std::string other_layer = obs.collisions.other_layer > 0
+                                          ? ", " + std::to_string(obs.collisions.other_layer) + " other-layer"
+                                          : "";
       fail("step " + std::to_string(obs.step) + " (" + obs.kind +
            "): " + std::to_string(obs.collisions.same_step) + " same-step, " +
            std::to_string(obs.collisions.outside_block) + " outside-block, " +

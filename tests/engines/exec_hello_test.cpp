@@ -524,8 +524,9 @@ TEST_CASE("ExecHello: shared_pool sizes one pool for the sum of the layers and b
   CHECK(error_of(bad) == "hello answer.capabilities.shared_pool: expected true or false");
   Json ring = ring_hello();
   ring["capabilities"]["shared_pool"] = true;
-  CHECK_THAT(error_of(ring), Catch::StartsWith("hello answer.capabilities.shared_pool: a pool shared by the layers "
-                                               "needs \"addressing\": \"paged\" or \"opaque\""));
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.shared_pool: a pool shared by the layers "
+                               "needs \"addressing\": \"paged\" or \"opaque\""));
   ring["capabilities"]["shared_pool"] = false;  // declared off: fine anywhere
   CHECK(error_of(ring).empty());
 }

@@ -1623,14 +1623,15 @@ WrappedCpuProvider shared_pool_provider(bool shared, bool offset, std::int64_t r
 scenarios::Scenario two_layer_scenario() {
   std::string steps = R"({"kind": "prefill", "request": 0, "rows": 3, "order": "store_then_load"})";
   for (int i = 0; i < 6; ++i) steps += R"(, {"kind": "decode", "request": 0})";
-  return scenarios::parse_scenario(R"({"schema_version": 1, "name": "two-layers", "description": "one request",
+  return scenarios::parse_scenario(
+      R"({"schema_version": 1, "name": "two-layers", "description": "one request",
     "cache": {"window": 4, "window_convention": "keys", "ring_rows": 8, "states": 1,
       "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
       "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
       "sink_logit": null},
     "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
-                                       steps + "]}",
-                                   "two-layers");
+          steps + "]}",
+      "two-layers");
 }
 
 }  // namespace
@@ -1656,10 +1657,11 @@ TEST_CASE("One pool across layers: a slot handed to two layers is an other-layer
   CHECK(bad.steps[1].layer == 1);
   CHECK(bad.steps[1].collisions.other_layer == 3);
   CHECK(bad.first_failing_step == 1);
-  CHECK_THAT(bad.first_failure,
-             Catch::Contains("0 replaced-needed, 3 other-layer collisions (expected 0 in all); first other-layer: "
-                             "layer 1 wrote slot 0 holding request 0 position 0 on layer 0, which layer 0 still "
-                             "sees"));
+  CHECK_THAT(
+      bad.first_failure,
+      Catch::Contains("0 replaced-needed, 3 other-layer collisions (expected 0 in all); first other-layer: "
+                      "layer 1 wrote slot 0 holding request 0 position 0 on layer 0, which layer 0 still "
+                      "sees"));
   // Layer 0 then reads its rows where layer 1's now lie: overwritten.
   CHECK(bad.lost_rows > 0);
   // The same ids without a shared pool: each layer's slots are its own.
