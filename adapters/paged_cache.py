@@ -53,6 +53,15 @@ declares "free_deferral_steps": N (SGLang's hybrid sliding-window allocator,
 which frees every `eviction_interval` decodes). kvcheck's pool makes room
 for both and fails a free later than declared.
 
+`--shared-pool` gives all layers one pool (vLLM's hybrid KV cache manager
+draws every layer group's block ids from one block pool; SGLang's hybrid
+sliding-window allocator likewise): one free list and one memory, a slot
+naming the same row whichever layer stored it, and hello declares
+"shared_pool": open's pool_blocks is then the one pool, which kvcheck sizes
+as the sum of every layer's share. Sliding layers free by their windows
+into it and global layers take from it; kvcheck judges a write over a row
+another layer still sees as a collision (--bug shared-pool-double).
+
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates. `--store-first`,
 `--bug double-free` and `--bug no-window-free` are the plain paged cache's:
@@ -72,15 +81,39 @@ from kvcheck import protocol as kp  # noqa: E402
 import window_cache  # noqa: E402
 
 
-class PagedLayer(window_cache.Layer):
-    def __init__(self, states, total_blocks):
-        super().__init__(states)
+class BlockPool:
+    """Block ids 0 .. total - 1, their free list and the rows stored in their
+    slots: one per layer, or one that every layer draws from (--shared-pool,
+    as vLLM's hybrid manager and SGLang's hybrid allocator share one pool)."""
+
+    def __init__(self, total_blocks):
         self.total = total_blocks
         self.free = []       # LIFO stack of freed block ids
         self.next_new = 0    # blocks never handed out yet: next_new .. total - 1
+        self.rows = {}       # slot -> (stored key row, stored value row)
+
+
+class PagedLayer(window_cache.Layer):
+    def __init__(self, states, pool):
+        super().__init__(states)
+        self.pool = pool
+        self.rows = pool.rows  # a shared pool's slots are one memory for every layer
         self.top = [0] * states  # per state: one past the highest position written since begin or reset
 
         self.writes = [0] * states  # per state: write steps since begin (--free-deferral counts them)
+
+    # The layer's pool: its own, or the one all layers share.
+    @property
+    def total(self):
+        return self.pool.total
+
+    @property
+    def free(self):
+        return self.pool.free
+
+    @property
+    def next_new(self):
+        return self.pool.next_new
 
     def available(self):
         return len(self.free) + self.total - self.next_new
@@ -89,23 +122,32 @@ class PagedLayer(window_cache.Layer):
         # Never-used blocks are handed out in order; freed ones first, latest first.
         if self.free:
             return self.free.pop()
-        block = self.next_new
-        self.next_new += 1
+        block = self.pool.next_new
+        self.pool.next_new += 1
         return block
 
 
-def pool_blocks(spec, block_size):
-    """Blocks per layer: what open gives (pool_blocks), else, from a kvcheck
-    that sends none, states * (ceil(capacity / B) + 1)."""
+def pool_blocks(spec, block_size, shared=False):
+    """Blocks in a pool: what open gives (pool_blocks: per layer, or the one
+    pool of --shared-pool), else, from a kvcheck that sends none, states *
+    (ceil(capacity / B) + 1) per layer (times the layers for one shared pool)."""
     if spec.pool_blocks:
         return spec.pool_blocks
-    return spec.states * (-(-spec.capacity // block_size) + 1)
+    return (spec.layers if shared else 1) * spec.states * (-(-spec.capacity // block_size) + 1)
 
 
 class PagedCache(window_cache.WindowCache):
-    def __init__(self, spec, bugs, block_size):
+    def __init__(self, spec, bugs, block_size, shared_pool=False):
         self.B = block_size
-        self.pool_blocks = pool_blocks(spec, block_size)
+        self.pool_blocks = pool_blocks(spec, block_size, shared_pool)
+        # --shared-pool: every layer draws block ids from one pool, and a slot
+        # is one memory whichever layer stores there (hello "shared_pool").
+        # shared-pool-double: a window free returns one block too many to the
+        # pool, the next block of the request's table, which stays in the
+        # table (an off-by-one in the count of blocks the window skipped):
+        # the pool hands it to another layer while this one still reads it.
+        self.shared = BlockPool(self.pool_blocks) if shared_pool else None
+        self.shared_double = "shared-pool-double" in bugs
         # double-free: a block freed by the window stays in the request's
         # books as well, so finish and reset free it a second time (two
         # later allocations then get the same block).
@@ -149,7 +191,7 @@ class PagedCache(window_cache.WindowCache):
         self.store_first = False
 
     def new_layer(self):
-        layer = PagedLayer(self.spec.states, self.pool_blocks)
+        layer = PagedLayer(self.spec.states, self.shared or BlockPool(self.pool_blocks))
         layer.freed = [[] for _ in range(self.spec.states)]  # double-free: blocks freed by the window
         return layer
 
@@ -171,12 +213,16 @@ class PagedCache(window_cache.WindowCache):
         """Frees every block of the request all of whose rows are < first_visible."""
         B = self.B
         gone = sorted(j for j in st.table if (j + 1) * B <= first_visible)
+        b = layer.states.index(st)
         for j in gone:
             block = st.table.pop(j)
             layer.free.append(block)
             if self.double_free and first_visible != float("inf"):
-                layer.freed[layer.states.index(st)].append(block)
+                layer.freed[b].append(block)
             self.note_freed(range(block * B, block * B + B))  # answered as "freed"
+        if self.shared_double and gone and st.table and first_visible != float("inf"):
+            # One block too many goes back: the next one, still in the table.
+            layer.free.append(st.table[min(st.table)])
 
     def free_keys(self, layer):
         """The keys the manager frees by in `layer` (None: a global layer,
@@ -588,10 +634,14 @@ class PagedAdapter(window_cache.WindowAdapter):
                           "past a request's end stay taken and the pool shrinks (implies --lookahead 4)",
         "free-late": "declares a free deferral of N steps but frees every N+2 write steps, one step later "
                      "(implies --free-deferral 2)",
+        "shared-pool-double": "a window free returns one block too many to the shared pool: the next block of "
+                              "the request's table, which the layer still reads, is handed to another layer "
+                              "(implies --shared-pool)",
         **PREFIX_BUGS,
     }
 
     prefix_cache = False  # --prefix-cache (configure sets it)
+    shared_pool = False   # --shared-pool (configure sets it)
 
     def __init__(self):
         super().__init__()
@@ -612,6 +662,10 @@ class PagedAdapter(window_cache.WindowAdapter):
         parser.add_argument("--free-deferral", type=int, default=None, metavar="N",
                             help="free out-of-window blocks only on every (N+1)-th write step of a request "
                                  "(SGLang's eviction interval), declared in hello as free_deferral_steps")
+        parser.add_argument("--shared-pool", action="store_true",
+                            help="every layer draws its blocks from one pool, one memory (vLLM's hybrid manager, "
+                                 "SGLang's hybrid allocator), declared in hello as shared_pool: open's pool_blocks "
+                                 "is that one pool")
         parser.add_argument("--prefix-cache", action="store_true",
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
                                  "blocks no request holds cached (answered \"cached\", readable by a prefix hit) until evicted "
@@ -634,6 +688,10 @@ class PagedAdapter(window_cache.WindowAdapter):
             raise SystemExit("paged-cache: --lookahead must be in 0..4096")
         if self.free_deferral is not None and not 0 <= self.free_deferral <= 4096:
             raise SystemExit("paged-cache: --free-deferral must be in 0..4096")
+        self.shared_pool = args.shared_pool or "shared-pool-double" in args.bug
+        if self.shared_pool and self.prefix_cache:
+            # The prefix cache's cached blocks and evictions are per layer.
+            raise SystemExit("paged-cache: --shared-pool goes with the plain paged cache (not --prefix-cache)")
         if lookahead_bug and self.lookahead < 1:
             raise SystemExit("paged-cache: the lookahead bugs need --lookahead of at least 1")
         # Slack is the plain paged cache's: the prefix cache and --trims
@@ -669,17 +727,19 @@ class PagedAdapter(window_cache.WindowAdapter):
             caps["lookahead_slots"] = self.lookahead  # the pool kvcheck gives makes room for them
         if self.free_deferral is not None:
             caps["free_deferral_steps"] = self.free_deferral  # free-late frees one step later still
+        if self.shared_pool:
+            caps["shared_pool"] = True  # open's pool_blocks is the one pool of all layers
         return caps
 
     def make_cache(self, spec):
         if spec.block_size and spec.block_size != self.block_size:
             raise kp.BadRequest(f"spec.block_size: {spec.block_size}, but this cache declared {self.block_size}")
-        total = pool_blocks(spec, self.block_size) * self.block_size
+        total = pool_blocks(spec, self.block_size, self.shared_pool) * self.block_size
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         if self.prefix_cache:
             return SharingPagedCache(spec, self.active_bugs, self.block_size)
-        cache = PagedCache(spec, self.active_bugs, self.block_size)
+        cache = PagedCache(spec, self.active_bugs, self.block_size, self.shared_pool)
         # A deferred free waits for a free step, so nothing goes while a
         # step stores either: --free-deferral frees as --store-first does.
         cache.store_first = self.store_first or self.free_deferral is not None

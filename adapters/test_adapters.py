@@ -560,8 +560,8 @@ class ProtocolTest(AdapterTest):
                                       "layer-window-swapped", "output-truncated"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
-                                       "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused",
-                                       "evict-leaves-hash"])):
+                                       "free-late", "shared-pool-double", "free-shared", "cow-skipped",
+                                       "evicted-prefix-reused", "evict-leaves-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -917,6 +917,39 @@ class ProtocolTest(AdapterTest):
         # The bugs imply their option: hello declares what the correct cache would.
         self.assertEqual(self.start(PAGED, "--bug", "free-late").hello()["capabilities"]["free_deferral_steps"], 2)
         self.assertEqual(self.start(PAGED, "--bug", "lookahead-leak").hello()["capabilities"]["lookahead_slots"], 4)
+
+    def test_paged_shared_pool_one_free_list_for_every_layer(self):
+        self.assertNotIn("shared_pool", self.start(PAGED).hello()["capabilities"])
+        # Layer 0 slides over 2 keys, layer 1 is global; blocks of 2, one pool.
+        spec = make_spec(states=1, capacity=8, param=2, layers=2, max_step_rows=4)
+        spec["layer_windows"] = [{"param": 2, "convention": "keys", "keys": 2},
+                                 {"param": None, "convention": None, "keys": None}]
+        for bugs, blocks, layer1 in (((), 3, [0, 1, 4, 5]), ((), 2, None),
+                                     (("--bug", "shared-pool-double"), 3, [2, 3, 0, 1])):
+            adapter = self.start(PAGED, "--block-size", "2", "--shared-pool", *bugs)
+            self.assertIs(adapter.hello()["capabilities"]["shared_pool"], True)
+            self.assertEqual(adapter.send({"op": "open", "spec": dict(spec, block_size=2, pool_blocks=blocks)}),
+                             {"ok": True})
+            written = []
+            for layer in (0, 1):
+                t = {"layer": layer, "request": 0, "state": 0}
+                self.assertEqual(adapter.send({"op": "begin", **t}), {"ok": True})
+                written.append(send_rows_step(adapter, t, "prefill", 0, 4, rows=4, order="store_then_load"))
+            # Layer 0 takes blocks 0 and 1 and its window (the next query sees
+            # 3..4) lets block 0 go; the global layer 1 takes it, then block 2:
+            # three blocks for both, where two pools would need four.
+            self.assertEqual(written[0]["written"], [0, 1, 2, 3])
+            self.assertEqual(written[0]["freed"], [0, 1])
+            if layer1 is None:
+                self.assertEqual(written[1]["error"], "out-of-blocks")  # two blocks are one short
+            else:
+                # shared-pool-double hands layer 1 block 1 too, which layer 0 still reads (slot 3).
+                self.assertEqual(written[1]["written"], layer1, written[1])
+        # --shared-pool is the plain paged cache's: not with the prefix cache.
+        bad = subprocess.run([sys.executable, PAGED, "--shared-pool", "--prefix-cache"], capture_output=True,
+                             text=True, input="")
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--shared-pool goes with the plain paged cache", bad.stderr)
 
     def test_paged_trims_keep_the_last_capacity_rows(self):
         # Without --trims the paged cache frees by its window and lists no

@@ -73,8 +73,9 @@ struct CacheSpec;
 
 /// A cache's declared memory bound: at most `limit` rows (slots holding a
 /// token's row) or blocks (blocks of Capabilities::block_size slots holding
-/// at least one) per layer, for each request or for all requests together.
-/// Padding is not a row. `limit` 0: what kvcheck gives the case
+/// at least one) per layer (all layers together for a cache with one pool
+/// across its layers, Capabilities::shared_pool), for each request or for
+/// all requests together. Padding is not a row. `limit` 0: what kvcheck gives the case
 /// (resident_limit).
 struct ResidentBound {
   enum class Unit : std::uint8_t { kNone, kRows, kBlocks };
@@ -184,6 +185,16 @@ struct Capabilities {
   /// nothing declared and no deadline judged; a declared deferral needs
   /// reports_frees (hello "free_deferral_steps").
   std::optional<std::int64_t> free_deferral_steps;
+  /// One pool of slots for all layers (vLLM's hybrid KV cache manager and
+  /// SGLang's hybrid sliding-window allocator draw every layer group's block
+  /// ids from one block pool): a slot id names the same memory whichever
+  /// layer's answer gives it. kvcheck then sizes one pool, the sum of what
+  /// it gives each layer (paged_pool_blocks), judges a write over a row
+  /// another layer still sees as a collision (Collisions::other_layer), and
+  /// counts a resident bound over all layers together (docs/semantics.md
+  /// "One pool across layers"; hello "shared_pool"). Not with ring
+  /// addressing (a ring's slots are its layer's by construction).
+  bool shared_pool = false;
   /// Shared prefixes (Request::prefix): a request may begin from the first n
   /// positions of another, live or finished; the begin carries that
   /// request's rows there. Off unless the cache says so (hello
@@ -237,7 +248,10 @@ struct CacheSpec {
   std::vector<std::int64_t> layer_window_keys;
   std::int64_t max_step_rows = 1;
   double softmax_scale = 1.0;  ///< resolved (default 1/sqrt(head_dim))
-  std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer (0: not paged)
+  /// Paged: blocks in the pool per layer, or in the one pool of a cache
+  /// with Capabilities::shared_pool (0: not paged, or derived by
+  /// paged_pool_blocks).
+  std::int64_t pool_blocks = 0;
 };
 
 /// The pool kvcheck gives a paged cache of `block_size` rows per block
@@ -256,16 +270,28 @@ std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
 /// N steps of at most max_step_rows rows move a window by). 0 when none.
 std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) noexcept;
 /// The pool kvcheck gives the cache `caps` for a run of `spec`:
-/// paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec)).
+/// paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec)),
+/// or, for a cache with one pool across its layers (caps.shared_pool), the
+/// sum over layers of layer_pool_blocks (docs/semantics.md "One pool across
+/// layers"). The spec's own pool_blocks, when set, is the pool as given.
 std::int64_t paged_pool_blocks(const CacheSpec& spec, const Capabilities& caps) noexcept;
+/// Layer `layer`'s share of a pool shared by the layers: what kvcheck
+/// gives one layer of its own window, per state ceil(R / block_size) + 1
+/// blocks for R = max(capacity, keys - 1 + max_step_rows) plus the cache's
+/// slack rows, where a global layer (or a spec without layer windows, a
+/// layer of the case's window) has keys = window_keys at most capacity.
+std::int64_t layer_pool_blocks(const CacheSpec& spec, const Capabilities& caps, std::int32_t layer) noexcept;
 
 /// The bound in force for a run of `spec`: the declared limit, or (limit 0)
 /// what kvcheck gives the case: rows per request `capacity` plus the rows a
 /// declared free deferral may keep (free_deferral_steps * max_step_rows;
 /// lookahead slots hold no row), in all `states` times that; blocks in all
 /// the pool's `pool_blocks` (paged_pool_blocks with the cache's slack when
-/// the spec leaves it 0), per request that over `states`. 0 when no bound is
-/// declared.
+/// the spec leaves it 0), per request that over `states`. A cache with one
+/// pool across its layers (shared_pool) is bounded over all layers
+/// together: the default in rows is `layers` times the above, in blocks the
+/// whole shared pool (docs/semantics.md "One pool across layers"). 0 when no
+/// bound is declared.
 std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept;
 
 /// One step sent to a cache (prefill, decode, verify, accept, finish, reset)

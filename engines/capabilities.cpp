@@ -149,8 +149,27 @@ std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) no
   return caps.lookahead_slots + deferred_rows(caps, spec);
 }
 
+std::int64_t layer_pool_blocks(const CacheSpec& spec, const Capabilities& caps, std::int32_t layer) noexcept {
+  CacheSpec one = spec;
+  one.pool_blocks = 0;
+  // A sliding layer of its own window; a global layer is covered by the
+  // capacity (a case with one holds its longest request there).
+  if (layer >= 0 && static_cast<std::size_t>(layer) < spec.layer_window_keys.size()) {
+    const std::int64_t keys = spec.layer_window_keys[static_cast<std::size_t>(layer)];
+    if (keys != scenarios::kGlobalWindowKeys) one.window_keys = keys;
+  }
+  return paged_pool_blocks(one, caps.block_size, pool_slack_rows(caps, spec));
+}
+
 std::int64_t paged_pool_blocks(const CacheSpec& spec, const Capabilities& caps) noexcept {
-  return paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec));
+  if (!caps.shared_pool || spec.pool_blocks > 0 || caps.block_size < 1)
+    return paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec));
+  // One pool across the layers (docs/semantics.md "One pool across layers"):
+  // the sum of every layer's share.
+  std::int64_t blocks = 0;
+  for (std::int32_t l = 0; l < std::max<std::int32_t>(spec.cache.layers, 1); ++l)
+    blocks += layer_pool_blocks(spec, caps, l);
+  return blocks;
 }
 
 std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noexcept {
@@ -160,7 +179,9 @@ std::int64_t resident_limit(const Capabilities& caps, const CacheSpec& spec) noe
   const std::int64_t states = std::max<std::int64_t>(spec.cache.states, 1);
   if (b.unit == ResidentBound::Unit::kRows) {
     // Lookahead slots hold no row; rows a deferral keeps are rows.
-    const std::int64_t rows = spec.cache.ring_rows + deferred_rows(caps, spec);
+    // One pool across the layers: a bound over all of them together.
+    const std::int64_t layers = caps.shared_pool ? std::max<std::int64_t>(spec.cache.layers, 1) : 1;
+    const std::int64_t rows = layers * (spec.cache.ring_rows + deferred_rows(caps, spec));
     return b.per_request ? rows : states * rows;
   }
   const std::int64_t pool = paged_pool_blocks(spec, caps);

@@ -231,6 +231,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "resident_bound",
               "lookahead_slots",
               "free_deferral_steps",
+              "shared_pool",
               "probes"});
   Capabilities& c = *out;
   const auto steps = names(caps["steps"], p + ".steps", kSteps, false);
@@ -362,6 +363,13 @@ void read_capabilities(const Json& caps, Capabilities* out) {
           "a free deferral needs frees reported (reports: {\"frees\": true}): kvcheck judges each free's "
           "deadline");
     }
+  }
+  // One pool of slots across the layers (docs/semantics.md "One pool across layers").
+  c.shared_pool = flag("shared_pool", false);
+  if (c.shared_pool && c.ring_addressing) {
+    bad(p + ".shared_pool",
+        "a pool shared by the layers needs \"addressing\": \"paged\" or \"opaque\" (a ring's slots are "
+        "state * capacity + position mod capacity, one ring per layer)");
   }
   if (caps.contains("probes")) c.probes = names(caps["probes"], p + ".probes", kProbes, true);
 }

@@ -61,12 +61,17 @@ inline bool reads_correct(const QueryObservation& q) noexcept {
   return q.overwritten.empty() && q.missing.empty() && q.extra.empty();
 }
 
-/// Slot collisions of one step (docs/semantics.md "What is judged", three kinds).
+/// Slot collisions of one step (docs/semantics.md "What is judged", three
+/// kinds, and a fourth for one pool across layers).
 struct Collisions {
   std::int64_t same_step = 0;        ///< two rows of one step written to one slot
   std::int64_t outside_block = 0;    ///< writes outside the request's own state block
   std::int64_t replaced_needed = 0;  ///< writes replacing a row a query of the same step still reads
-  std::int64_t total() const noexcept { return same_step + outside_block + replaced_needed; }
+  /// A cache with one pool across its layers (docs/semantics.md "One pool
+  /// across layers"): writes (rows, padding, moves) over a row another
+  /// layer still sees.
+  std::int64_t other_layer = 0;
+  std::int64_t total() const noexcept { return same_step + outside_block + replaced_needed + other_layer; }
 };
 
 /// One step of the schedule on one layer.
@@ -80,6 +85,9 @@ struct StepObservation {
   std::int64_t first_position = 0;  ///< model's first written position
   std::vector<std::int64_t> written_slots;
   Collisions collisions;
+  /// The first other-layer collision (collisions.other_layer), one line:
+  /// the slot, the layer whose row it held and that row.
+  std::string other_layer_detail;
   std::vector<QueryObservation> queries;
   /// Ring contents of the request's state block right after the step:
   /// positions held per slot of the block (-1 empty, -2 another request).
@@ -194,7 +202,9 @@ struct RunObservation {
   /// block * block_size + offset; 0 for any other cache. The reports then
   /// show block tables and block lifetimes instead of a ring.
   std::int64_t block_size = 0;
-  std::int64_t pool_blocks = 0;  ///< paged: blocks in the pool per layer, as the cache was opened
+  /// Paged: blocks in the pool per layer (in the one pool of a cache whose
+  /// layers share it), as the cache was opened.
+  std::int64_t pool_blocks = 0;
   std::string format;
   /// The format the cache declared its outputs are written in
   /// (Capabilities::output_format: "bf16", "fp16", "f32", "f64"); empty when

@@ -573,6 +573,8 @@ class StepDriver {
     std::int64_t evicted = 0;  ///< cached rows the begin's stored-again rows took over
     std::int64_t freed_visible = 0;
     std::string freed_detail;
+    std::int64_t other_layer = 0;  ///< other-layer collisions of its writes (a pool shared by the layers)
+    std::string other_layer_detail;
   };
 
   /// The begin's padding and frees on layer `l`, judged as any step's: a
@@ -582,6 +584,8 @@ class StepDriver {
     ShadowMap& shadow = shadows_[static_cast<std::size_t>(l)];
     const std::int64_t request = sc_.steps[step_index].request;
     shadow.pad(answer_.padded, request);
+    claim_shared(step_index, l, &begun_events_.other_layer, &begun_events_.other_layer_detail,
+                 &begun_events_.evicted);
     begun_events_.padded = static_cast<std::int64_t>(answer_.padded.size());
     begun_events_.moved = static_cast<std::int64_t>(answer_.moved.size());
     begun_events_.freed = static_cast<std::int64_t>(answer_.freed.size());
@@ -758,6 +762,7 @@ class StepDriver {
     ShadowMap& shadow = shadows_[static_cast<std::size_t>(l)];
     shadow.move(answer_.moved);
     shadow.pad(answer_.padded, step.request);
+    claim_shared(step_index, l, &obs.collisions.other_layer, &obs.other_layer_detail, &obs.evicted_rows);
     settle_resident(step_index, l, &obs);
     run_.steps.push_back(std::move(obs));
     if (options_.record_resident)
@@ -783,6 +788,8 @@ class StepDriver {
     const ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
     judge_.write_rows(call.layer, step.request, call.position, n, in, answer_, shadow, &obs);
     observe_slots(call, &obs);
+    claim_shared(step_index, call.layer, &obs.collisions.other_layer, &obs.other_layer_detail,
+                 &obs.evicted_rows);
     judge_.judge_outputs(call.layer, step.request, call.position, n, in, answer_, &obs);
     judge_.settle_reads(call.layer, n, answer_, shadow);
     if (options_.record_outputs) {
@@ -810,6 +817,9 @@ class StepDriver {
     obs->evicted_rows += begun_events_.evicted;
     obs->freed_visible = begun_events_.freed_visible;
     obs->freed_detail = begun_events_.freed_detail;
+    obs->collisions.other_layer += begun_events_.other_layer;
+    if (!begun_events_.other_layer_detail.empty())
+      obs->other_layer_detail = begun_events_.other_layer_detail;  // it came first
     begun_events_ = BeginEvents{};
     // Built once for the step's frees and its per-request counts.
     std::optional<Visibility> visibility;
@@ -855,6 +865,10 @@ class StepDriver {
     obs->bound_unit = std::string(blocks ? "blocks" : "rows") + (bound.per_request ? " per request" : " in all");
     obs->bound_held = blocks ? (bound.per_request ? r.request_blocks : r.blocks)
                              : (bound.per_request ? r.request_rows : r.rows);
+    if (caps_.shared_pool && cache_.layers > 1) {
+      obs->bound_unit += " across layers";
+      obs->bound_held = held_across_layers(step_index, layer, visible());
+    }
   }
 
   /// Which rows are still visible once a step is done: per live request
@@ -904,6 +918,80 @@ class StepDriver {
       if (later.kind == StepKind::kTrim) first = std::min(first, it->second.length);
     }
     return v;
+  }
+
+  /// A pool shared by the layers (docs/semantics.md "One pool across
+  /// layers"): what the declared bound counts over every layer together,
+  /// once layer `layer` has run step `step_index` (the layers before it have
+  /// run it, those after it not yet: the cache's pool at this moment). A
+  /// request holds its rows and blocks of every layer.
+  std::int64_t held_across_layers(std::size_t step_index, std::int32_t layer, const Visibility& own) const {
+    const engines::ResidentBound& bound = caps_.resident_bound;
+    const bool blocks = bound.unit == engines::ResidentBound::Unit::kBlocks;
+    std::int64_t total = 0;
+    std::map<std::int64_t, ShadowMap::RequestHeld> by_request;
+    for (std::int32_t m = 0; m < cache_.layers; ++m) {
+      const ShadowMap& shadow = shadows_[static_cast<std::size_t>(m)];
+      if (!bound.per_request) {
+        const ShadowMap::Resident r = shadow.resident_totals(caps_.block_size);
+        total += blocks ? r.blocks : r.rows;
+        continue;
+      }
+      const Visibility v = m == layer ? own : visibility_at(step_index, m, m < layer);
+      shadow.resident_counts(
+          caps_.block_size, std::cref(v), [&v](std::int64_t request) { return v.live(request); },
+          &by_request);
+    }
+    for (const auto& [request, held] : by_request) total = std::max(total, blocks ? held.blocks : held.rows);
+    return total;
+  }
+
+  /// The slots the answer in answer_ wrote: its rows' (a prefix begin's -1
+  /// left out), its padding, its moves' destinations.
+  std::vector<std::int64_t> answer_writes() const {
+    std::vector<std::int64_t> slots;
+    for (const std::int64_t slot : answer_.written)
+      if (slot >= 0) slots.push_back(slot);
+    slots.insert(slots.end(), answer_.padded.begin(), answer_.padded.end());
+    for (const auto& [from, to] : answer_.moved) slots.push_back(to);
+    return slots;
+  }
+
+  /// A pool shared by the layers (docs/semantics.md "One pool across
+  /// layers"): the slots layer `l`'s answer just wrote hold layer l's rows
+  /// now, whatever another layer held there. That row leaves the other
+  /// layer's shadow map (a later read of it there finds it overwritten); one
+  /// that layer still sees (a query still to run on it may read it) is a
+  /// collision (`collisions`, the first in `detail`), a cached one is
+  /// evicted (`evicted`). The layers before `l` have run step `step_index`,
+  /// the layers after it not yet. Nothing for a cache whose layers have
+  /// pools of their own.
+  void claim_shared(std::size_t step_index, std::int32_t l, std::int64_t* collisions, std::string* detail,
+                    std::int64_t* evicted) {
+    if (!caps_.shared_pool || cache_.layers < 2) return;
+    const std::vector<std::int64_t> slots = answer_writes();
+    if (slots.empty()) return;
+    for (std::int32_t m = 0; m < cache_.layers; ++m) {
+      if (m == l) continue;
+      ShadowMap& other = shadows_[static_cast<std::size_t>(m)];
+      std::optional<Visibility> visibility;
+      for (const std::int64_t slot : slots) {
+        const ShadowRow row = other.take(slot);
+        if (row.request < 0 || row.padding) continue;
+        if (row.cached) {
+          ++*evicted;
+          continue;
+        }
+        if (!visibility) visibility = visibility_at(step_index, m, m < l);
+        // A stale row, or a copy whose row another slot still holds, loses nothing.
+        if (!other.is_latest(row) || other.held_elsewhere(slot, row.write_seq) || !(*visibility)(row))
+          continue;
+        if (++*collisions == 1) {
+          *detail = "layer " + std::to_string(l) + " wrote " + freed_text(slot, row) + " on layer " +
+                    std::to_string(m) + ", which layer " + std::to_string(m) + " still sees";
+        }
+      }
+    }
   }
 
   /// When a block (a slot, without a block size) left the window: the step
@@ -1173,7 +1261,8 @@ RunObservation run_with(const Scenario& sc, const RunOptions& options, engines::
   if (caps.slots_in_pool && caps.block_size > 0) {
     driver.set_slot_end(run.pool_blocks * caps.block_size,
                         "the pool it was opened with: pool_blocks " + std::to_string(run.pool_blocks) +
-                            " x block_size " + std::to_string(caps.block_size) + " per layer");
+                            " x block_size " + std::to_string(caps.block_size) +
+                            (caps.shared_pool ? " shared by the layers" : " per layer"));
   } else if (caps.slots_in_pool && caps.ring_addressing) {
     driver.set_slot_end(std::int64_t{cache.states} * cache.ring_rows,
                         "the ring it was opened with: states " + std::to_string(cache.states) + " x capacity " +

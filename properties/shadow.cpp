@@ -61,6 +61,14 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
   return seqs;
 }
 
+ShadowRow ShadowMap::take(std::int64_t slot) {
+  const auto it = slots_.find(slot);
+  if (it == slots_.end()) return ShadowRow{};
+  const ShadowRow row = it->second;
+  slots_.erase(it);
+  return row;
+}
+
 ShadowRow ShadowMap::at(std::int64_t slot) const {
   const auto it = slots_.find(slot);
   return it == slots_.end() ? ShadowRow{} : it->second;
@@ -138,7 +146,8 @@ ShadowMap::Resident ShadowMap::resident_totals(std::int64_t block_size) const {
 
 ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
                                                const std::function<bool(const ShadowRow&)>& visible,
-                                               const std::function<bool(std::int64_t)>& live) const {
+                                               const std::function<bool(std::int64_t)>& live,
+                                               std::map<std::int64_t, RequestHeld>* by_request) const {
   Resident r = resident_totals(block_size);
   const auto add = [](std::vector<std::int64_t>& v, std::int64_t request) {
     if (std::find(v.begin(), v.end(), request) == v.end()) v.push_back(request);
@@ -222,6 +231,10 @@ ShadowMap::Resident ShadowMap::resident_counts(std::int64_t block_size,
   }
   for (const auto& [request, n] : rows_of) r.request_rows = std::max(r.request_rows, n);
   for (const auto& [request, n] : blocks_of) r.request_blocks = std::max(r.request_blocks, n);
+  if (by_request != nullptr) {
+    for (const auto& [request, n] : rows_of) (*by_request)[request].rows += n;
+    for (const auto& [request, n] : blocks_of) (*by_request)[request].blocks += n;
+  }
   return r;
 }
 

@@ -149,6 +149,10 @@ class ShadowMap {
     }
     return lost;
   }
+  /// Empties `slot`, returning what it held: another layer that shares the
+  /// pool wrote there (docs/semantics.md "One pool across layers"). The row
+  /// keeps it as its home, so a later read of the slot finds it overwritten.
+  ShadowRow take(std::int64_t slot);
   /// Whether `row` is the latest write of its (request, position).
   bool is_latest(const ShadowRow& row) const;
   /// Whether a slot other than `slot` holds write number `write_seq`.
@@ -185,8 +189,15 @@ class ShadowMap {
   /// keeps it for its writer). A block is held by the requests holding a
   /// row of it they see, or, where none does, by those its unseen rows are
   /// held by.
+  /// `by_request`, when given, gets every holding request's rows and
+  /// blocks (added to what it holds: a pool shared by layers sums them).
+  struct RequestHeld {
+    std::int64_t rows = 0;
+    std::int64_t blocks = 0;
+  };
   Resident resident_counts(std::int64_t block_size, const std::function<bool(const ShadowRow&)>& visible = {},
-                           const std::function<bool(std::int64_t)>& live = {}) const;
+                           const std::function<bool(std::int64_t)>& live = {},
+                           std::map<std::int64_t, RequestHeld>* by_request = nullptr) const;
 
   /// Calls `f(slot, row)` for every slot holding something (padding
   /// included), in no particular order.

@@ -110,11 +110,17 @@ void judge_run(const scenarios::Scenario& sc, RunObservation* out) {
     if (obs.collisions.total() > 0 && collisions_so_far > allowed) {
       // The first step past the allowed total fails, and every later step with collisions.
       collision_fail = true;
+      // Other-layer collisions (a pool shared by the layers) are named only
+      // where there are any: other runs keep their lines.
+      const std::string other_layer = obs.collisions.other_layer > 0
+                                          ? ", " + std::to_string(obs.collisions.other_layer) + " other-layer"
+                                          : "";
       fail("step " + std::to_string(obs.step) + " (" + obs.kind +
            "): " + std::to_string(obs.collisions.same_step) + " same-step, " +
            std::to_string(obs.collisions.outside_block) + " outside-block, " +
-           std::to_string(obs.collisions.replaced_needed) + " replaced-needed collisions (expected " +
-           std::to_string(allowed) + " in all)");
+           std::to_string(obs.collisions.replaced_needed) + " replaced-needed" + other_layer +
+           " collisions (expected " + std::to_string(allowed) + " in all)" +
+           (obs.other_layer_detail.empty() ? "" : "; first other-layer: " + obs.other_layer_detail));
     }
     if (!obs.error.empty()) {
       fail("step " + std::to_string(obs.step) + " (" + obs.kind + "): " + obs.error);

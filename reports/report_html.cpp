@@ -559,10 +559,12 @@ std::string steps_table(const RunObservation& run, std::int64_t pictured) {
            std::to_string(s.layer) + "</td><td>" + std::to_string(s.request) + "</td><td>" +
            std::to_string(s.state) + "</td><td>" + std::to_string(s.first_position) + "</td><td>" +
            std::to_string(s.queries.size()) + "</td><td class=\"mono\">" + xml_escape(overwritten_counts(s)) +
-           "</td><td>" + std::to_string(counts.missing) + "</td><td>" + std::to_string(counts.extra) + "</td><td>" +
-           std::to_string(s.collisions.same_step) + " / " + std::to_string(s.collisions.outside_block) +
-           " / " + std::to_string(s.collisions.replaced_needed) + "</td><td>" +
-           xml_escape(max_eps) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
+           "</td><td>" + std::to_string(counts.missing) + "</td><td>" + std::to_string(counts.extra) +
+           "</td><td>" + std::to_string(s.collisions.same_step) + " / " +
+           std::to_string(s.collisions.outside_block) + " / " + std::to_string(s.collisions.replaced_needed) +
+           (s.collisions.other_layer > 0 ? " / " + std::to_string(s.collisions.other_layer) + " other-layer"
+                                         : "") +
+           "</td><td>" + xml_escape(max_eps) + "</td><td>" + xml_escape(note) + "</td></tr>\n";
   }
   if (omitted != 0) {
     out += "<tr><td colspan=\"13\">\u2026 " + std::to_string(omitted) +

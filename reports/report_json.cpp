@@ -87,6 +87,11 @@ Json step_json(const properties::StepObservation& s, bool output_format) {
                          {"outside_block", s.collisions.outside_block},
                          {"replaced_needed", s.collisions.replaced_needed},
                          {"total", s.collisions.total()}};
+  // A pool shared by the layers: only where there are any (other reports keep their bytes).
+  if (s.collisions.other_layer > 0) {
+    j["collisions"]["other_layer"] = s.collisions.other_layer;
+    j["collisions"]["other_layer_detail"] = s.other_layer_detail;
+  }
   j["overwritten_counts"] = overwritten_per_query(s);
   Json queries = Json::array();
   for (const auto& q : s.queries) queries.push_back(query_json(q, output_format));

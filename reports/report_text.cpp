@@ -123,7 +123,11 @@ std::string run_explanation(const Report& report, const properties::RunObservati
     if (c.total() != 0) {
       out += "  collisions: " + std::to_string(c.same_step) + " same-step, " +
              std::to_string(c.outside_block) + " outside block, " + std::to_string(c.replaced_needed) +
-             " replaced a row still needed\n";
+             " replaced a row still needed" +
+             (c.other_layer > 0 ? ", " + std::to_string(c.other_layer) + " over another layer's row (" +
+                                      s.other_layer_detail + ")"
+                                : std::string()) +
+             "\n";
     }
     // The step's largest output error is taken as the run's: over the
     // queries that read their rows correctly (StepCounts); an error over

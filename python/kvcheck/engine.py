@@ -18,7 +18,7 @@ The steps a subclass defines are the steps its hello declares: `prefill`
 `finish`, `reset`, `trim`; `begin` is always there (by default it does nothing).
 Class attributes say the rest of the hello: `name`, `formats`, `rope`,
 `layouts`, `addressing`, `outputs`, `slots`, `rows`, `lookahead_slots`,
-`free_deferral_steps` and `capabilities` (any
+`free_deferral_steps`, `shared_pool` and `capabilities` (any
 other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
 `probes`, ...; it wins over what the attributes say).
 
@@ -68,6 +68,10 @@ class Engine:
     # Declared slack (docs/semantics.md "Lookahead slots and deferred frees"):
     lookahead_slots = 0             # positions past each step's rows it takes room for (vLLM num_lookahead_tokens)
     free_deferral_steps = None      # write steps of its request a free may come late (SGLang eviction_interval)
+    # One pool of slots for all layers (docs/semantics.md "One pool across layers"): vLLM's hybrid
+    # manager and SGLang's hybrid allocator draw every layer group's blocks from one pool; open's
+    # spec.pool_blocks is then that one pool, the sum of every layer's share.
+    shared_pool = False
 
     def __init__(self, spec):
         self.spec = spec
@@ -117,6 +121,13 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65536:
                 raise TypeError(f"{cls.__name__}.{key}: an integer in 0..65536, got {value!r}")
             caps[key] = value
+        if cls.shared_pool is not False:
+            if cls.shared_pool is not True:
+                raise TypeError(f"{cls.__name__}.shared_pool: True or False, got {cls.shared_pool!r}")
+            if cls.addressing == "ring":
+                raise TypeError(f"{cls.__name__}.shared_pool: a pool shared by the layers needs paged or "
+                                "opaque addressing (a ring's slots are one layer's)")
+            caps["shared_pool"] = True
         if cls.output_format is not None:
             if cls.output_format not in protocol.OUTPUT_FORMATS:
                 raise TypeError(f"{cls.__name__}.output_format: one of {protocol.OUTPUT_FORMATS}, "

@@ -283,6 +283,26 @@ def test_lookahead_and_free_deferral_are_declared_in_hello():
         NoFrees.hello_capabilities()
 
 
+def test_shared_pool_is_declared_in_hello():
+    class Hybrid(Ring):
+        addressing = "paged"
+        shared_pool = True
+        capabilities = {"block_size": 4}
+
+    assert Hybrid.hello_capabilities()["shared_pool"] is True
+    assert "shared_pool" not in Ring.hello_capabilities()  # nothing declared: no key
+    for bad in (1, "yes", None):
+        class Bad(Hybrid):
+            shared_pool = bad
+        with pytest.raises(TypeError, match="shared_pool: True or False"):
+            Bad.hello_capabilities()
+
+    class RingShared(Ring):
+        shared_pool = True
+    with pytest.raises(TypeError, match="shared_pool: a pool shared by the layers needs paged or opaque"):
+        RingShared.hello_capabilities()
+
+
 def test_output_format_is_declared_and_round_output_rounds_to_nearest_even():
     class Bf16Out(kvcheck.Engine):
         output_format = "bf16"

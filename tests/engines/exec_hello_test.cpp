@@ -477,3 +477,56 @@ TEST_CASE("ExecHello: per_layer_windows is off unless declared, and must be a bo
   with["capabilities"]["per_layer_windows"] = 1;
   CHECK(error_of(with).find(".capabilities.per_layer_windows") != std::string::npos);
 }
+
+TEST_CASE("ExecHello: shared_pool sizes one pool for the sum of the layers and bounds them together") {
+  namespace en = kvcheck::engines;
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").shared_pool);  // off unless declared
+  Json h = ring_hello();
+  h["capabilities"]["addressing"] = "paged";
+  h["capabilities"]["block_size"] = 4;
+  h["capabilities"]["reports"]["frees"] = true;
+  h["capabilities"]["resident_bound"] = {{"unit", "blocks"}, {"per", "request"}};
+  h["capabilities"]["shared_pool"] = true;
+  Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.shared_pool);
+  en::CacheSpec spec;
+  spec.cache.states = 3;
+  spec.cache.layers = 3;
+  spec.cache.ring_rows = 12;
+  spec.window_keys = 8;
+  spec.max_step_rows = 9;
+  // Each layer's share is the pool of one layer: ceil(max(12, 8 - 1 + 9) / 4) + 1 = 5 blocks per state.
+  CHECK(en::layer_pool_blocks(spec, c, 0) == 3 * 5);
+  CHECK(en::paged_pool_blocks(spec, c) == 3 * 3 * 5);
+  CHECK(en::resident_limit(c, spec) == 3 * 5);  // per request: the shared pool over the states
+  // Layer windows: a sliding layer wider than the case's window needs more,
+  // a global one the capacity (max(12, 8 - 1 + 9) = 16 rows as the case's window).
+  spec.layer_window_keys = {8, 20, kvcheck::scenarios::kGlobalWindowKeys};
+  CHECK(en::layer_pool_blocks(spec, c, 1) == 3 * (7 + 1));  // ceil((20 - 1 + 9) / 4) + 1
+  CHECK(en::layer_pool_blocks(spec, c, 2) == 3 * 5);
+  CHECK(en::paged_pool_blocks(spec, c) == 3 * (5 + 8 + 5));
+  // Not shared: one layer's pool, whatever the layers.
+  c.shared_pool = false;
+  spec.layer_window_keys.clear();
+  CHECK(en::paged_pool_blocks(spec, c) == 3 * 5);
+  // A bound in rows over the shared pool: every layer's rows together.
+  c.shared_pool = true;
+  c.resident_bound.unit = en::ResidentBound::Unit::kRows;
+  CHECK(en::resident_limit(c, spec) == 3 * 12);
+  c.resident_bound.per_request = false;
+  CHECK(en::resident_limit(c, spec) == 3 * 3 * 12);
+  // An explicit pool (a scenario's pool_blocks, the sweep's) is the shared pool as given.
+  spec.pool_blocks = 7;
+  CHECK(en::paged_pool_blocks(spec, c) == 7);
+
+  Json bad = h;
+  bad["capabilities"]["shared_pool"] = 1;
+  CHECK(error_of(bad) == "hello answer.capabilities.shared_pool: expected true or false");
+  Json ring = ring_hello();
+  ring["capabilities"]["shared_pool"] = true;
+  CHECK_THAT(error_of(ring),
+             Catch::StartsWith("hello answer.capabilities.shared_pool: a pool shared by the layers "
+                               "needs \"addressing\": \"paged\" or \"opaque\""));
+  ring["capabilities"]["shared_pool"] = false;  // declared off: fine anywhere
+  CHECK(error_of(ring).empty());
+}

@@ -1572,3 +1572,122 @@ TEST_CASE("Output formats: bf16 outputs pass declared, fail undeclared, and a de
   CHECK(f32.passed);
   CHECK(f32.max_output_rounding_tolerance == 0);
 }
+
+namespace {
+
+/// The CPU ring pool (each layer its own ring of states * capacity slots)
+/// answering slots as a cache whose layers share one pool: with `offset`
+/// layer l's slots are moved past the layers before it (one id space, no id
+/// named twice), without it every layer answers the same ids (one pool
+/// handing each slot to every layer).
+class SharedPoolCache final : public engines::CacheUnderTest {
+ public:
+  SharedPoolCache(std::unique_ptr<engines::CacheUnderTest> inner, std::int64_t layer_slots, bool offset)
+      : inner_(std::move(inner)), layer_slots_(layer_slots), offset_(offset) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const auto st = inner_->call(c, answer);
+    if (st || answer == nullptr || !offset_) return st;
+    const std::int64_t base = c.layer * layer_slots_;
+    for (auto& slot : answer->written) slot += slot >= 0 ? base : 0;
+    for (auto& slot : answer->read_slots) slot += slot >= 0 ? base : 0;
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  std::int64_t layer_slots_;
+  bool offset_;
+};
+
+/// `rows_limit`: a resident bound of rows in all (0: the default limit; -1: none).
+WrappedCpuProvider shared_pool_provider(bool shared, bool offset, std::int64_t rows_limit = -1) {
+  return WrappedCpuProvider(
+      "shared-pool",
+      [shared, rows_limit](engines::Capabilities& caps) {
+        caps.shared_pool = shared;
+        caps.ring_addressing = false;  // opaque slots: one id space across the layers
+        caps.slots_in_pool = false;
+        if (rows_limit >= 0) {
+          caps.resident_bound.unit = engines::ResidentBound::Unit::kRows;
+          caps.resident_bound.limit = rows_limit;
+        }
+      },
+      [offset](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec& spec) {
+        return std::make_unique<SharedPoolCache>(std::move(inner), spec.cache.states * spec.cache.ring_rows,
+                                                 offset);
+      });
+}
+
+/// One request on two layers (window 4 keys, a ring of 8): a prefill of 3
+/// rows, then 6 decodes.
+scenarios::Scenario two_layer_scenario() {
+  std::string steps = R"({"kind": "prefill", "request": 0, "rows": 3, "order": "store_then_load"})";
+  for (int i = 0; i < 6; ++i) steps += R"(, {"kind": "decode", "request": 0})";
+  return scenarios::parse_scenario(
+      R"({"schema_version": 1, "name": "two-layers", "description": "one request",
+    "cache": {"window": 4, "window_convention": "keys", "ring_rows": 8, "states": 1,
+      "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
+      "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
+      "sink_logit": null},
+    "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
+          steps + "]}",
+      "two-layers");
+}
+
+}  // namespace
+
+TEST_CASE("One pool across layers: a slot handed to two layers is an other-layer collision, ids apart pass") {
+  const scenarios::Scenario sc = two_layer_scenario();
+  RunOptions o;
+  // Each layer's ids apart in the one pool: nothing collides.
+  WrappedCpuProvider apart = shared_pool_provider(true, true);
+  o.provider = &apart;
+  const RunObservation ok = run_scenario(sc, o);
+  INFO(ok.first_failure);
+  CHECK(ok.passed);
+  CHECK(ok.collisions == 0);
+  // The same ids on both layers, declared as one pool: layer 1's prefill
+  // writes the slots of layer 0's three rows, which layer 0 still sees.
+  WrappedCpuProvider same = shared_pool_provider(true, false);
+  o.provider = &same;
+  const RunObservation bad = run_scenario(sc, o);
+  CHECK_FALSE(bad.passed);
+  REQUIRE(bad.steps.size() >= 2);
+  CHECK(bad.steps[0].collisions.other_layer == 0);  // layer 0 wrote first
+  CHECK(bad.steps[1].layer == 1);
+  CHECK(bad.steps[1].collisions.other_layer == 3);
+  CHECK(bad.first_failing_step == 1);
+  CHECK_THAT(
+      bad.first_failure,
+      Catch::Contains("0 replaced-needed, 3 other-layer collisions (expected 0 in all); first other-layer: "
+                      "layer 1 wrote slot 0 holding request 0 position 0 on layer 0, which layer 0 still "
+                      "sees"));
+  // Layer 0 then reads its rows where layer 1's now lie: overwritten.
+  CHECK(bad.lost_rows > 0);
+  // The same ids without a shared pool: each layer's slots are its own.
+  WrappedCpuProvider own = shared_pool_provider(false, false);
+  o.provider = &own;
+  CHECK(run_scenario(sc, o).passed);
+}
+
+TEST_CASE("One pool across layers: a resident bound counts every layer's rows together") {
+  const scenarios::Scenario sc = two_layer_scenario();
+  RunOptions o;
+  // The default bound of a shared pool: layers * states * capacity = 16 rows.
+  WrappedCpuProvider fits = shared_pool_provider(true, true, 0);
+  o.provider = &fits;
+  CHECK(run_scenario(sc, o).passed);
+  // A declared 8 rows: each layer alone holds at most 8 (its ring), the two
+  // together 9 once layer 0 has run the second decode (5 + 4).
+  WrappedCpuProvider tight = shared_pool_provider(true, true, 8);
+  o.provider = &tight;
+  const RunObservation over = run_scenario(sc, o);
+  CHECK_FALSE(over.passed);
+  CHECK_THAT(over.first_failure,
+             Catch::Contains("step 2 (decode) layer 0: holds 9 rows in all across layers, over its declared "
+                             "resident bound of 8"));
+  // Not shared: the same 8 rows per layer is never exceeded.
+  WrappedCpuProvider per_layer = shared_pool_provider(false, true, 8);
+  o.provider = &per_layer;
+  CHECK(run_scenario(sc, o).passed);
+}
