@@ -341,8 +341,8 @@ class SharingPagedCache(PagedCache):
     a block in neither (evicted, or the partial last block of a finished
     request) is stored again from the rows kvcheck sends, and answered in
     `written`. A write into a block another table holds, or that the index
-    holds (a cached block taken back), copies it first (copy-on-write,
-    answered as "moved"). A reset takes the request's own rows out of the
+    holds (a cached block taken back), copies its rows below the write into
+    a block of its own first (copy-on-write, answered as "moved"). A reset takes the request's own rows out of the
     index (what it writes next is other rows).
 
     With `--content-hash` a block is indexed by the rows it holds, as
@@ -461,9 +461,11 @@ class SharingPagedCache(PagedCache):
             block = self._alloc(layer)
             st.table[p // B] = block
         elif self._must_copy(layer, block):
-            # Copy-on-write: the rows move to a block of this request's own.
+            # Copy-on-write: the rows move to a block of this request's own,
+            # those below the write (the rows from p on are this request's to
+            # write; the source's rows there are no row of it).
             copy = self._alloc(layer)
-            for o in range(B):
+            for o in range(p % B):
                 row = layer.rows.get(block * B + o)
                 if row is not None:
                     layer.rows[copy * B + o] = row

@@ -27,13 +27,19 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     // The source's content (docs/semantics.md "Row lineage"): what position
     // p of the begun request is, wherever it lies.
     const Latest lineage = src == latest_.end() ? Latest{} : src->second;
-    // A slot holding that content: the source's own first, else any copy.
+    // A slot holding that content: a held one before a cached one (a cache
+    // sharing a held row takes no cached block back), the source's own
+    // before any copy.
     std::optional<std::int64_t> holder;
     if (lineage.origin != 0) {
-      if (lineage.slot >= 0 && at(lineage.slot).origin == lineage.origin && !at(lineage.slot).padding) {
+      const ShadowRow home = at(lineage.slot);
+      const bool home_holds = lineage.slot >= 0 && home.origin == lineage.origin && !home.padding;
+      if (home_holds && !home.cached) {
         holder = lineage.slot;
+      } else if (const auto held = slot_with_content(lineage.origin, std::nullopt, false)) {
+        holder = held;
       } else {
-        holder = slot_with_content(lineage.origin);
+        holder = home_holds ? std::optional<std::int64_t>(lineage.slot) : slot_with_content(lineage.origin);
       }
     }
     // The source's row no slot holds any more after the cache had cached it:

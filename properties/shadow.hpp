@@ -92,9 +92,10 @@ class ShadowMap {
   /// prefix). Position p is stored again at written[p] when the cache says
   /// so (a new write of `request`'s, holding the source row's content:
   /// docs/semantics.md "Row lineage"); otherwise (-1, or no `written`) it is
-  /// `source`'s row where a slot still holds its content (its own slot
-  /// first, else any copy of it: a copy-on-write's, or a row another begin
-  /// stored again), the same row for both: a later write there, seen by
+  /// `source`'s row where a slot still holds its content (a held slot
+  /// before a cached one, its own slot before any copy of it: a
+  /// copy-on-write's, or a row another begin stored again), the same row
+  /// for both: a later write there, seen by
   /// either, is an overwritten visible row. A prefix row no slot holds any
   /// more (evicted, freed) is absent: a query that needs it finds it
   /// missing. Returns each position's write number (0 where shared or
