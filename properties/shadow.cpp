@@ -18,7 +18,8 @@ ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
 
 std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                                    std::span<const std::int64_t> written,
-                                                   std::int64_t visible_from, PrefixTally* tally) {
+                                                   std::int64_t visible_from, PrefixTally* tally,
+                                                   std::int64_t block_size) {
   PrefixTally counts;
   std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
   for (std::int64_t p = 0; p < n; ++p) {
@@ -62,8 +63,16 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     if (holder) {
       latest_[{request, p}] = Latest{at(*holder).write_seq, *holder, lineage.origin, lineage.origin_request};
       // A cached row the begun request can see is held again (a prefix hit
-      // takes its block back from the free pool).
-      if (p >= visible_from) slots_.at(*holder).cached = false;
+      // takes its block back from the free pool), and so are the block's
+      // other cached rows (a block leaves the pool whole).
+      if (p >= visible_from && slots_.at(*holder).cached) {
+        slots_.at(*holder).cached = false;
+        for (std::int64_t b = block_size > 0 ? *holder / block_size * block_size : *holder;
+             block_size > 0 && b < (*holder / block_size + 1) * block_size; ++b) {
+          const auto it = slots_.find(b);
+          if (it != slots_.end() && !it->second.padding) it->second.cached = false;
+        }
+      }
     } else if (lineage.origin != 0) {
       // No slot holds it: a query that needs it finds it missing.
       latest_[{request, p}] = Latest{0, -1, lineage.origin, lineage.origin_request};

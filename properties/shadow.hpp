@@ -101,8 +101,9 @@ class ShadowMap {
   /// missing. Returns each position's write number (0 where shared or
   /// absent).
   /// `visible_from`: the first position the begun request's queries can
-  /// see; a cached row it shares from there on is held again. `tally`, when
-  /// given, counts what the begin found (PrefixTally).
+  /// see; a cached row it shares from there on is held again, with the
+  /// other cached rows of its block (`block_size` slots; 0: the row alone).
+  /// `tally`, when given, counts what the begin found (PrefixTally).
   struct PrefixTally {
     std::int64_t evicted_rows = 0;  ///< rows stored again over cached rows (evictions)
     /// Positions from `visible_from` whose source row was cached and no
@@ -112,7 +113,8 @@ class ShadowMap {
   };
   std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                           std::span<const std::int64_t> written,
-                                          std::int64_t visible_from = 0, PrefixTally* tally = nullptr);
+                                          std::int64_t visible_from = 0, PrefixTally* tally = nullptr,
+                                          std::int64_t block_size = 0);
 
   /// Copies slot `from`'s row to slot `to`, in order (an empty `from`
   /// empties `to`); the copy becomes the row's home.

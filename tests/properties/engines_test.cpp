@@ -1209,6 +1209,13 @@ TEST_CASE(
   CHECK(reads_correct(decode_of(hit, 3, 4, 12, {2, 3, 12}, 3)));
   CHECK(hit.resident_totals(2).rows == 3);
   CHECK(hit.resident_totals(2).cached_rows == 2);
+  // With blocks of 2 the block a hit takes back leaves the pool whole: a
+  // first query seeing position 3 takes slots 2 and 3 back, not 0 and 1.
+  ShadowMap whole = cached_pool();
+  whole.begin_prefix(3, 0, 4, none, 3, &tally, 2);
+  CHECK_FALSE(whole.at(2).cached);
+  CHECK_FALSE(whole.at(3).cached);
+  CHECK(whole.at(1).cached);
 
   // Request 2 takes slots 2 and 3: two cached rows evicted, no failure.
   ShadowMap evicted = cached_pool();
