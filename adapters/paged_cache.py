@@ -358,6 +358,9 @@ PREFIX_BUGS = {
                              "they still held the prefix",
     "evict-leaves-hash": "evicting a cached block hands it out but leaves its hash -> block entry "
                          "behind, so a later prefix begin reads the new owner's rows",
+    "partial-block-hash": "a block a begin stored again that the prefix ends inside gets the source "
+                          "block's hash too, so once the request fills it with rows of its own a later "
+                          "begin from the source reads them as the source's (implies --content-hash)",
 }
 
 
@@ -384,9 +387,20 @@ class SharingPagedCache(PagedCache):
     a block in neither (evicted, or the partial last block of a finished
     request) is stored again from the rows kvcheck sends, and answered in
     `written`. A write into a block another table holds, or that the index
-    holds (a cached block taken back), copies it first (copy-on-write,
-    answered as "moved"). A reset takes the request's own rows out of the
-    index (what it writes next is other rows)."""
+    holds (a cached block taken back), copies its rows below the write into
+    a block of its own first (copy-on-write, answered as "moved"). A reset takes the request's own rows out of the
+    index (what it writes next is other rows).
+
+    With `--content-hash` a block is indexed by the rows it holds, as
+    vLLM's block hash (of the tokens, chained from the first block) does:
+    a block of a begun request wholly below its prefix holds the source's
+    rows, whoever stored them, so its key is the source block's key
+    (through chains of begins), and a block a begin stored again is cached
+    under that key when its request lets it go: a later begin from the
+    source may be handed that copy (kvcheck's row lineage,
+    docs/semantics.md "Row lineage"). A request's own block's key names
+    the request, the block and how many resets the request has had (rows
+    written after a reset are other rows)."""
 
     def __init__(self, spec, bugs, block_size):
         super().__init__(spec, bugs, block_size)
@@ -394,6 +408,8 @@ class SharingPagedCache(PagedCache):
         self.cow_skipped = "cow-skipped" in bugs
         self.reuse_evicted = "evicted-prefix-reused" in bugs
         self.leave_hash = "evict-leaves-hash" in bugs
+        self.partial_hash = "partial-block-hash" in bugs
+        self.content_hash = False  # --content-hash (make_cache sets it)
         self.moved_now = []
         self.indexing = True  # False while a reset lets go of its blocks
 
@@ -404,6 +420,8 @@ class SharingPagedCache(PagedCache):
         layer.index = {}                          # (request, logical block) -> block holding those rows
         layer.hashes = collections.defaultdict(set)  # block -> its index keys (its hashes)
         layer.ghosts = {}                         # finished request -> its table (evicted-prefix-reused)
+        layer.lineage = {}  # (request, logical block) -> key of the source block whose rows it holds (--content-hash)
+        layer.resets = collections.Counter()  # request -> resets so far (--content-hash keys)
         return layer
 
     # -- blocks ----------------------------------------------------------------
@@ -414,11 +432,20 @@ class SharingPagedCache(PagedCache):
         """Blocks a new block may come from: free, never used, or cached (evicted)."""
         return layer.available() + len(layer.cached)
 
+    def _key(self, layer, request, j):
+        """The index key of the request's logical block j: (request, j), or
+        with --content-hash the key of the rows it holds (a prefix block's:
+        its source block's; else the request's own, after its resets)."""
+        if not self.content_hash:
+            return (request, j)
+        return layer.lineage.get((request, j), ("rows", request, layer.resets[request], j))
+
     def _index(self, layer, st, j, block):
         """A full block of the request's committed rows goes in the index."""
         if self.indexing and (j + 1) * self.B <= st.length:
-            layer.index[(st.request, j)] = block
-            layer.hashes[block].add((st.request, j))
+            key = self._key(layer, st.request, j)
+            layer.index[key] = block
+            layer.hashes[block].add(key)
 
     def _unindex(self, layer, block):
         for key in layer.hashes.pop(block, ()):
@@ -480,9 +507,11 @@ class SharingPagedCache(PagedCache):
             block = self._alloc(layer)
             st.table[p // B] = block
         elif self._must_copy(layer, block):
-            # Copy-on-write: the rows move to a block of this request's own.
+            # Copy-on-write: the rows move to a block of this request's own,
+            # those below the write (the rows from p on are this request's to
+            # write; the source's rows there are no row of it).
             copy = self._alloc(layer)
-            for o in range(B):
+            for o in range(p % B):
                 row = layer.rows.get(block * B + o)
                 if row is not None:
                     layer.rows[copy * B + o] = row
@@ -541,6 +570,12 @@ class SharingPagedCache(PagedCache):
             events = super().reset(layer, state, request)
         finally:
             self.indexing = True
+        # --content-hash: its blocks hold its own rows from now on, under new
+        # keys; the old keys still name the rows they name (a cached block
+        # keeps serving the requests whose rows those are).
+        lay.resets[request] += 1
+        for key in [k for k in lay.lineage if k[0] == request]:
+            del lay.lineage[key]
         # The request's rows from before the reset are no prefix of it any
         # more: out of the index; a cached block no key holds is plain free.
         for key in [k for k in lay.index if k[0] == request]:
@@ -576,7 +611,7 @@ class SharingPagedCache(PagedCache):
         for j in range(lo // B, (n - 1) // B + 1):
             block = source.get(j) if source is not None else None
             if block is None:
-                block = lay.index.get((prefix.request, j), ghost.get(j))
+                block = lay.index.get(self._key(lay, prefix.request, j), ghost.get(j))
             hits[j] = block
         # Refused before anything changes when the pool cannot store the misses.
         taken_free = sum(1 for blk in set(hits.values()) if blk is not None and (blk in lay.free or blk in lay.cached))
@@ -586,6 +621,11 @@ class SharingPagedCache(PagedCache):
                                               f"{misses} prefix blocks")
         result = super().begin(layer, state, request)
         st = lay.states[state]
+        if self.content_hash:
+            # Blocks wholly below the prefix hold the source's rows: its keys.
+            # (partial-block-hash: the block the prefix ends inside as well.)
+            for j in range(0, (n + (B - 1 if self.partial_hash else 0)) // B):
+                lay.lineage[(request, j)] = self._key(lay, prefix.request, j)
         for j, block in hits.items():
             if block is not None:
                 st.table[j] = block  # shared: one more table holds it
@@ -642,6 +682,7 @@ class PagedAdapter(window_cache.WindowAdapter):
 
     prefix_cache = False  # --prefix-cache (configure sets it)
     shared_pool = False   # --shared-pool (configure sets it)
+    content_hash = False  # --content-hash (configure sets it)
 
     def __init__(self):
         super().__init__()
@@ -670,12 +711,17 @@ class PagedAdapter(window_cache.WindowAdapter):
                             help="share prefixes (hello \"prefix_sharing\"): refcounted blocks, copy-on-write, "
                                  "blocks no request holds cached (answered \"cached\", readable by a prefix hit) until evicted "
                                  "(implied by the prefix bugs)")
+        parser.add_argument("--content-hash", action="store_true",
+                            help="with the prefix cache, index blocks by the rows they hold (vLLM's block hash): "
+                                 "a block a begin stored again is cached under the source block's hash, and a "
+                                 "later begin from the source may read that copy (implies --prefix-cache)")
 
     def configure(self, args):
         if args.block_size < 1:
             raise SystemExit("paged-cache: --block-size must be >= 1")
         self.block_size = args.block_size
-        self.prefix_cache = args.prefix_cache or any(b in PREFIX_BUGS for b in args.bug)
+        self.content_hash = args.content_hash or "partial-block-hash" in args.bug
+        self.prefix_cache = args.prefix_cache or self.content_hash or any(b in PREFIX_BUGS for b in args.bug)
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
         if self.trims and self.prefix_cache:
@@ -738,7 +784,9 @@ class PagedAdapter(window_cache.WindowAdapter):
         if total > window_cache.MAX_SLOTS:
             raise kp.OpenRefused(f"pool of {total} rows exceeds {window_cache.MAX_SLOTS}")
         if self.prefix_cache:
-            return SharingPagedCache(spec, self.active_bugs, self.block_size)
+            cache = SharingPagedCache(spec, self.active_bugs, self.block_size)
+            cache.content_hash = self.content_hash
+            return cache
         cache = PagedCache(spec, self.active_bugs, self.block_size, self.shared_pool)
         # A deferred free waits for a free step, so nothing goes while a
         # step stores either: --free-deferral frees as --store-first does.

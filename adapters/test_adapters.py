@@ -561,7 +561,7 @@ class ProtocolTest(AdapterTest):
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
                                        "free-late", "shared-pool-double", "free-shared", "cow-skipped",
-                                       "evicted-prefix-reused", "evict-leaves-hash"])):
+                                       "evicted-prefix-reused", "evict-leaves-hash", "partial-block-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -779,6 +779,37 @@ class ProtocolTest(AdapterTest):
             _, _, taken, again = evict(adapter, source)
             self.assertIn(source[2], taken)
             self.assertEqual(again["written"], [-1, -1, -1, -1], bug)
+
+    def test_paged_content_hash_caches_a_stored_again_prefix_under_the_source_hash(self):
+        """--content-hash: a block a begin stored again (the source's blocks
+        evicted) is cached under the source block's hash when its request
+        finishes, so a later begin from the source shares that copy (written
+        -1: kvcheck's row lineage); plain --prefix-cache indexes it under the
+        begun request and the later begin stores the rows a third time."""
+        spec = {**make_spec(states=2, capacity=8, param=4), "block_size": 2, "pool_blocks": 4}
+        rows = {"k": [[0.1] * 4] * 4, "v": [[0.2] * 4] * 4}
+
+        def run(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            for request in (0, 2, 3):  # r0's blocks cached, r2's cached, r3 evicts r0's
+                t = {"layer": 0, "request": request, "state": 0}
+                adapter.send({"op": "begin", **t})
+                send_rows_step(adapter, t, "prefill", 0, 4, rows=4, order="store_then_load")
+                if request != 3:
+                    self.assertEqual(len(adapter.send({"op": "finish", **t})["cached"]), 4)
+            r1 = {"layer": 0, "request": 1, "state": 1}
+            stored = adapter.send({"op": "begin", **r1, "prefix": {"request": 0, "positions": 4}, **rows})
+            self.assertTrue(all(slot >= 0 for slot in stored["written"]), stored)  # r0's blocks evicted
+            self.assertEqual(sorted(adapter.send({"op": "finish", **r1})["cached"]), sorted(stored["written"]))
+            r4 = {"layer": 0, "request": 4, "state": 1}
+            return stored, adapter.send({"op": "begin", **r4, "prefix": {"request": 0, "positions": 4}, **rows})
+
+        _, again = run("--content-hash")
+        self.assertEqual(again, {"ok": True, "written": [-1, -1, -1, -1]})
+        stored, again = run("--prefix-cache")
+        self.assertTrue(all(slot >= 0 for slot in again["written"]), again)
+        self.assertEqual(sorted(again["written"]), sorted(stored["written"]))  # r1's copies evicted for a third
 
     def test_typed_refusals_change_nothing(self):
         for script in (RING, PAGED):

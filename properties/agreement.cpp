@@ -15,7 +15,8 @@ namespace kvcheck::properties {
 
 namespace {
 
-using Held = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (request, position), sorted
+// (request, position) by lineage (docs/semantics.md "Row lineage"): the request whose step wrote the content; sorted
+using Held = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 /// "r0 p3..5, r1 p7": consecutive positions of a request as one range, the
 /// first `limit` ranges, then how many more.
@@ -56,10 +57,12 @@ std::string sides_text(const Held& a, const Held& b, const std::string& verb) {
   return out;
 }
 
+/// The rows a query read by lineage (docs/semantics.md "Row lineage"): a
+/// prefix row read where the cache stored it again is its source's row.
 Held read_positions(const QueryObservation& q) {
   Held out;
   for (const ReadTag& t : q.reads) {
-    if (t.request >= 0) out.emplace_back(t.request, t.position);
+    if (t.request >= 0) out.emplace_back(t.lineage(), t.position);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -231,7 +234,10 @@ PairComparison compare_runs(const RunObservation& a, const RunObservation& b, bo
       }
     }
     if (resident) ++n.resident;
-    if (resident && sa.resident != sb.resident) differs("resident", sides_text(sa.resident, sb.resident, "holds"));
+    // Rows by lineage (docs/semantics.md "Row lineage"): a cache that shares a
+    // prefix row and one that stores it again hold the same row.
+    if (resident && sa.resident != sb.resident)
+      differs("resident", "by lineage, " + sides_text(sa.resident, sb.resident, "holds"));
     if (!reads_found.empty()) differs("reads", reads_found);
     if (!outputs_found.empty()) differs("outputs", outputs_found);
   }

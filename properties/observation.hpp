@@ -17,7 +17,12 @@ struct ReadTag {
   std::int64_t request = -1;
   std::int64_t position = -1;
   std::uint64_t write_seq = 0;
+  /// The request whose step wrote the row's content, when another (a prefix
+  /// row a begin stored again, docs/semantics.md "Row lineage"); -1: `request`'s own.
+  std::int64_t origin_request = -1;
   bool operator==(const ReadTag&) const = default;
+  /// The request of the row's content: what `--against` compares reads by.
+  std::int64_t lineage() const noexcept { return origin_request >= 0 ? origin_request : request; }
 };
 
 /// One query of one step on one layer.
@@ -93,8 +98,10 @@ struct StepObservation {
   /// positions held per slot of the block (-1 empty, -2 another request).
   std::vector<std::int64_t> ring_positions;
   /// The rows the shadow map holds after the step (RunOptions::record_resident;
-  /// else empty): (request, position) of every written slot, sorted, slot
-  /// numbers left out, so two caches that address differently compare.
+  /// else empty): (request, position) of every written slot's content
+  /// (docs/semantics.md "Row lineage"), each once, sorted, slot numbers and
+  /// copies left out, so two caches that address, share or store again
+  /// differently compare.
   std::vector<std::pair<std::int64_t, std::int64_t>> resident;
   // Slot events the cache answered with the step (padding, moves, frees).
   std::int64_t padded_slots = 0;

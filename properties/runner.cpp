@@ -708,7 +708,7 @@ class StepDriver {
         begin.step.request, req.prefix->request, n,
         answer_.has_written ? std::span<const std::int64_t>(answer_.written)
                             : std::span<const std::int64_t>(),
-        visible_from, &tally);
+        visible_from, &tally, caps_.block_size);
     begun_events_.evicted = tally.evicted_rows;
     judge_.share_prefix(l, begin.step.request, req.prefix->request, n, seqs);
     if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, req.prefix->request, n);

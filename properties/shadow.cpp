@@ -10,49 +10,72 @@ namespace kvcheck::properties {
 namespace {
 
 ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
-  return ReadTag{slot, row.request, row.position, row.write_seq};
+  return ReadTag{slot, row.request, row.position, row.write_seq,
+                 row.origin_request != row.request ? row.origin_request : -1};
 }
 
 }  // namespace
 
 std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                                    std::span<const std::int64_t> written,
-                                                   std::int64_t visible_from, PrefixTally* tally) {
+                                                   std::int64_t visible_from, PrefixTally* tally,
+                                                   std::int64_t block_size) {
   PrefixTally counts;
   std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
   for (std::int64_t p = 0; p < n; ++p) {
     const auto i = static_cast<std::size_t>(p);
     const auto src = latest_.find({source, p});
+    // The source's content (docs/semantics.md "Row lineage"): what position
+    // p of the begun request is, wherever it lies.
+    const Latest lineage = src == latest_.end() ? Latest{} : src->second;
+    // A slot holding that content: a held one before a cached one (a cache
+    // sharing a held row takes no cached block back), the source's own
+    // before any copy.
+    std::optional<std::int64_t> holder;
+    if (lineage.origin != 0) {
+      const ShadowRow home = at(lineage.slot);
+      const bool home_holds = lineage.slot >= 0 && home.origin == lineage.origin && !home.padding;
+      if (home_holds && !home.cached) {
+        holder = lineage.slot;
+      } else if (const auto held = slot_with_content(lineage.origin, std::nullopt, false)) {
+        holder = held;
+      } else {
+        holder = home_holds ? std::optional<std::int64_t>(lineage.slot) : slot_with_content(lineage.origin);
+      }
+    }
     // The source's row no slot holds any more after the cache had cached it:
     // evicted (a later write took the slot) or freed since.
-    if (p >= visible_from && src != latest_.end() && was_cached_.contains(src->second.write_seq) &&
-        at(src->second.slot).write_seq != src->second.write_seq && !slot_holding(src->second.write_seq)) {
+    if (p >= visible_from && lineage.origin != 0 && was_cached_.contains(lineage.write_seq) && !holder) {
       ++counts.evicted_positions;
     }
     if (i < written.size() && written[i] >= 0) {
+      // Stored again: a new write of the begun request's, of the source's content.
       const ShadowRow old = at(written[i]);
       if (old.cached && old.request >= 0) ++counts.evicted_rows;
       seqs[i] = ++write_seq_;
-      slots_[written[i]] = ShadowRow{request, p, seqs[i]};
-      latest_[{request, p}] = Latest{seqs[i], written[i]};
+      const std::uint64_t origin = lineage.origin != 0 ? lineage.origin : seqs[i];
+      const std::int64_t origin_request = lineage.origin != 0 ? lineage.origin_request : request;
+      slots_[written[i]] = ShadowRow{request, p, seqs[i], false, false, false, origin, origin_request};
+      latest_[{request, p}] = Latest{seqs[i], written[i], origin, origin_request};
+      any_restored_ = true;
       continue;
     }
-    std::optional<Latest> held;
-    if (src != latest_.end() && at(src->second.slot).write_seq == src->second.write_seq) {
-      held = src->second;
-    } else if (src != latest_.end()) {
-      // Its home moved away (a copy-on-write's copy, since freed): any slot
-      // still holding the same write.
-      if (const auto slot = slot_holding(src->second.write_seq)) held = Latest{src->second.write_seq, *slot};
-    }
-    if (held) {
-      latest_[{request, p}] = *held;  // one row, two requests
+    if (holder) {
+      latest_[{request, p}] = Latest{at(*holder).write_seq, *holder, lineage.origin, lineage.origin_request};
       // A cached row the begun request can see is held again (a prefix hit
-      // takes its block back from the free pool).
-      if (p >= visible_from) {
-        const auto it = slots_.find(held->slot);
-        if (it != slots_.end()) it->second.cached = false;
+      // takes its block back from the free pool), and so are the block's
+      // other cached rows (a block leaves the pool whole).
+      if (p >= visible_from && slots_.at(*holder).cached) {
+        slots_.at(*holder).cached = false;
+        for (std::int64_t b = block_size > 0 ? *holder / block_size * block_size : *holder;
+             block_size > 0 && b < (*holder / block_size + 1) * block_size; ++b) {
+          const auto it = slots_.find(b);
+          if (it != slots_.end() && !it->second.padding) it->second.cached = false;
+        }
       }
+    } else if (lineage.origin != 0) {
+      // No slot holds it: a query that needs it finds it missing.
+      latest_[{request, p}] = Latest{0, -1, lineage.origin, lineage.origin_request};
     } else {
       latest_.erase({request, p});
     }
@@ -78,9 +101,10 @@ std::vector<std::pair<std::int64_t, std::int64_t>> ShadowMap::resident() const {
   std::vector<std::pair<std::int64_t, std::int64_t>> held;
   held.reserve(slots_.size());
   for (const auto& [slot, row] : slots_) {
-    if (row.request >= 0 && !row.cached) held.emplace_back(row.request, row.position);
+    if (row.request >= 0 && !row.padding && !row.cached) held.emplace_back(row.origin_request, row.position);
   }
   std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
   return held;
 }
 
@@ -116,6 +140,21 @@ std::optional<std::int64_t> ShadowMap::slot_holding(std::uint64_t write_seq,
   std::optional<std::int64_t> held;
   for (const auto& [slot, row] : slots_) {
     if (slot != except && row.write_seq == write_seq && !row.padding && (!held || slot < *held)) held = slot;
+  }
+  return held;
+}
+
+std::optional<std::int64_t> ShadowMap::slot_with_content(std::uint64_t origin,
+                                                         std::optional<std::int64_t> except,
+                                                         bool cached_too) const {
+  // Only a move or a row stored again puts a content in a second slot:
+  // without either, no slot but its own write's (which callers look at first) holds it.
+  if (origin == 0 || (!any_copies_ && !any_restored_)) return std::nullopt;
+  std::optional<std::int64_t> held;
+  for (const auto& [slot, row] : slots_) {
+    if (slot != except && row.origin == origin && !row.padding && (cached_too || !row.cached) &&
+        (!held || slot < *held))
+      held = slot;
   }
   return held;
 }
@@ -278,12 +317,16 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
       }
       // A write over a cached row evicts it (docs/semantics.md "Cached rows").
       if (old.cached && old.request >= 0) ++obs->evicted_rows;
-      written_rows[i] = ShadowRow{f.request, p, ++write_seq_};
+      // A step's row is new content (docs/semantics.md "Row lineage"): a
+      // position written again after a reset or trim is another row.
+      ++write_seq_;
+      written_rows[i] = ShadowRow{f.request, p, write_seq_, false, false, false, write_seq_, f.request};
     }
     // Apply the writes in row order (a later row of the step wins a slot).
     for (std::size_t i = 0; i < n; ++i) {
       slots_[f.written[i]] = written_rows[i];
-      latest_[{f.request, written_rows[i].position}] = Latest{written_rows[i].write_seq, f.written[i]};
+      latest_[{f.request, written_rows[i].position}] =
+          Latest{written_rows[i].write_seq, f.written[i], written_rows[i].write_seq, f.request};
     }
   }
   obs->collisions.same_step = std::max(obs->collisions.same_step, f.duplicate_slots);
@@ -357,20 +400,24 @@ void ShadowMap::observe(const StepFacts& f, StepObservation* obs) {
     std::vector<std::int64_t> unmatched;
     for (std::int64_t j = q.visible_first; j <= p; ++j) {
       const auto it = latest_.find({f.request, j});
-      const bool ok =
-          it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
-            // Write numbers are unique: a shared prefix row is another request's write.
-            return row.position == j && row.write_seq == it->second.write_seq;
-          });
+      const bool ok = it != latest_.end() && claim([&](std::int64_t, const ShadowRow& row) {
+                        // By content (docs/semantics.md "Row lineage"): a shared prefix
+                        // row is another request's write, a row stored again or copied
+                        // holds its source's content, and any slot holding it serves.
+                        return row.position == j && row.origin == it->second.origin;
+                      });
       if (!ok) unmatched.push_back(j);
     }
     // A visible row not read correctly was overwritten when its slot (or a
-    // stale copy of it) was read; otherwise it was never read at all.
+    // stale row of its position: of this request, or of its content's
+    // request) was read; otherwise it was never read at all.
     for (const std::int64_t j : unmatched) {
       const auto it = latest_.find({f.request, j});
       const std::int64_t home = it == latest_.end() ? -1 : it->second.slot;
-      const bool stale = claim(
-          [&](std::int64_t, const ShadowRow& row) { return row.request == f.request && row.position == j; });
+      const std::int64_t lineage = it == latest_.end() ? f.request : it->second.origin_request;
+      const bool stale = claim([&](std::int64_t, const ShadowRow& row) {
+        return row.position == j && (row.request == f.request || row.origin_request == lineage);
+      });
       if (stale || (home >= 0 && claim([&](std::int64_t slot, const ShadowRow&) { return slot == home; }))) {
         q.overwritten.push_back(j);
       } else {

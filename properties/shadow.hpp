@@ -38,6 +38,14 @@ struct ShadowRow {
   /// counts it; a later write there evicts it, a free ends it, a prefix
   /// begin that shares it takes it back. Not compared.
   bool cached = false;
+  /// The row's content lineage (docs/semantics.md "Row lineage"): the write
+  /// number of the step row whose values it holds, and that row's request.
+  /// A step's row is its own content; a prefix row a begin stores again, and
+  /// a move's copy, hold their source's (through any chain of begins), so
+  /// every judgement takes them for the same row. 0: no content (empty,
+  /// padding).
+  std::uint64_t origin = 0;
+  std::int64_t origin_request = -1;
   bool operator==(const ShadowRow& o) const noexcept {
     return request == o.request && position == o.position && write_seq == o.write_seq && padding == o.padding;
   }
@@ -82,15 +90,20 @@ class ShadowMap {
 
   /// `request` begins from the first `n` positions of `source` (a shared
   /// prefix). Position p is stored again at written[p] when the cache says
-  /// so (a new write of `request`'s row); otherwise (-1, or no `written`)
-  /// it is `source`'s row where that still lies, the same row for both: a
-  /// later write there, seen by either, is an overwritten visible row. A
-  /// prefix row no slot holds any more (evicted, freed) is absent: a query
-  /// that needs it finds it missing. Returns each position's write number
-  /// (0 where shared or absent).
+  /// so (a new write of `request`'s, holding the source row's content:
+  /// docs/semantics.md "Row lineage"); otherwise (-1, or no `written`) it is
+  /// `source`'s row where a slot still holds its content (a held slot
+  /// before a cached one, its own slot before any copy of it: a
+  /// copy-on-write's, or a row another begin stored again), the same row
+  /// for both: a later write there, seen by
+  /// either, is an overwritten visible row. A prefix row no slot holds any
+  /// more (evicted, freed) is absent: a query that needs it finds it
+  /// missing. Returns each position's write number (0 where shared or
+  /// absent).
   /// `visible_from`: the first position the begun request's queries can
-  /// see; a cached row it shares from there on is held again. `tally`, when
-  /// given, counts what the begin found (PrefixTally).
+  /// see; a cached row it shares from there on is held again, with the
+  /// other cached rows of its block (`block_size` slots; 0: the row alone).
+  /// `tally`, when given, counts what the begin found (PrefixTally).
   struct PrefixTally {
     std::int64_t evicted_rows = 0;  ///< rows stored again over cached rows (evictions)
     /// Positions from `visible_from` whose source row was cached and no
@@ -100,7 +113,8 @@ class ShadowMap {
   };
   std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                           std::span<const std::int64_t> written,
-                                          std::int64_t visible_from = 0, PrefixTally* tally = nullptr);
+                                          std::int64_t visible_from = 0, PrefixTally* tally = nullptr,
+                                          std::int64_t block_size = 0);
 
   /// Copies slot `from`'s row to slot `to`, in order (an empty `from`
   /// empties `to`); the copy becomes the row's home.
@@ -138,10 +152,11 @@ class ShadowMap {
         if (it->second.padding || !visible(it->second)) let_go(it);
         continue;
       }
-      // A copy freed while another slot still holds the same write (a
-      // copy-on-write's source) loses nothing.
+      // A copy freed while another slot still holds the same content (a
+      // copy-on-write's source, a row a begin stored again) loses nothing;
+      // a cached one does not count (any write may take it now).
       if (!it->second.padding && is_latest(it->second) && visible(it->second) &&
-          !held_elsewhere(slot, it->second.write_seq)) {
+          !slot_with_content(it->second.origin, slot, false)) {
         lost.push_back(it->second);
         if (lost_slots != nullptr) lost_slots->push_back(slot);
       }
@@ -161,6 +176,13 @@ class ShadowMap {
   /// (padding left out); none without a move so far.
   std::optional<std::int64_t> slot_holding(std::uint64_t write_seq,
                                            std::optional<std::int64_t> except = std::nullopt) const;
+  /// The lowest slot other than `except` holding a row of content `origin`
+  /// (ShadowRow::origin; padding left out; cached rows only with
+  /// `cached_too`): without a move or a row stored again, only the write's
+  /// own slot can, and callers look there first.
+  std::optional<std::int64_t> slot_with_content(std::uint64_t origin,
+                                                std::optional<std::int64_t> except = std::nullopt,
+                                                bool cached_too = true) const;
 
   /// The resident set: slots holding a token's row (padding left out), and
   /// blocks of `block_size` slots holding one (block_size 0: not counted);
@@ -208,8 +230,10 @@ class ShadowMap {
   /// What `slot` holds now.
   ShadowRow at(std::int64_t slot) const;
   /// What every written slot holds now, cached rows left out (docs/semantics.md
-  /// "Cached rows"), as (request, position), sorted:
-  /// the resident set as the cache's reports show it, slot numbers left out.
+  /// "Cached rows"), by lineage (docs/semantics.md "Row lineage"): the
+  /// (request, position) of each row's content, once however many slots
+  /// hold it, sorted: the resident set as the cache's reports show it, slot
+  /// numbers and copies left out.
   std::vector<std::pair<std::int64_t, std::int64_t>> resident() const;
   /// Rows written so far (for memory accounting in tests).
   std::size_t slots_used() const noexcept { return slots_.size(); }
@@ -217,14 +241,19 @@ class ShadowMap {
   std::uint64_t write_count() const noexcept { return write_seq_; }
 
  private:
+  /// A (request, position)'s row: the write a slot holds for it (0 and
+  /// slot -1: no slot held its content at a prefix begin), and its content.
   struct Latest {
     std::uint64_t write_seq = 0;
     std::int64_t slot = -1;
+    std::uint64_t origin = 0;
+    std::int64_t origin_request = -1;
   };
   std::unordered_map<std::int64_t, ShadowRow> slots_;
   std::map<std::pair<std::int64_t, std::int64_t>, Latest> latest_;  // (request, position)
   std::uint64_t write_seq_ = 0;
   bool any_copies_ = false;  // a move has put a row in a second slot
+  bool any_restored_ = false;  // a begin has stored a row's content again (a second slot may hold it)
   std::set<std::uint64_t> was_cached_;  // writes the cache has answered cached (begin_prefix's tally)
 };
 

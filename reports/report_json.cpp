@@ -22,6 +22,8 @@ Json tag_json(const properties::ReadTag& tag) {
   j["request"] = tag.request;
   j["position"] = tag.position;
   j["write_seq"] = tag.write_seq;
+  // A prefix row stored again holds its source's content (docs/semantics.md "Row lineage").
+  if (tag.origin_request >= 0) j["origin_request"] = tag.origin_request;
   return j;
 }
 

@@ -20,8 +20,10 @@ std::string tag_list(const std::vector<properties::ReadTag>& tags, std::size_t l
     if (i != 0) out += ',';
     const auto& t = tags[i];
     out += "slot " + std::to_string(t.slot) + "=";
-    out += t.request < 0 ? std::string("empty")
-                         : "(r" + std::to_string(t.request) + ",p" + std::to_string(t.position) + ")";
+    out += t.request < 0
+               ? std::string("empty")
+               : "(r" + std::to_string(t.request) + ",p" + std::to_string(t.position) +
+                     (t.origin_request >= 0 ? " of r" + std::to_string(t.origin_request) : "") + ")";
   }
   if (shown < tags.size()) out += ",\u2026 (" + std::to_string(tags.size() - shown) + " more)";
   return out + "]";

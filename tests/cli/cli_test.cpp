@@ -233,7 +233,7 @@ namespace {
 /// The paged adapter's shared-prefix bugs (paged_cache.py PREFIX_BUGS).
 bool prefix_bug(const std::string& bug) {
   return bug == "free-shared" || bug == "cow-skipped" || bug == "evicted-prefix-reused" ||
-         bug == "evict-leaves-hash";
+         bug == "evict-leaves-hash" || bug == "partial-block-hash";
 }
 
 }  // namespace
@@ -268,6 +268,7 @@ TEST_CASE(
       {"paged_cache.py", "cow-skipped"},            // a write into a shared block changes the other's rows
       {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
       {"paged_cache.py", "evict-leaves-hash"},      // an evicted cached block still found by its hash
+      {"paged_cache.py", "partial-block-hash"},     // own rows cached under the prefix's hash
       // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
       {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
       {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
@@ -302,7 +303,8 @@ TEST_CASE(
     // trimming for the paged trim bug) the case passes.
     const std::string name(bug);
     const bool paged = std::string(script) == "paged_cache.py";
-    const std::string correct = prefix_bug(bug)                             ? "--prefix-cache"
+    const std::string correct = name == "partial-block-hash"                ? "--content-hash"
+                                : prefix_bug(bug)                           ? "--prefix-cache"
                                 : paged && name == "trim-keeps-drafts"      ? "--trims"
                                 : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
                                 : paged && name == "free-late"              ? "--free-deferral 2"

@@ -517,7 +517,8 @@ TEST_CASE("Side by side: a refusal on one side only is a difference, never agree
   const properties::PairComparison steps = properties::compare_runs(c, d, false);
   REQUIRE(steps.differences.size() == 2);
   CHECK(steps.differences[0].what == "resident");
-  CHECK(steps.differences[0].detail == "A holds r0 p0 that B does not; B holds r0 p3 that A does not");
+  CHECK(steps.differences[0].detail ==
+        "by lineage, A holds r0 p0 that B does not; B holds r0 p3 that A does not");
   CHECK(steps.differences[1].what == "refusal");
   CHECK(steps.counts.steps == 1);
   CHECK(steps.counts.resident == 1);

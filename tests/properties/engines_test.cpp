@@ -17,6 +17,7 @@
 #include "engines/factory.hpp"
 #include "impl/kv_cache.hpp"
 #include "model/encoding.hpp"
+#include "properties/agreement.hpp"
 #include "properties/check.hpp"
 #include "properties/generator.hpp"
 #include "properties/runner.hpp"
@@ -1208,6 +1209,13 @@ TEST_CASE(
   CHECK(reads_correct(decode_of(hit, 3, 4, 12, {2, 3, 12}, 3)));
   CHECK(hit.resident_totals(2).rows == 3);
   CHECK(hit.resident_totals(2).cached_rows == 2);
+  // With blocks of 2 the block a hit takes back leaves the pool whole: a
+  // first query seeing position 3 takes slots 2 and 3 back, not 0 and 1.
+  ShadowMap whole = cached_pool();
+  whole.begin_prefix(3, 0, 4, none, 3, &tally, 2);
+  CHECK_FALSE(whole.at(2).cached);
+  CHECK_FALSE(whole.at(3).cached);
+  CHECK(whole.at(1).cached);
 
   // Request 2 takes slots 2 and 3: two cached rows evicted, no failure.
   ShadowMap evicted = cached_pool();
@@ -1250,6 +1258,118 @@ TEST_CASE(
   const StepObservation over = write_one(own, 0, 2, 4, 3);
   CHECK(over.collisions.replaced_needed == 0);
   CHECK(over.evicted_rows == 1);
+}
+
+TEST_CASE(
+    "Shadow map: row lineage: a prefix row stored again is its source's row, a cached copy serves a "
+    "later begin, a row written again is new") {
+  // docs/semantics.md "Row lineage".
+  const std::vector<std::int64_t> none;
+  const auto nobody = [](const ShadowRow&) { return false; };
+  const auto everyone = [](const ShadowRow&) { return true; };
+  // Request 0 wrote positions 0..3 at slots 0..3 and finished (cached);
+  // request 2 evicted them all.
+  ShadowMap m;
+  write_rows(m, 4, 8);
+  const std::vector<std::int64_t> first4{0, 1, 2, 3};
+  REQUIRE(m.release(first4, none, nobody, nullptr, true).empty());
+  for (std::int64_t p = 0; p < 4; ++p) CHECK(write_one(m, 2, p, p).evicted_rows == 1);
+  // Request 1 begins from request 0's 4 positions and stores them again at
+  // slots 10..13: its slots, request 0's rows.
+  const std::vector<std::int64_t> again{10, 11, 12, 13};
+  CHECK(m.begin_prefix(1, 0, 4, again)[1] > 0);
+  CHECK(m.at(11).request == 1);
+  CHECK(m.at(11).origin_request == 0);
+  CHECK(reads_correct(decode_of(m, 1, 4, 14, {10, 11, 12, 13, 14}, 8)));
+  // Request 1 finishes; a cache hashing by content keeps its copies under
+  // request 0's block hashes.
+  const std::vector<std::int64_t> of_1{10, 11, 12, 13, 14};
+  REQUIRE(m.release(of_1, none, nobody, nullptr, true).empty());
+  // Request 3 begins from request 0's 4 positions, sharing (-1): the copies
+  // hold request 0's rows, so reading them is correct (before lineage:
+  // missing [0, 1, 2, 3] and four extra reads), and the begin found them.
+  ShadowMap::PrefixTally tally;
+  m.begin_prefix(3, 0, 4, none, 0, &tally);
+  CHECK(tally.evicted_positions == 0);
+  CHECK_FALSE(m.at(10).cached);  // held again by request 3
+  CHECK(m.at(14).cached);        // request 1's own row stays cached
+  const QueryObservation hit = decode_of(m, 3, 4, 20, {10, 11, 12, 13, 20}, 8);
+  CHECK(reads_correct(hit));
+  REQUIRE(hit.reads.size() == 5);
+  CHECK(hit.reads[1].request == 1);
+  CHECK(hit.reads[1].lineage() == 0);
+  CHECK(hit.reads[4].origin_request == -1);  // a row of its own
+  // Through a chain: request 4 from request 3's prefix holds the same rows.
+  m.begin_prefix(4, 3, 4, none);
+  CHECK(reads_correct(decode_of(m, 4, 4, 21, {10, 11, 12, 13, 21}, 8)));
+  // A slot that holds another lineage's row is still wrong: request 1's own
+  // row at position 4 read for request 5's position 4 from request 3 is not
+  // request 3's.
+  m.begin_prefix(5, 3, 5, none);
+  const QueryObservation wrong = decode_of(m, 5, 5, 22, {10, 11, 12, 13, 14, 22}, 8);
+  CHECK(wrong.missing == std::vector<std::int64_t>{4});
+  CHECK(wrong.extra.size() == 1);
+
+  // The same request and position written again (after a trim or reset) is
+  // new content: a copy of the old row is stale.
+  ShadowMap t;
+  write_rows(t, 2, 4);
+  const std::vector<std::int64_t> stored{10, 11};
+  t.begin_prefix(1, 0, 2, stored);
+  write_one(t, 0, 1, 5, 4);  // request 0 writes position 1 again, at slot 5
+  t.begin_prefix(2, 0, 2, none);
+  const QueryObservation stale = decode_of(t, 2, 2, 30, {10, 11, 30}, 4);
+  CHECK(stale.overwritten == std::vector<std::int64_t>{1});  // slot 11 holds request 0's old row 1
+  CHECK(stale.missing.empty());
+  CHECK(reads_correct(decode_of(t, 2, 3, 31, {10, 5, 30, 31}, 4)));
+  write_one(t, 1, 1, 12, 4);  // request 1 writes its position 1 again
+  CHECK(decode_of(t, 1, 2, 32, {10, 11, 32}, 4).overwritten == std::vector<std::int64_t>{1});
+  CHECK(reads_correct(decode_of(t, 1, 3, 33, {10, 12, 32, 33}, 4)));
+
+  // A free of a copy loses nothing while another slot holds its lineage
+  // (not a cached one: any write may take that).
+  ShadowMap f;
+  write_rows(f, 2, 4);
+  f.begin_prefix(1, 0, 2, stored);
+  const std::vector<std::int64_t> slot10{10}, slot1{1}, slot11{11};
+  CHECK(f.release(slot10, none, everyone).empty());  // slot 0 holds it
+  REQUIRE(f.release(slot1, none, nobody, nullptr, true).empty());
+  CHECK(f.release(slot11, none, everyone).size() == 1);  // only cached slot 1 holds it
+}
+
+TEST_CASE("--against by lineage: a cache that shares prefix rows and one that stores them again agree") {
+  // Request 0 wrote positions 0..3; request 1 begins from them: one cache
+  // shares slots 0..3, the other stores them again at 10..13.
+  const std::vector<std::int64_t> none, again{10, 11, 12, 13};
+  ShadowMap shares, stores;
+  write_rows(shares, 4, 8);
+  write_rows(stores, 4, 8);
+  shares.begin_prefix(1, 0, 4, none);
+  stores.begin_prefix(1, 0, 4, again);
+  RunObservation a, b;
+  a.observed = b.observed = "slots+outputs";
+  a.steps.resize(1);
+  b.steps.resize(1);
+  a.steps[0].queries.push_back(decode_of(shares, 1, 4, 4, {0, 1, 2, 3, 4}, 8));
+  b.steps[0].queries.push_back(decode_of(stores, 1, 4, 14, {10, 11, 12, 13, 14}, 8));
+  a.steps[0].resident = shares.resident();
+  b.steps[0].resident = stores.resident();
+  CHECK(a.steps[0].resident == b.steps[0].resident);  // r0 p0..3, r1 p4: each lineage once
+  CHECK(a.steps[0].resident.size() == 5);
+  const PairComparison same = compare_runs(a, b, false);
+  CHECK_FALSE(same.differ());
+  CHECK(same.counts.reads == 1);
+  CHECK(same.counts.resident == 1);
+  // Once request 0's own rows are freed in the second cache it still holds
+  // them by lineage (request 1's copies); one that lost a copy does not.
+  const std::vector<std::int64_t> originals{0, 1, 2, 3}, copy13{13};
+  stores.release(originals, none, [](const ShadowRow&) { return false; });
+  CHECK(stores.resident() == shares.resident());
+  stores.release(copy13, none, [](const ShadowRow&) { return false; });
+  b.steps[0].resident = stores.resident();
+  const PairComparison lost = compare_runs(a, b, false);
+  REQUIRE(lost.differences.size() == 1);
+  CHECK(lost.differences[0].detail == "by lineage, A holds r0 p3 that B does not");
 }
 
 TEST_CASE("Resident bound: a cache holding more than it declares fails: a freed visible row fails") {
