@@ -1337,7 +1337,7 @@ TEST_CASE(
   CHECK(f.release(slot11, none, everyone).size() == 1);  // only cached slot 1 holds it
 }
 
-TEST_CASE("--against by lineage: a cache that shares prefix rows and one that stores them again agree") {
+TEST_CASE("Side by side: by lineage, a cache that shares prefix rows and one that stores them again agree") {
   // Request 0 wrote positions 0..3; request 1 begins from them: one cache
   // shares slots 0..3, the other stores them again at 10..13.
   const std::vector<std::int64_t> none, again{10, 11, 12, 13};
