@@ -150,6 +150,9 @@ class TraceProvider final : public CacheProvider {
     caps_.block_size = run.header.block_size;  // a recorded paged cache's blocks
     caps_.per_layer_windows = !run.header.layer_windows.empty();  // the recording's own windows
     for (const TraceStep& s : run.steps) caps_.prefix_sharing = caps_.prefix_sharing || s.prefix.has_value();
+    // A recording that preempted (docs/semantics.md "Preemption"): its resumes are self-prefix begins.
+    for (const TraceStep& s : run.steps)
+      caps_.preempt = caps_.preempt || s.kind == scenarios::trace_kind(scenarios::StepKind::kPreempt);
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
     // A recording that answered cached slots (docs/semantics.md "Cached rows").

@@ -59,7 +59,8 @@ enum class Profile : std::uint8_t {
   X(kNarrowFormat, "narrow_format", "rows stored in a format narrower than f64")                          \
   X(kSharedRow, "shared_row", "one stored row as both key and value")                                     \
   X(kPoolPressure, "pool_pressure",                                                                       \
-    "four or more requests, three finishing, one beginning from a finished request's prefix")
+    "four or more requests, three finishing, one beginning from a finished request's prefix")            \
+  X(kPreempt, "preempt", "a preempt step (the request resumes at its next step)")
 
 enum class Feature : std::uint8_t {
 #define KVCHECK_FEATURE_ENUM(id, name, what) id,

@@ -46,6 +46,7 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       if (const auto slot = slot_holding(src->second.write_seq)) held = Latest{src->second.write_seq, *slot};
     }
     if (held) {
+      ++counts.held_positions;
       latest_[{request, p}] = *held;  // one row, two requests
       // A cached row the begun request can see is held again (a prefix hit
       // takes its block back from the free pool).

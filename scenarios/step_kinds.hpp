@@ -54,9 +54,10 @@ enum class StepRows : std::uint8_t {
   X(kAccept, "accept", kAccepted, kNone, kVerify, false, true)       \
   X(kFinish, "finish", kNone, kNone, kFinish, true, true)            \
   X(kReset, "reset", kNone, kNone, kReset, false, true)              \
-  X(kTrim, "trim", kPositions, kNone, kTrim, false, true)
+  X(kTrim, "trim", kPositions, kNone, kTrim, false, true)           \
+  X(kPreempt, "preempt", kNone, kNone, kPreempt, false, true)
 
-/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset", "trim").
+/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset", "trim", "preempt").
 enum class StepKind : std::uint8_t {
 #define KVCHECK_STEP_KIND_ENUMERATOR(id, name, fields, rows, runs_with, ends, begun) id,
   KVCHECK_STEP_KINDS(KVCHECK_STEP_KIND_ENUMERATOR)
@@ -155,7 +156,8 @@ constexpr bool step_kind_needs_begun(StepKind kind) noexcept { return step_kind_
   X(kVerify, verify, kVerify, kLoadThenStore)                                 \
   X(kFinish, finish, kFinish, kLoadThenStore)                                 \
   X(kReset, reset, kReset, kLoadThenStore)                                   \
-  X(kTrim, trim, kTrim, kLoadThenStore)
+  X(kTrim, trim, kTrim, kLoadThenStore)                                     \
+  X(kPreempt, preempt, kPreempt, kLoadThenStore)
 
 /// The rows of KVCHECK_STEP_CAPABILITIES (also the generator's swarm slots).
 enum class StepCapability : std::uint8_t {
@@ -192,6 +194,13 @@ constexpr const StepCapabilityInfo& step_capability_info(StepCapability capabili
   return static_cast<int>(capability) < kStepCapabilityCount
              ? step_kinds_detail::kCapabilityInfo[static_cast<int>(capability)]
              : step_kinds_detail::kUnknownCapability;
+}
+
+/// Whether engines::Capabilities declares `capability` by default: every
+/// row but preempt (a cache says it drops and resumes requests:
+/// docs/semantics.md "Preemption").
+constexpr bool step_capability_default(StepCapability capability) noexcept {
+  return capability != StepCapability::kPreempt;
 }
 
 /// Whether `capability` is the one that runs a step of `kind` (in `order`, for a kind with an order field).

@@ -272,6 +272,8 @@ TEST_CASE(
       {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
       {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
       {"paged_cache.py", "free-late"},         // frees a step later than its declared deferral
+      // Preemption (implies --preempt): a resume reads blocks the preempt freed.
+      {"paged_cache.py", "preempt-stale-table"},
       // Outputs truncated into bf16 (implies --output-format bf16): up to one ULP, over the half an ULP allowed.
       {"ring_cache.py", "output-truncated"}};
   for (const auto& [script, bug] : bugs) {
@@ -304,6 +306,7 @@ TEST_CASE(
                                 : paged && name == "trim-keeps-drafts"      ? "--trims"
                                 : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
                                 : paged && name == "free-late"              ? "--free-deferral 2"
+                                : paged && name == "preempt-stale-table"    ? "--preempt"
                                 : name == "output-truncated"                ? "--output-format bf16"
                                                                             : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);

@@ -63,6 +63,15 @@ TEST_CASE("ExecHello: the bundled adapter's hello reads to what it says") {
   CHECK(parse_hello_answer(unnamed, "python3 x.py").name == "exec:python3 x.py");
 }
 
+TEST_CASE("ExecHello: preempt is declared in steps (docs/semantics.md Preemption), off unless listed") {
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").preempt);
+  Json with = ring_hello();
+  with["capabilities"]["steps"].push_back("preempt");
+  CHECK(parse_hello_answer(with, "cmd").preempt);
+  with["capabilities"]["steps"].push_back("preempt");
+  CHECK(error_of(with) == "hello answer.capabilities.steps[9]: \"preempt\" listed twice");
+}
+
 TEST_CASE(
     "ExecHello: an unknown step, format, layout, RoPE style, addressing or probe is an error naming it") {
   struct Twist {
