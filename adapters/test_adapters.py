@@ -560,7 +560,8 @@ class ProtocolTest(AdapterTest):
                                       "layer-window-swapped", "output-truncated"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
-                                       "free-late", "free-shared", "cow-skipped", "evicted-prefix-reused",
+                                       "free-late", "preempt-stale-table", "free-shared", "cow-skipped",
+                                       "evicted-prefix-reused",
                                        "evict-leaves-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
