@@ -323,7 +323,7 @@ class RecordingCache final : public CacheUnderTest {
   bool computes_outputs_;
   std::string buffer_;
   std::map<std::int32_t, scenarios::RequestLifecycle> layers_;  // layer -> its requests and state holders
-  std::set<std::pair<std::int32_t, std::int64_t>> preempted_;    // (layer, request) preempted, not yet resumed
+  std::set<std::pair<std::int32_t, std::int64_t>> preempted_;   // (layer, request) preempted, not yet resumed
 };
 
 class Recorder final : public RecordingProvider {

@@ -775,7 +775,8 @@ std::vector<std::unique_ptr<FeaturePart>> make_parts(const FeatureSet& on, std::
     parts.push_back(std::make_unique<LayerWindowsPart>(data_seed, profile == Profile::kLayers));
   // After the trim part: a step it made a trim may still become a preempt.
   if (on[static_cast<std::size_t>(Feature::kPreempt)])
-    parts.push_back(std::make_unique<PreemptPart>(data_seed, on[static_cast<std::size_t>(Feature::kPoolPressure)]));
+    parts.push_back(
+        std::make_unique<PreemptPart>(data_seed, on[static_cast<std::size_t>(Feature::kPoolPressure)]));
   return parts;
 }
 

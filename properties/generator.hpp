@@ -92,8 +92,9 @@ struct Coverage {
   bool begin_from_evicted_prefix =
       false;  ///< a prefix begin's first query sees a source row cached, then evicted
   // Preemption (docs/semantics.md "Preemption"), from the run (classify_cached):
-  bool preempt_then_resume = false;     ///< a preempted request resumed (its rows sent again at a begin)
-  bool resume_with_prefix_hit = false;  ///< a resume the cache served a row of from one it still held or had cached
+  bool preempt_then_resume = false;  ///< a preempted request resumed (its rows sent again at a begin)
+  bool resume_with_prefix_hit =
+      false;  ///< a resume the cache served a row of from one it still held or had cached
   /// The features the case exercised (exercised_features).
   FeatureSet features;
   // After all of the above: one per Capabilities::kernel_paths entry (the

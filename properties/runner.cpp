@@ -722,7 +722,8 @@ class StepDriver {
         visible_from, &tally);
     begun_events_.evicted = tally.evicted_rows;
     judge_.share_prefix(l, begin.step.request, source, n, seqs);
-    if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, source, n);
+    if (!decoders_.empty())
+      decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, source, n);
     if (l == 0 && resume) {
       ++run_.resumes;
       if (tally.held_positions > 0) ++run_.resumes_with_hits;

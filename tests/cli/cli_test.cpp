@@ -209,11 +209,12 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
     const char* args;
     std::string cases;
   };
-  const Run runs[] = {{"ring_cache.py", "", kExecCases},
-                      {"paged_cache.py", "", kExecCases},
-                      {"paged_cache.py", "--store-first", "500"},
-                      {"ring_cache.py", "--output-format bf16", "500"},  // outputs rounded to bf16, and declared
-                      {"paged_cache.py", "--preempt --prefix-cache", "500"}};  // preempts resumed with prefix hits
+  const Run runs[] = {
+      {"ring_cache.py", "", kExecCases},
+      {"paged_cache.py", "", kExecCases},
+      {"paged_cache.py", "--store-first", "500"},
+      {"ring_cache.py", "--output-format bf16", "500"},        // outputs rounded to bf16, and declared
+      {"paged_cache.py", "--preempt --prefix-cache", "500"}};  // preempts resumed with prefix hits
   for (const auto& [script, args, cases] : runs) {
     INFO(script << " " << args);
     std::string name = std::string(script) + args;
