@@ -62,6 +62,14 @@ as the sum of every layer's share. Sliding layers free by their windows
 into it and global layers take from it; kvcheck judges a write over a row
 another layer still sees as a collision (--bug shared-pool-double).
 
+`--preempt` lists preempt in hello (docs/semantics.md "Preemption"): a
+preempt returns all of the request's blocks (freed; with the prefix cache,
+its full committed blocks cached) and keeps nothing of the request but its
+state id; the begin that resumes it (a prefix begin from itself, carrying
+its committed rows) stores again the rows its next query can see, in new
+blocks, or with the prefix cache takes back the cached blocks that still
+hold them (vLLM's recompute with prefix hits) and stores only the rest.
+
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates. `--store-first`,
 `--bug double-free` and `--bug no-window-free` are the plain paged cache's:
@@ -189,11 +197,78 @@ class PagedCache(window_cache.WindowCache):
         # load_then_store step too): the engine holds keys - 1 + C rows of a
         # request at once, the pool kvcheck sizes (pool_blocks).
         self.store_first = False
+        # --preempt (the adapter sets it); preempt-stale-table: the resume
+        # takes the request's old block table back without storing the rows
+        # again, though the preempt returned those blocks to the free list
+        # (another request may have taken them since).
+        self.preempts = False
+        self.stale_table = "preempt-stale-table" in bugs
 
     def new_layer(self):
         layer = PagedLayer(self.spec.states, self.shared or BlockPool(self.pool_blocks))
         layer.freed = [[] for _ in range(self.spec.states)]  # double-free: blocks freed by the window
+        layer.stale = {}  # preempt-stale-table: preempted request -> its old block table
         return layer
+
+    # -- preemption (--preempt) ---------------------------------------------------
+    def preempt(self, layer, state, request):
+        """The request's blocks all go back and its state is let go; kvcheck
+        keeps the state for it and resumes it with a begin from itself. A
+        pending verify's rows go (its committed length is what is resumed).
+        preempt-stale-table: the old block table is kept for the resume."""
+        lay, st = self._busy_state(layer, state, request)
+        st.pending_first = st.pending_drafts = -1
+        if self.stale_table:
+            lay.stale[request] = dict(st.table)
+        self.release(lay, st, state)
+        st.busy = False
+        st.request = None
+        st.length = 0
+        st.table = None
+        return self.events()
+
+    def begin(self, layer, state, request, prefix=None):
+        if prefix is None:
+            return super().begin(layer, state, request)
+        if not self.preempts or prefix.request != request:
+            raise kp.Refusal("no-prefix", "this cache begins from no other request's prefix")
+        return self._resume(layer, state, request, prefix)
+
+    def _resume(self, layer, state, request, prefix):
+        """A preempted request resumes: the rows its next query can see are
+        stored again in new blocks (the rest answered -1: never read again)."""
+        lay = self._layer(layer)
+        B = self.B
+        n = prefix.positions
+        keys = self.layer_keys(lay)
+        lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its next query sees
+        old = lay.stale.pop(request, {}) if self.stale_table else {}
+        fresh = [j for j in range(lo // B, (n - 1) // B + 1) if j not in old]
+        if len(fresh) > lay.available():
+            raise kp.Refusal("out-of-blocks", f"layer pool of {lay.total} blocks has too few free to resume "
+                                              f"request {request} ({len(fresh)} blocks)")
+        super().begin(layer, state, request)
+        st = lay.states[state]
+        hd = self.spec.head_dim
+        written = [-1] * n
+        for j in range(lo // B, (n - 1) // B + 1):
+            if j in old:
+                # preempt-stale-table: the old block, as if it still held the
+                # rows (it went back to the free list at the preempt).
+                st.table[j] = old[j]
+                if old[j] in lay.free:
+                    lay.free.remove(old[j])
+                continue
+            block = lay.alloc()
+            st.table[j] = block
+            for p in range(max(lo, j * B), min(n, (j + 1) * B)):
+                key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
+                                                           self.key_rope_position(p), self.rope))
+                lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
+                written[p] = block * B + p % B
+        st.length = n
+        lay.top[state] = n
+        return {"written": written} if self.slots else None
 
     def write_slot(self, layer, st, b, p):
         B = self.B
@@ -677,6 +752,9 @@ class PagedAdapter(window_cache.WindowAdapter):
         "shared-pool-double": "a window free returns one block too many to the shared pool: the next block of "
                               "the request's table, which the layer still reads, is handed to another layer "
                               "(implies --shared-pool)",
+        "preempt-stale-table": "the begin that resumes a preempted request takes its old block table back "
+                               "without storing the rows again, though the preempt freed those blocks "
+                               "(implies --preempt)",
         **PREFIX_BUGS,
     }
 
@@ -715,6 +793,10 @@ class PagedAdapter(window_cache.WindowAdapter):
                             help="with the prefix cache, index blocks by the rows they hold (vLLM's block hash): "
                                  "a block a begin stored again is cached under the source block's hash, and a "
                                  "later begin from the source may read that copy (implies --prefix-cache)")
+        parser.add_argument("--preempt", action="store_true",
+                            help="run preempt (hello lists it): drop a request's blocks (freed, or cached with "
+                                 "--prefix-cache); the begin that resumes it stores its rows again, reusing "
+                                 "cached blocks where it can")
 
     def configure(self, args):
         if args.block_size < 1:
@@ -724,6 +806,11 @@ class PagedAdapter(window_cache.WindowAdapter):
         self.prefix_cache = args.prefix_cache or self.content_hash or any(b in PREFIX_BUGS for b in args.bug)
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
+        self.preempt = args.preempt or "preempt-stale-table" in args.bug  # hello lists preempt
+        if self.preempt and (self.trims or args.lookahead is not None or args.free_deferral is not None):
+            raise SystemExit("paged-cache: --preempt does not go with --trims, --lookahead or --free-deferral")
+        if "preempt-stale-table" in args.bug and self.prefix_cache:
+            raise SystemExit("paged-cache: --bug preempt-stale-table is the plain paged cache's")
         if self.trims and self.prefix_cache:
             raise SystemExit("paged-cache: --trims does not go with the prefix cache")
         lookahead_bug = any(b in ("lookahead-shared", "lookahead-leak") for b in args.bug)
@@ -786,8 +873,10 @@ class PagedAdapter(window_cache.WindowAdapter):
         if self.prefix_cache:
             cache = SharingPagedCache(spec, self.active_bugs, self.block_size)
             cache.content_hash = self.content_hash
+            cache.preempts = self.preempt
             return cache
         cache = PagedCache(spec, self.active_bugs, self.block_size, self.shared_pool)
+        cache.preempts = self.preempt
         # A deferred free waits for a free step, so nothing goes while a
         # step stores either: --free-deferral frees as --store-first does.
         cache.store_first = self.store_first or self.free_deferral is not None

@@ -560,8 +560,9 @@ class ProtocolTest(AdapterTest):
                                       "layer-window-swapped", "output-truncated"]),
                               (PAGED, ["free-speculative", "free-early", "left-as-keys", "double-free", "layer-window-swapped",
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
-                                       "free-late", "shared-pool-double", "free-shared", "cow-skipped",
-                                       "evicted-prefix-reused", "evict-leaves-hash", "partial-block-hash"])):
+                                       "free-late", "shared-pool-double", "preempt-stale-table", "free-shared",
+                                       "cow-skipped", "evicted-prefix-reused", "evict-leaves-hash",
+                                       "partial-block-hash"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -981,6 +982,57 @@ class ProtocolTest(AdapterTest):
                              text=True, input="")
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("--shared-pool goes with the plain paged cache", bad.stderr)
+
+    def test_paged_preempt_frees_and_the_resume_stores_again(self):
+        """--preempt: hello lists preempt; a preempt frees the request's
+        blocks (the prefix cache caches its full ones); the begin from itself
+        that resumes it stores again the rows its next query sees (the
+        prefix cache takes back the cached block still holding them);
+        preempt-stale-table takes the old blocks back without storing."""
+        self.assertNotIn("preempt", self.start(PAGED).hello()["capabilities"]["steps"])
+        spec = {**make_spec(states=2, capacity=8, param=3), "block_size": 2, "pool_blocks": 8}
+        r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
+        rows = {"k": [[0.1] * 4] * 5, "v": [[0.2] * 4] * 5}
+
+        def preempted(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            self.assertIn("preempt", adapter.hello()["capabilities"]["steps"])
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            source = send_rows_step(adapter, r0, "prefill", 0, 5, rows=5, order="store_then_load")["written"]
+            # keys 3: block 0 (positions 0, 1) already left r0's window; its next query (at 5) sees 3..5.
+            dropped = adapter.send({"op": "preempt", **r0})
+            return adapter, source, dropped
+
+        adapter, source, dropped = preempted("--preempt")
+        self.assertEqual(sorted(dropped["freed"]), sorted(source[2:] + [source[4] + 1]))
+        # r1 takes the block r0 freed last; r0's resume stores positions 3 and 4 in free blocks.
+        adapter.send({"op": "begin", **r1})
+        taken = send_rows_step(adapter, r1, "decode", 0)["written"]
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
+        self.assertEqual(resumed["written"][:3], [-1, -1, -1])
+        self.assertTrue(all(s >= 0 and s // 2 != taken[0] // 2 for s in resumed["written"][3:]), resumed)
+        after = send_rows_step(adapter, r0, "decode", 5)
+        self.assertTrue(after["ok"], after)
+        self.assertEqual(sorted(after["read"][0]), sorted(resumed["written"][3:5] + after["written"]))
+
+        # With the prefix cache: block 1 (positions 2, 3) is cached, the half block freed;
+        # the resume takes block 1 back and stores position 4 only.
+        adapter, source, dropped = preempted("--preempt", "--prefix-cache")
+        self.assertEqual(sorted(dropped["cached"]), [source[2], source[3]])
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
+        self.assertEqual(resumed["written"][:4], [-1, -1, -1, -1])
+        self.assertGreaterEqual(resumed["written"][4], 0)
+
+        # preempt-stale-table: the old blocks are taken back, nothing stored.
+        adapter, source, _ = preempted("--bug", "preempt-stale-table")
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
+        self.assertEqual(resumed["written"], [-1] * 5)
+        # --preempt does not go with the slack options or trims.
+        for args in (["--preempt", "--trims"], ["--preempt", "--lookahead", "2"],
+                     ["--bug", "preempt-stale-table", "--prefix-cache"]):
+            bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
+            self.assertNotEqual(bad.returncode, 0, args)
 
     def test_paged_trims_keep_the_last_capacity_rows(self):
         # Without --trims the paged cache frees by its window and lists no

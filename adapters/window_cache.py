@@ -493,6 +493,7 @@ class WindowAdapter(kp.Adapter):
     addressing = "opaque"
     bugs = {}
     trims = False  # whether the cache runs trim (hello's steps list it)
+    preempt = False  # whether the cache runs preempt (hello's steps list it)
 
     def __init__(self):
         self.active_bugs = frozenset()
@@ -510,7 +511,7 @@ class WindowAdapter(kp.Adapter):
 
     def capabilities(self):
         caps = {
-            "steps": [s for s in kp.STEP_KINDS if s != "trim" or self.trims],
+            "steps": [s for s in kp.STEP_KINDS if (s != "trim" or self.trims) and (s != "preempt" or self.preempt)],
             "formats": list(FORMATS),
             "rope": list(kp.ROPE_STYLES),
             "layouts": list(kp.LAYOUTS),

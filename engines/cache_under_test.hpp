@@ -90,8 +90,10 @@ struct Capabilities {
   std::string name;  ///< "ring-pool/cpu", "layer-kv-cache", "exec:ring-cache", ...
   // One bool per row of KVCHECK_STEP_CAPABILITIES (scenarios/step_kinds.hpp):
   // prefill_load_then_store, prefill_store_then_load, decode, verify (verify(k)
-  // and accept(a)), finish, reset.
-#define KVCHECK_CAPABILITY_STEP_BOOL(id, member, kind, order) bool member = true;
+  // and accept(a)), finish, reset, trim; preempt off unless declared
+  // (scenarios::step_capability_default).
+#define KVCHECK_CAPABILITY_STEP_BOOL(id, member, kind, order) \
+  bool member = scenarios::step_capability_default(scenarios::StepCapability::id);
   KVCHECK_STEP_CAPABILITIES(KVCHECK_CAPABILITY_STEP_BOOL)
 #undef KVCHECK_CAPABILITY_STEP_BOOL
   /// Every format of the table (support/formats.hpp) unless the cache says less.

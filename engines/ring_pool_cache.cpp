@@ -91,6 +91,9 @@ class RingPoolCache final : public CacheUnderTest {
         st = pool.trim(c.state, c.step.positions);
         writes = false;
         break;
+      case StepKind::kPreempt:
+        // The ring pool does not declare preemption (docs/semantics.md "Preemption").
+        return Refusal{"unsupported", "the CPU ring pool does not preempt"};
     }
     if (!st.ok()) return refusal(st);
     if (!writes || answer == nullptr) return {};

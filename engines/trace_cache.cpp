@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -150,6 +151,9 @@ class TraceProvider final : public CacheProvider {
     caps_.block_size = run.header.block_size;  // a recorded paged cache's blocks
     caps_.per_layer_windows = !run.header.layer_windows.empty();  // the recording's own windows
     for (const TraceStep& s : run.steps) caps_.prefix_sharing = caps_.prefix_sharing || s.prefix.has_value();
+    // A recording that preempted (docs/semantics.md "Preemption"): its resumes are self-prefix begins.
+    for (const TraceStep& s : run.steps)
+      caps_.preempt = caps_.preempt || s.kind == scenarios::trace_kind(scenarios::StepKind::kPreempt);
     caps_.reports_written_slots = true;
     caps_.reports_read_slots = true;
     // A recording that answered cached slots (docs/semantics.md "Cached rows").
@@ -233,7 +237,9 @@ class RecordingCache final : public CacheUnderTest {
     static const scenarios::RequestLifecycle kNone;
     const scenarios::RequestLifecycle& life = it == layers_.end() ? kNone : it->second;
     if (c.op == StepCall::Op::kBegin) {
-      if (life.phase(c.step.request) == scenarios::RequestLifecycle::Phase::kActive) return true;  // begins twice
+      // Begins twice; but the begin that resumes a preempted request (docs/semantics.md "Preemption").
+      if (life.phase(c.step.request) == scenarios::RequestLifecycle::Phase::kActive)
+        return !preempted_.contains({c.layer, c.step.request});
       return !life.may_hold(c.step.request, c.state);                                              // a busy state
     }
     const std::int64_t n = c.rows;
@@ -249,9 +255,11 @@ class RecordingCache final : public CacheUnderTest {
   void track(const StepCall& c) {
     scenarios::RequestLifecycle& life = layers_[c.layer];
     if (c.op == StepCall::Op::kBegin) {
+      preempted_.erase({c.layer, c.step.request});
       life.begin(c.step.request, c.state, c.prefix_positions);
     } else {
       life.step(c.step.request, c.state, c.step);
+      if (c.step.kind == scenarios::StepKind::kPreempt) preempted_.insert({c.layer, c.step.request});
     }
   }
 
@@ -315,6 +323,7 @@ class RecordingCache final : public CacheUnderTest {
   bool computes_outputs_;
   std::string buffer_;
   std::map<std::int32_t, scenarios::RequestLifecycle> layers_;  // layer -> its requests and state holders
+  std::set<std::pair<std::int32_t, std::int64_t>> preempted_;   // (layer, request) preempted, not yet resumed
 };
 
 class Recorder final : public RecordingProvider {

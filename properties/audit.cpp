@@ -171,7 +171,9 @@ TraceScenario trace_scenario(const TraceRun& run) {
                   "); a request keeps its state until it finishes",
               run);
     }
-    if (s.kind == TraceKind::kBegin && first_step_of[s.request] != s.step) {
+    // A begin from the request's own rows resumes it after a preempt (docs/semantics.md "Preemption").
+    const bool resume = s.prefix && s.prefix->request == s.request;
+    if (s.kind == TraceKind::kBegin && first_step_of[s.request] != s.step && !resume) {
       fail_at(ErrorId::kJsonValue, s.line, "kind",
               "a begin of request " + std::to_string(s.request) + " at step " + std::to_string(s.step) +
                   ", but the request began at step " + std::to_string(first_step_of[s.request]),

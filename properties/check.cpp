@@ -66,6 +66,14 @@ std::vector<Scenario> variants(const Scenario& sc) {
     std::erase_if(v.steps, is_trim);
     out.push_back(std::move(v));
   }
+  // Without the preempts (docs/semantics.md "Preemption"): a preempt writes
+  // nothing; where one dropped a pending verify, the candidate is invalid and skipped.
+  const auto is_preempt = [](const scenarios::Step& s) { return s.kind == StepKind::kPreempt; };
+  if (std::any_of(sc.steps.begin(), sc.steps.end(), is_preempt)) {
+    Scenario v = sc;
+    std::erase_if(v.steps, is_preempt);
+    out.push_back(std::move(v));
+  }
   if (!sc.cache.layer_windows.empty()) {
     Scenario v = sc;
     v.cache.layer_windows.clear();
@@ -83,7 +91,8 @@ std::vector<Scenario> variants(const Scenario& sc) {
       } else if (s.kind == StepKind::kAccept && pending[s.request]) {
         pending[s.request] = false;
       } else {
-        if (s.kind == StepKind::kFinish || s.kind == StepKind::kReset || s.kind == StepKind::kTrim)
+        if (s.kind == StepKind::kFinish || s.kind == StepKind::kReset || s.kind == StepKind::kTrim ||
+            s.kind == StepKind::kPreempt)
           pending[s.request] = false;
         steps.push_back(s);
       }

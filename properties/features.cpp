@@ -63,6 +63,8 @@ FeatureSet drawable_features(const engines::Capabilities& caps, Profile profile)
   // (docs/semantics.md "Cached rows") and finishes requests.
   f[bit(Feature::kPoolPressure)] =
       f[bit(Feature::kPrefix)] && caps.reports_cached && caps.finish && profile != Profile::kProduction;
+  // Preemption (docs/semantics.md "Preemption"): a cache that declares it.
+  f[bit(Feature::kPreempt)] = caps.preempt && profile != Profile::kProduction;
   return f;
 }
 
@@ -78,6 +80,7 @@ FeatureSet exercised_features(const scenarios::Scenario& sc) {
       case scenarios::StepKind::kFinish: f[bit(Feature::kFinish)] = true; break;
       case scenarios::StepKind::kReset: f[bit(Feature::kReset)] = true; break;
       case scenarios::StepKind::kTrim: f[bit(Feature::kTrim)] = true; break;
+      case scenarios::StepKind::kPreempt: f[bit(Feature::kPreempt)] = true; break;
       default: break;
     }
   }

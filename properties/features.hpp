@@ -42,24 +42,25 @@ enum class Profile : std::uint8_t {
 
 // X(id, name, what a case must contain to exercise it). New rows go last
 // (a coverage class keeps its index).
-#define KVCHECK_FEATURES(X)                                                                               \
-  X(kVerify, "verify", "a verify step (its accept follows)")                                              \
-  X(kPrefillLoadThenStore, "prefill_load_then_store", "a prefill chunk that reads before it stores")     \
-  X(kPrefillStoreThenLoad, "prefill_store_then_load", "a prefill chunk that stores before it reads")     \
-  X(kFinish, "finish", "a finish step")                                                                   \
-  X(kReset, "reset", "a reset step")                                                                      \
-  X(kTrim, "trim", "a trim step")                                                                         \
-  X(kPrefix, "prefix", "a request that begins from another's shared prefix")                              \
-  X(kLayerWindows, "layer_windows", "a window per layer (cache.layer_windows)")                           \
-  X(kLongRuns, "long_runs", "a long run: 3 or more requests over 16 or more steps")                       \
-  X(kLayers, "layers", "two or more layers")                                                              \
-  X(kGqa, "gqa", "more query heads than KV heads")                                                        \
-  X(kSink, "sink", "an attention-sink logit")                                                             \
-  X(kRope, "rope", "a RoPE style")                                                                        \
-  X(kNarrowFormat, "narrow_format", "rows stored in a format narrower than f64")                          \
-  X(kSharedRow, "shared_row", "one stored row as both key and value")                                     \
-  X(kPoolPressure, "pool_pressure",                                                                       \
-    "four or more requests, three finishing, one beginning from a finished request's prefix")
+#define KVCHECK_FEATURES(X)                                                                          \
+  X(kVerify, "verify", "a verify step (its accept follows)")                                         \
+  X(kPrefillLoadThenStore, "prefill_load_then_store", "a prefill chunk that reads before it stores") \
+  X(kPrefillStoreThenLoad, "prefill_store_then_load", "a prefill chunk that stores before it reads") \
+  X(kFinish, "finish", "a finish step")                                                              \
+  X(kReset, "reset", "a reset step")                                                                 \
+  X(kTrim, "trim", "a trim step")                                                                    \
+  X(kPrefix, "prefix", "a request that begins from another's shared prefix")                         \
+  X(kLayerWindows, "layer_windows", "a window per layer (cache.layer_windows)")                      \
+  X(kLongRuns, "long_runs", "a long run: 3 or more requests over 16 or more steps")                  \
+  X(kLayers, "layers", "two or more layers")                                                         \
+  X(kGqa, "gqa", "more query heads than KV heads")                                                   \
+  X(kSink, "sink", "an attention-sink logit")                                                        \
+  X(kRope, "rope", "a RoPE style")                                                                   \
+  X(kNarrowFormat, "narrow_format", "rows stored in a format narrower than f64")                     \
+  X(kSharedRow, "shared_row", "one stored row as both key and value")                                \
+  X(kPoolPressure, "pool_pressure",                                                                  \
+    "four or more requests, three finishing, one beginning from a finished request's prefix")        \
+  X(kPreempt, "preempt", "a preempt step (the request resumes at its next step)")
 
 enum class Feature : std::uint8_t {
 #define KVCHECK_FEATURE_ENUM(id, name, what) id,

@@ -36,6 +36,8 @@ constexpr int kReset = static_cast<int>(StepCapability::kReset);
 // Trim is drawn apart from the step weights, by its feature part (TrimPart,
 // its own stream): its slot's weight stays 0 in the swarm's draws.
 constexpr int kTrim = static_cast<int>(StepCapability::kTrim);
+// Preempt likewise, by PreemptPart (docs/semantics.md "Preemption").
+constexpr int kPreempt = static_cast<int>(StepCapability::kPreempt);
 
 /// Whether a slot's steps write rows.
 constexpr bool slot_writes(int slot) noexcept {
@@ -136,6 +138,8 @@ constexpr ScheduleClass kScheduleClasses[] = {
     {"trim_into_prefix", &Coverage::trim_into_prefix, kFeatureGateCases},
     {"cached_block_evicted", &Coverage::cached_block_evicted, kFeatureGateCases},
     {"begin_from_evicted_prefix", &Coverage::begin_from_evicted_prefix, kFeatureGateCases},
+    {"preempt_then_resume", &Coverage::preempt_then_resume, kFeatureGateCases},
+    {"resume_with_prefix_hit", &Coverage::resume_with_prefix_hit, kFeatureGateCases},
 };
 constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
 
@@ -265,6 +269,10 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   const bool pressure = can(Feature::kPoolPressure) && paged && caps.reports_written_slots;
   reach.push_back(pressure);
   reach.push_back(pressure);
+  // Preemption: a resume, and one a held or cached row served (a cache that
+  // keeps a preempted request's rows: a prefix cache's cached blocks).
+  reach.push_back(can(Feature::kPreempt));
+  reach.push_back(can(Feature::kPreempt) && (caps.reports_cached || caps.prefix_sharing));
   KVCHECK_ASSERT(reach.size() == kScheduleClassCount);
   for (int f = 0; f < kFeatureCount; ++f) reach.push_back(drawable[static_cast<std::size_t>(f)]);
   for (int a = 0; a < kFeatureCount; ++a) {
@@ -285,7 +293,7 @@ namespace {
 /// what the cache runs (no extra draws, so a full-featured cache keeps its cases).
 void draw_weights(Prng& rng, const engines::Capabilities& caps, int (&weights)[kKinds]) {
   for (int i = 0; i < kKinds; ++i) {
-    weights[i] = i != kTrim && rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
+    weights[i] = i != kTrim && i != kPreempt && rng.chance(2, 3) ? static_cast<int>(rng.range(1, 4)) : 0;
   }
   if (writing_weight(weights) == 0) weights[kDecode] = 2;
   // Steps that write nothing (finish, reset) at most weight 1, so rows get written.
@@ -702,6 +710,29 @@ class PoolPressurePart final : public FeaturePart {
   std::vector<std::int64_t> finished_;  // requests in the order they finished
 };
 
+/// Preemption (docs/semantics.md "Preemption"), for a cache that declares
+/// it: a begun request with committed rows is preempted (its step replaced
+/// by a preempt) one step in six, one in three under pool pressure (where a
+/// scheduler preempts: the pool is short of blocks); its next step resumes it.
+class PreemptPart final : public FeaturePart {
+ public:
+  PreemptPart(std::uint64_t data_seed, bool pressure)
+      : rng_(mix_seed(data_seed, 0x7072656d)), pressure_(pressure) {}  // "prem"
+  void sizes(CaseSizes& s, CaseDraw& /*d*/) override {
+    // A preempt takes a step: more steps, so requests still reach past the ring.
+    s.min_steps += 2;
+    s.max_steps += 8;
+  }
+  void replace_step(CaseDraw& /*d*/, const ScheduleView& view, bool started, Step& step) override {
+    if (!started || view.lifecycle.progress(step.request).length < 1) return;
+    if (rng_.chance(1, pressure_ ? 3 : 6)) step = Step{StepKind::kPreempt, step.request};
+  }
+
+ private:
+  Prng rng_;
+  bool pressure_ = false;
+};
+
 /// The features of a case: each drawable one on in about half the cases
 /// (the profile's own always), from their own stream.
 FeatureSet draw_feature_mask(std::uint64_t data_seed, const engines::Capabilities& caps, Profile profile) {
@@ -721,6 +752,9 @@ FeatureSet draw_feature_mask(std::uint64_t data_seed, const engines::Capabilitie
       drawable[static_cast<std::size_t>(Feature::kLongRuns)] && (profile == Profile::kPaged || (long_coin && rng.chance(1, 2)));
   // Drawn last: the rows above keep their draws.
   draw(Feature::kPoolPressure, false);
+  // After it: the rows above keep their draws. Under pool pressure always
+  // (where a scheduler preempts), else in about half the cases.
+  draw(Feature::kPreempt, on[static_cast<std::size_t>(Feature::kPoolPressure)]);
   return on;
 }
 
@@ -739,6 +773,10 @@ std::vector<std::unique_ptr<FeaturePart>> make_parts(const FeatureSet& on, std::
   if (on[static_cast<std::size_t>(Feature::kPrefix)]) parts.push_back(std::make_unique<PrefixPart>(data_seed));
   if (on[static_cast<std::size_t>(Feature::kLayerWindows)])
     parts.push_back(std::make_unique<LayerWindowsPart>(data_seed, profile == Profile::kLayers));
+  // After the trim part: a step it made a trim may still become a preempt.
+  if (on[static_cast<std::size_t>(Feature::kPreempt)])
+    parts.push_back(
+        std::make_unique<PreemptPart>(data_seed, on[static_cast<std::size_t>(Feature::kPoolPressure)]));
   return parts;
 }
 
@@ -1377,6 +1415,8 @@ void classify_cached(const RunObservation& run, Coverage* cov) {
   for (const PrefixObservation& p : run.prefixes) {
     if (p.evicted_positions > 0) cov->begin_from_evicted_prefix = true;
   }
+  if (run.resumes > 0) cov->preempt_then_resume = true;
+  if (run.resumes_with_hits > 0) cov->resume_with_prefix_hit = true;
 }
 
 }  // namespace kvcheck::properties

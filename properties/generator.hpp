@@ -91,6 +91,10 @@ struct Coverage {
   bool cached_block_evicted = false;  ///< a write took a slot whose row the cache had answered cached
   bool begin_from_evicted_prefix =
       false;  ///< a prefix begin's first query sees a source row cached, then evicted
+  // Preemption (docs/semantics.md "Preemption"), from the run (classify_cached):
+  bool preempt_then_resume = false;  ///< a preempted request resumed (its rows sent again at a begin)
+  bool resume_with_prefix_hit =
+      false;  ///< a resume the cache served a row of from one it still held or had cached
   /// The features the case exercised (exercised_features).
   FeatureSet features;
   // After all of the above: one per Capabilities::kernel_paths entry (the
@@ -179,7 +183,8 @@ BlockCounts classify_blocks(const scenarios::Scenario& scenario, const RunObserv
 /// The pool-pressure classes of one run (docs/semantics.md "Cached rows"),
 /// from what the shadow map saw on layer 0: cached_block_evicted (a write
 /// over a cached row) and begin_from_evicted_prefix (a prefix begin whose
-/// first query sees a source row that was cached and is gone). Adds them to `cov`.
+/// first query sees a source row that was cached and is gone), and the
+/// preemption classes preempt_then_resume and resume_with_prefix_hit. Adds them to `cov`.
 void classify_cached(const RunObservation& run, Coverage* cov);
 
 }  // namespace kvcheck::properties

@@ -221,6 +221,12 @@ struct RunObservation {
   /// Requests that began from a shared prefix, in the order they began
   /// (empty for a run without prefixes).
   std::vector<PrefixObservation> prefixes;
+  /// Preempted requests resumed (docs/semantics.md "Preemption"): begins
+  /// that carried a preempted request's own rows, on layer 0; of those,
+  /// begins where the cache still held (or had cached) a row it then did not
+  /// store again (a prefix hit served the resume).
+  std::int64_t resumes = 0;
+  std::int64_t resumes_with_hits = 0;
   std::vector<StepObservation> steps;
   std::int64_t lost_rows = 0;  ///< sum of overwritten + missing over all queries
   std::int64_t extra_reads = 0;

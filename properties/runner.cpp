@@ -67,6 +67,9 @@ struct RequestState {
   bool begun = false;
   bool after_reset = false;  ///< the request's last step was a reset
   bool finished = false;     ///< the request finished
+  /// Preempted and not yet resumed: its next step begins it again from its
+  /// own committed rows (docs/semantics.md "Preemption").
+  bool preempted = false;
   scenarios::RequestProgress progress;
 };
 
@@ -428,6 +431,9 @@ class StepDriver {
         prefix_sources_.insert(r.prefix->request);
       }
     }
+    // A preempted request's resume carries its own rows: which step wrote each is kept.
+    for (const scenarios::Step& s : sc.steps)
+      if (s.kind == StepKind::kPreempt) resumed_.insert(s.request);
     trim_floor_ = trim_floors(sc);
   }
 
@@ -510,13 +516,15 @@ class StepDriver {
     // A request others start from keeps its rows: a later begin shares them.
     if (n > 0 && keep_from - keys_ > 0 && !prefix_sources_.contains(step.request))
       judge_.forget_before(step.request, keep_from - keys_);
-    if (!prefix_sources_.empty()) {
+    if (!prefix_sources_.empty() || resumed_.contains(step.request)) {
       // Which step wrote each position (a begin's rows are re-drawn from it).
       for (std::int64_t i = 0; i < n; ++i) writer_[{step.request, first + i}] = Writer{step.request, index};
     }
 
     // Model bookkeeping shared by all layers (scenarios/step_semantics.hpp).
-    req.begun = true;
+    // A preempted request is begun again by its next step (a resume).
+    req.begun = step.kind != StepKind::kPreempt;
+    req.preempted = step.kind == StepKind::kPreempt;
     req.after_reset = step.kind == StepKind::kReset;
     req.finished = step.kind == StepKind::kFinish;
     const scenarios::StepRefusal refusal = scenarios::advance(req.progress, step);
@@ -547,8 +555,11 @@ class StepDriver {
     if (!req.begun) {
       engines::StepCall begin = call;
       begin.op = engines::StepCall::Op::kBegin;
-      if (req.prefix && !begin_from_prefix(step_index, begin)) return false;
-      if (!req.prefix) {
+      // A resume (a preempted request with committed rows) begins from its
+      // own rows; a first begin from its shared prefix, if any.
+      const bool from_rows = req.preempted ? req.progress.length > 0 : req.prefix.has_value();
+      if (from_rows && !begin_from_prefix(step_index, begin)) return false;
+      if (!from_rows) {
         if (const auto st = cut_.call(begin, &answer_)) {
           return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)),
                       "step " + std::to_string(step_index), "");
@@ -676,18 +687,22 @@ class StepDriver {
   /// A begin from a shared prefix on one layer; false: stopped. The begin
   /// carries the other request's rows at 0 .. n-1 (as the steps that wrote
   /// them drew them); the cache answers where it stored any of them again.
+  /// A resume (docs/semantics.md "Preemption") is such a begin whose source
+  /// is the request itself, carrying its committed rows 0 .. L-1.
   bool begin_from_prefix(std::size_t step_index, engines::StepCall begin) {
     const RequestState& req = requests_.at(begin.step.request);
-    const std::int64_t n = req.prefix->positions;
+    const bool resume = req.preempted;
+    const std::int64_t source = resume ? begin.step.request : req.prefix->request;
+    const std::int64_t n = resume ? req.progress.length : req.prefix->positions;
     const std::int32_t l = begin.layer;
     RowSet rows;
     for (std::int64_t p = 0; p < n; ++p) {
-      const Writer& w = writer_.at({req.prefix->request, p});
+      const Writer& w = writer_.at({source, p});
       const RowSet one = make_rows(sc_, l, w.request, p, 1, w.step);
       rows.k.insert(rows.k.end(), one.k.begin(), one.k.end());
       rows.v.insert(rows.v.end(), one.v.begin(), one.v.end());
     }
-    begin.prefix_request = req.prefix->request;
+    begin.prefix_request = source;
     begin.prefix_positions = n;
     begin.rows = 0;
     begin.k = rows.k.data();
@@ -705,14 +720,19 @@ class StepDriver {
         std::max<std::int64_t>(0, n - layer_keys_[static_cast<std::size_t>(l)] + 1);
     ShadowMap::PrefixTally tally;
     const std::vector<std::uint64_t> seqs = shadows_[static_cast<std::size_t>(l)].begin_prefix(
-        begin.step.request, req.prefix->request, n,
+        begin.step.request, source, n,
         answer_.has_written ? std::span<const std::int64_t>(answer_.written)
                             : std::span<const std::int64_t>(),
         visible_from, &tally, caps_.block_size);
     begun_events_.evicted = tally.evicted_rows;
-    judge_.share_prefix(l, begin.step.request, req.prefix->request, n, seqs);
-    if (!decoders_.empty()) decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, req.prefix->request, n);
-    if (l == 0) {
+    judge_.share_prefix(l, begin.step.request, source, n, seqs);
+    if (!decoders_.empty())
+      decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, source, n);
+    if (l == 0 && resume) {
+      ++run_.resumes;
+      if (tally.held_positions > 0) ++run_.resumes_with_hits;
+    }
+    if (l == 0 && !resume) {
       for (std::int64_t p = 0; p < n; ++p) writer_[{begin.step.request, p}] = writer_.at({req.prefix->request, p});
       PrefixObservation began;
       began.request = begin.step.request;
@@ -898,6 +918,9 @@ class StepDriver {
     for (const auto& [id, r] : requests_) {
       if (r.finished || (!r.begun && id != step.request)) continue;
       if (after_step && id == step.request && step.kind == StepKind::kFinish) continue;
+      // A preempted request needs none of its rows until its resume stores
+      // them again (docs/semantics.md "Preemption"): none is visible.
+      if (after_step && id == step.request && step.kind == StepKind::kPreempt) continue;
       scenarios::RequestProgress p = r.progress;
       if (after_step && id == step.request) scenarios::advance(p, step);
       range[id] = {p.next_query_first(), p.speculative_length()};
@@ -1142,6 +1165,7 @@ class StepDriver {
   std::string slot_end_text_;
   BeginEvents begun_events_;  // the begin of the step under way on this layer (settle_begin)
   std::set<std::int64_t> prefix_sources_;  // requests another request begins from
+  std::set<std::int64_t> resumed_;         // requests the schedule preempts (a resume re-sends their rows)
   struct Writer {
     std::int64_t request;  // whose rows (a shared prefix's: the request it came from)
     std::int64_t step;     // the step that wrote the position

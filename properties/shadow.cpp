@@ -61,6 +61,7 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       continue;
     }
     if (holder) {
+      ++counts.held_positions;
       latest_[{request, p}] = Latest{at(*holder).write_seq, *holder, lineage.origin, lineage.origin_request};
       // A cached row the begun request can see is held again (a prefix hit
       // takes its block back from the free pool), and so are the block's

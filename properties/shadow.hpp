@@ -110,6 +110,9 @@ class ShadowMap {
     /// slot holds any more (evicted, or freed after): the cache had to store
     /// them again to read them.
     std::int64_t evicted_positions = 0;
+    /// Positions not stored again whose row a slot still held (shared, or a
+    /// cached row taken back): prefix hits.
+    std::int64_t held_positions = 0;
   };
   std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                           std::span<const std::int64_t> written,

@@ -47,16 +47,17 @@ enum class StepRows : std::uint8_t {
 //                 request and it takes no further step;
 //   needs_begun   drawn by the generator only for a request that has begun
 //                 (on a fresh request it would do nothing).
-#define KVCHECK_STEP_KINDS(X)                                  \
-  X(kPrefill, "prefill", kRowsOrder, kGiven, kPrefill, false, false) \
-  X(kDecode, "decode", kNone, kOne, kDecode, false, false)           \
+#define KVCHECK_STEP_KINDS(X)                                          \
+  X(kPrefill, "prefill", kRowsOrder, kGiven, kPrefill, false, false)   \
+  X(kDecode, "decode", kNone, kOne, kDecode, false, false)             \
   X(kVerify, "verify", kDrafts, kDraftsPlusOne, kVerify, false, false) \
-  X(kAccept, "accept", kAccepted, kNone, kVerify, false, true)       \
-  X(kFinish, "finish", kNone, kNone, kFinish, true, true)            \
-  X(kReset, "reset", kNone, kNone, kReset, false, true)              \
-  X(kTrim, "trim", kPositions, kNone, kTrim, false, true)
+  X(kAccept, "accept", kAccepted, kNone, kVerify, false, true)         \
+  X(kFinish, "finish", kNone, kNone, kFinish, true, true)              \
+  X(kReset, "reset", kNone, kNone, kReset, false, true)                \
+  X(kTrim, "trim", kPositions, kNone, kTrim, false, true)              \
+  X(kPreempt, "preempt", kNone, kNone, kPreempt, false, true)
 
-/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset", "trim").
+/// Step kinds ("prefill", "decode", "verify", "accept", "finish", "reset", "trim", "preempt").
 enum class StepKind : std::uint8_t {
 #define KVCHECK_STEP_KIND_ENUMERATOR(id, name, fields, rows, runs_with, ends, begun) id,
   KVCHECK_STEP_KINDS(KVCHECK_STEP_KIND_ENUMERATOR)
@@ -148,14 +149,15 @@ constexpr bool step_kind_needs_begun(StepKind kind) noexcept { return step_kind_
 // field has one row per order; accept runs with verify's row).
 // X(id, member, kind, order): member is both the Capabilities field and the
 // hello name; order is read only for a kind with an order field.
-#define KVCHECK_STEP_CAPABILITIES(X)                                      \
+#define KVCHECK_STEP_CAPABILITIES(X)                                          \
   X(kPrefillLoadThenStore, prefill_load_then_store, kPrefill, kLoadThenStore) \
   X(kPrefillStoreThenLoad, prefill_store_then_load, kPrefill, kStoreThenLoad) \
   X(kDecode, decode, kDecode, kLoadThenStore)                                 \
   X(kVerify, verify, kVerify, kLoadThenStore)                                 \
   X(kFinish, finish, kFinish, kLoadThenStore)                                 \
-  X(kReset, reset, kReset, kLoadThenStore)                                   \
-  X(kTrim, trim, kTrim, kLoadThenStore)
+  X(kReset, reset, kReset, kLoadThenStore)                                    \
+  X(kTrim, trim, kTrim, kLoadThenStore)                                       \
+  X(kPreempt, preempt, kPreempt, kLoadThenStore)
 
 /// The rows of KVCHECK_STEP_CAPABILITIES (also the generator's swarm slots).
 enum class StepCapability : std::uint8_t {
@@ -192,6 +194,13 @@ constexpr const StepCapabilityInfo& step_capability_info(StepCapability capabili
   return static_cast<int>(capability) < kStepCapabilityCount
              ? step_kinds_detail::kCapabilityInfo[static_cast<int>(capability)]
              : step_kinds_detail::kUnknownCapability;
+}
+
+/// Whether engines::Capabilities declares `capability` by default: every
+/// row but preempt (a cache says it drops and resumes requests:
+/// docs/semantics.md "Preemption").
+constexpr bool step_capability_default(StepCapability capability) noexcept {
+  return capability != StepCapability::kPreempt;
 }
 
 /// Whether `capability` is the one that runs a step of `kind` (in `order`, for a kind with an order field).

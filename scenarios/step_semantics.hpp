@@ -67,6 +67,11 @@ constexpr std::int64_t step_first_position(const RequestProgress& p) noexcept {
 ///   trim(n):            pending cleared (a pending verify's rows are dropped,
 ///                       the verified token's included), then length -= n,
 ///                       1 <= n <= length (the committed length)
+///   preempt:            pending cleared (a pending verify's rows are dropped,
+///                       the verified token's included); length unchanged:
+///                       the cache drops the request's rows and its next step
+///                       resumes it by storing them again (docs/semantics.md
+///                       "Preemption")
 /// On a refusal `p` is unchanged.
 constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
   switch (step.kind) {
@@ -100,6 +105,11 @@ constexpr StepRefusal advance(RequestProgress& p, const Step& step) noexcept {
       if (step.positions < 1) return StepRefusal::kTrimNone;
       if (step.positions > p.length) return StepRefusal::kTrimTooMany;
       p.length -= step.positions;
+      p.pending_first = p.pending_drafts = -1;
+      return StepRefusal::kNone;
+    case StepKind::kPreempt:
+      // Unverified speculation is discarded (as a scheduler preempting a
+      // request drops its draft tokens); the committed length stays.
       p.pending_first = p.pending_drafts = -1;
       return StepRefusal::kNone;
   }

@@ -373,7 +373,9 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
                                 std::numeric_limits<std::int64_t>::max(), "request"),
                       get_range(require(o, "prefix", "positions", "a prefix"), "prefix.positions", 1, kMaxRows - 1,
                                 "positions")};
-    if (s.prefix->request == s.request) fail(ErrorId::kJsonValue, "prefix.request", "a request cannot start from its own prefix");
+    // A prefix of the request itself is the begin that resumes it after a
+    // preempt (docs/semantics.md "Preemption"); a request's first begin
+    // from itself is refused where the trace becomes a scenario.
     if (const json* w = find(j, "written")) {
       s.written = int_list(*w, "written", -1, kSlotMax, "slot");
       check_count_of(*w, "written", s.prefix->positions, "one slot per prefix position (-1: shared)");

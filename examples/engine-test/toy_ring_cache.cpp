@@ -97,6 +97,7 @@ class ToyRingCache final : public kvcheck::engines::CacheUnderTest {
       case StepKind::kPrefill:
       case StepKind::kDecode:
       case StepKind::kVerify: return write_step(layer, st, c, answer);
+      case StepKind::kPreempt: return Refusal{"unsupported", "the toy cache does not preempt"};
     }
     return Refusal{"bad-step", "unknown step kind"};
   }

@@ -15,7 +15,7 @@
 
 The steps a subclass defines are the steps its hello declares: `prefill`
 (in the orders of `prefill_orders`), `decode`, `verify` with `accept`,
-`finish`, `reset`, `trim`; `begin` is always there (by default it does nothing).
+`finish`, `reset`, `trim`, `preempt`; `begin` is always there (by default it does nothing).
 Class attributes say the rest of the hello: `name`, `formats`, `rope`,
 `layouts`, `addressing`, `outputs`, `slots`, `rows`, `lookahead_slots`,
 `free_deferral_steps`, `shared_pool` and `capabilities` (any
@@ -46,7 +46,9 @@ class Engine:
 
     * `begin(layer, state, request)`, `accept(layer, state, request,
       accepted)`, `finish(layer, state, request)`, `reset(layer, state,
-      request)`, `trim(layer, state, request, positions)`: return nothing,
+      request)`, `trim(layer, state, request, positions)`, `preempt(layer,
+      state, request)` (docs/semantics.md "Preemption": drop the request's
+      rows; defined with `resume`): return nothing,
       or the step's slot events built with `slot_events(...)` (a free; a
       `begin` evicting blocks to make room frees too: judged as any step's,
       a row a query still to run may read must not be freed);
@@ -85,6 +87,13 @@ class Engine:
     # with any slot events of the begin beside it (an eviction's "freed").
     begin_prefix = None
 
+    # An engine that preempts (defines preempt) defines resume(layer, state,
+    # request, prefix) too: the begin before a preempted request's next
+    # step, carrying its own committed rows (prefix.request is the request
+    # itself; docs/semantics.md "Preemption"). It returns what begin_prefix
+    # does: None or {"written": [slot or -1, ...]} (-1: a row it still holds).
+    resume = None
+
     @classmethod
     def hello_capabilities(cls):
         """The hello answer's "capabilities", from the attributes and the
@@ -95,7 +104,7 @@ class Engine:
                 if order not in _ORDERS:
                     raise TypeError(f"{cls.__name__}.prefill_orders: one of {list(_ORDERS)}, got {order!r}")
                 steps.append(_ORDERS[order])
-        for kind in ("decode", "verify", "accept", "finish", "reset", "trim"):
+        for kind in ("decode", "verify", "accept", "finish", "reset", "trim", "preempt"):
             if getattr(cls, kind, None) is not None:
                 steps.append(kind)
         if ("verify" in steps) != ("accept" in steps):
@@ -114,6 +123,8 @@ class Engine:
             caps["addressing"] = cls.addressing
         if cls.begin_prefix is not None:
             caps["prefix_sharing"] = True
+        if ("preempt" in steps) != (cls.resume is not None):
+            raise TypeError(f"{cls.__name__}: preempt and resume go together (define both or neither)")
         for key in ("lookahead_slots", "free_deferral_steps"):
             value = getattr(cls, key)
             if value is None or (key == "lookahead_slots" and value == 0):
@@ -149,6 +160,8 @@ class _Case(protocol.Cache):
         self.engine = engine
 
     def begin(self, layer, state, request, prefix=None):
+        if prefix is not None and prefix.request == request and self.engine.resume is not None:
+            return self.engine.resume(layer, state, request, prefix)  # a preempted request resumes
         if prefix is not None:
             return self.engine.begin_prefix(layer, state, request, prefix)
         return self.engine.begin(layer, state, request)
@@ -164,6 +177,9 @@ class _Case(protocol.Cache):
 
     def trim(self, layer, state, request, positions):
         return self.engine.trim(layer, state, request, positions)
+
+    def preempt(self, layer, state, request):
+        return self.engine.preempt(layer, state, request)
 
     def write(self, step):
         result = getattr(self.engine, step.kind)(step)

@@ -17,6 +17,7 @@ an engine's cache is writing the cache's side:
         def finish(self, layer, state, request): ...
         def reset(self, layer, state, request): ...
         def trim(self, layer, state, request, positions): ...   # if hello lists "trim"
+        def preempt(self, layer, state, request): ...   # if hello lists "preempt"
         def write(self, step):          # kp.WriteStep: prefill, decode, verify
             return {"ok": True, "out": ..., "written": ..., "read": ...,
                     "read_view": "after_writes", "stored": {"k": ...}}
@@ -79,7 +80,7 @@ VERSION = 1
 # The names the protocol knows (scenarios/schema/exec-protocol.schema.json):
 # a hello declares a subset of each.
 STEP_KINDS = ["prefill_load_then_store", "prefill_store_then_load", "decode", "verify",
-              "accept", "finish", "reset", "trim"]
+              "accept", "finish", "reset", "trim", "preempt"]
 FORMATS = ["f64", "f32", "bf16", "fp8"]
 ROPE_STYLES = ["none", "neox", "interleaved"]
 LAYOUTS = ["mha", "gqa", "mqa", "shared"]
@@ -478,6 +479,16 @@ class Cache:
         steps list "trim"."""
         raise NotImplementedError
 
+    def preempt(self, layer, state, request):
+        """Drops every row of the request (answer them `freed`, or `cached`
+        where the cache keeps them for prefix hits); its logical length stays
+        and a pending verify's rows are dropped. The request's next step is
+        preceded by a `begin` whose prefix is the request itself, carrying
+        its committed rows: store each again, or answer -1 where the cache
+        still holds it (docs/semantics.md "Preemption"). Only sent when the
+        hello's steps list "preempt"."""
+        raise NotImplementedError
+
     def write(self, step):
         """prefill / decode / verify (a WriteStep): returns the answer dict."""
         raise NotImplementedError
@@ -565,6 +576,7 @@ class Session:
             "bye": self.op_bye, "begin": self.op_begin, "prefill": self.op_write,
             "decode": self.op_write, "verify": self.op_write, "accept": self.op_accept,
             "finish": self.op_finish, "reset": self.op_reset, "trim": self.op_trim,
+            "preempt": self.op_preempt,
         }
 
     def handle(self, raw):
@@ -745,6 +757,10 @@ class Session:
         layer, request, state = self._common(msg, "trim", ("positions",))
         positions = get_int(msg, "positions", "trim")
         return _events_answer(self.cache.trim(layer, state, request, positions), "trim")
+
+    def op_preempt(self, msg):
+        layer, request, state = self._common(msg, "preempt")
+        return _events_answer(self.cache.preempt(layer, state, request), "preempt")
 
     def op_write(self, msg):
         op = msg["op"]

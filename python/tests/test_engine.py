@@ -254,6 +254,39 @@ def test_begin_prefix_declares_prefix_sharing_and_answers_written():
     assert json.loads(s.handle(b'{"op":"begin","layer":0,"request":2,"state":0}')) == {"ok": True}
 
 
+class Preempting(Ring):
+    """A ring that preempts: it frees the request's slots, and its resume stores every row sent."""
+    resumed = []
+
+    def preempt(self, layer, state, request):
+        return kvcheck.slot_events(freed=[kvcheck.ring_slot(self.spec, state, 0)])
+
+    def resume(self, layer, state, request, prefix):
+        Preempting.resumed.append(prefix)
+        return {"written": [kvcheck.ring_slot(self.spec, state, p) for p in range(prefix.positions)]}
+
+
+def test_preempt_and_resume_are_declared_together_and_reach_their_methods():
+    assert "preempt" not in Ring.hello_capabilities()["steps"]
+    s, hello, _ = session(Preempting)
+    assert "preempt" in hello["capabilities"]["steps"]
+    assert "prefix_sharing" not in hello["capabilities"]  # a resume is no other request's prefix
+    assert json.loads(s.handle(b'{"op":"begin","layer":0,"request":1,"state":1}')) == {"ok": True}
+    freed = json.loads(s.handle(b'{"op":"preempt","layer":0,"request":1,"state":1}'))
+    assert freed == {"ok": True, "freed": [kvcheck.ring_slot(protocol.Spec(SPEC), 1, 0)]}
+    begin = {"op": "begin", "layer": 0, "request": 1, "state": 1, "prefix": {"request": 1, "positions": 2},
+             "k": [[1.0, 2.0], [3.0, 4.0]], "v": [[5.0, 6.0], [7.0, 8.0]]}
+    assert json.loads(s.handle(json.dumps(begin).encode())) == {"ok": True, "written": [5, 6]}
+    assert (Preempting.resumed[-1].request, Preempting.resumed[-1].positions) == (1, 2)
+
+    class Half(Ring):
+        def preempt(self, layer, state, request):
+            pass
+
+    with pytest.raises(TypeError, match="preempt and resume go together"):
+        Half.hello_capabilities()
+
+
 def test_lookahead_and_free_deferral_are_declared_in_hello():
     class Slack(Ring):
         addressing = "paged"

@@ -209,10 +209,12 @@ TEST_CASE("CLI exec: the bundled ring and paged adapters pass 2000 cases through
     const char* args;
     std::string cases;
   };
-  const Run runs[] = {{"ring_cache.py", "", kExecCases},
-                      {"paged_cache.py", "", kExecCases},
-                      {"paged_cache.py", "--store-first", "500"},
-                      {"ring_cache.py", "--output-format bf16", "500"}};  // outputs rounded to bf16, and declared
+  const Run runs[] = {
+      {"ring_cache.py", "", kExecCases},
+      {"paged_cache.py", "", kExecCases},
+      {"paged_cache.py", "--store-first", "500"},
+      {"ring_cache.py", "--output-format bf16", "500"},        // outputs rounded to bf16, and declared
+      {"paged_cache.py", "--preempt --prefix-cache", "500"}};  // preempts resumed with prefix hits
   for (const auto& [script, args, cases] : runs) {
     INFO(script << " " << args);
     std::string name = std::string(script) + args;
@@ -275,6 +277,8 @@ TEST_CASE(
       {"paged_cache.py", "free-late"},         // frees a step later than its declared deferral
       // One pool across layers (implies --shared-pool): a block another layer still reads handed out.
       {"paged_cache.py", "shared-pool-double"},
+      // Preemption (implies --preempt): a resume reads blocks the preempt freed.
+      {"paged_cache.py", "preempt-stale-table"},
       // Outputs truncated into bf16 (implies --output-format bf16): up to one ULP, over the half an ULP allowed.
       {"ring_cache.py", "output-truncated"}};
   for (const auto& [script, bug] : bugs) {
@@ -309,6 +313,7 @@ TEST_CASE(
                                 : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"
                                 : paged && name == "free-late"              ? "--free-deferral 2"
                                 : paged && name == "shared-pool-double"     ? "--shared-pool"
+                                : paged && name == "preempt-stale-table"    ? "--preempt"
                                 : name == "output-truncated"                ? "--output-format bf16"
                                                                             : "";
     CHECK(run("replay " + file.string() + " --impl " + adapter(script, correct)).code == 0);

@@ -63,6 +63,15 @@ TEST_CASE("ExecHello: the bundled adapter's hello reads to what it says") {
   CHECK(parse_hello_answer(unnamed, "python3 x.py").name == "exec:python3 x.py");
 }
 
+TEST_CASE("ExecHello: preempt is declared in steps (docs/semantics.md Preemption), off unless listed") {
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").preempt);
+  Json with = ring_hello();
+  with["capabilities"]["steps"].push_back("preempt");
+  CHECK(parse_hello_answer(with, "cmd").preempt);
+  with["capabilities"]["steps"].push_back("preempt");
+  CHECK(error_of(with) == "hello answer.capabilities.steps[9]: \"preempt\" listed twice");
+}
+
 TEST_CASE(
     "ExecHello: an unknown step, format, layout, RoPE style, addressing or probe is an error naming it") {
   struct Twist {
@@ -282,7 +291,8 @@ TEST_CASE("Capabilities: a declared shape space refuses what lies outside it, na
 
 TEST_CASE("Capabilities: each hello step name sets exactly its row of the step-capability table") {
   namespace sc = kvcheck::scenarios;
-  const auto all = ring_hello()["capabilities"]["steps"];
+  Json all = ring_hello()["capabilities"]["steps"];
+  all.push_back("preempt");  // declared by no bundled ring (docs/semantics.md "Preemption")
   // The hello's names are the table's: the capability rows, and accept (which runs with verify).
   std::vector<std::string> names;
   for (int i = 0; i < sc::kStepCapabilityCount; ++i)

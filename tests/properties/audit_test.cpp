@@ -854,3 +854,35 @@ TEST_CASE("Audit: a recording carries the cache's resident bound and audits to t
     CHECK(audited.front().first_failure == r.live.first_failure);
   }
 }
+
+TEST_CASE(
+    "Audit: a preempt and the begin that resumes it (docs/semantics.md Preemption), stored again or not") {
+  // Recorded from paged_cache.py --preempt and --bug preempt-stale-table on
+  // the same schedule: decode, preempt (its block freed), then a prefill
+  // after the begin from the request's own position 0. Stored again, the
+  // read of position 0 is right; taken back from the freed block without
+  // storing, position 0 is missing.
+  const std::string stored =
+      R"({"kvcheck_trace":1,"name":"counterexample-exec-seed1","window":{"param":2,"convention":"keys","keys":2},"capacity":7,"states":1,"addressing":"paged","block_size":4,"pool_blocks":3,"resident_bound":{"unit":"blocks","per":"request","limit":3},"cache":{"q_heads":1,"kv_heads":1,"head_dim":2,"shared_row":false,"format":"f64","rope":{"style":"none","rotary_dims":0,"base":10000.0},"layers":1,"softmax_scale":null,"sink_logit":null}}
+{"step":0,"layer":0,"kind":"begin","request":0,"state":0}
+{"step":0,"layer":0,"kind":"decode","request":0,"state":0,"position":0,"rows":1,"written":[0],"read":[[0]],"read_view":"after_writes","k":[[0.3300943374633789,-0.6865739822387695]],"v":[[0.9878807067871094,-0.726963996887207]],"q":[[0.6601972579956055,0.7369022369384766]],"out":[[0.9878807067871094,-0.726963996887207]]}
+{"step":1,"layer":0,"kind":"preempt","request":0,"state":0,"freed":[0,1,2,3]}
+{"step":2,"layer":0,"kind":"begin","request":0,"state":0,"prefix":{"request":0,"positions":1},"written":[0]}
+{"step":2,"layer":0,"kind":"prefill","request":0,"state":0,"position":1,"rows":1,"order":"store_then_load","written":[1],"read":[[0,1]],"read_view":"after_writes","k":[[0.7293672561645508,0.4566049575805664]],"v":[[0.5653848648071289,-0.07171916961669922]],"q":[[0.3208770751953125,0.1852397918701172]],"out":[[0.7513695259525344,-0.36016103118881776]]})";
+  const std::string stale =
+      R"({"kvcheck_trace":1,"name":"counterexample-exec-seed1","window":{"param":2,"convention":"keys","keys":2},"capacity":7,"states":1,"addressing":"paged","block_size":4,"pool_blocks":3,"resident_bound":{"unit":"blocks","per":"request","limit":3},"cache":{"q_heads":1,"kv_heads":1,"head_dim":2,"shared_row":false,"format":"f64","rope":{"style":"none","rotary_dims":0,"base":10000.0},"layers":1,"softmax_scale":null,"sink_logit":null}}
+{"step":0,"layer":0,"kind":"begin","request":0,"state":0}
+{"step":0,"layer":0,"kind":"decode","request":0,"state":0,"position":0,"rows":1,"written":[0],"read":[[0]],"read_view":"after_writes","k":[[0.3300943374633789,-0.6865739822387695]],"v":[[0.9878807067871094,-0.726963996887207]],"q":[[0.6601972579956055,0.7369022369384766]],"out":[[0.9878807067871094,-0.726963996887207]]}
+{"step":1,"layer":0,"kind":"preempt","request":0,"state":0,"freed":[0,1,2,3]}
+{"step":2,"layer":0,"kind":"begin","request":0,"state":0,"prefix":{"request":0,"positions":1},"written":[-1]}
+{"step":2,"layer":0,"kind":"prefill","request":0,"state":0,"position":1,"rows":1,"order":"store_then_load","written":[1],"read":[[0,1]],"read_view":"after_writes","k":[[0.7293672561645508,0.4566049575805664]],"v":[[0.5653848648071289,-0.07171916961669922]],"q":[[0.3208770751953125,0.1852397918701172]],"out":[[0.7513695259525344,-0.36016103118881776]]})";
+  const auto good = audit_trace(scenarios::parse_trace(stored, ""), AuditOptions{});
+  REQUIRE(good.size() == 1);
+  INFO(good[0].first_failure);
+  CHECK(good[0].passed);
+  CHECK(good[0].resumes == 1);
+  const auto bad = audit_trace(scenarios::parse_trace(stale, ""), AuditOptions{});
+  REQUIRE(bad.size() == 1);
+  CHECK_FALSE(bad[0].passed);
+  CHECK(bad[0].first_failure.find("missing [0]") != std::string::npos);
+}

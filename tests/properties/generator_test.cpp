@@ -159,9 +159,11 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK(names[feature_class(Feature::kTrim)] == "feature:trim");
   CHECK(names[pair_class(Feature::kPrefix, Feature::kTrim)] == "pair:trim+prefix");
   CHECK(names[pair_class(Feature::kVerify, Feature::kSharedRow)] == "pair:verify+shared_row");
-  CHECK(names.back() == "pair:shared_row+pool_pressure");
+  CHECK(names.back() == "pair:pool_pressure+preempt");
   CHECK(names[23] == "cached_block_evicted");
   CHECK(names[24] == "begin_from_evicted_prefix");
+  CHECK(names[25] == "preempt_then_resume");
+  CHECK(names[26] == "resume_with_prefix_hit");
   CHECK(coverage_kinds().size() == names.size());
   for (const Profile p : {Profile::kDefault, Profile::kProduction, Profile::kPaged}) {
     CHECK(coverage_flags(Coverage{}).size() == names.size());

@@ -819,7 +819,7 @@ Scenario gen_scenario() {
       step.kind = pick == 0 ? StepKind::kFinish : pick == 1 ? StepKind::kReset : StepKind::kAccept;
     } else {
       step.kind = *rc::gen::element(StepKind::kPrefill, StepKind::kDecode, StepKind::kVerify,
-                                    StepKind::kFinish, StepKind::kReset, StepKind::kTrim);
+                                    StepKind::kFinish, StepKind::kReset, StepKind::kTrim, StepKind::kPreempt);
       if (step.kind == StepKind::kTrim && l.length == 0) step.kind = StepKind::kDecode;
     }
     first_position.push_back(l.length);
@@ -851,6 +851,7 @@ Scenario gen_scenario() {
         step.positions = *rc::gen::inRange<std::int64_t>(1, l.length + 1);
         l.length -= step.positions;
         break;
+      case StepKind::kPreempt: l.verify_drafts.reset(); break;  // L unchanged
     }
     l.written_end = std::max(l.written_end, first_position.back() + step_rows(step));
     s.steps.push_back(step);
