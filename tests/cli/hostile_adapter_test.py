@@ -168,8 +168,12 @@ def main():
             expect(t128 - t0 <= 24 * max(t16 - t0, 0.05),
                    "128 MB lines take at most 24x the CPU time of 16 MB lines (linear is 8x; %.2f s vs %.2f s)" %
                    (t128 - t0, t16 - t0))
-            expect(m128 - m0 <= 3 * 128,
-                   "a 128 MB line costs at most 3x its size in kvcheck's memory (%.0f MB more than none)" %
+            # Three copies are the floor: the line, the JSON parser's token
+            # buffer and the string value it builds (measured 384.x MB more
+            # than none: the copies and up to a 1 MB read chunk, so a bound of
+            # exactly 3x failed now and then); a fourth copy would be 512.
+            expect(m128 - m0 <= 3 * 128 + 16,
+                   "a 128 MB line costs at most 3x its size (+16 MB) in kvcheck's memory (%.0f MB more than none)" %
                    (m128 - m0))
             # A line past the 1 GiB guard ends the run, in bounded memory.
             _, mguard = run("answer line past the 1 GiB guard", ["replay", one, "--step-timeout", "100", "--impl",
