@@ -978,12 +978,13 @@ void write_rows(ShadowMap& shadow, std::int64_t n, std::int64_t keys) {
   for (const auto& q : obs.queries) REQUIRE(reads_correct(q));
 }
 
-/// A decode of position `p` (of `request`) written at `slot`, its query
-/// reading `reads`, with the step's moves and padding; returns its query's
+/// One row of `request` at position `p` written at `slot`, its query
+/// reading `reads`, with the step's moves and padding; returns the step's
 /// observation.
-QueryObservation decode(ShadowMap& shadow, std::int64_t p, std::int64_t slot, std::vector<std::int64_t> reads,
-                        std::int64_t keys, std::vector<std::pair<std::int64_t, std::int64_t>> moved = {},
-                        std::vector<std::int64_t> padded = {}, std::int64_t request = 0) {
+StepObservation one_row_step(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
+                             const std::vector<std::int64_t>& reads, std::int64_t keys,
+                             const std::vector<std::pair<std::int64_t, std::int64_t>>& moved = {},
+                             const std::vector<std::int64_t>& padded = {}) {
   const std::vector<std::int64_t> written{slot};
   const std::vector<std::int64_t> offsets{0, static_cast<std::int64_t>(reads.size())};
   StepFacts f;
@@ -999,6 +1000,16 @@ QueryObservation decode(ShadowMap& shadow, std::int64_t p, std::int64_t slot, st
   f.padded = padded;
   StepObservation obs;
   shadow.observe(f, &obs);
+  return obs;
+}
+
+/// A decode of position `p` (of `request`) written at `slot`, its query
+/// reading `reads`, with the step's moves and padding; returns its query's
+/// observation.
+QueryObservation decode(ShadowMap& shadow, std::int64_t p, std::int64_t slot, std::vector<std::int64_t> reads,
+                        std::int64_t keys, std::vector<std::pair<std::int64_t, std::int64_t>> moved = {},
+                        std::vector<std::int64_t> padded = {}, std::int64_t request = 0) {
+  const StepObservation obs = one_row_step(shadow, request, p, slot, reads, keys, moved, padded);
   REQUIRE(obs.queries.size() == 1);
   return obs.queries[0];
 }
@@ -1149,19 +1160,7 @@ namespace {
 /// `keys`): the step's observation.
 StepObservation write_one(ShadowMap& shadow, std::int64_t request, std::int64_t p, std::int64_t slot,
                           std::int64_t keys = 1) {
-  const std::vector<std::int64_t> written{slot}, offsets{0, 0}, reads;
-  StepFacts f;
-  f.request = request;
-  f.first_position = p;
-  f.rows = 1;
-  f.window_keys = keys;
-  f.has_written = f.has_reads = true;
-  f.written = written;
-  f.read_offsets = offsets;
-  f.read_slots = reads;
-  StepObservation obs;
-  shadow.observe(f, &obs);
-  return obs;
+  return one_row_step(shadow, request, p, slot, {}, keys);
 }
 
 }  // namespace
