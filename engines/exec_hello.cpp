@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engines/exec_cache.hpp"
+#include "scenarios/trace.hpp"
 #include "support/error.hpp"
 
 namespace kvcheck::engines {
@@ -99,10 +100,8 @@ bool has(const std::vector<std::string>& v, const char* x) {
 constexpr std::int64_t kMaxInt64 = std::numeric_limits<std::int64_t>::max();
 // Sizes of one head (head_dim, rotary widths) are 32-bit in scenario files.
 constexpr std::int64_t kMaxDim = std::numeric_limits<std::int32_t>::max();
-// Lookahead slots and free deferral steps: engines declare a handful (vLLM's
-// num_speculative_tokens, SGLang's eviction interval of up to a window);
-// more than 2^16 is a mistake, and the pool it would ask for is refused here.
-constexpr std::int64_t kMaxSlackSteps = std::int64_t{1} << 16;
+// Lookahead slots and free deferral steps: at most 2^16, as in a trace header.
+constexpr std::int64_t kMaxSlackSteps = scenarios::kMaxDeclaredSlack;
 
 /// `[64, 128]` or `{"multiple_of": 8, "min": 8, "max": 256}`.
 SizeSet size_set(const Json& v, const std::string& path) {

@@ -158,6 +158,14 @@ class TraceProvider final : public CacheProvider {
     caps_.reports_read_slots = true;
     // A recording that answered cached slots (docs/semantics.md "Cached rows").
     for (const TraceStep& s : run.steps) caps_.reports_cached = caps_.reports_cached || !s.cached.empty();
+    // What the recorded cache declared, judged as check judges it.
+    caps_.shared_pool = run.header.shared_pool;
+    caps_.lookahead_slots = run.header.lookahead_slots;
+    caps_.free_deferral_steps = run.header.free_deferral_steps;
+    caps_.reports_frees = caps_.free_deferral_steps.has_value();  // a deferral's deadline is judged on frees
+    caps_.output_format = run.header.output_format;
+    // A recorded pool (pool_blocks): the run gets it, and a slot outside it fails.
+    caps_.slots_in_pool = run.header.pool_blocks.has_value();
     if (const auto& b = run.header.resident_bound) {  // judged as the recorded cache's own bound
       caps_.resident_bound.unit = b->blocks ? ResidentBound::Unit::kBlocks : ResidentBound::Unit::kRows;
       caps_.resident_bound.per_request = b->per_request;
@@ -366,6 +374,10 @@ class Recorder final : public RecordingProvider {
       h.block_size = caps.block_size;
       h.pool_blocks = paged_pool_blocks(spec, caps);
     }
+    h.shared_pool = caps.shared_pool;
+    h.lookahead_slots = caps.lookahead_slots;
+    h.free_deferral_steps = caps.free_deferral_steps;
+    if (caps.computes_outputs) h.output_format = caps.output_format;
     if (caps.resident_bound.declared()) {  // the bound this run was judged by, its limit resolved
       h.resident_bound = scenarios::TraceResidentBound{caps.resident_bound.unit == ResidentBound::Unit::kBlocks,
                                                        caps.resident_bound.per_request, resident_limit(caps, spec)};

@@ -28,7 +28,10 @@ namespace kvcheck::engines {
 
 /// A provider whose caches replay `run` (copied). Capabilities: every step
 /// kind, format and layout; ring_addressing when the header says "ring";
-/// written and read slots reported. A call that disagrees with its record
+/// written and read slots reported; the header's declarations (shared_pool,
+/// lookahead_slots, free_deferral_steps with frees reported, output_format,
+/// resident_bound) as the recorded cache's own; slots in the pool when the
+/// header gives pool_blocks. A call that disagrees with its record
 /// (kind, request, state, position, rows) or has no record throws
 /// kvcheck::Error naming the trace line.
 std::unique_ptr<CacheProvider> make_trace_provider(const scenarios::TraceRun& run);

@@ -132,6 +132,7 @@ TraceScenario trace_scenario(const TraceRun& run) {
   c.softmax_scale = tc.softmax_scale;
   c.sink_logit = tc.sink_logit;
   c.layers = tc.layers.value_or(max_layer + 1);
+  c.pool_blocks = h.pool_blocks;  // the pool the recorded cache was opened with
   c.states = h.states.value_or(max_state + 1);
   if (h.capacity) {
     c.ring_rows = *h.capacity;

@@ -9,6 +9,7 @@
 // A run is a header line followed by its step records:
 //   {"kvcheck_trace":1,"name":...,"window":{"param":W,"convention":...},
 //    "capacity":S?,"states":B?,"addressing":"ring"|"paged"|"opaque","resident_bound":{...}?,
+//    "shared_pool":true?,"lookahead_slots":N?,"free_deferral_steps":N?,"output_format":F?,
 //    "cache":{...}?,"expect":{...}?}
 //   {"step":i,"layer":l,"kind":...,"request":r,"state":b, ...}
 // Plain values; no JSON here.
@@ -26,6 +27,12 @@ namespace kvcheck::scenarios {
 
 /// The trace format version this build reads and writes.
 inline constexpr int kTraceVersion = 1;
+
+/// The most lookahead slots or free deferral steps a trace header (or an
+/// exec hello) declares: engines declare a handful (vLLM's
+/// num_speculative_tokens, SGLang's eviction interval of up to a window);
+/// more is a mistake, and the pool it would ask for is refused.
+inline constexpr std::int64_t kMaxDeclaredSlack = std::int64_t{1} << 16;
 
 /// How the engine's slots are numbered ("ring", "paged", "opaque"). Only
 /// "ring" changes the audit: slots of state b are then [b*capacity, (b+1)*capacity).
@@ -83,8 +90,29 @@ struct TraceHeader {
   /// addressing "paged"); 0: none. Replay and audit then show block tables
   /// and count the paged classes, as for the cache that was recorded.
   std::int64_t block_size = 0;
-  std::optional<std::int64_t> pool_blocks;  ///< with block_size: the pool per layer the cache was opened with
+  /// With block_size: the pool the cache was opened with, per layer (all
+  /// layers together with shared_pool). Audit gives the run this pool and,
+  /// as check does, fails a slot outside it.
+  std::optional<std::int64_t> pool_blocks;
   std::optional<TraceResidentBound> resident_bound;  ///< absent: no bound judged
+  // What the recorded cache declared in its hello, judged by audit as check
+  // judges it (absent keys: the defaults, nothing declared).
+  /// "shared_pool": one pool of slots across the layers (docs/semantics.md
+  /// "One pool across layers"): a write over a row another layer still sees
+  /// is a collision. Not with ring addressing.
+  bool shared_pool = false;
+  /// "lookahead_slots": room past each step's last row (docs/semantics.md
+  /// "Lookahead slots and deferred frees"), in the pool audit derives when
+  /// the header gives no pool_blocks. Needs block_size; at most kMaxDeclaredSlack.
+  std::int64_t lookahead_slots = 0;
+  /// "free_deferral_steps": out-of-window rows may stay held this many of
+  /// their request's write steps; audit fails a block held longer
+  /// (`late_frees`). At most kMaxDeclaredSlack.
+  std::optional<std::int64_t> free_deferral_steps;
+  /// "output_format": the format outputs are written in ("f64", "f32",
+  /// "bf16", "fp16"; docs/semantics.md "Output formats"), in the tolerance
+  /// and the check that every output is a value of it.
+  OutputFormat output_format = OutputFormat::kAccumulation;
   std::optional<TraceCache> cache;  ///< absent: TraceCache defaults, outputs not judged
   /// Each layer's own window (JSON "layer_windows", as a scenario's
   /// cache.layer_windows); empty: every layer has `window`.

@@ -160,10 +160,42 @@ TraceResidentBound read_resident_bound(const json& j, const TraceHeader& h, cons
   return b;
 }
 
+/// What the recorded cache declared, as its exec hello does (the same
+/// ranges and pairings): "shared_pool", "lookahead_slots",
+/// "free_deferral_steps", "output_format".
+void read_declarations(const json& j, TraceHeader* h) {
+  if (const json* v = find(j, "shared_pool")) {
+    h->shared_pool = get_bool(*v, "shared_pool");
+    if (h->shared_pool && h->addressing == Addressing::kRing) {
+      fail(ErrorId::kJsonValue, "shared_pool",
+           "a pool shared by the layers needs addressing \"paged\" or \"opaque\" (a ring's slots are "
+           "state * capacity + position mod capacity, one ring per layer)");
+    }
+  }
+  if (const json* v = find(j, "lookahead_slots")) {
+    h->lookahead_slots = get_range(*v, "lookahead_slots", 0, kMaxDeclaredSlack, "lookahead_slots");
+    if (h->lookahead_slots > 0 && h->block_size == 0) {
+      fail(ErrorId::kJsonValue, "lookahead_slots",
+           "lookahead slots need a block_size (addressing \"paged\"): they are room in a pool of blocks");
+    }
+  }
+  if (const json* v = find(j, "free_deferral_steps"))
+    h->free_deferral_steps =
+        get_range(*v, "free_deferral_steps", 0, kMaxDeclaredSlack, "free_deferral_steps");
+  if (const json* v = find(j, "output_format")) {
+    const std::string name = get_string(*v, "output_format");
+    if (!parse_output_format(name, &h->output_format)) {
+      fail(ErrorId::kJsonValue, "output_format",
+           "unknown name '" + name + "' (one of 'f64', 'f32', 'bf16', 'fp16')");
+    }
+  }
+}
+
 TraceHeader read_header(const json& j) {
   check_keys(j, "",
-             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "block_size", "pool_blocks",
-              "resident_bound", "cache", "expect", "layer_windows"});
+             {"kvcheck_trace", "name", "window", "capacity", "states", "addressing", "block_size",
+              "pool_blocks", "resident_bound", "shared_pool", "lookahead_slots", "free_deferral_steps",
+              "output_format", "cache", "expect", "layer_windows"});
   const json& version = require(j, "", "kvcheck_trace");
   if (get_i64(version, "kvcheck_trace") != kTraceVersion) {
     fail(ErrorId::kJsonValue, "kvcheck_trace",
@@ -245,6 +277,7 @@ TraceHeader read_header(const json& j) {
     h.pool_blocks = get_range(*v, "pool_blocks", 1, kMaxRows - 1, "pool_blocks");
   }
   if (const json* v = find(j, "resident_bound")) h.resident_bound = read_resident_bound(*v, h, "resident_bound");
+  read_declarations(j, &h);
   if (const json* v = find(j, "cache")) h.cache = read_trace_cache(*v, "cache");
   // The ranges of "expect" are checked against the schedule by `kvcheck
   // audit`, which validates the scenario of the run.
@@ -742,6 +775,12 @@ std::string trace_header_line(const TraceHeader& h) {
     b["limit"] = h.resident_bound->limit;
     j["resident_bound"] = std::move(b);
   }
+  // Declarations only when made: other traces keep their bytes.
+  if (h.shared_pool) j["shared_pool"] = true;
+  if (h.lookahead_slots > 0) j["lookahead_slots"] = h.lookahead_slots;
+  if (h.free_deferral_steps) j["free_deferral_steps"] = *h.free_deferral_steps;
+  if (h.output_format != OutputFormat::kAccumulation)
+    j["output_format"] = output_format_name(h.output_format);
   if (h.cache) {
     const TraceCache& c = *h.cache;
     ojson cache = ojson::object();

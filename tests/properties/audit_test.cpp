@@ -317,6 +317,37 @@ TEST_CASE("Audit: the early-free paged engine reads a slot the other request ove
   CHECK(bad.queries[0].reads[0] == ReadTag{3, 1, 7, 16});
 }
 
+TEST_CASE(
+    "Audit: the bundled recordings of the paged adapter's shared pool: a block handed to two layers fails") {
+  // `check --record` of paged_cache.py --bug shared-pool-double (its
+  // counterexample: 4 layers, one prefill of 5 rows, window 2), and `replay
+  // --record` of that counterexample on paged_cache.py --shared-pool.
+  const auto bad = bundled_trace("recorded-paged-adapter-shared-pool-double");
+  REQUIRE(bad.size() == 1);
+  CHECK(bad[0].header.shared_pool);
+  const auto bad_audit = audit_trace(bad, AuditOptions{});
+  REQUIRE(bad_audit.size() == 1);
+  CHECK_FALSE(bad_audit[0].passed);
+  CHECK(bad_audit[0].lost_rows == 0);
+  CHECK_THAT(
+      bad_audit[0].first_failure,
+      Catch::Contains("1 other-layer collisions (expected 0 in all); first other-layer: layer 1 wrote slot 4 "
+                      "holding request 0 position 4 on layer 0, which layer 0 still sees"));
+  // The same records as pools of their own: nothing to judge.
+  auto own_pools = bad;
+  own_pools[0].header.shared_pool = false;
+  CHECK(audit_trace(own_pools, AuditOptions{})[0].passed);
+  const auto good = bundled_trace("recorded-paged-adapter-shared-pool");
+  REQUIRE(good.size() == 1);
+  CHECK(good[0].header.shared_pool);
+  const auto good_audit = audit_trace(good, AuditOptions{});
+  REQUIRE(good_audit.size() == 1);
+  INFO(good_audit[0].first_failure);
+  CHECK(good_audit[0].passed);
+  CHECK(good_audit[0].observed == "slots+outputs");
+  CHECK(good_audit[0].pool_blocks == 24);  // the recorded pool, all four layers together
+}
+
 TEST_CASE("Audit: a recording of a passing run audits to the live verdict and numbers") {
   const Recorded r = record_and_audit(bundled("verify-s134"), impl::Fault::kNone);
   CHECK(r.live.passed);
@@ -885,4 +916,245 @@ TEST_CASE(
   REQUIRE(bad.size() == 1);
   CHECK_FALSE(bad[0].passed);
   CHECK(bad[0].first_failure.find("missing [0]") != std::string::npos);
+}
+
+namespace {
+
+/// kHeader with `extra` keys (",\"k\":v,...") before its closing brace.
+std::string header_with(const std::string& extra) {
+  return kHeader.substr(0, kHeader.size() - 1) + extra + "}";
+}
+
+/// The error auditing `text` throws: its id (201 type, 204 value, 300 size) and where(), or "no error".
+std::string audit_error(const std::string& text) {
+  try {
+    audit_trace(scenarios::parse_trace(text, ""), AuditOptions{});
+  } catch (const Error& e) {
+    return std::to_string(static_cast<int>(e.id())) + " " + e.where();
+  }
+  return "no error";
+}
+
+/// Sum over steps of the collisions over a row another layer still saw.
+std::int64_t other_layer(const RunObservation& run) {
+  std::int64_t n = 0;
+  for (const auto& s : run.steps) n += s.collisions.other_layer;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Audit: a trace header's declarations are read strictly and written back only when made") {
+  const std::string prefill = kPrefill3 + "}";
+  const std::string made =
+      R"(,"block_size":2,"shared_pool":true,"lookahead_slots":4,"free_deferral_steps":2,"output_format":"bf16")";
+  const auto parsed = scenarios::parse_trace(lines({header_with(made), prefill}), "");
+  const scenarios::TraceHeader& h = parsed[0].header;
+  CHECK(h.shared_pool);
+  CHECK(h.lookahead_slots == 4);
+  CHECK(h.free_deferral_steps == std::optional<std::int64_t>(2));
+  CHECK(h.output_format == OutputFormat::kBf16);
+  CHECK(scenarios::trace_header_line(h).find(
+            R"("shared_pool":true,"lookahead_slots":4,"free_deferral_steps":2,"output_format":"bf16")") !=
+        std::string::npos);
+  CHECK(scenarios::parse_trace(scenarios::trace_header_line(h) + "\n" + prefill + "\n", "")[0].header == h);
+  // A deferral of 0 steps is a declaration too (frees due at once).
+  CHECK(
+      scenarios::trace_header_line(
+          scenarios::parse_trace(lines({header_with(R"(,"free_deferral_steps":0)"), prefill}), "")[0].header)
+          .find(R"("free_deferral_steps":0)") != std::string::npos);
+  // Nothing declared: the header keeps its bytes.
+  const std::string plain =
+      scenarios::trace_header_line(scenarios::parse_trace(lines({kHeader, prefill}), "")[0].header);
+  for (const char* key : {"shared_pool", "lookahead_slots", "free_deferral_steps", "output_format"})
+    CHECK(plain.find(key) == std::string::npos);
+
+  // Bad values: typed errors naming the field; a forged size is refused
+  // before anything is sized by it.
+  CHECK(audit_error(lines({header_with(R"(,"shared_pool":1)"), prefill})) == "201 line 1: shared_pool");
+  CHECK(
+      audit_error(lines(
+          {R"({"kvcheck_trace":1,"name":"t","window":{"param":3,"convention":"keys"},"capacity":8,"addressing":"ring","shared_pool":true})",
+           prefill})) == "204 line 1: shared_pool");
+  CHECK(audit_error(lines({header_with(R"(,"block_size":2,"lookahead_slots":-1)"), prefill})) ==
+        "204 line 1: lookahead_slots");
+  CHECK(audit_error(lines({header_with(R"(,"block_size":2,"lookahead_slots":4611686018427387904)"),
+                           prefill})) == "300 line 1: lookahead_slots");
+  CHECK(audit_error(lines({header_with(R"(,"block_size":2,"lookahead_slots":65537)"), prefill})) ==
+        "300 line 1: lookahead_slots");
+  CHECK(audit_error(lines({header_with(R"(,"lookahead_slots":4)"), prefill})) ==
+        "204 line 1: lookahead_slots");
+  CHECK(audit_error(lines({header_with(R"(,"free_deferral_steps":-2)"), prefill})) ==
+        "204 line 1: free_deferral_steps");
+  CHECK(audit_error(lines({header_with(R"(,"free_deferral_steps":9223372036854775807)"), prefill})) ==
+        "300 line 1: free_deferral_steps");
+  CHECK(audit_error(lines({header_with(R"(,"free_deferral_steps":"2")"), prefill})) ==
+        "201 line 1: free_deferral_steps");
+  CHECK(audit_error(lines({header_with(R"(,"output_format":"bf8")"), prefill})) ==
+        "204 line 1: output_format");
+  CHECK(audit_error(lines({header_with(R"(,"output_format":"accumulation")"), prefill})) ==
+        "204 line 1: output_format");
+  // Lookahead slots are room in the pool audit derives (4 slots: 2 blocks
+  // of 2); a recorded pool is the run's, and a slot outside it fails.
+  const RunObservation without = audit(lines({header_with(R"(,"block_size":2)"), prefill}));
+  const RunObservation with = audit(lines({header_with(R"(,"block_size":2,"lookahead_slots":4)"), prefill}));
+  CHECK(with.passed);
+  CHECK(with.pool_blocks == without.pool_blocks + 2);
+  CHECK(audit(lines({header_with(R"(,"block_size":2,"pool_blocks":2)"), prefill})).passed);
+  const RunObservation outside = audit(lines({header_with(R"(,"block_size":2,"pool_blocks":1)"), prefill}));
+  CHECK_FALSE(outside.passed);
+  CHECK(outside.pool_blocks == 1);
+  CHECK_THAT(outside.first_failure, Catch::Contains("pool_blocks 1 x block_size 2"));
+  // The largest declarations audit as any other (the pool they size is arithmetic, not memory).
+  const RunObservation largest = audit(lines(
+      {header_with(R"(,"block_size":2,"lookahead_slots":65536,"free_deferral_steps":65536)"), prefill}));
+  INFO(largest.first_failure);
+  CHECK(largest.passed);
+  CHECK(largest.pool_blocks > 65536 / 2);
+}
+
+TEST_CASE("Audit: a trace's shared pool judges a write over a row another layer still sees, as check does") {
+  // Two layers, window 3: layer 0 prefills positions 0..2 at slots 0..2;
+  // layer 1 then writes its own rows at slots 0..2 (over layer 0's, in one
+  // pool) or at 4..6.
+  const std::string layer0 = kPrefill3 + "}";
+  const auto layer1 = [](const std::string& slots, const std::string& reads) {
+    return R"({"step":0,"layer":1,"kind":"prefill","request":0,"state":0,"position":0,"rows":3,"order":"store_then_load","written":)" +
+           slots + R"(,"read":)" + reads + "}";
+  };
+  const std::string over = layer1("[0,1,2]", "[[0],[0,1],[0,1,2]]");
+  const std::string apart = layer1("[4,5,6]", "[[4],[4,5],[4,5,6]]");
+  const std::string shared = header_with(R"(,"shared_pool":true)");
+  // Pools of their own: the same slot ids are different memory.
+  CHECK(audit(lines({kHeader, layer0, over})).passed);
+  const RunObservation collided = audit(lines({shared, layer0, over}));
+  CHECK_FALSE(collided.passed);
+  CHECK(other_layer(collided) == 2);  // positions 1 and 2: the next query (at 3) sees them, not 0
+  CHECK_THAT(collided.first_failure, Catch::Contains("layer 1 wrote slot 1 holding request 0 position 1"));
+  CHECK_THAT(collided.first_failure, Catch::Contains("which layer 0 still sees"));
+  const RunObservation ok = audit(lines({shared, layer0, apart}));
+  INFO(ok.first_failure);
+  CHECK(ok.passed);
+  CHECK(other_layer(ok) == 0);
+}
+
+TEST_CASE("Audit: a trace's free deferral fails a block held past it (late_frees), as check does") {
+  // Window 3, one slot per block: after the prefill (0..2) position 0 has
+  // left every window, after the decode at 3 position 1.
+  const std::string prefill = kPrefill3 + "}";
+  const std::string decode3 = kDecode3;
+  const std::string decode4 =
+      R"({"step":2,"layer":0,"kind":"decode","request":0,"state":0,"position":4,"written":[4],"read":[[2,3,4]])";
+  const auto header = [](int steps) {
+    return header_with(R"(,"free_deferral_steps":)" + std::to_string(steps));
+  };
+  const auto run = [&](const std::string& h, const std::string& free3, const std::string& free4) {
+    return audit(lines({h, prefill, decode3 + free3 + "}", decode4 + free4 + "}"}));
+  };
+  // Nothing declared: rows kept past the window are not judged.
+  CHECK(run(kHeader, "", "").passed);
+  // One step: position 0 must be freed by the decode at 3, position 1 by the one at 4.
+  const RunObservation kept = run(header(1), "", "");
+  CHECK_FALSE(kept.passed);
+  CHECK(kept.late_frees > 0);
+  CHECK_THAT(kept.first_failure, Catch::StartsWith("step 1 (decode) layer 0:"));
+  CHECK_THAT(kept.first_failure, Catch::Contains("slot 0 holding request 0 position 0"));
+  const RunObservation on_time = run(header(1), R"(,"freed":[0])", R"(,"freed":[1])");
+  INFO(on_time.first_failure);
+  CHECK(on_time.passed);
+  CHECK(on_time.late_frees == 0);
+  // Each free one step later: late for a deferral of 1, within one of 2.
+  CHECK_FALSE(run(header(1), "", R"(,"freed":[0])").passed);
+  const RunObservation deferred = run(header(2), "", R"(,"freed":[0])");
+  INFO(deferred.first_failure);
+  CHECK(deferred.passed);
+}
+
+TEST_CASE("Audit: a trace's output format is in the tolerance and in which values an output may take") {
+  // One decode reading only its own row: the output is its v exactly, in f64.
+  const std::string header = header_with(R"(,"cache":{"head_dim":2})");
+  const auto decode = [](const std::string& out) {
+    return R"({"step":0,"layer":0,"kind":"decode","request":0,"state":0,"position":0,"written":[0],"read":[[0]],"k":[[0.5,0.25]],"v":[[0.1,0.3]],"q":[[1.0,0.5]],"out":[)" +
+           out + "]}";
+  };
+  const std::string exact = decode("[0.1,0.3]");
+  const std::string in_bf16 = decode("[0.10009765625,0.30078125]");  // v rounded to nearest bf16
+  const auto bf16 = [&](const std::string& record) {
+    return audit(lines({header_with(R"(,"cache":{"head_dim":2},"output_format":"bf16")"), record}));
+  };
+  CHECK(audit(lines({header, exact})).passed);
+  // Outputs as accumulated (f64): a bf16 rounding is an error ...
+  const RunObservation narrow = audit(lines({header, in_bf16}));
+  CHECK_FALSE(narrow.passed);
+  CHECK(narrow.output_failures == 1);
+  // ... written in bf16 it is the declared rounding, and an output that is no bf16 value fails.
+  const RunObservation declared = bf16(in_bf16);
+  INFO(declared.first_failure);
+  CHECK(declared.passed);
+  CHECK(declared.output_format == "bf16");
+  const RunObservation not_bf16 = bf16(exact);
+  CHECK_FALSE(not_bf16.passed);
+  CHECK_THAT(not_bf16.first_failure, Catch::Contains("bf16 values"));
+}
+
+TEST_CASE("Audit: a recording carries the cache's declarations and audits to the live verdict on them") {
+  struct Case {
+    const char* name;
+    std::function<void(engines::Capabilities&)> declare;
+    std::int32_t layers;
+    const char* key;  // what the recording's header carries
+    bool passes;      // the live verdict
+  };
+  const std::vector<Case> cases = {
+      // The CPU ring (5 rows, window 4) frees nothing: a row that left the
+      // window stays until the ring comes round, late for a deferral of 0,
+      // in time for one of 2 ...
+      {"deferral 0",
+       [](engines::Capabilities& c) {
+         c.reports_frees = true;
+         c.free_deferral_steps = 0;
+       },
+       1, R"("free_deferral_steps":0)", false},
+      {"deferral 2",
+       [](engines::Capabilities& c) {
+         c.reports_frees = true;
+         c.free_deferral_steps = 2;
+       },
+       1, R"("free_deferral_steps":2)", true},
+      // ... its layers' rings, declared one pool of opaque slots, write over each other ...
+      {"shared pool",
+       [](engines::Capabilities& c) {
+         c.ring_addressing = false;
+         c.slots_in_pool = false;
+         c.shared_pool = true;
+       },
+       2, R"("shared_pool":true)", false},
+      {"own pools",
+       [](engines::Capabilities& c) {
+         c.ring_addressing = false;
+         c.slots_in_pool = false;
+       },
+       2, R"("addressing":"opaque")", true},
+      // ... and its f64 outputs are no bf16 values, but f64 ones.
+      {"bf16 outputs", [](engines::Capabilities& c) { c.output_format = OutputFormat::kBf16; }, 1,
+       R"("output_format":"bf16")", false},
+      {"f64 outputs", [](engines::Capabilities& c) { c.output_format = OutputFormat::kF64; }, 1,
+       R"("output_format":"f64")", true},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    scenarios::Scenario sc = eight_decodes(c.name);
+    sc.cache.layers = c.layers;
+    const LiveRecording r = record_live(std::make_unique<DeclaredProvider>(c.declare), sc);
+    CHECK(r.trace.find(c.key) != std::string::npos);
+    const auto audited = audit_trace(scenarios::parse_trace(r.trace, "recording"), AuditOptions{});
+    REQUIRE(audited.size() == 1);
+    INFO(r.live.first_failure << " / " << audited.front().first_failure);
+    CHECK(r.live.passed == c.passes);
+    CHECK(audited.front().passed == r.live.passed);
+    CHECK(audited.front().first_failure == r.live.first_failure);
+    CHECK(audited.front().late_frees == r.live.late_frees);
+    CHECK(other_layer(audited.front()) == other_layer(r.live));
+    CHECK(audited.front().output_failures == r.live.output_failures);
+  }
 }

@@ -130,7 +130,13 @@ TEST_CASE("StepKinds: every kind round-trips through a scenario file with exactl
 }
 
 TEST_CASE("StepKinds: every kind and begin round-trip through a trace record") {
-  std::string text = trace_header_line(TraceHeader{"kinds", 4, Convention::kKeys, 16, 1, Addressing::kRing, 0, {}, {}, {}, {}, {}});
+  TraceHeader header;
+  header.name = "kinds";
+  header.window = 4;
+  header.capacity = 16;
+  header.states = 1;
+  header.addressing = Addressing::kRing;
+  std::string text = trace_header_line(header);
   // begin, prefill(3), verify(2), accept(1), trim(2), then the rest: each record at its logical position.
   std::vector<TraceStep> records;
   TraceStep begin;
