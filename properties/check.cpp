@@ -33,6 +33,22 @@ bool valid(const Scenario& sc) {
   }
 }
 
+/// `sc` without its layers [from, to): their windows and explicit rows go
+/// with them, and the later layers' rows take the numbers left free.
+Scenario without_layers(const Scenario& sc, std::int32_t from, std::int32_t to) {
+  Scenario v = sc;
+  v.cache.layers -= to - from;
+  if (!v.cache.layer_windows.empty()) {
+    v.cache.layer_windows.erase(v.cache.layer_windows.begin() + from, v.cache.layer_windows.begin() + to);
+  }
+  std::erase_if(v.data.rows,
+                [&](const scenarios::ExplicitRow& row) { return row.layer >= from && row.layer < to; });
+  for (auto& row : v.data.rows) {
+    if (row.layer >= to) row.layer -= to - from;
+  }
+  return v;
+}
+
 /// Every one-step-smaller variant of `sc`, most aggressive first.
 std::vector<Scenario> variants(const Scenario& sc) {
   std::vector<Scenario> out;
@@ -171,13 +187,24 @@ std::vector<Scenario> variants(const Scenario& sc) {
       out.push_back(std::move(v));
     }
   }
-  // Simpler cache: one layer, fewer heads, narrower heads, exact rows, no RoPE.
+  // Simpler cache: fewer layers, fewer heads, narrower heads, exact rows, no RoPE.
   auto with = [&](auto&& edit) {
     Scenario v = sc;
     edit(v.cache);
     out.push_back(std::move(v));
   };
-  if (sc.cache.layers > 1) with([](auto& c) { c.layers = 1; });
+  // Fewer layers, dropped from the end (with their windows and rows): one,
+  // half, one fewer. A failure between layers (one pool across them) needs
+  // two, and two are what it keeps.
+  if (sc.cache.layers > 1) {
+    const std::int32_t n = sc.cache.layers;
+    std::int32_t last = 0;
+    for (const std::int32_t keep : {1, n / 2, n - 1}) {
+      if (keep <= last) continue;  // each once (three layers: 1, 1, 2)
+      out.push_back(without_layers(sc, keep, n));
+      last = keep;
+    }
+  }
   // A narrower window, the ring kept (a ring safe for a window is safe for
   // a narrower one): a failure that needs many rows then needs fewer steps.
   if (sc.cache.window > 1) {
@@ -189,15 +216,11 @@ std::vector<Scenario> variants(const Scenario& sc) {
         return r.state < sc.cache.states - 1;
       }))
     with([](auto& c) { c.states -= 1; });
-  // With a window per layer: one layer fewer, its window with it (a case
-  // needs only the layers whose windows differ where it fails).
-  if (sc.cache.layers > 1 && !sc.cache.layer_windows.empty()) {
-    for (std::size_t l = 0; l < sc.cache.layer_windows.size(); ++l) {
-      with([l](auto& c) {
-        c.layers -= 1;
-        c.layer_windows.erase(c.layer_windows.begin() + static_cast<std::ptrdiff_t>(l));
-      });
-    }
+  // One layer fewer from anywhere, its window with it: a case needs only the
+  // layers whose windows differ where it fails, or the two layers of one
+  // pool that collide (the last one dropped above).
+  if (sc.cache.layers > 1) {
+    for (std::int32_t l = 0; l + 1 < sc.cache.layers; ++l) out.push_back(without_layers(sc, l, l + 1));
   }
   if (sc.cache.q_heads > sc.cache.kv_heads) with([](auto& c) { c.q_heads = c.kv_heads; });
   if (sc.cache.kv_heads > 1)

@@ -245,9 +245,11 @@ bool case_fails_alone(const CheckOptions& options, std::int64_t case_index);
 /// Greedy shrinking: repeatedly tries smaller variants (fewer requests,
 /// fewer steps, shorter chunks, fewer drafts; fewer features: no shared
 /// prefix, no trim, a decode for a verify, no window per layer or one
-/// layer fewer; one layer, fewer heads, narrower heads, f64 rows, no RoPE,
-/// no sink) and keeps any that still fails, until none does. `fails` must
-/// be deterministic.
+/// layer fewer; one layer, half the layers or one fewer, dropped from the
+/// end, or any one layer, with their windows and explicit rows; fewer
+/// heads, narrower heads,
+/// f64 rows, no RoPE, no sink) and keeps any that still fails, until none
+/// does. `fails` must be deterministic.
 scenarios::Scenario shrink_scenario(const scenarios::Scenario& failing,
                                     const std::function<bool(const scenarios::Scenario&)>& fails,
                                     std::int64_t* runs);

@@ -17,6 +17,7 @@
 #include "impl/kv_cache.hpp"
 #include "model/encoding.hpp"
 #include "properties/check.hpp"
+#include "properties/runner.hpp"
 #include "scenarios/scenario_json.hpp"
 #include "support/error.hpp"
 
@@ -739,4 +740,121 @@ TEST_CASE(
   REQUIRE(fallback.coverage_counts.size() == properties::coverage_names().size() + 3);
   CHECK(fallback.coverage_counts.back() == 0);
   CHECK_FALSE(fallback.reachable.back());
+}
+
+namespace {
+
+/// The CPU ring pool with one layer's outputs off by 0.5 (its first element
+/// of every writing step): a case fails on that layer only.
+class LayerOffProvider : public engines::CacheProvider {
+ public:
+  explicit LayerOffProvider(std::int32_t layer)
+      : inner_(properties::make_provider(properties::RunOptions{})), layer_(layer) {}
+  const engines::Capabilities& capabilities() override { return inner_->capabilities(); }
+  std::unique_ptr<engines::CacheUnderTest> open(const engines::CacheSpec& spec,
+                                                engines::Refusal* refused) override {
+    auto cache = inner_->open(spec, refused);
+    return cache ? std::make_unique<Cache>(std::move(cache), layer_) : nullptr;
+  }
+  std::string name() const override { return "layer-off"; }
+
+ private:
+  class Cache : public engines::CacheUnderTest {
+   public:
+    Cache(std::unique_ptr<engines::CacheUnderTest> inner, std::int32_t layer)
+        : inner_(std::move(inner)), layer_(layer) {}
+    engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+      const engines::StepStatus st = inner_->call(c, answer);
+      if (!st && answer != nullptr && c.layer == layer_ && !answer->out.empty()) answer->out[0] += 0.5;
+      return st;
+    }
+
+   private:
+    std::unique_ptr<engines::CacheUnderTest> inner_;
+    std::int32_t layer_;
+  };
+  std::unique_ptr<engines::CacheProvider> inner_;
+  std::int32_t layer_;
+};
+
+/// One request on `layers` layers (window 3): a prefill of 3 rows, 2 decodes.
+scenarios::Scenario layered_case(std::int32_t layers) {
+  scenarios::Scenario sc;
+  sc.name = "layers";
+  sc.cache.window = 3;
+  sc.cache.ring_rows = 8;
+  sc.cache.layers = layers;
+  sc.requests = {{0, 0}};
+  scenarios::Step prefill;
+  prefill.kind = scenarios::StepKind::kPrefill;
+  prefill.rows = 3;
+  scenarios::Step decode;
+  decode.kind = scenarios::StepKind::kDecode;
+  sc.steps = {prefill, decode, decode};
+  return sc;
+}
+
+/// `sc` shrunk against `provider` (probes off): whether the case fails.
+scenarios::Scenario shrunk_on(engines::CacheProvider& provider, const scenarios::Scenario& sc) {
+  properties::RunOptions run;
+  run.provider = &provider;
+  run.probes = false;
+  run.precision_bits = 53;
+  const auto fails = [&](const scenarios::Scenario& s) { return !properties::run_scenario(s, run).passed; };
+  REQUIRE(fails(sc));
+  std::int64_t runs = 0;
+  scenarios::Scenario shrunk = properties::shrink_scenario(sc, fails, &runs);
+  CHECK(fails(shrunk));
+  return shrunk;
+}
+
+}  // namespace
+
+TEST_CASE("Shrink: a case failing only on layer 0 shrinks to one layer, its windows and rows with it") {
+  LayerOffProvider off(0);
+  const scenarios::Scenario plain = shrunk_on(off, layered_case(4));
+  CHECK(plain.cache.layers == 1);
+  CHECK(plain.steps.size() == 1);
+  // Windows per layer (layer 0 sliding, 1 global, ...) and an explicit row
+  // on each layer: one layer is left, with its window and its row.
+  scenarios::Scenario windowed = layered_case(4);
+  windowed.cache.layer_windows = {{2, scenarios::Convention::kKeys},
+                                  {std::nullopt, scenarios::Convention::kKeys},
+                                  {3, scenarios::Convention::kKeys},
+                                  {2, scenarios::Convention::kKeys}};
+  for (std::int32_t l = 0; l < 4; ++l) {
+    scenarios::ExplicitRow row;
+    row.layer = l;
+    row.position = 0;
+    row.k = {0.25 * (l + 1), 0.5};
+    row.v = {0.5, -0.25 * (l + 1)};
+    row.q = {1.0, 0.5};
+    windowed.data.rows.push_back(row);
+  }
+  const scenarios::Scenario shrunk = shrunk_on(off, windowed);
+  CHECK(shrunk.cache.layers == 1);
+  CHECK(shrunk.cache.layer_windows.size() <= 1);
+  REQUIRE(shrunk.data.rows.size() == 1);
+  CHECK(shrunk.data.rows[0].layer == 0);
+  CHECK(shrunk.data.rows[0].k == std::vector<double>{0.25, 0.5});
+}
+
+TEST_CASE("Shrink: a case failing only on layer 1 keeps two layers of four or six") {
+  // A failure between layers (a block handed to two layers of one pool) needs
+  // two: one layer does not fail, and the shrinker used to keep all of them.
+  LayerOffProvider off(1);
+  for (const std::int32_t layers : {4, 6}) {
+    INFO(layers << " layers");
+    const scenarios::Scenario shrunk = shrunk_on(off, layered_case(layers));
+    CHECK(shrunk.cache.layers == 2);
+    CHECK(shrunk.steps.size() == 1);
+  }
+  // With windows per layer: the failing layer keeps its own window.
+  scenarios::Scenario windowed = layered_case(4);
+  windowed.cache.layer_windows = {{2, scenarios::Convention::kKeys},
+                                  {3, scenarios::Convention::kKeys},
+                                  {std::nullopt, scenarios::Convention::kKeys},
+                                  {2, scenarios::Convention::kKeys}};
+  const scenarios::Scenario shrunk = shrunk_on(off, windowed);
+  CHECK(shrunk.cache.layers == 2);
 }
