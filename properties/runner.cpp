@@ -764,8 +764,13 @@ class StepDriver {
                             : std::span<const std::int64_t>(),
         visible_from, &tally, caps_.block_size, answer_.recompute);
     begun_events_.evicted = tally.evicted_rows;
-    // Left to the request's next writing step on this layer (docs/semantics.md "Recompute in a step").
-    if (!answer_.recompute.empty()) recompute_pending_[{l, begin.step.request}] = answer_.recompute;
+    // Left to the request's next writing step on this layer (docs/semantics.md
+    // "Recompute in a step"), sorted: each is looked up once.
+    if (!answer_.recompute.empty()) {
+      std::vector<std::int64_t>& left = recompute_pending_[{l, begin.step.request}];
+      left = answer_.recompute;
+      std::sort(left.begin(), left.end());
+    }
     judge_.share_prefix(l, begin.step.request, source, n, seqs);
     if (!decoders_.empty())
       decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, source, n);
@@ -836,20 +841,20 @@ class StepDriver {
     }
     if (answer_.recomputed.empty()) return true;
     std::string problem;
+    std::vector<bool> stored(left.size(), false);  // `left` is sorted (begin_from_prefix)
     for (std::size_t i = 0; i < answer_.recomputed.size() && problem.empty(); ++i) {
       const std::int64_t p = answer_.recomputed[i].first;
-      const auto it = std::find(left.begin(), left.end(), p);
-      if (it == left.end()) {
-        const bool earlier = std::any_of(answer_.recomputed.begin(),
-                                         answer_.recomputed.begin() + static_cast<std::ptrdiff_t>(i),
-                                         [p](const auto& e) { return e.first == p; });
+      const auto it = std::lower_bound(left.begin(), left.end(), p);
+      const auto k = static_cast<std::size_t>(it - left.begin());
+      if (it == left.end() || *it != p || stored[k]) {
+        const bool earlier = it != left.end() && *it == p;  // left, and stored already
         problem =
             "answer.recomputed[" + std::to_string(i) + "]: position " + std::to_string(p) +
             (earlier
                  ? " stored twice"
                  : " was not left to this step by the request's begin on this layer (its recompute list)");
       }
-      if (problem.empty()) left.erase(it);
+      if (problem.empty()) stored[k] = true;
     }
     if (!problem.empty()) {
       obs->error = problem;

@@ -23,6 +23,9 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
                                                    std::span<const std::int64_t> recompute) {
   PrefixTally counts;
   std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
+  // Positions left to the next writing step, sorted for lookup.
+  std::vector<std::int64_t> left(recompute.begin(), recompute.end());
+  std::sort(left.begin(), left.end());
   for (std::int64_t p = 0; p < n; ++p) {
     const auto i = static_cast<std::size_t>(p);
     const auto src = latest_.find({source, p});
@@ -61,7 +64,7 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       any_restored_ = true;
       continue;
     }
-    if (std::find(recompute.begin(), recompute.end(), p) != recompute.end()) {
+    if (std::binary_search(left.begin(), left.end(), p)) {
       // Left to the next writing step: absent until it stores it.
       latest_[{request, p}] = Latest{0, -1, lineage.origin, lineage.origin_request};
     } else if (holder) {
