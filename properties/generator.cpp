@@ -140,6 +140,7 @@ constexpr ScheduleClass kScheduleClasses[] = {
     {"begin_from_evicted_prefix", &Coverage::begin_from_evicted_prefix, kFeatureGateCases},
     {"preempt_then_resume", &Coverage::preempt_then_resume, kFeatureGateCases},
     {"resume_with_prefix_hit", &Coverage::resume_with_prefix_hit, kFeatureGateCases},
+    {"prefix_recomputed_in_step", &Coverage::prefix_recomputed_in_step, kFeatureGateCases},
 };
 constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
 
@@ -273,6 +274,8 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   // keeps a preempted request's rows: a prefix cache's cached blocks).
   reach.push_back(can(Feature::kPreempt));
   reach.push_back(can(Feature::kPreempt) && (caps.reports_cached || caps.prefix_sharing));
+  // A cache that recomputes a begin's rows in a step, where begins carry rows.
+  reach.push_back(caps.recompute_in_step && (prefix || can(Feature::kPreempt)));
   KVCHECK_ASSERT(reach.size() == kScheduleClassCount);
   for (int f = 0; f < kFeatureCount; ++f) reach.push_back(drawable[static_cast<std::size_t>(f)]);
   for (int a = 0; a < kFeatureCount; ++a) {
@@ -1417,6 +1420,7 @@ void classify_cached(const RunObservation& run, Coverage* cov) {
   }
   if (run.resumes > 0) cov->preempt_then_resume = true;
   if (run.resumes_with_hits > 0) cov->resume_with_prefix_hit = true;
+  if (run.steps_recomputing > 0) cov->prefix_recomputed_in_step = true;
 }
 
 }  // namespace kvcheck::properties
