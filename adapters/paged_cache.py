@@ -69,6 +69,9 @@ state id; the begin that resumes it (a prefix begin from itself, carrying
 its committed rows) stores again the rows its next query can see, in new
 blocks, or with the prefix cache takes back the cached blocks that still
 hold them (vLLM's recompute with prefix hits) and stores only the rest.
+`--bug preempt-stale-table` (the plain paged cache's) takes the old block
+table back; `--bug resume-stale-cached` (the prefix cache's) takes back by
+id the blocks the preempt cached, even one evicted in between.
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates. `--store-first`,
@@ -207,7 +210,7 @@ class PagedCache(window_cache.WindowCache):
     def new_layer(self):
         layer = PagedLayer(self.spec.states, self.shared or BlockPool(self.pool_blocks))
         layer.freed = [[] for _ in range(self.spec.states)]  # double-free: blocks freed by the window
-        layer.stale = {}  # preempt-stale-table: preempted request -> its old block table
+        layer.stale = {}  # preempt-stale-table, resume-stale-cached: preempted request -> its old block table
         return layer
 
     # -- preemption (--preempt) ---------------------------------------------------
@@ -436,6 +439,9 @@ PREFIX_BUGS = {
     "partial-block-hash": "a block a begin stored again that the prefix ends inside gets the source "
                           "block's hash too, so once the request fills it with rows of its own a later "
                           "begin from the source reads them as the source's (implies --content-hash)",
+    "resume-stale-cached": "the begin that resumes a preempted request takes back the blocks its preempt "
+                           "cached by the ids it kept, without looking their hashes up again: a block "
+                           "evicted since holds another request's rows (implies --preempt)",
 }
 
 
@@ -484,6 +490,11 @@ class SharingPagedCache(PagedCache):
         self.reuse_evicted = "evicted-prefix-reused" in bugs
         self.leave_hash = "evict-leaves-hash" in bugs
         self.partial_hash = "partial-block-hash" in bugs
+        # resume-stale-cached: a preempt keeps the ids of the blocks it
+        # caches, and the resume takes them back by id (a scheduler that
+        # keeps a preempted request's block list), not by their hashes: a
+        # block evicted in between now holds another request's rows.
+        self.resume_stale = "resume-stale-cached" in bugs
         self.content_hash = False  # --content-hash (make_cache sets it)
         self.moved_now = []
         self.indexing = True  # False while a reset lets go of its blocks
@@ -632,6 +643,13 @@ class SharingPagedCache(PagedCache):
         return answer
 
     # -- steps -------------------------------------------------------------------
+    def preempt(self, layer, state, request):
+        lay, st = self._busy_state(layer, state, request)
+        if self.resume_stale:
+            # The full committed blocks, which the preempt caches.
+            lay.stale[request] = {j: blk for j, blk in st.table.items() if (j + 1) * self.B <= st.length}
+        return super().preempt(layer, state, request)
+
     def finish(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
         if self.reuse_evicted:
@@ -677,6 +695,8 @@ class SharingPagedCache(PagedCache):
             if other.busy and other.request == prefix.request:
                 source = other.table
         ghost = lay.ghosts.get(prefix.request, {}) if self.reuse_evicted and source is None else {}
+        # resume-stale-cached: a resume's kept block ids, ahead of the index.
+        kept = lay.stale.pop(request, {}) if prefix.request == request else {}
         n = prefix.positions
         keys = self.layer_keys(lay)
         lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its first query sees
@@ -684,7 +704,7 @@ class SharingPagedCache(PagedCache):
         # evicted-prefix-reused bug's old id, else None (stored again).
         hits = {}
         for j in range(lo // B, (n - 1) // B + 1):
-            block = source.get(j) if source is not None else None
+            block = source.get(j) if source is not None else kept.get(j)
             if block is None:
                 block = lay.index.get(self._key(lay, prefix.request, j), ghost.get(j))
             hits[j] = block
@@ -806,7 +826,8 @@ class PagedAdapter(window_cache.WindowAdapter):
         self.prefix_cache = args.prefix_cache or self.content_hash or any(b in PREFIX_BUGS for b in args.bug)
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
-        self.preempt = args.preempt or "preempt-stale-table" in args.bug  # hello lists preempt
+        self.preempt = args.preempt or any(b in ("preempt-stale-table", "resume-stale-cached")
+                                           for b in args.bug)  # hello lists preempt
         if self.preempt and (self.trims or args.lookahead is not None or args.free_deferral is not None):
             raise SystemExit("paged-cache: --preempt does not go with --trims, --lookahead or --free-deferral")
         if "preempt-stale-table" in args.bug and self.prefix_cache:

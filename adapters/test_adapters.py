@@ -562,7 +562,7 @@ class ProtocolTest(AdapterTest):
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
                                        "free-late", "shared-pool-double", "preempt-stale-table", "free-shared",
                                        "cow-skipped", "evicted-prefix-reused", "evict-leaves-hash",
-                                       "partial-block-hash"])):
+                                       "partial-block-hash", "resume-stale-cached"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -1033,6 +1033,40 @@ class ProtocolTest(AdapterTest):
                      ["--bug", "preempt-stale-table", "--prefix-cache"]):
             bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
             self.assertNotEqual(bad.returncode, 0, args)
+
+    def test_paged_resume_after_its_cached_block_was_evicted(self):
+        """--preempt --prefix-cache: a block the preempt cached and another
+        request's write evicted since is stored again by the resume;
+        resume-stale-cached takes it back by its old id (now another
+        request's rows)."""
+        spec = {**make_spec(states=2, capacity=8, param=3), "block_size": 2, "pool_blocks": 4}
+        r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
+        rows = {"k": [[0.1] * 4] * 5, "v": [[0.2] * 4] * 5}
+
+        def resumed(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            source = send_rows_step(adapter, r0, "prefill", 0, 5, rows=5, order="store_then_load")["written"]
+            # keys 3: block 0 (positions 0, 1) left the window (cached); the
+            # preempt caches block 1 (2, 3) and frees block 2 (the half block).
+            self.assertEqual(sorted(adapter.send({"op": "preempt", **r0})["cached"]), source[2:4])
+            # r1 takes the freed block and the unused one, then evicts the
+            # cached ones, least recently cached first: block 0, then block 1 (decode at 6).
+            adapter.send({"op": "begin", **r1})
+            send_rows_step(adapter, r1, "prefill", 0, 4, rows=4, order="store_then_load")
+            for p in (4, 5):
+                send_rows_step(adapter, r1, "decode", p)
+            evicting = send_rows_step(adapter, r1, "decode", 6)["written"][0]
+            self.assertEqual(evicting // 2, source[2] // 2)
+            return adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
+
+        # Correct: positions 2..4 (blocks 1 and 2; the next query sees 3..5) stored again.
+        written = resumed("--preempt", "--prefix-cache")["written"]
+        self.assertTrue(all(s >= 0 for s in written[2:]), written)
+        # resume-stale-cached: block 1 taken back, as if it still held positions 2 and 3.
+        written = resumed("--bug", "resume-stale-cached")["written"]
+        self.assertEqual(written[2:4], [-1, -1])
 
     def test_paged_trims_keep_the_last_capacity_rows(self):
         # Without --trims the paged cache frees by its window and lists no

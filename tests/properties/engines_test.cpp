@@ -1261,6 +1261,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "Shadow map: a resume's prefix hit takes back the block its rows were stored in, not a cached "
+    "copy-on-write copy of them") {
+  // docs/semantics.md "Preemption" (paged_cache.py --preempt --prefix-cache,
+  // blocks of 4): request 0 wrote positions 0..3 at slots 0..3; request 1
+  // began from its first 2 and copied them into its own block (slots 4, 5)
+  // before writing position 2 at slot 6. Request 1's window let that block
+  // go, cached under its own hash; request 0 is preempted, its block cached.
+  const std::vector<std::int64_t> none, copy_block{4, 5, 6}, own_block{0, 1, 2, 3};
+  const auto nobody = [](const ShadowRow&) { return false; };
+  ShadowMap m;
+  write_rows(m, 4, 8);
+  m.begin_prefix(1, 0, 2, none);
+  CHECK(reads_correct(decode_of(m, 1, 2, 6, {4, 5, 6}, 8, {{0, 4}, {1, 5}})));
+  REQUIRE(m.release(copy_block, none, nobody, nullptr, true).empty());
+  REQUIRE(m.release(own_block, none, nobody, nullptr, true).empty());
+  // The resume answers -1 for positions 0..3 (the cache took its block
+  // back): block 0 is held again, request 1's cached copy stays cached (it
+  // holds request 1's row at slot 6, which no request sees: were it taken
+  // back, its writer would hold a block it does not).
+  ShadowMap::PrefixTally tally;
+  m.begin_prefix(0, 0, 4, none, 0, &tally, 4);
+  CHECK(tally.held_positions == 4);
+  for (const std::int64_t slot : own_block) CHECK_FALSE(m.at(slot).cached);
+  for (const std::int64_t slot : copy_block) CHECK(m.at(slot).cached);
+  const auto sees = [](const ShadowRow& r) { return r.request == 0; };
+  const auto live = [](std::int64_t) { return true; };
+  CHECK(m.resident_counts(4, sees, live).request_blocks == 1);
+  CHECK(reads_correct(decode_of(m, 0, 4, 8, {0, 1, 2, 3, 8}, 8)));
+
+  // The same when request 1, preempted after its copy (the copy freed),
+  // stored positions 0..2 again at its resume (slots 4..6, request 0's
+  // content at 4 and 5) and its block went to the pool cached.
+  ShadowMap again;
+  write_rows(again, 3, 8);
+  again.begin_prefix(1, 0, 2, none);
+  CHECK(reads_correct(decode_of(again, 1, 2, 6, {4, 5, 6}, 8, {{0, 4}, {1, 5}})));
+  REQUIRE(again.release(copy_block, none, nobody).empty());
+  const std::vector<std::int64_t> restored{4, 5, 6};
+  again.begin_prefix(1, 1, 3, restored, 0, &tally, 4);
+  CHECK(reads_correct(decode_of(again, 0, 3, 3, {0, 1, 2, 3}, 8)));
+  // Request 0 is preempted and resumed while request 1 still holds slots
+  // 4..6: its resume takes its own cached block back, not request 1's rows
+  // (so a second preempt and resume, once request 1's block is cached too,
+  // still takes block 0 back).
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(again.release(own_block, none, nobody, nullptr, true).empty());
+    if (round == 1) REQUIRE(again.release(copy_block, none, nobody, nullptr, true).empty());
+    again.begin_prefix(0, 0, 4, none, 0, &tally, 4);
+    for (const std::int64_t slot : own_block) CHECK_FALSE(again.at(slot).cached);
+    for (const std::int64_t slot : copy_block) CHECK(again.at(slot).cached == (round == 1));
+  }
+  CHECK(reads_correct(decode_of(again, 0, 4, 8, {0, 1, 2, 3, 8}, 8)));
+}
+
+TEST_CASE(
     "Shadow map: row lineage: a prefix row stored again is its source's row, a cached copy serves a "
     "later begin, a row written again is new") {
   // docs/semantics.md "Row lineage".
