@@ -46,7 +46,8 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       std::optional<std::int64_t> stored;
       if (!home_own && (any_copies_ || any_restored_)) {  // else only the home holds it
         for (const auto& [slot, row] : slots_) {
-          if (row.write_seq == lineage.write_seq && !row.copied && !row.padding && (!stored || slot < *stored))
+          if (row.write_seq == lineage.write_seq && !row.copied && !row.padding &&
+              (!stored || slot < *stored))
             stored = slot;
         }
       }
@@ -77,7 +78,6 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       any_restored_ = true;
       continue;
     }
-    if (std::getenv("KVDBG")) std::fprintf(stderr, "begin_prefix r%lld src%lld p%lld holder %lld home %lld\n", (long long)request, (long long)source, (long long)p, holder ? (long long)*holder : -1LL, (long long)lineage.slot);
     if (holder) {
       ++counts.held_positions;
       latest_[{request, p}] = Latest{at(*holder).write_seq, *holder, lineage.origin, lineage.origin_request};
