@@ -69,8 +69,11 @@ state id; the begin that resumes it (a prefix begin from itself, carrying
 its committed rows) stores again the rows its next query can see, in new
 blocks, or with the prefix cache takes back the cached blocks that still
 hold them (vLLM's recompute with prefix hits) and stores only the rest.
-`--bug preempt-stale-table` (the plain paged cache's) takes the old block
-table back; `--bug resume-stale-cached` (the prefix cache's) takes back by
+With `--trims` the resume stores the last `capacity` positions again (a
+trim may take the request back to them); with `--lookahead` and
+`--free-deferral` a preempt frees the lookahead blocks and the blocks
+whose free was deferred with the rest. `--bug preempt-stale-table` (the
+plain paged cache's) takes the old block table back; `--bug resume-stale-cached` (the prefix cache's) takes back by
 id the blocks the preempt cached, even one evicted in between.
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
@@ -239,12 +242,16 @@ class PagedCache(window_cache.WindowCache):
 
     def _resume(self, layer, state, request, prefix):
         """A preempted request resumes: the rows its next query can see are
-        stored again in new blocks (the rest answered -1: never read again)."""
+        stored again in new blocks (the rest answered -1: never read again);
+        with --trims, the last `keep_rows` positions too (a trim may take
+        the request back to them, as before the preempt)."""
         lay = self._layer(layer)
         B = self.B
         n = prefix.positions
         keys = self.layer_keys(lay)
         lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its next query sees
+        if self.keep_rows is not None:
+            lo = max(0, min(lo, n - self.keep_rows))
         old = lay.stale.pop(request, {}) if self.stale_table else {}
         fresh = [j for j in range(lo // B, (n - 1) // B + 1) if j not in old]
         if len(fresh) > lay.available():
@@ -828,8 +835,6 @@ class PagedAdapter(window_cache.WindowAdapter):
         self.store_first = args.store_first
         self.preempt = args.preempt or any(b in ("preempt-stale-table", "resume-stale-cached")
                                            for b in args.bug)  # hello lists preempt
-        if self.preempt and (self.trims or args.lookahead is not None or args.free_deferral is not None):
-            raise SystemExit("paged-cache: --preempt does not go with --trims, --lookahead or --free-deferral")
         if "preempt-stale-table" in args.bug and self.prefix_cache:
             raise SystemExit("paged-cache: --bug preempt-stale-table is the plain paged cache's")
         if self.trims and self.prefix_cache:

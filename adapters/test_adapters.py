@@ -1028,11 +1028,52 @@ class ProtocolTest(AdapterTest):
         adapter, source, _ = preempted("--bug", "preempt-stale-table")
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
         self.assertEqual(resumed["written"], [-1] * 5)
-        # --preempt does not go with the slack options or trims.
-        for args in (["--preempt", "--trims"], ["--preempt", "--lookahead", "2"],
-                     ["--bug", "preempt-stale-table", "--prefix-cache"]):
-            bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
-            self.assertNotEqual(bad.returncode, 0, args)
+        # preempt-stale-table is the plain paged cache's.
+        bad = subprocess.run([sys.executable, PAGED, "--bug", "preempt-stale-table", "--prefix-cache"],
+                             capture_output=True, text=True, input="")
+        self.assertNotEqual(bad.returncode, 0)
+
+    def test_paged_preempt_with_trims_lookahead_and_deferral(self):
+        """--preempt with --trims: the resume stores the last `capacity`
+        positions again (a trim may take the request back to them), not only
+        those its next query sees; with --lookahead and --free-deferral a
+        preempt returns the lookahead blocks and the blocks whose free was
+        deferred with the rest."""
+        spec = {**make_spec(states=1, capacity=8, param=2), "block_size": 2, "pool_blocks": 10}
+        r0 = {"layer": 0, "request": 0, "state": 0}
+        rows = {"k": [[0.1] * 4] * 6, "v": [[0.2] * 4] * 6}
+
+        def preempted(*args):
+            adapter = self.start(PAGED, "--block-size", "2", "--preempt", *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            written = send_rows_step(adapter, r0, "prefill", 0, 6, rows=6, order="store_then_load")["written"]
+            return adapter, written, adapter.send({"op": "preempt", **r0})
+
+        # keys 2: the next query (at 6) sees 5..6, so the resume stores position 5 (block 2);
+        # --trims keeps positions 0..5 as well (the last capacity 8).
+        adapter, _, _ = preempted()
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
+        self.assertEqual([s >= 0 for s in resumed["written"]], [False] * 5 + [True])
+        adapter, _, _ = preempted("--trims")
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
+        self.assertTrue(all(s >= 0 for s in resumed["written"]), resumed)
+        # Taken back by 4 positions: the decode at 2 sees 1..2, position 1 stored again by the resume.
+        self.assertTrue(adapter.send({"op": "trim", **r0, "positions": 4})["ok"])
+        after = send_rows_step(adapter, r0, "decode", 2)
+        self.assertIn("read", after, after)
+        self.assertEqual(sorted(after["read"][0]), sorted([resumed["written"][1]] + after["written"]))
+
+        # --lookahead 4: the prefill took two blocks for positions 6..9 past its rows, and its
+        # window let blocks 0 and 1 go; the preempt frees block 2 and the lookahead blocks.
+        adapter, written, dropped = preempted("--lookahead", "4")
+        freed = {s // 2 for s in dropped["freed"]}
+        self.assertIn(written[5] // 2, freed)
+        self.assertEqual(len(freed - {s // 2 for s in written}), 2, dropped)
+        # --free-deferral 2: the prefill's out-of-window blocks wait for a
+        # free step; the preempt frees every block of the request.
+        adapter, written, dropped = preempted("--free-deferral", "2")
+        self.assertEqual({s // 2 for s in dropped["freed"]}, {s // 2 for s in written})
 
     def test_paged_resume_after_its_cached_block_was_evicted(self):
         """--preempt --prefix-cache: a block the preempt cached and another
