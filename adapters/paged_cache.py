@@ -66,8 +66,9 @@ another layer still sees as a collision (--bug shared-pool-double).
 preempt returns all of the request's blocks (freed; with the prefix cache,
 its full committed blocks cached) and keeps nothing of the request but its
 state id; the begin that resumes it (a prefix begin from itself, carrying
-its committed rows) stores again the rows its next query can see, in new
-blocks, or with the prefix cache takes back the cached blocks that still
+its committed rows) stores again, whole, the blocks of the rows its next
+query can see (as the request held them), in new blocks, or with the
+prefix cache takes back the cached blocks that still
 hold them (vLLM's recompute with prefix hits) and stores only the rest.
 With `--trims` the resume stores the last `capacity` positions again (a
 trim may take the request back to them); with `--lookahead` and
@@ -241,8 +242,9 @@ class PagedCache(window_cache.WindowCache):
         return self._resume(layer, state, request, prefix)
 
     def _resume(self, layer, state, request, prefix):
-        """A preempted request resumes: the rows its next query can see are
-        stored again in new blocks (the rest answered -1: never read again);
+        """A preempted request resumes: the blocks holding rows its next
+        query can see are stored again, whole, in new blocks (the rest
+        answered -1: never read again);
         with --trims, the last `keep_rows` positions too (a trim may take
         the request back to them, as before the preempt)."""
         lay = self._layer(layer)
@@ -271,7 +273,10 @@ class PagedCache(window_cache.WindowCache):
                 continue
             block = lay.alloc()
             st.table[j] = block
-            for p in range(max(lo, j * B), min(n, (j + 1) * B)):
+            # The whole block, as the request held it before the preempt
+            # (its window frees whole blocks): not only the positions the
+            # next query sees, so a cache that kept the block holds the same rows.
+            for p in range(j * B, min(n, (j + 1) * B)):
                 key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
                                                            self.key_rope_position(p), self.rope))
                 lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))

@@ -1006,12 +1006,13 @@ class ProtocolTest(AdapterTest):
 
         adapter, source, dropped = preempted("--preempt")
         self.assertEqual(sorted(dropped["freed"]), sorted(source[2:] + [source[4] + 1]))
-        # r1 takes the block r0 freed last; r0's resume stores positions 3 and 4 in free blocks.
+        # r1 takes the block r0 freed last; r0's resume stores the blocks of positions 3 and 4
+        # (positions 2..4: whole blocks, as r0 held them, and as the prefix cache stores them) in free blocks.
         adapter.send({"op": "begin", **r1})
         taken = send_rows_step(adapter, r1, "decode", 0)["written"]
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
-        self.assertEqual(resumed["written"][:3], [-1, -1, -1])
-        self.assertTrue(all(s >= 0 and s // 2 != taken[0] // 2 for s in resumed["written"][3:]), resumed)
+        self.assertEqual(resumed["written"][:2], [-1, -1])
+        self.assertTrue(all(s >= 0 and s // 2 != taken[0] // 2 for s in resumed["written"][2:]), resumed)
         after = send_rows_step(adapter, r0, "decode", 5)
         self.assertTrue(after["ok"], after)
         self.assertEqual(sorted(after["read"][0]), sorted(resumed["written"][3:5] + after["written"]))
@@ -1050,11 +1051,11 @@ class ProtocolTest(AdapterTest):
             written = send_rows_step(adapter, r0, "prefill", 0, 6, rows=6, order="store_then_load")["written"]
             return adapter, written, adapter.send({"op": "preempt", **r0})
 
-        # keys 2: the next query (at 6) sees 5..6, so the resume stores position 5 (block 2);
+        # keys 2: the next query (at 6) sees 5..6, so the resume stores block 2 (positions 4, 5);
         # --trims keeps positions 0..5 as well (the last capacity 8).
         adapter, _, _ = preempted()
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
-        self.assertEqual([s >= 0 for s in resumed["written"]], [False] * 5 + [True])
+        self.assertEqual([s >= 0 for s in resumed["written"]], [False] * 4 + [True] * 2)
         adapter, _, _ = preempted("--trims")
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
         self.assertTrue(all(s >= 0 for s in resumed["written"]), resumed)
