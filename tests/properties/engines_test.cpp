@@ -1845,6 +1845,94 @@ TEST_CASE("One pool across layers: a slot handed to two layers is an other-layer
   CHECK(run_scenario(sc, o).passed);
 }
 
+namespace {
+
+/// Two layers of one pool (one request, state 0, a ring of `ring` rows):
+/// layer 0 stores position p at slot p mod ring and frees its previous row's
+/// slot with each write (one key: no query sees it again); layer 1's slots
+/// are one behind, so it writes the slot layer 0 freed in the same step.
+class HandOverCache final : public engines::CacheUnderTest {
+ public:
+  HandOverCache(std::unique_ptr<engines::CacheUnderTest> inner, std::int64_t ring)
+      : inner_(std::move(inner)), ring_(ring) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const auto st = inner_->call(c, answer);
+    if (st || answer == nullptr || !answer->has_written || c.op != engines::StepCall::Op::kStep) return st;
+    if (c.layer == 0) {
+      if (last_ >= 0) answer->freed.push_back(last_);
+      last_ = answer->written.back();
+      return st;
+    }
+    for (auto& slot : answer->written) slot = (slot + ring_ - 1) % ring_;
+    for (auto& slot : answer->read_slots) slot = (slot + ring_ - 1) % ring_;
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  std::int64_t ring_;
+  std::int64_t last_ = -1;
+};
+
+WrappedCpuProvider hand_over_provider(bool shared) {
+  return WrappedCpuProvider(
+      "hand-over",
+      [shared](engines::Capabilities& caps) {
+        caps.shared_pool = shared;
+        caps.reports_frees = true;
+        caps.ring_addressing = false;
+        caps.slots_in_pool = false;
+      },
+      [](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec& spec) {
+        return std::make_unique<HandOverCache>(std::move(inner), spec.cache.ring_rows);
+      });
+}
+
+}  // namespace
+
+TEST_CASE(
+    "One pool across layers: a slot one layer freed and another then wrote is counted (slot_across_layers)") {
+  std::string steps = R"({"kind": "decode", "request": 0})";
+  for (int i = 0; i < 5; ++i) steps += R"(, {"kind": "decode", "request": 0})";
+  const scenarios::Scenario sc = scenarios::parse_scenario(
+      R"({"schema_version": 1, "name": "hand-over", "description": "one request, one key",
+    "cache": {"window": 1, "window_convention": "keys", "ring_rows": 8, "states": 1,
+      "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
+      "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
+      "sink_logit": null},
+    "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
+          steps + "]}",
+      "hand-over");
+  RunOptions o;
+  WrappedCpuProvider shared = hand_over_provider(true);
+  o.provider = &shared;
+  const RunObservation run = run_scenario(sc, o);
+  INFO(run.first_failure);
+  CHECK(run.passed);
+  CHECK(run.collisions == 0);
+  // Decodes 1..5: layer 1 writes the slot layer 0 freed in the same step.
+  CHECK(run.slots_across_layers == 5);
+  Coverage cov;
+  classify_cached(run, &cov);
+  CHECK(cov.slot_across_layers);
+  // Declared as a pool per layer: the slots are each layer's own, nothing handed over.
+  WrappedCpuProvider apart = hand_over_provider(false);
+  o.provider = &apart;
+  const RunObservation own = run_scenario(sc, o);
+  CHECK(own.passed);
+  CHECK(own.slots_across_layers == 0);
+  // Reachable only for a cache that declares the shared pool and reports its frees.
+  engines::Capabilities caps = shared.capabilities();
+  const std::size_t k = 27;
+  REQUIRE(coverage_names()[k] == "slot_across_layers");
+  CHECK(reachable_coverage(caps)[k]);
+  caps.reports_frees = false;
+  CHECK_FALSE(reachable_coverage(caps)[k]);
+  caps = shared.capabilities();
+  caps.shared_pool = false;
+  CHECK_FALSE(reachable_coverage(caps)[k]);
+}
+
 TEST_CASE("One pool across layers: a resident bound counts every layer's rows together") {
   const scenarios::Scenario sc = two_layer_scenario();
   RunOptions o;
