@@ -451,6 +451,9 @@ PREFIX_BUGS = {
     "partial-block-hash": "a block a begin stored again that the prefix ends inside gets the source "
                           "block's hash too, so once the request fills it with rows of its own a later "
                           "begin from the source reads them as the source's (implies --content-hash)",
+    "recompute-drops-last": "the first step after a begin stores every prefix position the begin left to "
+                            "it but the last (an off-by-one in the count of tokens still to compute) "
+                            "(implies --recompute-in-step)",
     "resume-stale-cached": "the begin that resumes a preempted request takes back the blocks its preempt "
                            "cached by the ids it kept, without looking their hashes up again: a block "
                            "evicted since holds another request's rows (implies --preempt)",
@@ -493,10 +496,23 @@ class SharingPagedCache(PagedCache):
     source may be handed that copy (kvcheck's row lineage,
     docs/semantics.md "Row lineage"). A request's own block's key names
     the request, the block and how many resets the request has had (rows
-    written after a reset are other rows)."""
+    written after a reset are other rows).
+
+    With `--recompute-in-step` a begin stores nothing: it takes the blocks
+    that hit, and leaves the rest to the request's first writing step
+    (answered "recompute"), as vLLM's scheduler computes the part of a
+    prompt its prefix cache missed in the request's first step, with that
+    step's tokens: the positions of the missed blocks its first query sees,
+    and, when no block hit, the whole prefix (a request with no hit computes
+    its whole prompt; the blocks below the window are freed once the step
+    has stored its rows). That step stores them before its own rows and
+    answers "recomputed" (docs/semantics.md "Recompute in a step")."""
 
     def __init__(self, spec, bugs, block_size):
         super().__init__(spec, bugs, block_size)
+        self.recompute_in_step = False  # --recompute-in-step (make_cache sets it)
+        self.drops_last = "recompute-drops-last" in bugs
+        self.recomputed_now = []
         self.free_shared = "free-shared" in bugs
         self.cow_skipped = "cow-skipped" in bugs
         self.reuse_evicted = "evicted-prefix-reused" in bugs
@@ -520,6 +536,7 @@ class SharingPagedCache(PagedCache):
         layer.ghosts = {}                         # finished request -> its table (evicted-prefix-reused)
         layer.lineage = {}  # (request, logical block) -> key of the source block whose rows it holds (--content-hash)
         layer.resets = collections.Counter()  # request -> resets so far (--content-hash keys)
+        layer.recompute = {}  # state -> {position: row} a begin left to the next step (--recompute-in-step)
         return layer
 
     # -- blocks ----------------------------------------------------------------
@@ -628,13 +645,16 @@ class SharingPagedCache(PagedCache):
             self._drop(layer, block, outright=self.free_shared and window)
 
     def release(self, layer, st, b):
+        layer.recompute.pop(b, None)  # positions a begin left to a step that never came
         self._free_below(layer, st, float("inf"))
 
     def reserve(self, layer, st, b, first, n, load_then_store):
         """Refuses (changing nothing) a step that would find no block: new
-        blocks and copies against the free, unused and cached ones."""
+        blocks and copies against the free, unused and cached ones (and the
+        blocks of prefix rows its begin left to it)."""
         B = self.B
-        need = 0
+        pending = layer.recompute.get(b, {})
+        need = len({p // B for p in pending if p // B not in st.table})
         for j in range(first // B, (first + n - 1) // B + 1):
             block = st.table.get(j)
             if block is None or self._must_copy(layer, block):
@@ -645,13 +665,30 @@ class SharingPagedCache(PagedCache):
             freeable = sum(1 for i, blk in st.table.items() if (i + 1) * B <= limit and layer.refs.get(blk, 0) == 1)
         if need > self._available(layer) + freeable:
             raise kp.Refusal("out-of-blocks", f"layer pool of {layer.total} blocks of {B} rows has too few "
-                                              f"free for positions {first}..{first + n - 1} of state {b}")
+                                              f"free for positions {first}..{first + n - 1} of state {b}"
+                                              + (f" and {len(pending)} recomputed" if pending else ""))
+        # Nothing is refused past this point: the prefix rows the begin left
+        # are stored first, before the step's own rows.
+        layer.recompute.pop(b, None)
+        stored = sorted(pending)
+        if self.drops_last and stored:
+            stored.pop()  # recompute-drops-last: one token fewer than the begin left
+        for p in stored:
+            block = st.table.get(p // B)
+            if block is None:
+                block = self._alloc(layer)
+                st.table[p // B] = block
+            layer.rows[block * B + p % B] = pending[p]
+            self.recomputed_now.append([p, block * B + p % B])
 
     def write_step(self, step):
         self.moved_now = []
+        self.recomputed_now = []
         answer = super().write_step(step)
         if self.moved_now:
             answer["moved"] = self.moved_now
+        if self.recomputed_now and self.slots:  # --no-slots: outputs only, no slots at all
+            answer["recomputed"] = self.recomputed_now
         return answer
 
     # -- steps -------------------------------------------------------------------
@@ -722,7 +759,8 @@ class SharingPagedCache(PagedCache):
             hits[j] = block
         # Refused before anything changes when the pool cannot store the misses.
         taken_free = sum(1 for blk in set(hits.values()) if blk is not None and (blk in lay.free or blk in lay.cached))
-        misses = sum(1 for blk in hits.values() if blk is None)
+        # --recompute-in-step: the misses are stored by the first step (its reserve counts them).
+        misses = 0 if self.recompute_in_step else sum(1 for blk in hits.values() if blk is None)
         if misses > self._available(lay) - taken_free:
             raise kp.Refusal("out-of-blocks", f"layer pool of {lay.total} blocks has too few free for "
                                               f"{misses} prefix blocks")
@@ -739,6 +777,23 @@ class SharingPagedCache(PagedCache):
                 self._take(lay, block)
         hd = self.spec.head_dim
         written = [-1] * n
+        if self.recompute_in_step:
+            # Left to the first writing step: the missed blocks' positions,
+            # and with no hit at all the whole prefix.
+            missed = [j for j, block in hits.items() if block is None]
+            if all(block is None for block in hits.values()):
+                missed = list(range(0, (n - 1) // B + 1))
+            pending = lay.recompute[state] = {}
+            for j in missed:
+                for p in range(j * B, min(n, (j + 1) * B)):
+                    key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
+                                                               self.key_rope_position(p), self.rope))
+                    pending[p] = (key, key if prefix.v is None else self.round(prefix.v[p]))
+            st.length = n
+            answer = {"written": written, **(self.events() or {})}
+            if pending:
+                answer["recompute"] = sorted(pending)
+            return answer if self.slots else (result or self.events())
         for j, block in hits.items():
             if block is not None:
                 continue
@@ -791,6 +846,7 @@ class PagedAdapter(window_cache.WindowAdapter):
     }
 
     prefix_cache = False  # --prefix-cache (configure sets it)
+    recompute_in_step = False  # --recompute-in-step (configure sets it)
     shared_pool = False   # --shared-pool (configure sets it)
     content_hash = False  # --content-hash (configure sets it)
 
@@ -825,6 +881,11 @@ class PagedAdapter(window_cache.WindowAdapter):
                             help="with the prefix cache, index blocks by the rows they hold (vLLM's block hash): "
                                  "a block a begin stored again is cached under the source block's hash, and a "
                                  "later begin from the source may read that copy (implies --prefix-cache)")
+        parser.add_argument("--recompute-in-step", action="store_true",
+                            help="with the prefix cache, a begin stores nothing: the prefix rows it misses are "
+                                 "stored by the request's first writing step (vLLM computes a prompt's missed "
+                                 "part with the step's tokens), declared in hello as recompute_in_step "
+                                 "(implies --prefix-cache)")
         parser.add_argument("--preempt", action="store_true",
                             help="run preempt (hello lists it): drop a request's blocks (freed, or cached with "
                                  "--prefix-cache); the begin that resumes it stores its rows again, reusing "
@@ -835,7 +896,9 @@ class PagedAdapter(window_cache.WindowAdapter):
             raise SystemExit("paged-cache: --block-size must be >= 1")
         self.block_size = args.block_size
         self.content_hash = args.content_hash or "partial-block-hash" in args.bug
-        self.prefix_cache = args.prefix_cache or self.content_hash or any(b in PREFIX_BUGS for b in args.bug)
+        self.recompute_in_step = args.recompute_in_step or "recompute-drops-last" in args.bug
+        self.prefix_cache = (args.prefix_cache or self.content_hash or self.recompute_in_step
+                             or any(b in PREFIX_BUGS for b in args.bug))
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
         self.preempt = args.preempt or any(b in ("preempt-stale-table", "resume-stale-cached")
@@ -893,6 +956,8 @@ class PagedAdapter(window_cache.WindowAdapter):
             caps["free_deferral_steps"] = self.free_deferral  # free-late frees one step later still
         if self.shared_pool:
             caps["shared_pool"] = True  # open's pool_blocks is the one pool of all layers
+        if self.recompute_in_step:
+            caps["recompute_in_step"] = True  # a begin's missed rows are stored by the next writing step
         return caps
 
     def make_cache(self, spec):
@@ -904,6 +969,7 @@ class PagedAdapter(window_cache.WindowAdapter):
         if self.prefix_cache:
             cache = SharingPagedCache(spec, self.active_bugs, self.block_size)
             cache.content_hash = self.content_hash
+            cache.recompute_in_step = self.recompute_in_step
             cache.preempts = self.preempt
             return cache
         cache = PagedCache(spec, self.active_bugs, self.block_size, self.shared_pool)

@@ -562,7 +562,7 @@ class ProtocolTest(AdapterTest):
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
                                        "free-late", "shared-pool-double", "preempt-stale-table", "free-shared",
                                        "cow-skipped", "evicted-prefix-reused", "evict-leaves-hash",
-                                       "partial-block-hash", "resume-stale-cached"])):
+                                       "partial-block-hash", "recompute-drops-last", "resume-stale-cached"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -982,6 +982,59 @@ class ProtocolTest(AdapterTest):
                              text=True, input="")
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("--shared-pool goes with the plain paged cache", bad.stderr)
+
+    def test_paged_recompute_in_step_leaves_missed_rows_to_the_first_step(self):
+        """--recompute-in-step: hello declares recompute_in_step (and
+        prefix_sharing); a begin stores nothing, leaving the missed blocks'
+        positions (with no hit at all, the whole prefix) to the request's
+        first writing step ("recompute"), which stores them before its own
+        rows ("recomputed") and reads them; recompute-drops-last stores all
+        but the last."""
+        self.assertNotIn("recompute_in_step", self.start(PAGED).hello()["capabilities"])
+        spec = {**make_spec(states=2, capacity=8, param=3), "block_size": 2, "pool_blocks": 16}
+        r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
+        rows = {"k": [[0.1] * 4] * 5, "v": [[0.2] * 4] * 5}
+
+        def opened(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            caps = adapter.hello()["capabilities"]
+            self.assertIs(caps["recompute_in_step"], True)
+            self.assertIs(caps["prefix_sharing"], True)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            return adapter
+
+        # r0 wrote positions 0..4 and finished: blocks 0 and 1 cached, the half block freed.
+        # r1 begins from its 5 positions (keys 3: its first query, at 5, sees 3..5): block 1
+        # (positions 2, 3) hits, position 4 is left to the first step.
+        adapter = opened("--recompute-in-step")
+        adapter.send({"op": "begin", **r0})
+        source = send_rows_step(adapter, r0, "prefill", 0, 5, rows=5, order="store_then_load")["written"]
+        adapter.send({"op": "finish", **r0})
+        begun = adapter.send({"op": "begin", **r1, "prefix": {"request": 0, "positions": 5}, **rows})
+        self.assertEqual(begun["written"], [-1] * 5)
+        self.assertEqual(begun["recompute"], [4])
+        step = send_rows_step(adapter, r1, "decode", 5)
+        self.assertEqual([p for p, _ in step["recomputed"]], [4])
+        slot4 = step["recomputed"][0][1]
+        self.assertEqual(sorted(step["read"][0]), sorted([source[3], slot4, step["written"][0]]))
+        # A later step stores nothing more.
+        self.assertNotIn("recomputed", send_rows_step(adapter, r1, "decode", 6))
+
+        # No hit at all (a prefix no block of which is cached): the whole prefix is left to
+        # the step, which stores all five rows, reads 3..5, and lets go of the blocks below.
+        for bug, stored in ((None, [0, 1, 2, 3, 4]), ("recompute-drops-last", [0, 1, 2, 3])):
+            adapter = opened(*(["--bug", bug] if bug else ["--recompute-in-step"]))
+            begun = adapter.send({"op": "begin", **r1, "prefix": {"request": 7, "positions": 5}, **rows})
+            self.assertEqual(begun["recompute"], [0, 1, 2, 3, 4])
+            step = send_rows_step(adapter, r1, "decode", 5)
+            self.assertEqual([p for p, _ in step["recomputed"]], stored, bug)
+            at = dict(step["recomputed"])
+            read = step["read"][0]
+            self.assertIn(at[3], read)
+            # The bug leaves position 4's slot empty: read as nothing (-1).
+            self.assertEqual(at[4] in read if bug is None else -1 in read, True, read)
+            released = set(step.get("freed", []) + step.get("cached", []))
+            self.assertTrue({at[0], at[1]} <= released, step)  # block 0 went below the window
 
     def test_paged_preempt_frees_and_the_resume_stores_again(self):
         """--preempt: hello lists preempt; a preempt frees the request's

@@ -202,6 +202,16 @@ struct Capabilities {
   /// request's rows there. Off unless the cache says so (hello
   /// "prefix_sharing"): the in-tree caches keep every request's rows apart.
   bool prefix_sharing = false;
+  /// Prefix rows stored with the step (docs/semantics.md "Recompute in a
+  /// step"): a begin from a prefix (a shared prefix, a resume) may leave
+  /// positions it neither stores nor shares to the request's next step that
+  /// writes rows on the layer (StepAnswer::recompute), which stores them
+  /// with its own rows, before its queries read (StepAnswer::recomputed),
+  /// as vLLM's scheduler computes the part of a prompt its prefix cache
+  /// missed in the request's first step. kvcheck's pool (paged_pool_blocks)
+  /// then makes room for a begin's rows and a step's at once (hello
+  /// "recompute_in_step").
+  bool recompute_in_step = false;
   /// Refusal probes the cache supports (see properties/probes.hpp).
   std::vector<std::string> probes;
   /// The cache's own fast kernel, when it has one it can run here (the CPU
@@ -254,6 +264,11 @@ struct CacheSpec {
   /// with Capabilities::shared_pool (0: not paged, or derived by
   /// paged_pool_blocks).
   std::int64_t pool_blocks = 0;
+  /// The most rows one begin of the run carries (a shared prefix's
+  /// positions, a resume's committed length; 0: none): with
+  /// Capabilities::recompute_in_step a step may store that many besides its
+  /// own, and the pool kvcheck gives makes room for them.
+  std::int64_t max_begin_rows = 0;
 };
 
 /// The pool kvcheck gives a paged cache of `block_size` rows per block
@@ -264,15 +279,19 @@ struct CacheSpec {
 /// max_step_rows rows of a request at once.
 /// `slack_rows` more rows per state are added to R before the blocks are
 /// counted (pool_slack_rows: a cache's declared lookahead and free deferral).
-std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
-                               std::int64_t slack_rows = 0) noexcept;
+/// `in_step_rows` (a cache that recomputes prefix rows in a step:
+/// spec.max_begin_rows) makes R at least in_step_rows + max_step_rows, a
+/// begin's rows and a step's held at once.
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size, std::int64_t slack_rows = 0,
+                               std::int64_t in_step_rows = 0) noexcept;
 /// The rows per state a cache's declared slack adds to what it may hold at
 /// once (docs/semantics.md "Lookahead slots and deferred frees"):
 /// lookahead_slots, plus free_deferral_steps * max_step_rows (the positions
 /// N steps of at most max_step_rows rows move a window by). 0 when none.
 std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) noexcept;
 /// The pool kvcheck gives the cache `caps` for a run of `spec`:
-/// paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec)),
+/// paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec))
+/// (with spec.max_begin_rows in a step for a cache that recomputes in one),
 /// or, for a cache with one pool across its layers (caps.shared_pool), the
 /// sum over layers of layer_pool_blocks (docs/semantics.md "One pool across
 /// layers"). The spec's own pool_blocks, when set, is the pool as given.
@@ -346,6 +365,15 @@ struct StepAnswer {
   /// rows still readable by a later prefix begin (applied after its reads,
   /// as `freed`): no request holds them, and any write may reuse them.
   std::vector<std::int64_t> cached;
+  /// A begin's answer, from a cache that recomputes in a step
+  /// (Capabilities::recompute_in_step): prefix positions it neither stored
+  /// nor shares, which the request's next step that writes rows on the
+  /// layer stores (their `written` entries are -1).
+  std::vector<std::int64_t> recompute;
+  /// That step's answer: (position, slot) of each prefix row it stored,
+  /// before its own rows and its queries (docs/semantics.md "Recompute in a
+  /// step").
+  std::vector<std::pair<std::int64_t, std::int64_t>> recomputed;
   /// Same-step write-write collisions the cache itself detected (beyond what
   /// `written` shows; e.g. a GPU race counter). 0 when unknown.
   std::int64_t duplicate_slots = 0;
@@ -374,6 +402,8 @@ struct StepAnswer {
     moved.clear();
     freed.clear();
     cached.clear();
+    recompute.clear();
+    recomputed.clear();
     has_stored = has_stored_bytes = false;
     stored_k.clear();
     stored_v.clear();

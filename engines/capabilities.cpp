@@ -125,12 +125,15 @@ double Capabilities::probability_epsilon() const noexcept {
   return 0;
 }
 
-std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size,
-                               std::int64_t slack_rows) noexcept {
+std::int64_t paged_pool_blocks(const CacheSpec& spec, std::int64_t block_size, std::int64_t slack_rows,
+                               std::int64_t in_step_rows) noexcept {
   if (spec.pool_blocks > 0) return spec.pool_blocks;
   if (block_size < 1) return 0;
+  // A step that recomputes a begin's rows holds them and its own at once
+  // (docs/semantics.md "Recompute in a step").
+  const std::int64_t in_step = in_step_rows > 0 ? in_step_rows + spec.max_step_rows : 0;
   const std::int64_t rows =
-      std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, 1}) +
+      std::max<std::int64_t>({spec.cache.ring_rows, spec.window_keys - 1 + spec.max_step_rows, in_step, 1}) +
       std::max<std::int64_t>(slack_rows, 0);
   return spec.cache.states * ((rows + block_size - 1) / block_size + 1);
 }
@@ -149,6 +152,15 @@ std::int64_t pool_slack_rows(const Capabilities& caps, const CacheSpec& spec) no
   return caps.lookahead_slots + deferred_rows(caps, spec);
 }
 
+namespace {
+
+/// The begin rows a step of the cache may store besides its own.
+std::int64_t begin_rows_in_step(const Capabilities& caps, const CacheSpec& spec) noexcept {
+  return caps.recompute_in_step ? spec.max_begin_rows : 0;
+}
+
+}  // namespace
+
 std::int64_t layer_pool_blocks(const CacheSpec& spec, const Capabilities& caps, std::int32_t layer) noexcept {
   CacheSpec one = spec;
   one.pool_blocks = 0;
@@ -158,12 +170,13 @@ std::int64_t layer_pool_blocks(const CacheSpec& spec, const Capabilities& caps, 
     const std::int64_t keys = spec.layer_window_keys[static_cast<std::size_t>(layer)];
     if (keys != scenarios::kGlobalWindowKeys) one.window_keys = keys;
   }
-  return paged_pool_blocks(one, caps.block_size, pool_slack_rows(caps, spec));
+  return paged_pool_blocks(one, caps.block_size, pool_slack_rows(caps, spec), begin_rows_in_step(caps, spec));
 }
 
 std::int64_t paged_pool_blocks(const CacheSpec& spec, const Capabilities& caps) noexcept {
   if (!caps.shared_pool || spec.pool_blocks > 0 || caps.block_size < 1)
-    return paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec));
+    return paged_pool_blocks(spec, caps.block_size, pool_slack_rows(caps, spec),
+                             begin_rows_in_step(caps, spec));
   // One pool across the layers (docs/semantics.md "One pool across layers"):
   // the sum of every layer's share.
   std::int64_t blocks = 0;

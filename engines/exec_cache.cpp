@@ -518,6 +518,43 @@ StepStatus ExecCache::call(const StepCall& c, StepAnswer* answer) {
       answer->written.push_back(r.slot(w[i], ".written[" + std::to_string(i) + "]"));
     }
   }
+  // Prefix positions a begin leaves to the request's next writing step, and
+  // that step's stored rows (docs/semantics.md "Recompute in a step").
+  const auto undeclared = [&](const char* key) {
+    if (j.contains(key) && !caps.recompute_in_step)
+      r.bad(std::string(".") + key,
+            "prefix rows recomputed in a step from a cache that did not declare it (hello "
+            "capabilities \"recompute_in_step\": true)");
+  };
+  undeclared("recompute");
+  undeclared("recomputed");
+  if (j.contains("recompute")) {
+    const Json& list = j["recompute"];
+    if (!prefix) r.bad(".recompute", "only a begin from a prefix leaves positions to recompute");
+    if (!list.is_array()) r.bad(".recompute", "expected an array of prefix positions");
+    std::vector<bool> seen(static_cast<std::size_t>(c.prefix_positions), false);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string pi = ".recompute[" + std::to_string(i) + "]";
+      const std::int64_t pos = r.integer(list[i], pi, 0, c.prefix_positions - 1);
+      if (seen[static_cast<std::size_t>(pos)]) r.bad(pi, "position " + std::to_string(pos) + " listed twice");
+      if (answer->has_written && answer->written[static_cast<std::size_t>(pos)] >= 0)
+        r.bad(pi, "position " + std::to_string(pos) + " is also stored at the begin (written[" +
+                      std::to_string(pos) + "] is a slot, not -1)");
+      seen[static_cast<std::size_t>(pos)] = true;
+      answer->recompute.push_back(pos);
+    }
+  }
+  if (j.contains("recomputed")) {
+    const Json& list = j["recomputed"];
+    if (!writes) r.bad(".recomputed", "only a step that writes rows stores recomputed prefix rows");
+    if (!list.is_array()) r.bad(".recomputed", "expected an array of [position, slot] pairs");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string pi = ".recomputed[" + std::to_string(i) + "]";
+      if (!list[i].is_array() || list[i].size() != 2) r.bad(pi, "expected [position, slot]");
+      answer->recomputed.emplace_back(r.integer(list[i][0], pi + "[0]", 0, c.position - 1),
+                                      r.slot(list[i][1], pi + "[1]"));
+    }
+  }
   // Any ok answer's slot events, a begin's included (a prefix cache evicts at a begin).
   read_slot_events(j, r, caps.reports_cached, answer);
   if (!writes) return {};

@@ -211,6 +211,7 @@ void read_capabilities(const Json& caps, Capabilities* out) {
               "sliding_window",
               "per_layer_windows",
               "prefix_sharing",
+              "recompute_in_step",
               "head_dim",
               "rotary_dims",
               "max_head_dim",
@@ -274,6 +275,8 @@ void read_capabilities(const Json& caps, Capabilities* out) {
   c.full_window_only = !flag("sliding_window", true);
   c.per_layer_windows = flag("per_layer_windows", false);
   c.prefix_sharing = flag("prefix_sharing", false);
+  // Prefix rows left by a begin to the request's next step (docs/semantics.md "Recompute in a step").
+  c.recompute_in_step = flag("recompute_in_step", false);
   if (caps.contains("head_dim") && caps.contains("max_head_dim")) {
     bad(p + ".max_head_dim", "give head_dim or max_head_dim, not both (head_dim: {\"max\": N})");
   }

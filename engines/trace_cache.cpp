@@ -104,6 +104,7 @@ class TraceCache final : public CacheUnderTest {
         answer->has_written = true;
         answer->written = rec.written;
       }
+      if (!rec.refused && answer != nullptr) answer->recompute = rec.recompute;
     }
     if (rec.refused) return parse_refusal(*rec.refused);
     if (answer == nullptr) return std::nullopt;
@@ -113,6 +114,7 @@ class TraceCache final : public CacheUnderTest {
     answer->freed = rec.freed;
     answer->cached = rec.cached;
     if (begin || !scenarios::trace_kind_writes(rec.kind)) return std::nullopt;
+    answer->recomputed = rec.recomputed;
 
     const std::int64_t n = rec.rows;
     const auto q_width =
@@ -158,6 +160,9 @@ class TraceProvider final : public CacheProvider {
     caps_.reports_read_slots = true;
     // A recording that answered cached slots (docs/semantics.md "Cached rows").
     for (const TraceStep& s : run.steps) caps_.reports_cached = caps_.reports_cached || !s.cached.empty();
+    // A recording that recomputed prefix rows in a step (docs/semantics.md "Recompute in a step").
+    for (const TraceStep& s : run.steps)
+      caps_.recompute_in_step = caps_.recompute_in_step || !s.recompute.empty() || !s.recomputed.empty();
     if (const auto& b = run.header.resident_bound) {  // judged as the recorded cache's own bound
       caps_.resident_bound.unit = b->blocks ? ResidentBound::Unit::kBlocks : ResidentBound::Unit::kRows;
       caps_.resident_bound.per_request = b->per_request;
@@ -274,6 +279,7 @@ class RecordingCache final : public CacheUnderTest {
     if (c.op == StepCall::Op::kBegin && c.prefix_positions > 0) {
       s.prefix = scenarios::Prefix{c.prefix_request, c.prefix_positions};
       if (!st && answer != nullptr && answer->has_written) s.written = answer->written;
+      if (!st && answer != nullptr) s.recompute = answer->recompute;
     }
     if (c.op != StepCall::Op::kBegin && scenarios::step_kind_fields(c.step.kind) == scenarios::StepFields::kAccepted)
       s.accepted = c.step.accepted;
@@ -284,6 +290,7 @@ class RecordingCache final : public CacheUnderTest {
       s.moved = answer->moved;
       s.freed = answer->freed;
       s.cached = answer->cached;
+      s.recomputed = answer->recomputed;
     }
     if (scenarios::trace_kind_writes(s.kind)) {
       s.position = c.position;

@@ -111,6 +111,9 @@ struct StepObservation {
   /// rows this step's writes (its begin's included) took over: evictions.
   std::int64_t cached_slots = 0;
   std::int64_t evicted_rows = 0;
+  /// Prefix rows the step stored that its request's begin left to it
+  /// (docs/semantics.md "Recompute in a step").
+  std::int64_t recomputed_rows = 0;
   /// Rows freed while a query still to run may read them (the step fails).
   std::int64_t freed_visible = 0;
   std::string freed_detail;  ///< the first of them, one line
@@ -187,6 +190,9 @@ struct PrefixObservation {
   /// cache had cached and no slot held any more at the begin (evicted): a
   /// begin from an evicted prefix (on layer 0).
   std::int64_t evicted_positions = 0;
+  /// Of the n positions, those the cache left to the request's next
+  /// writing step (docs/semantics.md "Recompute in a step"; on layer 0).
+  std::int64_t recomputed_in_step = 0;
   std::int64_t begin_step = 0;  ///< scenario step whose call began the request
   bool operator==(const PrefixObservation&) const = default;
 };
@@ -227,6 +233,9 @@ struct RunObservation {
   /// store again (a prefix hit served the resume).
   std::int64_t resumes = 0;
   std::int64_t resumes_with_hits = 0;
+  /// Writing steps (layer 0) that stored prefix rows their begin left to
+  /// them (docs/semantics.md "Recompute in a step").
+  std::int64_t steps_recomputing = 0;
   /// A pool shared by the layers (docs/semantics.md "One pool across
   /// layers"): writes to a slot whose last event was a release (freed or
   /// cached) by another layer.

@@ -162,6 +162,16 @@ engines::CacheSpec cache_spec(const Scenario& scenario) {
   std::int64_t most = 1;
   for (const auto& s : scenario.steps) most = std::max(most, scenarios::step_rows(s));
   spec.max_step_rows = most;
+  // The most rows a begin carries: a shared prefix, or a resume's committed
+  // length (docs/semantics.md "Recompute in a step" sizes the pool by it).
+  for (const auto& r : scenario.requests)
+    if (r.prefix) spec.max_begin_rows = std::max(spec.max_begin_rows, r.prefix->positions);
+  std::map<std::int64_t, scenarios::RequestProgress> progress = scenarios::start_progress(scenario.requests);
+  for (const auto& s : scenario.steps) {
+    scenarios::advance(progress[s.request], s);
+    if (s.kind == StepKind::kPreempt)
+      spec.max_begin_rows = std::max(spec.max_begin_rows, progress[s.request].length);
+  }
   spec.softmax_scale =
       scenario.cache.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(scenario.cache.head_dim)));
   return spec;
@@ -261,6 +271,23 @@ class OutputJudge {
       judge_query(layer, request, first + i, in.q.data() + i * q_width_, answer.out.data() + i * q_width_,
                   &q);
       if (options_.on_query_judged) options_.on_query_judged(q.position - q.visible_first + 1);
+    }
+  }
+
+  /// Prefix rows a step recomputed (docs/semantics.md "Recompute in a
+  /// step"): the rows its request's begin carried (share_prefix has them);
+  /// for a bookkeeping-only engine remembered under their write numbers.
+  void recompute_rows(std::int32_t layer, std::int64_t request,
+                      std::span<const std::pair<std::int64_t, std::int64_t>> stored,
+                      const std::vector<std::uint64_t>& seqs) {
+    if (caps_.computes_outputs) return;
+    const auto& rows = rows_[static_cast<std::size_t>(layer)];
+    for (std::size_t i = 0; i < stored.size(); ++i) {
+      const auto it = rows.find({request, stored[i].first});
+      if (it == rows.end()) continue;  // before the window of every query to come
+      read_rows_[static_cast<std::size_t>(layer)].remember(
+          seqs[i], it->second.key_encoding.values,
+          cache_.shared_row ? std::vector<double>{} : it->second.value_encoding.values);
     }
   }
 
@@ -566,6 +593,11 @@ class StepDriver {
                       "step " + std::to_string(step_index), "");
         }
         if (!slots_possible(step_index, l, "begin", false)) return false;
+        if (!answer_.recompute.empty()) {
+          return stop(
+              observed(step_index, l, "answer.recompute: a begin with no prefix has no rows to recompute"),
+              "step " + std::to_string(step_index) + " (begin) layer " + std::to_string(l), "");
+        }
         shadows_[static_cast<std::size_t>(l)].move(answer_.moved);
       }
       settle_begin(step_index, l);
@@ -652,6 +684,12 @@ class StepDriver {
       }
     };
     list(answer_.written, "written", prefix_begin);
+    for (std::size_t i = 0; i < answer_.recomputed.size() && field.empty(); ++i) {
+      if (bad(answer_.recomputed[i].second, false)) {
+        field = "recomputed" + index(i) + "[1]";
+        value = answer_.recomputed[i].second;
+      }
+    }
     for (std::size_t q = 0; q + 1 < answer_.read_offsets.size() && field.empty(); ++q) {
       for (auto i = answer_.read_offsets[q]; i < answer_.read_offsets[q + 1] && field.empty(); ++i) {
         const std::int64_t slot = answer_.read_slots[static_cast<std::size_t>(i)];
@@ -714,6 +752,7 @@ class StepDriver {
       return stop(observed(step_index, l, "begin refused: " + refusal_text(*st)), "step " + std::to_string(step_index), "");
     }
     if (!slots_possible(step_index, l, "begin", true)) return false;
+    if (!recompute_possible(step_index, l, n)) return false;
     // Moves first (a copy before the rows are stored), as in any step.
     shadows_[static_cast<std::size_t>(l)].move(answer_.moved);
     // The first position the begun request's queries see on this layer: a
@@ -725,8 +764,15 @@ class StepDriver {
         begin.step.request, source, n,
         answer_.has_written ? std::span<const std::int64_t>(answer_.written)
                             : std::span<const std::int64_t>(),
-        visible_from, &tally, caps_.block_size);
+        visible_from, &tally, caps_.block_size, answer_.recompute);
     begun_events_.evicted = tally.evicted_rows;
+    // Left to the request's next writing step on this layer (docs/semantics.md
+    // "Recompute in a step"), sorted: each is looked up once.
+    if (!answer_.recompute.empty()) {
+      std::vector<std::int64_t>& left = recompute_pending_[{l, begin.step.request}];
+      left = answer_.recompute;
+      std::sort(left.begin(), left.end());
+    }
     judge_.share_prefix(l, begin.step.request, source, n, seqs);
     if (!decoders_.empty())
       decoders_[static_cast<std::size_t>(l)].share_prefix(begin.step.request, source, n);
@@ -745,9 +791,92 @@ class StepDriver {
                                            [](std::int64_t slot) { return slot >= 0; });
       }
       began.evicted_positions = tally.evicted_positions;
+      began.recomputed_in_step = static_cast<std::int64_t>(answer_.recompute.size());
       began.begin_step = static_cast<std::int64_t>(step_index);
       run_.prefixes.push_back(began);
     }
+    return true;
+  }
+
+  /// A prefix begin's `recompute` (docs/semantics.md "Recompute in a
+  /// step"): from a cache that declared it, prefix positions below n, each
+  /// once, none stored at the begin; false: stopped. (The exec protocol's
+  /// reader already refuses a malformed list; a C++ cache is held to the
+  /// same rules here.)
+  bool recompute_possible(std::size_t step_index, std::int32_t l, std::int64_t n) {
+    std::string problem;
+    std::vector<bool> seen(static_cast<std::size_t>(n), false);
+    for (std::size_t i = 0; i < answer_.recompute.size() && problem.empty(); ++i) {
+      const std::int64_t p = answer_.recompute[i];
+      const std::string at = "answer.recompute[" + std::to_string(i) + "]: position " + std::to_string(p);
+      if (!caps_.recompute_in_step) {
+        problem =
+            "answer.recompute: prefix rows left to a step by a cache that did not declare recompute_in_step";
+      } else if (p < 0 || p >= n) {
+        problem = at + " is not a prefix position (0 .. " + std::to_string(n - 1) + ")";
+      } else if (seen[static_cast<std::size_t>(p)]) {
+        problem = at + " listed twice";
+      } else if (answer_.has_written && answer_.written[static_cast<std::size_t>(p)] >= 0) {
+        problem = at + " is also stored at the begin";
+      } else {
+        seen[static_cast<std::size_t>(p)] = true;
+      }
+    }
+    if (problem.empty()) return true;
+    return stop(observed(step_index, l, problem),
+                "step " + std::to_string(step_index) + " (begin) layer " + std::to_string(l), "");
+  }
+
+  /// The prefix rows a writing step recomputed (docs/semantics.md
+  /// "Recompute in a step"), stored in the shadow map before the step's own
+  /// rows: each a position its request's begin left to this step on this
+  /// layer, once. A position left and not stored stays absent (missing
+  /// where a query needs it). Two of them in one slot, or one in a slot a
+  /// row of the step also writes, is a same-step collision. false: stopped.
+  bool store_recomputed(std::size_t step_index, const engines::StepCall& call, StepObservation* obs) {
+    const std::int64_t request = call.step.request;
+    const auto pending = recompute_pending_.find({call.layer, request});
+    std::vector<std::int64_t> left;
+    if (pending != recompute_pending_.end()) {
+      left = std::move(pending->second);
+      recompute_pending_.erase(pending);
+    }
+    if (answer_.recomputed.empty()) return true;
+    std::string problem;
+    std::vector<bool> stored(left.size(), false);  // `left` is sorted (begin_from_prefix)
+    for (std::size_t i = 0; i < answer_.recomputed.size() && problem.empty(); ++i) {
+      const std::int64_t p = answer_.recomputed[i].first;
+      const auto it = std::lower_bound(left.begin(), left.end(), p);
+      const auto k = static_cast<std::size_t>(it - left.begin());
+      if (it == left.end() || *it != p || stored[k]) {
+        const bool earlier = it != left.end() && *it == p;  // left, and stored already
+        problem =
+            "answer.recomputed[" + std::to_string(i) + "]: position " + std::to_string(p) +
+            (earlier
+                 ? " stored twice"
+                 : " was not left to this step by the request's begin on this layer (its recompute list)");
+      }
+      if (problem.empty()) stored[k] = true;
+    }
+    if (!problem.empty()) {
+      obs->error = problem;
+      return stop(
+          std::move(*obs),
+          "step " + std::to_string(step_index) + " (" + obs->kind + ") layer " + std::to_string(call.layer),
+          "");
+    }
+    ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
+    const std::vector<std::uint64_t> seqs = shadow.recompute(request, answer_.recomputed, &obs->evicted_rows);
+    judge_.recompute_rows(call.layer, request, answer_.recomputed, seqs);
+    obs->recomputed_rows = static_cast<std::int64_t>(answer_.recomputed.size());
+    // Same-step collisions: a slot two recomputed rows, or one and a row of the step, write.
+    std::map<std::int64_t, int> times;
+    for (const auto& [p, slot] : answer_.recomputed) ++times[slot];
+    if (answer_.has_written)
+      for (const std::int64_t slot : answer_.written)
+        if (times.contains(slot)) ++times[slot];
+    for (const auto& [slot, count] : times) obs->collisions.same_step += count - 1;
+    if (call.layer == 0) ++run_.steps_recomputing;
     return true;
   }
 
@@ -777,6 +906,14 @@ class StepDriver {
       return stop(observed(step_index, l, "refused: " + refusal_text(*st)), heading + " (" + kind + ")", "");
     }
     if (!slots_possible(step_index, l, kind, false)) return false;
+    if (!answer_.recomputed.empty()) {
+      return stop(observed(step_index, l,
+                           "answer.recomputed: a " + kind +
+                               " writes no rows, so it stores no recomputed prefix rows"),
+                  heading + " (" + kind + ") layer " + std::to_string(l), "");
+    }
+    // Positions its begin left and no writing step stored stay absent.
+    recompute_pending_.erase({l, step.request});
     // A step that writes no rows (accept, finish, reset) is observed too,
     // with no error: every step kind appears in the reports. Its answer may
     // still move, pad and free slots.
@@ -807,6 +944,7 @@ class StepDriver {
     }
     if (!slots_possible(step_index, call.layer, obs.kind, false)) return false;
     KVCHECK_ASSERT(static_cast<std::int64_t>(answer_.out.size()) == n * q_width_);
+    if (!store_recomputed(step_index, call, &obs)) return false;
     const ShadowMap& shadow = shadows_[static_cast<std::size_t>(call.layer)];
     judge_.write_rows(call.layer, step.request, call.position, n, in, answer_, shadow, &obs);
     observe_slots(call, &obs);
@@ -856,8 +994,10 @@ class StepDriver {
     for (const bool cache : {false, true}) {
       const std::vector<std::int64_t>& slots = cache ? answer_.cached : answer_.freed;
       if (slots.empty()) continue;
-      const std::span<const std::int64_t> keep =
-          answer_.has_written ? std::span<const std::int64_t>(answer_.written) : std::span<const std::int64_t>();
+      // The step's own slots: its rows', and the prefix rows it recomputed.
+      std::vector<std::int64_t> keep;
+      if (answer_.has_written) keep = answer_.written;
+      for (const auto& [position, slot] : answer_.recomputed) keep.push_back(slot);
       std::vector<std::int64_t> lost_slots;
       const std::vector<ShadowRow> lost = shadow.release(slots, keep, visible(), &lost_slots, cache);
       obs->freed_visible += static_cast<std::int64_t>(lost.size());
@@ -978,6 +1118,7 @@ class StepDriver {
     std::vector<std::int64_t> slots;
     for (const std::int64_t slot : answer_.written)
       if (slot >= 0) slots.push_back(slot);
+    for (const auto& [position, slot] : answer_.recomputed) slots.push_back(slot);
     slots.insert(slots.end(), answer_.padded.begin(), answer_.padded.end());
     for (const auto& [from, to] : answer_.moved) slots.push_back(to);
     return slots;
@@ -1184,6 +1325,9 @@ class StepDriver {
   std::int64_t slot_end_ = std::numeric_limits<std::int64_t>::max();  // one past the highest slot (set_slot_end)
   std::string slot_end_text_;
   BeginEvents begun_events_;  // the begin of the step under way on this layer (settle_begin)
+  /// (layer, request) -> prefix positions its begin left to its next
+  /// writing step on that layer (docs/semantics.md "Recompute in a step").
+  std::map<std::pair<std::int32_t, std::int64_t>, std::vector<std::int64_t>> recompute_pending_;
   std::set<std::int64_t> prefix_sources_;  // requests another request begins from
   std::set<std::int64_t> resumed_;         // requests the schedule preempts (a resume re-sends their rows)
   // A pool shared by the layers: slot -> the layer that last released it (note_released).

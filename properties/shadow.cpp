@@ -19,9 +19,13 @@ ReadTag to_read_tag(std::int64_t slot, const ShadowRow& row) {
 std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                                    std::span<const std::int64_t> written,
                                                    std::int64_t visible_from, PrefixTally* tally,
-                                                   std::int64_t block_size) {
+                                                   std::int64_t block_size,
+                                                   std::span<const std::int64_t> recompute) {
   PrefixTally counts;
   std::vector<std::uint64_t> seqs(static_cast<std::size_t>(n), 0);
+  // Positions left to the next writing step, sorted for lookup.
+  std::vector<std::int64_t> left(recompute.begin(), recompute.end());
+  std::sort(left.begin(), left.end());
   for (std::int64_t p = 0; p < n; ++p) {
     const auto i = static_cast<std::size_t>(p);
     const auto src = latest_.find({source, p});
@@ -78,7 +82,10 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       any_restored_ = true;
       continue;
     }
-    if (holder) {
+    if (std::binary_search(left.begin(), left.end(), p)) {
+      // Left to the next writing step: absent until it stores it.
+      latest_[{request, p}] = Latest{0, -1, lineage.origin, lineage.origin_request};
+    } else if (holder) {
       ++counts.held_positions;
       latest_[{request, p}] = Latest{at(*holder).write_seq, *holder, lineage.origin, lineage.origin_request};
       // A cached row the begun request can see is held again (a prefix hit
@@ -100,6 +107,28 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     }
   }
   if (tally != nullptr) *tally = counts;
+  return seqs;
+}
+
+std::vector<std::uint64_t> ShadowMap::recompute(std::int64_t request,
+                                                std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                                std::int64_t* evicted) {
+  std::vector<std::uint64_t> seqs;
+  seqs.reserve(rows.size());
+  for (const auto& [p, slot] : rows) {
+    const auto it = latest_.find({request, p});
+    const ShadowRow old = at(slot);
+    if (evicted != nullptr && old.cached && old.request >= 0) ++*evicted;
+    const std::uint64_t seq = ++write_seq_;
+    // The content its begin carried (the source's row), else its own.
+    const bool lineage = it != latest_.end() && it->second.origin != 0;
+    const std::uint64_t origin = lineage ? it->second.origin : seq;
+    const std::int64_t origin_request = lineage ? it->second.origin_request : request;
+    slots_[slot] = ShadowRow{request, p, seq, false, false, false, origin, origin_request};
+    latest_[{request, p}] = Latest{seq, slot, origin, origin_request};
+    any_restored_ = true;
+    seqs.push_back(seq);
+  }
   return seqs;
 }
 

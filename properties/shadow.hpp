@@ -114,10 +114,22 @@ class ShadowMap {
     /// cached row taken back): prefix hits.
     std::int64_t held_positions = 0;
   };
+  /// `recompute`: positions the cache left to the request's next writing
+  /// step (docs/semantics.md "Recompute in a step"): neither stored nor
+  /// shared, absent until recompute() stores them.
   std::vector<std::uint64_t> begin_prefix(std::int64_t request, std::int64_t source, std::int64_t n,
                                           std::span<const std::int64_t> written,
                                           std::int64_t visible_from = 0, PrefixTally* tally = nullptr,
-                                          std::int64_t block_size = 0);
+                                          std::int64_t block_size = 0,
+                                          std::span<const std::int64_t> recompute = {});
+  /// Stores the prefix rows a step recomputed, (position, slot) in order,
+  /// before the step's own rows (docs/semantics.md "Recompute in a step"):
+  /// each a new write of `request`'s holding the content its begin carried
+  /// (the source's row by lineage), as a begin's stored-again row. Returns
+  /// each row's write number; `evicted` counts cached rows taken over.
+  std::vector<std::uint64_t> recompute(std::int64_t request,
+                                       std::span<const std::pair<std::int64_t, std::int64_t>> rows,
+                                       std::int64_t* evicted = nullptr);
 
   /// Copies slot `from`'s row to slot `to`, in order (an empty `from`
   /// empties `to`); the copy becomes the row's home.

@@ -179,12 +179,14 @@ std::string resident_text(const properties::StepObservation& s) {
       if (s.cached_blocks >= 0) out += ", " + std::to_string(s.cached_blocks) + " blocks";
     }
   }
-  if (s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows > 0) {
+  if (s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows + s.recomputed_rows >
+      0) {
     out += (out.empty() ? "" : "; ") + std::string("padded ") + std::to_string(s.padded_slots) + ", moved " +
            std::to_string(s.moved_rows) + ", freed " + std::to_string(s.freed_slots);
     if (s.cached_slots + s.evicted_rows > 0)
       out += ", cached " + std::to_string(s.cached_slots) + ", evicted " + std::to_string(s.evicted_rows);
     if (s.freed_visible > 0) out += " (" + std::to_string(s.freed_visible) + " still visible)";
+    if (s.recomputed_rows > 0) out += ", recomputed " + std::to_string(s.recomputed_rows);
   }
   if (s.late_frees > 0)
     out += (out.empty() ? "" : "; ") + std::to_string(s.late_frees) + " blocks freed late";
@@ -192,11 +194,15 @@ std::string resident_text(const properties::StepObservation& s) {
 }
 
 std::string prefix_text(const properties::PrefixObservation& p) {
-  const std::int64_t shared = p.positions - p.stored_again;
-  const std::string how = p.stored_again == 0 ? "shared"
-                          : shared == 0       ? "stored again"
-                                              : std::to_string(p.stored_again) + " stored again, " +
-                                              std::to_string(shared) + " shared";
+  const std::int64_t shared = p.positions - p.stored_again - p.recomputed_in_step;
+  std::string how =
+      p.stored_again == 0 && p.recomputed_in_step == 0 ? "shared"
+      : shared == 0 && p.recomputed_in_step == 0
+          ? "stored again"
+          : std::to_string(p.stored_again) + " stored again, " + std::to_string(shared) + " shared";
+  // Left to its next writing step (docs/semantics.md "Recompute in a step").
+  if (p.recomputed_in_step > 0)
+    how += ", " + std::to_string(p.recomputed_in_step) + " recomputed in its first step";
   return "request " + std::to_string(p.request) + " began from request " + std::to_string(p.source) +
          "'s first " + std::to_string(p.positions) + (p.positions == 1 ? " position (" : " positions (") + how +
          ")";

@@ -109,7 +109,8 @@ Json step_json(const properties::StepObservation& s, bool output_format) {
   // Only for a cache that reports slot events or frees, or declares a bound:
   // other reports keep their bytes.
   if (s.resident_rows >= 0 ||
-      s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows > 0) {
+      s.padded_slots + s.moved_rows + s.freed_slots + s.cached_slots + s.evicted_rows + s.recomputed_rows >
+          0) {
     j["resident"] = Json{{"rows", s.resident_rows},
                          {"blocks", s.resident_blocks},
                          {"bound", s.bound_limit},
@@ -129,6 +130,8 @@ Json step_json(const properties::StepObservation& s, bool output_format) {
       j["resident"]["cached"] = s.cached_slots;
       j["resident"]["evicted"] = s.evicted_rows;
     }
+    if (s.recomputed_rows > 0)  // prefix rows its begin left to it (docs/semantics.md "Recompute in a step")
+      j["resident"]["recomputed"] = s.recomputed_rows;
     if (s.late_frees > 0) {  // a cache that declares a free deferral, past it
       j["resident"]["late_frees"] = s.late_frees;
       j["resident"]["late_detail"] = s.late_detail;
@@ -234,12 +237,10 @@ Json run_json(const properties::RunObservation& r) {
     // Only for a run with shared prefixes: other reports keep their bytes.
     Json prefixes = Json::array();
     for (const auto& p : r.prefixes) {
-      prefixes.push_back(Json{{"request", p.request},
-                              {"source", p.source},
-                              {"positions", p.positions},
-                              {"stored_again", p.stored_again},
-                              {"begin_step", p.begin_step},
-                              {"text", prefix_text(p)}});
+      Json one{{"request", p.request},           {"source", p.source},         {"positions", p.positions},
+               {"stored_again", p.stored_again}, {"begin_step", p.begin_step}, {"text", prefix_text(p)}};
+      if (p.recomputed_in_step > 0) one["recomputed_in_step"] = p.recomputed_in_step;
+      prefixes.push_back(std::move(one));
     }
     j["prefixes"] = std::move(prefixes);
   }

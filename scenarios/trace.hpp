@@ -146,6 +146,11 @@ struct TraceStep {
   /// still readable by a later prefix begin (docs/semantics.md "Cached
   /// rows"); empty when absent.
   std::vector<std::int64_t> cached;
+  /// A prefix begin: positions left to the request's next writing step; a
+  /// writing step: (position, slot) of each prefix row it stored that its
+  /// begin left to it (docs/semantics.md "Recompute in a step"); empty when absent.
+  std::vector<std::int64_t> recompute;
+  std::vector<std::pair<std::int64_t, std::int64_t>> recomputed;
   /// "code: detail" when the cache refused this call (the run stops there).
   std::optional<std::string> refused;
   bool operator==(const TraceStep&) const = default;

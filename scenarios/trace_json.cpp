@@ -330,11 +330,11 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   const std::string owner = "a " + std::string(trace_kind_name(s.kind)) + " record";
   std::vector<std::string_view> allowed = {"step",    "layer",  "kind",  "request", "state",
                                            "refused", "padded", "moved", "freed",   "cached"};
-  if (s.kind == TraceKind::kBegin) allowed.insert(allowed.end(), {"prefix", "written"});
+  if (s.kind == TraceKind::kBegin) allowed.insert(allowed.end(), {"prefix", "written", "recompute"});
   const bool writes = trace_kind_writes(s.kind);
   if (writes) {
-    allowed.insert(allowed.end(),
-                   {"position", "rows", "written", "read", "block_table", "read_view", "k", "v", "q", "out"});
+    allowed.insert(allowed.end(), {"position", "rows", "written", "read", "block_table", "read_view", "k",
+                                   "v", "q", "out", "recomputed"});
   }
   const StepFields fields = trace_kind_fields(s.kind);
   if (fields == StepFields::kRowsOrder) allowed.push_back("order");
@@ -380,8 +380,15 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
       s.written = int_list(*w, "written", -1, kSlotMax, "slot");
       check_count_of(*w, "written", s.prefix->positions, "one slot per prefix position (-1: shared)");
     }
-  } else if (s.kind == TraceKind::kBegin && find(j, "written")) {
-    fail(ErrorId::kJsonValue, "written", "only a begin from a shared prefix reports written slots");
+    // Positions left to the request's next writing step (docs/semantics.md "Recompute in a step").
+    if (const json* r = find(j, "recompute")) {
+      s.recompute = int_list(*r, "recompute", 0, s.prefix->positions - 1, "prefix position");
+      if (static_cast<std::int64_t>(s.recompute.size()) > s.prefix->positions)
+        fail(ErrorId::kJsonValue, "recompute", "more positions than the prefix has");
+    }
+  } else if (s.kind == TraceKind::kBegin && (find(j, "written") || find(j, "recompute"))) {
+    fail(ErrorId::kJsonValue, find(j, "written") ? "written" : "recompute",
+         "only a begin from a shared prefix reports written slots or positions to recompute");
   }
   // Slot events of any step (a refused one has none).
   for (const char* key : {"padded", "moved", "freed", "cached"}) {
@@ -402,6 +409,20 @@ TraceStep read_step(const json& j, const TraceHeader& h, std::int64_t line) {
   if (!writes) return s;
 
   s.position = get_range(require(j, "", "position", owner), "position", 0, kMaxRows - 1, "position");
+  if (const json* v = find(j, "recomputed")) {
+    if (s.refused) fail(ErrorId::kJsonValue, "recomputed", "a refused step reports no slots or outputs");
+    as_array(*v, "recomputed");
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::string pi = join_index("recomputed", i);
+      const std::vector<std::int64_t> pair = int_list((*v)[i], pi, 0, kSlotMax, "position or slot");
+      if (pair.size() != 2) fail(ErrorId::kJsonValue, pi, "expected [position, slot]");
+      if (pair[0] >= s.position)
+        fail(ErrorId::kJsonValue, join_index(pi, 0),
+             "position " + std::to_string(pair[0]) + " is not below the step's first position " +
+                 std::to_string(s.position));
+      s.recomputed.emplace_back(pair[0], pair[1]);
+    }
+  }
   if (fields == StepFields::kRowsOrder) {
     s.rows = get_range(require(j, "", "rows", owner), "rows", 1, kMaxPrefillRows, "prefill rows");
     s.order = get_enum(require(j, "", "order", owner), "order", kOrders, order_name);
@@ -797,6 +818,12 @@ std::string trace_step_line(const TraceStep& s) {
   if (s.kind == TraceKind::kBegin && s.prefix) {
     j["prefix"] = ojson{{"request", s.prefix->request}, {"positions", s.prefix->positions}};
     if (!s.written.empty()) j["written"] = s.written;
+    if (!s.recompute.empty()) j["recompute"] = s.recompute;
+  }
+  if (!s.recomputed.empty()) {
+    ojson recomputed = ojson::array();
+    for (const auto& [p, slot] : s.recomputed) recomputed.push_back(ojson::array({p, slot}));
+    j["recomputed"] = std::move(recomputed);
   }
   if (!s.padded.empty()) j["padded"] = s.padded;
   if (!s.moved.empty()) {

@@ -18,7 +18,7 @@ The steps a subclass defines are the steps its hello declares: `prefill`
 `finish`, `reset`, `trim`, `preempt`; `begin` is always there (by default it does nothing).
 Class attributes say the rest of the hello: `name`, `formats`, `rope`,
 `layouts`, `addressing`, `outputs`, `slots`, `rows`, `lookahead_slots`,
-`free_deferral_steps`, `shared_pool` and `capabilities` (any
+`free_deferral_steps`, `shared_pool`, `recompute_in_step` and `capabilities` (any
 other hello key: `sink`, `softmax_scale`, `max_states`, `head_dim`,
 `probes`, ...; it wins over what the attributes say).
 
@@ -74,6 +74,10 @@ class Engine:
     # manager and SGLang's hybrid allocator draw every layer group's blocks from one pool; open's
     # spec.pool_blocks is then that one pool, the sum of every layer's share.
     shared_pool = False
+    # Prefix rows recomputed in a step (docs/semantics.md "Recompute in a step"): begin_prefix and
+    # resume may return "recompute" (positions left to the request's next writing step), and that
+    # step's answer(..., recomputed=[(position, slot), ...]) says where it stored them.
+    recompute_in_step = False
 
     def __init__(self, spec):
         self.spec = spec
@@ -139,6 +143,13 @@ class Engine:
                 raise TypeError(f"{cls.__name__}.shared_pool: a pool shared by the layers needs paged or "
                                 "opaque addressing (a ring's slots are one layer's)")
             caps["shared_pool"] = True
+        if cls.recompute_in_step is not False:
+            if cls.recompute_in_step is not True:
+                raise TypeError(f"{cls.__name__}.recompute_in_step: True or False, got {cls.recompute_in_step!r}")
+            if cls.begin_prefix is None and cls.resume is None:
+                raise TypeError(f"{cls.__name__}.recompute_in_step: needs begin_prefix or resume (a begin "
+                                "carrying rows to leave to a step)")
+            caps["recompute_in_step"] = True
         if cls.output_format is not None:
             if cls.output_format not in protocol.OUTPUT_FORMATS:
                 raise TypeError(f"{cls.__name__}.output_format: one of {protocol.OUTPUT_FORMATS}, "
@@ -225,15 +236,19 @@ def serve(engine_class, argv=None):
 
 
 def answer(out=None, written=None, read=None, stored=None, causal=False, padded=None, moved=None,
-           freed=None, cached=None):
+           freed=None, cached=None, recomputed=None):
     """A writing step's answer: `out` (one output row per new row), `written`
     (one slot per new row), `read` (one list of slots per query; -1 entries
     are ignored), `stored` (from `stored_rows`), `causal` (True for a
     load_then_store prefill whose queries read the pool as it was before the
     step: read_view "causal"). Lists, numpy arrays or tensors. The slot
-    events (`slot_events`) go in too when given."""
+    events (`slot_events`) go in too when given, and `recomputed`: the
+    (position, slot) of each prefix row the step stored that its request's
+    begin left to it (an engine with `recompute_in_step = True`)."""
     result = {"ok": True}
     result.update(slot_events(padded, moved, freed, cached))
+    if recomputed is not None and len(recomputed) > 0:
+        result["recomputed"] = [[int(p), int(s)] for p, s in recomputed]
     if out is not None:
         result["out"] = out
     if written is not None:

@@ -460,7 +460,12 @@ class Cache:
         begin may also return slot events (slot_events(freed=..., moved=...,
         padded=...), or a dict of these keys): blocks a prefix cache evicts,
         what the state's previous request left; kvcheck judges them as in
-        any step (a free of a row still visible fails at the begin)."""
+        any step (a free of a row still visible fails at the begin). A cache
+        that declares "recompute_in_step" may also return "recompute":
+        prefix positions it neither stores nor shares now (written -1),
+        which the request's next writing step stores and answers as
+        "recomputed": [[position, slot], ...] (docs/semantics.md "Recompute
+        in a step")."""
         raise NotImplementedError
 
     def accept(self, layer, state, request, accepted):
@@ -729,15 +734,22 @@ class Session:
             k = self.to_rows(k, spec.kv_width)
             v = None if v is None else self.to_rows(v, spec.kv_width)
         result = self.cache.begin(layer, state, request, Prefix(source, n, k, v))
-        written = None
-        if isinstance(result, dict) and "written" in result:
+        written = recompute = None
+        if isinstance(result, dict) and ("written" in result or "recompute" in result):
             result = dict(result)
-            written = [int(x) for x in result.pop("written")]
-            if len(written) != n:
-                raise TypeError(f"Cache.begin: written has {len(written)} slots for a prefix of {n}")
+            if "written" in result:
+                written = [int(x) for x in result.pop("written")]
+                if len(written) != n:
+                    raise TypeError(f"Cache.begin: written has {len(written)} slots for a prefix of {n}")
+            if "recompute" in result:
+                # Positions left to the request's next writing step
+                # (docs/semantics.md "Recompute in a step").
+                recompute = [int(x) for x in result.pop("recompute")]
         answer = _events_answer(result or None, "begin")
         if written is not None:
             answer["written"] = written
+        if recompute:
+            answer["recompute"] = recompute
         return answer
 
     def op_accept(self, msg):

@@ -254,6 +254,45 @@ def test_begin_prefix_declares_prefix_sharing_and_answers_written():
     assert json.loads(s.handle(b'{"op":"begin","layer":0,"request":2,"state":0}')) == {"ok": True}
 
 
+class Recomputing(Ring):
+    """A ring that leaves a prefix to its first step: the begin stores nothing, the decode
+    stores the prefix rows before its own and says where (docs/semantics.md "Recompute in a step")."""
+    recompute_in_step = True
+    left = {}
+
+    def begin_prefix(self, layer, state, request, prefix):
+        Recomputing.left[request] = list(range(prefix.positions))
+        return {"written": [-1] * prefix.positions, "recompute": Recomputing.left[request]}
+
+    def decode(self, step):
+        def slot(p): return kvcheck.ring_slot(self.spec, step.state, p)
+        left = Recomputing.left.pop(step.request, [])
+        return kvcheck.answer(written=[slot(p) for p in step.positions],
+                              read=[[slot(j) for j in kvcheck.window(self.spec, p)] for p in step.positions],
+                              recomputed=[(p, slot(p)) for p in left])
+
+
+def test_recompute_in_step_is_declared_and_its_lists_reach_the_answers():
+    assert "recompute_in_step" not in Sharing.hello_capabilities()
+    s, hello, _ = session(Recomputing)
+    assert hello["capabilities"]["recompute_in_step"] is True
+    begin = {"op": "begin", "layer": 0, "request": 7, "state": 1, "prefix": {"request": 0, "positions": 2},
+             "k": [[1.0, 2.0], [3.0, 4.0]], "v": [[5.0, 6.0], [7.0, 8.0]]}
+    assert ask(s, begin) == {"ok": True, "written": [-1, -1], "recompute": [0, 1]}
+    answer = ask(s, decode(2))
+    assert answer["recomputed"] == [[0, 5], [1, 6]]  # state 1 of a ring of 5: slots 5, 6
+    assert "recomputed" not in ask(s, decode(3))  # nothing left
+    # Declared without a begin that carries rows, or not a bool: refused at start.
+    for attrs, words in (({"recompute_in_step": 1}, "recompute_in_step: True or False"),):
+        with pytest.raises(TypeError, match=words):
+            type("Bad", (Recomputing,), attrs).hello_capabilities()
+
+    class NoPrefix(Ring):
+        recompute_in_step = True
+    with pytest.raises(TypeError, match="recompute_in_step: needs begin_prefix or resume"):
+        NoPrefix.hello_capabilities()
+
+
 class Preempting(Ring):
     """A ring that preempts: it frees the request's slots, and its resume stores every row sent."""
     resumed = []

@@ -271,6 +271,7 @@ TEST_CASE(
       {"paged_cache.py", "evicted-prefix-reused"},  // an evicted prefix's block ids reused as if present
       {"paged_cache.py", "evict-leaves-hash"},      // an evicted cached block still found by its hash
       {"paged_cache.py", "partial-block-hash"},     // own rows cached under the prefix's hash
+      {"paged_cache.py", "recompute-drops-last"},   // a begin's missed rows stored by its step, but one
       // Declared slack (each switch implies its option: --lookahead 4, --free-deferral 2):
       {"paged_cache.py", "lookahead-shared"},  // a lookahead block handed out twice
       {"paged_cache.py", "lookahead-leak"},    // lookahead blocks never returned: out of blocks
@@ -311,6 +312,7 @@ TEST_CASE(
     const std::string name(bug);
     const bool paged = std::string(script) == "paged_cache.py";
     const std::string correct = name == "partial-block-hash"                ? "--content-hash"
+                                : name == "recompute-drops-last"            ? "--recompute-in-step"
                                 : name == "resume-stale-cached"             ? "--preempt --prefix-cache"
                                 : prefix_bug(bug)                           ? "--prefix-cache"
                                 : paged && name == "trim-keeps-drafts"      ? "--trims"

@@ -164,7 +164,7 @@ struct Session {
   std::size_t largest_read = 0;
 };
 void run_prefill_into(Session& s, const std::string& hello, const std::string& prefill_answer,
-                      en::ExecEncoding offer) {
+                      en::ExecEncoding offer, std::int64_t position = 0) {
   auto script = std::make_unique<FrameScript>(
       std::vector<std::string>{hello, "{\"ok\":true}\n", "{\"ok\":true}\n", prefill_answer, "{\"ok\":true}\n"},
       &s.sent, &s.largest_read);
@@ -184,6 +184,7 @@ void run_prefill_into(Session& s, const std::string& hello, const std::string& p
   call.step.rows = kRows;
   call.step.order = kvcheck::scenarios::Order::kStoreThenLoad;
   call.rows = kRows;
+  call.position = position;
   call.step_index = 1;
   call.k = k.data();
   call.v = v.data();
@@ -498,6 +499,40 @@ TEST_CASE(
     try {
       Session t;
       run_prefill_into(t, hello, bad.dump() + "\n", en::ExecEncoding::kJson);
+    } catch (const kvcheck::Error& e) {
+      error = e.where() + ": " + e.rule();
+    }
+    CHECK_THAT(error, Catch::StartsWith("steps[1] (prefill, layer 0) answer" + expected));
+  }
+}
+
+TEST_CASE(
+    "ExecAnswer: recomputed prefix rows are read from a cache that declared recompute_in_step, and are an "
+    "error from one that did not or malformed") {
+  Json declared = Json::parse(hello_answer(""));
+  declared["capabilities"]["recompute_in_step"] = true;
+  const std::string hello = declared.dump() + "\n";
+  Json j = Json::parse(json_answer());
+  j["recomputed"] = {{1, 5}, {2, 6}};
+  Session s;
+  run_prefill_into(s, hello, j.dump() + "\n", en::ExecEncoding::kJson, 3);
+  CHECK(s.answer.recomputed == std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 5}, {2, 6}});
+  const std::pair<std::string, std::string> twists[] = {
+      {R"([[1, 5]])", ".recomputed: prefix rows recomputed in a step from a cache that did not declare it"},
+      {R"([[1]])", ".recomputed[0]: expected [position, slot]"},
+      {R"({"1": 5})", ".recomputed: expected an array of [position, slot] pairs"},
+      {R"([[3, 5]])", ".recomputed[0][0]: out of range: 3 (0 .. 2)"},  // not below the step's first position
+      {R"([[0, "5"]])", ".recomputed[0][1]: expected an integer"},
+  };
+  for (std::size_t i = 0; i < std::size(twists); ++i) {
+    const auto& [list, expected] = twists[i];
+    INFO(expected);
+    Json bad = Json::parse(json_answer());
+    bad["recomputed"] = Json::parse(list);
+    std::string error;
+    try {
+      Session t;
+      run_prefill_into(t, i == 0 ? hello_answer("") : hello, bad.dump() + "\n", en::ExecEncoding::kJson, 3);
     } catch (const kvcheck::Error& e) {
       error = e.where() + ": " + e.rule();
     }

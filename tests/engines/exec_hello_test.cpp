@@ -540,3 +540,34 @@ TEST_CASE("ExecHello: shared_pool sizes one pool for the sum of the layers and b
   ring["capabilities"]["shared_pool"] = false;  // declared off: fine anywhere
   CHECK(error_of(ring).empty());
 }
+
+TEST_CASE("ExecHello: recompute_in_step makes room in the pool for a begin's rows and a step's at once") {
+  namespace en = kvcheck::engines;
+  CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").recompute_in_step);  // off unless declared
+  Json h = ring_hello();
+  h["capabilities"]["addressing"] = "paged";
+  h["capabilities"]["block_size"] = 4;
+  h["capabilities"]["prefix_sharing"] = true;
+  h["capabilities"]["recompute_in_step"] = true;
+  Capabilities c = parse_hello_answer(h, "cmd");
+  CHECK(c.recompute_in_step);
+  en::CacheSpec spec;
+  spec.cache.states = 2;
+  spec.cache.ring_rows = 12;
+  spec.window_keys = 8;
+  spec.max_step_rows = 4;
+  // No begin carries rows: R = max(12, 8 - 1 + 4) = 12, ceil(12 / 4) + 1 = 4 blocks per state.
+  CHECK(en::paged_pool_blocks(spec, c) == 2 * 4);
+  // A prefix of 21 positions: R = 21 + 4 = 25 rows, ceil(25 / 4) + 1 = 8 blocks per state
+  // (adapters/PROTOCOL.md "Capacity"), the same for one layer's share of a shared pool.
+  spec.max_begin_rows = 21;
+  CHECK(en::paged_pool_blocks(spec, c) == 2 * 8);
+  CHECK(en::layer_pool_blocks(spec, c, 0) == 2 * 8);
+  // Undeclared, the begin's rows are stored at the begin: no room for both.
+  c.recompute_in_step = false;
+  CHECK(en::paged_pool_blocks(spec, c) == 2 * 4);
+
+  Json bad = h;
+  bad["capabilities"]["recompute_in_step"] = "yes";
+  CHECK(error_of(bad) == "hello answer.capabilities.recompute_in_step: expected true or false");
+}

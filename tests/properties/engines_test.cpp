@@ -1081,6 +1081,40 @@ QueryObservation decode_of(ShadowMap& shadow, std::int64_t request, std::int64_t
 
 }  // namespace
 
+TEST_CASE("Shadow map: prefix rows left to a step are absent until it stores them, then the source's rows") {
+  // Request 0 wrote positions 0..4 at slots 0..4 (keys 3); request 1 begins
+  // from them, sharing 0..1 and leaving 2..4 to its first step (recompute).
+  const std::vector<std::int64_t> none, left{2, 3, 4};
+  ShadowMap m;
+  write_rows(m, 5, 3);
+  ShadowMap::PrefixTally tally;
+  m.begin_prefix(1, 0, 5, none, 3, &tally, 0, left);
+  CHECK(tally.held_positions == 2);  // 0 and 1 shared; the left positions are no prefix hit
+  // Not stored yet: reading the source's own slots for them is correct by
+  // lineage (the content is there), but a position no slot stands in for
+  // is missing: the source's slot 4 overwritten first.
+  ShadowMap gone = m;
+  decode_of(gone, 0, 5, 4, {3, 4}, 3);  // request 0's next row takes slot 4
+  const QueryObservation missing = decode_of(gone, 1, 5, 20, {3, 4, 20}, 3);
+  CHECK(missing.missing == std::vector<std::int64_t>{4});
+  // Stored by the step: rows of request 1 holding request 0's content, read correctly.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> stored{{2, 12}, {3, 13}, {4, 14}};
+  std::int64_t evicted = 0;
+  const std::vector<std::uint64_t> seqs = m.recompute(1, stored, &evicted);
+  REQUIRE(seqs.size() == 3);
+  CHECK(seqs[0] > 0);
+  CHECK(seqs[1] == seqs[0] + 1);
+  CHECK(evicted == 0);
+  CHECK(m.at(14).request == 1);
+  CHECK(m.at(14).position == 4);
+  CHECK(m.at(14).origin_request == 0);  // the source's row by lineage
+  CHECK(m.at(14).origin == m.at(4).origin);
+  CHECK(reads_correct(decode_of(m, 1, 5, 20, {13, 14, 20}, 3)));
+  // The rows are request 1's from then on: the source overwriting its own
+  // slot 4 no longer touches what request 1 reads.
+  CHECK(reads_correct(decode_of(m, 1, 6, 21, {14, 20, 21}, 3)));
+}
+
 TEST_CASE("Shadow map: a shared prefix is one row of two requests: changed under a sharer it is overwritten, evicted it is missing") {
   // Request 0 wrote positions 0..2 at slots 0..2; request 1 begins from them.
   const std::vector<std::int64_t> none;
@@ -1923,7 +1957,7 @@ TEST_CASE(
   CHECK(own.slots_across_layers == 0);
   // Reachable only for a cache that declares the shared pool and reports its frees.
   engines::Capabilities caps = shared.capabilities();
-  const std::size_t k = 27;
+  const std::size_t k = 28;
   REQUIRE(coverage_names()[k] == "slot_across_layers");
   CHECK(reachable_coverage(caps)[k]);
   caps.reports_frees = false;
