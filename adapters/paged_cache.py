@@ -66,9 +66,16 @@ another layer still sees as a collision (--bug shared-pool-double).
 preempt returns all of the request's blocks (freed; with the prefix cache,
 its full committed blocks cached) and keeps nothing of the request but its
 state id; the begin that resumes it (a prefix begin from itself, carrying
-its committed rows) stores again the rows its next query can see, in new
-blocks, or with the prefix cache takes back the cached blocks that still
+its committed rows) stores again, whole, the blocks of the rows its next
+query can see (as the request held them), in new blocks, or with the
+prefix cache takes back the cached blocks that still
 hold them (vLLM's recompute with prefix hits) and stores only the rest.
+With `--trims` the resume stores the last `capacity` positions again (a
+trim may take the request back to them); with `--lookahead` and
+`--free-deferral` a preempt frees the lookahead blocks and the blocks
+whose free was deferred with the rest. `--bug preempt-stale-table` (the
+plain paged cache's) takes the old block table back; `--bug resume-stale-cached` (the prefix cache's) takes back by
+id the blocks the preempt cached, even one evicted in between.
 
 `--bug NAME` switches on a bug engines have shipped (`--list-bugs`); the
 default cache passes every case kvcheck generates. `--store-first`,
@@ -207,7 +214,7 @@ class PagedCache(window_cache.WindowCache):
     def new_layer(self):
         layer = PagedLayer(self.spec.states, self.shared or BlockPool(self.pool_blocks))
         layer.freed = [[] for _ in range(self.spec.states)]  # double-free: blocks freed by the window
-        layer.stale = {}  # preempt-stale-table: preempted request -> its old block table
+        layer.stale = {}  # preempt-stale-table, resume-stale-cached: preempted request -> its old block table
         return layer
 
     # -- preemption (--preempt) ---------------------------------------------------
@@ -235,13 +242,18 @@ class PagedCache(window_cache.WindowCache):
         return self._resume(layer, state, request, prefix)
 
     def _resume(self, layer, state, request, prefix):
-        """A preempted request resumes: the rows its next query can see are
-        stored again in new blocks (the rest answered -1: never read again)."""
+        """A preempted request resumes: the blocks holding rows its next
+        query can see are stored again, whole, in new blocks (the rest
+        answered -1: never read again);
+        with --trims, the last `keep_rows` positions too (a trim may take
+        the request back to them, as before the preempt)."""
         lay = self._layer(layer)
         B = self.B
         n = prefix.positions
         keys = self.layer_keys(lay)
         lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its next query sees
+        if self.keep_rows is not None:
+            lo = max(0, min(lo, n - self.keep_rows))
         old = lay.stale.pop(request, {}) if self.stale_table else {}
         fresh = [j for j in range(lo // B, (n - 1) // B + 1) if j not in old]
         if len(fresh) > lay.available():
@@ -261,7 +273,10 @@ class PagedCache(window_cache.WindowCache):
                 continue
             block = lay.alloc()
             st.table[j] = block
-            for p in range(max(lo, j * B), min(n, (j + 1) * B)):
+            # The whole block, as the request held it before the preempt
+            # (its window frees whole blocks): not only the positions the
+            # next query sees, so a cache that kept the block holds the same rows.
+            for p in range(j * B, min(n, (j + 1) * B)):
                 key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
                                                            self.key_rope_position(p), self.rope))
                 lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
@@ -439,6 +454,9 @@ PREFIX_BUGS = {
     "recompute-drops-last": "the first step after a begin stores every prefix position the begin left to "
                             "it but the last (an off-by-one in the count of tokens still to compute) "
                             "(implies --recompute-in-step)",
+    "resume-stale-cached": "the begin that resumes a preempted request takes back the blocks its preempt "
+                           "cached by the ids it kept, without looking their hashes up again: a block "
+                           "evicted since holds another request's rows (implies --preempt)",
 }
 
 
@@ -500,6 +518,11 @@ class SharingPagedCache(PagedCache):
         self.reuse_evicted = "evicted-prefix-reused" in bugs
         self.leave_hash = "evict-leaves-hash" in bugs
         self.partial_hash = "partial-block-hash" in bugs
+        # resume-stale-cached: a preempt keeps the ids of the blocks it
+        # caches, and the resume takes them back by id (a scheduler that
+        # keeps a preempted request's block list), not by their hashes: a
+        # block evicted in between now holds another request's rows.
+        self.resume_stale = "resume-stale-cached" in bugs
         self.content_hash = False  # --content-hash (make_cache sets it)
         self.moved_now = []
         self.indexing = True  # False while a reset lets go of its blocks
@@ -669,6 +692,13 @@ class SharingPagedCache(PagedCache):
         return answer
 
     # -- steps -------------------------------------------------------------------
+    def preempt(self, layer, state, request):
+        lay, st = self._busy_state(layer, state, request)
+        if self.resume_stale:
+            # The full committed blocks, which the preempt caches.
+            lay.stale[request] = {j: blk for j, blk in st.table.items() if (j + 1) * self.B <= st.length}
+        return super().preempt(layer, state, request)
+
     def finish(self, layer, state, request):
         lay, st = self._busy_state(layer, state, request)
         if self.reuse_evicted:
@@ -714,6 +744,8 @@ class SharingPagedCache(PagedCache):
             if other.busy and other.request == prefix.request:
                 source = other.table
         ghost = lay.ghosts.get(prefix.request, {}) if self.reuse_evicted and source is None else {}
+        # resume-stale-cached: a resume's kept block ids, ahead of the index.
+        kept = lay.stale.pop(request, {}) if prefix.request == request else {}
         n = prefix.positions
         keys = self.layer_keys(lay)
         lo = 0 if keys is None else max(0, n - keys + 1)  # the first position its first query sees
@@ -721,7 +753,7 @@ class SharingPagedCache(PagedCache):
         # evicted-prefix-reused bug's old id, else None (stored again).
         hits = {}
         for j in range(lo // B, (n - 1) // B + 1):
-            block = source.get(j) if source is not None else None
+            block = source.get(j) if source is not None else kept.get(j)
             if block is None:
                 block = lay.index.get(self._key(lay, prefix.request, j), ghost.get(j))
             hits[j] = block
@@ -869,9 +901,8 @@ class PagedAdapter(window_cache.WindowAdapter):
                              or any(b in PREFIX_BUGS for b in args.bug))
         self.trims = args.trims or "trim-keeps-drafts" in args.bug  # hello lists trim
         self.store_first = args.store_first
-        self.preempt = args.preempt or "preempt-stale-table" in args.bug  # hello lists preempt
-        if self.preempt and (self.trims or args.lookahead is not None or args.free_deferral is not None):
-            raise SystemExit("paged-cache: --preempt does not go with --trims, --lookahead or --free-deferral")
+        self.preempt = args.preempt or any(b in ("preempt-stale-table", "resume-stale-cached")
+                                           for b in args.bug)  # hello lists preempt
         if "preempt-stale-table" in args.bug and self.prefix_cache:
             raise SystemExit("paged-cache: --bug preempt-stale-table is the plain paged cache's")
         if self.trims and self.prefix_cache:

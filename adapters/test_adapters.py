@@ -562,7 +562,7 @@ class ProtocolTest(AdapterTest):
                                        "no-window-free", "trim-keeps-drafts", "lookahead-shared", "lookahead-leak",
                                        "free-late", "shared-pool-double", "preempt-stale-table", "free-shared",
                                        "cow-skipped", "evicted-prefix-reused", "evict-leaves-hash",
-                                       "partial-block-hash", "recompute-drops-last"])):
+                                       "partial-block-hash", "recompute-drops-last", "resume-stale-cached"])):
             out = subprocess.run([sys.executable, script, "--list-bugs"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
             self.assertEqual([line.split()[0] for line in out], names)
@@ -1059,12 +1059,13 @@ class ProtocolTest(AdapterTest):
 
         adapter, source, dropped = preempted("--preempt")
         self.assertEqual(sorted(dropped["freed"]), sorted(source[2:] + [source[4] + 1]))
-        # r1 takes the block r0 freed last; r0's resume stores positions 3 and 4 in free blocks.
+        # r1 takes the block r0 freed last; r0's resume stores the blocks of positions 3 and 4
+        # (positions 2..4: whole blocks, as r0 held them, and as the prefix cache stores them) in free blocks.
         adapter.send({"op": "begin", **r1})
         taken = send_rows_step(adapter, r1, "decode", 0)["written"]
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
-        self.assertEqual(resumed["written"][:3], [-1, -1, -1])
-        self.assertTrue(all(s >= 0 and s // 2 != taken[0] // 2 for s in resumed["written"][3:]), resumed)
+        self.assertEqual(resumed["written"][:2], [-1, -1])
+        self.assertTrue(all(s >= 0 and s // 2 != taken[0] // 2 for s in resumed["written"][2:]), resumed)
         after = send_rows_step(adapter, r0, "decode", 5)
         self.assertTrue(after["ok"], after)
         self.assertEqual(sorted(after["read"][0]), sorted(resumed["written"][3:5] + after["written"]))
@@ -1081,11 +1082,86 @@ class ProtocolTest(AdapterTest):
         adapter, source, _ = preempted("--bug", "preempt-stale-table")
         resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
         self.assertEqual(resumed["written"], [-1] * 5)
-        # --preempt does not go with the slack options or trims.
-        for args in (["--preempt", "--trims"], ["--preempt", "--lookahead", "2"],
-                     ["--bug", "preempt-stale-table", "--prefix-cache"]):
-            bad = subprocess.run([sys.executable, PAGED, *args], capture_output=True, text=True, input="")
-            self.assertNotEqual(bad.returncode, 0, args)
+        # preempt-stale-table is the plain paged cache's.
+        bad = subprocess.run([sys.executable, PAGED, "--bug", "preempt-stale-table", "--prefix-cache"],
+                             capture_output=True, text=True, input="")
+        self.assertNotEqual(bad.returncode, 0)
+
+    def test_paged_preempt_with_trims_lookahead_and_deferral(self):
+        """--preempt with --trims: the resume stores the last `capacity`
+        positions again (a trim may take the request back to them), not only
+        those its next query sees; with --lookahead and --free-deferral a
+        preempt returns the lookahead blocks and the blocks whose free was
+        deferred with the rest."""
+        spec = {**make_spec(states=1, capacity=8, param=2), "block_size": 2, "pool_blocks": 10}
+        r0 = {"layer": 0, "request": 0, "state": 0}
+        rows = {"k": [[0.1] * 4] * 6, "v": [[0.2] * 4] * 6}
+
+        def preempted(*args):
+            adapter = self.start(PAGED, "--block-size", "2", "--preempt", *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            written = send_rows_step(adapter, r0, "prefill", 0, 6, rows=6, order="store_then_load")["written"]
+            return adapter, written, adapter.send({"op": "preempt", **r0})
+
+        # keys 2: the next query (at 6) sees 5..6, so the resume stores block 2 (positions 4, 5);
+        # --trims keeps positions 0..5 as well (the last capacity 8).
+        adapter, _, _ = preempted()
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
+        self.assertEqual([s >= 0 for s in resumed["written"]], [False] * 4 + [True] * 2)
+        adapter, _, _ = preempted("--trims")
+        resumed = adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 6}, **rows})
+        self.assertTrue(all(s >= 0 for s in resumed["written"]), resumed)
+        # Taken back by 4 positions: the decode at 2 sees 1..2, position 1 stored again by the resume.
+        self.assertTrue(adapter.send({"op": "trim", **r0, "positions": 4})["ok"])
+        after = send_rows_step(adapter, r0, "decode", 2)
+        self.assertIn("read", after, after)
+        self.assertEqual(sorted(after["read"][0]), sorted([resumed["written"][1]] + after["written"]))
+
+        # --lookahead 4: the prefill took two blocks for positions 6..9 past its rows, and its
+        # window let blocks 0 and 1 go; the preempt frees block 2 and the lookahead blocks.
+        adapter, written, dropped = preempted("--lookahead", "4")
+        freed = {s // 2 for s in dropped["freed"]}
+        self.assertIn(written[5] // 2, freed)
+        self.assertEqual(len(freed - {s // 2 for s in written}), 2, dropped)
+        # --free-deferral 2: the prefill's out-of-window blocks wait for a
+        # free step; the preempt frees every block of the request.
+        adapter, written, dropped = preempted("--free-deferral", "2")
+        self.assertEqual({s // 2 for s in dropped["freed"]}, {s // 2 for s in written})
+
+    def test_paged_resume_after_its_cached_block_was_evicted(self):
+        """--preempt --prefix-cache: a block the preempt cached and another
+        request's write evicted since is stored again by the resume;
+        resume-stale-cached takes it back by its old id (now another
+        request's rows)."""
+        spec = {**make_spec(states=2, capacity=8, param=3), "block_size": 2, "pool_blocks": 4}
+        r0, r1 = {"layer": 0, "request": 0, "state": 0}, {"layer": 0, "request": 1, "state": 1}
+        rows = {"k": [[0.1] * 4] * 5, "v": [[0.2] * 4] * 5}
+
+        def resumed(*args):
+            adapter = self.start(PAGED, "--block-size", "2", *args)
+            self.assertEqual(adapter.send({"op": "open", "spec": spec}), {"ok": True})
+            adapter.send({"op": "begin", **r0})
+            source = send_rows_step(adapter, r0, "prefill", 0, 5, rows=5, order="store_then_load")["written"]
+            # keys 3: block 0 (positions 0, 1) left the window (cached); the
+            # preempt caches block 1 (2, 3) and frees block 2 (the half block).
+            self.assertEqual(sorted(adapter.send({"op": "preempt", **r0})["cached"]), source[2:4])
+            # r1 takes the freed block and the unused one, then evicts the
+            # cached ones, least recently cached first: block 0, then block 1 (decode at 6).
+            adapter.send({"op": "begin", **r1})
+            send_rows_step(adapter, r1, "prefill", 0, 4, rows=4, order="store_then_load")
+            for p in (4, 5):
+                send_rows_step(adapter, r1, "decode", p)
+            evicting = send_rows_step(adapter, r1, "decode", 6)["written"][0]
+            self.assertEqual(evicting // 2, source[2] // 2)
+            return adapter.send({"op": "begin", **r0, "prefix": {"request": 0, "positions": 5}, **rows})
+
+        # Correct: positions 2..4 (blocks 1 and 2; the next query sees 3..5) stored again.
+        written = resumed("--preempt", "--prefix-cache")["written"]
+        self.assertTrue(all(s >= 0 for s in written[2:]), written)
+        # resume-stale-cached: block 1 taken back, as if it still held positions 2 and 3.
+        written = resumed("--bug", "resume-stale-cached")["written"]
+        self.assertEqual(written[2:4], [-1, -1])
 
     def test_paged_trims_keep_the_last_capacity_rows(self):
         # Without --trims the paged cache frees by its window and lists no

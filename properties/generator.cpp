@@ -141,6 +141,7 @@ constexpr ScheduleClass kScheduleClasses[] = {
     {"preempt_then_resume", &Coverage::preempt_then_resume, kFeatureGateCases},
     {"resume_with_prefix_hit", &Coverage::resume_with_prefix_hit, kFeatureGateCases},
     {"prefix_recomputed_in_step", &Coverage::prefix_recomputed_in_step, kFeatureGateCases},
+    {"slot_across_layers", &Coverage::slot_across_layers, kFeatureGateCases},
 };
 constexpr std::size_t kScheduleClassCount = std::size(kScheduleClasses);
 
@@ -276,6 +277,10 @@ std::vector<bool> reachable_coverage(const engines::Capabilities& caps, Profile 
   reach.push_back(can(Feature::kPreempt) && (caps.reports_cached || caps.prefix_sharing));
   // A cache that recomputes a begin's rows in a step, where begins carry rows.
   reach.push_back(caps.recompute_in_step && (prefix || can(Feature::kPreempt)));
+  // One pool across layers: a slot one layer released that another then
+  // wrote, seen in the frees and written slots the cache reports.
+  reach.push_back(caps.shared_pool && can(Feature::kLayers) && caps.reports_frees &&
+                  caps.reports_written_slots);
   KVCHECK_ASSERT(reach.size() == kScheduleClassCount);
   for (int f = 0; f < kFeatureCount; ++f) reach.push_back(drawable[static_cast<std::size_t>(f)]);
   for (int a = 0; a < kFeatureCount; ++a) {
@@ -1421,6 +1426,7 @@ void classify_cached(const RunObservation& run, Coverage* cov) {
   if (run.resumes > 0) cov->preempt_then_resume = true;
   if (run.resumes_with_hits > 0) cov->resume_with_prefix_hit = true;
   if (run.steps_recomputing > 0) cov->prefix_recomputed_in_step = true;
+  if (run.slots_across_layers > 0) cov->slot_across_layers = true;
 }
 
 }  // namespace kvcheck::properties

@@ -97,6 +97,8 @@ struct Coverage {
       false;  ///< a resume the cache served a row of from one it still held or had cached
   // Recompute in a step (docs/semantics.md "Recompute in a step"), from the run (classify_cached):
   bool prefix_recomputed_in_step = false;  ///< a writing step stored prefix rows its begin left to it
+  // One pool across layers (docs/semantics.md "One pool across layers"), from the run (classify_cached):
+  bool slot_across_layers = false;  ///< a write took a slot another layer had released (freed or cached)
   /// The features the case exercised (exercised_features).
   FeatureSet features;
   // After all of the above: one per Capabilities::kernel_paths entry (the
@@ -186,8 +188,9 @@ BlockCounts classify_blocks(const scenarios::Scenario& scenario, const RunObserv
 /// from what the shadow map saw on layer 0: cached_block_evicted (a write
 /// over a cached row) and begin_from_evicted_prefix (a prefix begin whose
 /// first query sees a source row that was cached and is gone), and the
-/// preemption classes preempt_then_resume and resume_with_prefix_hit, and
-/// prefix_recomputed_in_step. Adds them to `cov`.
+/// preemption classes preempt_then_resume and resume_with_prefix_hit,
+/// prefix_recomputed_in_step, and slot_across_layers (a pool shared by the
+/// layers). Adds them to `cov`.
 void classify_cached(const RunObservation& run, Coverage* cov);
 
 }  // namespace kvcheck::properties

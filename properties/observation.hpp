@@ -236,6 +236,10 @@ struct RunObservation {
   /// Writing steps (layer 0) that stored prefix rows their begin left to
   /// them (docs/semantics.md "Recompute in a step").
   std::int64_t steps_recomputing = 0;
+  /// A pool shared by the layers (docs/semantics.md "One pool across
+  /// layers"): writes to a slot whose last event was a release (freed or
+  /// cached) by another layer.
+  std::int64_t slots_across_layers = 0;
   std::vector<StepObservation> steps;
   std::int64_t lost_rows = 0;  ///< sum of overwritten + missing over all queries
   std::int64_t extra_reads = 0;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <unordered_map>
 #include <utility>
 
 #include "engines/factory.hpp"
@@ -633,6 +634,7 @@ class StepDriver {
     begun_events_.moved = static_cast<std::int64_t>(answer_.moved.size());
     begun_events_.freed = static_cast<std::int64_t>(answer_.freed.size());
     begun_events_.cached = static_cast<std::int64_t>(answer_.cached.size());
+    note_released(l);
     if (answer_.freed.empty() && answer_.cached.empty()) return;
     // A prefix row the begin stored again keeps it (as a step's own written slots).
     const std::span<const std::int64_t> keep =
@@ -985,6 +987,7 @@ class StepDriver {
       if (!visibility) visibility = visibility_at(step_index, layer, true);
       return *visibility;
     };
+    note_released(layer);
     // Frees empty their slots; cached slots keep their rows for a later
     // prefix begin (docs/semantics.md "Cached rows"). Either, of a row still
     // visible, loses it.
@@ -1135,6 +1138,13 @@ class StepDriver {
     if (!caps_.shared_pool || cache_.layers < 2) return;
     const std::vector<std::int64_t> slots = answer_writes();
     if (slots.empty()) return;
+    // A slot another layer let go of, taken by this one (coverage class slot_across_layers).
+    for (const std::int64_t slot : slots) {
+      const auto it = released_by_.find(slot);
+      if (it == released_by_.end()) continue;
+      if (it->second != l) ++run_.slots_across_layers;
+      released_by_.erase(it);
+    }
     for (std::int32_t m = 0; m < cache_.layers; ++m) {
       if (m == l) continue;
       ShadowMap& other = shadows_[static_cast<std::size_t>(m)];
@@ -1155,6 +1165,16 @@ class StepDriver {
                     std::to_string(m) + ", which layer " + std::to_string(m) + " still sees";
         }
       }
+    }
+  }
+
+  /// A pool shared by the layers: the slots layer `l`'s answer released
+  /// (freed or cached), for claim_shared to see which layer a later write
+  /// takes them from.
+  void note_released(std::int32_t l) {
+    if (!caps_.shared_pool || cache_.layers < 2) return;
+    for (const std::vector<std::int64_t>* slots : {&answer_.freed, &answer_.cached}) {
+      for (const std::int64_t slot : *slots) released_by_[slot] = l;
     }
   }
 
@@ -1310,6 +1330,8 @@ class StepDriver {
   std::map<std::pair<std::int32_t, std::int64_t>, std::vector<std::int64_t>> recompute_pending_;
   std::set<std::int64_t> prefix_sources_;  // requests another request begins from
   std::set<std::int64_t> resumed_;         // requests the schedule preempts (a resume re-sends their rows)
+  // A pool shared by the layers: slot -> the layer that last released it (note_released).
+  std::unordered_map<std::int64_t, std::int32_t> released_by_;
   struct Writer {
     std::int64_t request;  // whose rows (a shared prefix's: the request it came from)
     std::int64_t step;     // the step that wrote the position

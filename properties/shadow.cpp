@@ -32,15 +32,33 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     // The source's content (docs/semantics.md "Row lineage"): what position
     // p of the begun request is, wherever it lies.
     const Latest lineage = src == latest_.end() ? Latest{} : src->second;
-    // A slot holding that content: a held one before a cached one (a cache
-    // sharing a held row takes no cached block back), the source's own
-    // before any copy.
+    // A slot holding that content: the source's home if held (its table's
+    // block: a copy-on-write moved it there); else the slot the source's row
+    // was stored in (not a copy), held or cached: the block a prefix cache
+    // indexed under the source's hash, which a resume takes back (a move
+    // made a copier's copy the home, and another request may hold the
+    // content stored again, each under its own request's hash); else a held
+    // one before a cached one (a cache sharing a held row takes no cached
+    // block back).
     std::optional<std::int64_t> holder;
     if (lineage.origin != 0) {
       const ShadowRow home = at(lineage.slot);
       const bool home_holds = lineage.slot >= 0 && home.origin == lineage.origin && !home.padding;
-      if (home_holds && !home.cached) {
+      // The home holds the source's row itself (or its copy), not the same
+      // content another request stored again there since.
+      const bool home_own = home_holds && !home.cached && home.write_seq == lineage.write_seq;
+      std::optional<std::int64_t> stored;
+      if (!home_own && (any_copies_ || any_restored_)) {  // else only the home holds it
+        for (const auto& [slot, row] : slots_) {
+          if (row.write_seq == lineage.write_seq && !row.copied && !row.padding &&
+              (!stored || slot < *stored))
+            stored = slot;
+        }
+      }
+      if (home_own) {
         holder = lineage.slot;
+      } else if (stored) {
+        holder = stored;
       } else if (const auto held = slot_with_content(lineage.origin, std::nullopt, false)) {
         holder = held;
       } else {

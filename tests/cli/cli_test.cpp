@@ -280,6 +280,9 @@ TEST_CASE(
       {"paged_cache.py", "shared-pool-double"},
       // Preemption (implies --preempt): a resume reads blocks the preempt freed.
       {"paged_cache.py", "preempt-stale-table"},
+      // The same with the prefix cache (implies --preempt --prefix-cache): a resume takes back by id a
+      // block its preempt cached, which another request's write evicted since.
+      {"paged_cache.py", "resume-stale-cached"},
       // Outputs truncated into bf16 (implies --output-format bf16): up to one ULP, over the half an ULP allowed.
       {"ring_cache.py", "output-truncated"}};
   for (const auto& [script, bug] : bugs) {
@@ -310,6 +313,7 @@ TEST_CASE(
     const bool paged = std::string(script) == "paged_cache.py";
     const std::string correct = name == "partial-block-hash"                ? "--content-hash"
                                 : name == "recompute-drops-last"            ? "--recompute-in-step"
+                                : name == "resume-stale-cached"             ? "--preempt --prefix-cache"
                                 : prefix_bug(bug)                           ? "--prefix-cache"
                                 : paged && name == "trim-keeps-drafts"      ? "--trims"
                                 : paged && name.rfind("lookahead-", 0) == 0 ? "--lookahead 4"

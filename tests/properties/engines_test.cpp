@@ -1295,6 +1295,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "Shadow map: a resume's prefix hit takes back the block its rows were stored in, not a cached "
+    "copy-on-write copy of them") {
+  // docs/semantics.md "Preemption" (paged_cache.py --preempt --prefix-cache,
+  // blocks of 4): request 0 wrote positions 0..3 at slots 0..3; request 1
+  // began from its first 2 and copied them into its own block (slots 4, 5)
+  // before writing position 2 at slot 6. Request 1's window let that block
+  // go, cached under its own hash; request 0 is preempted, its block cached.
+  const std::vector<std::int64_t> none, copy_block{4, 5, 6}, own_block{0, 1, 2, 3};
+  const auto nobody = [](const ShadowRow&) { return false; };
+  ShadowMap m;
+  write_rows(m, 4, 8);
+  m.begin_prefix(1, 0, 2, none);
+  CHECK(reads_correct(decode_of(m, 1, 2, 6, {4, 5, 6}, 8, {{0, 4}, {1, 5}})));
+  REQUIRE(m.release(copy_block, none, nobody, nullptr, true).empty());
+  REQUIRE(m.release(own_block, none, nobody, nullptr, true).empty());
+  // The resume answers -1 for positions 0..3 (the cache took its block
+  // back): block 0 is held again, request 1's cached copy stays cached (it
+  // holds request 1's row at slot 6, which no request sees: were it taken
+  // back, its writer would hold a block it does not).
+  ShadowMap::PrefixTally tally;
+  m.begin_prefix(0, 0, 4, none, 0, &tally, 4);
+  CHECK(tally.held_positions == 4);
+  for (const std::int64_t slot : own_block) CHECK_FALSE(m.at(slot).cached);
+  for (const std::int64_t slot : copy_block) CHECK(m.at(slot).cached);
+  const auto sees = [](const ShadowRow& r) { return r.request == 0; };
+  const auto live = [](std::int64_t) { return true; };
+  CHECK(m.resident_counts(4, sees, live).request_blocks == 1);
+  CHECK(reads_correct(decode_of(m, 0, 4, 8, {0, 1, 2, 3, 8}, 8)));
+
+  // The same when request 1, preempted after its copy (the copy freed),
+  // stored positions 0..2 again at its resume (slots 4..6, request 0's
+  // content at 4 and 5) and its block went to the pool cached.
+  ShadowMap again;
+  write_rows(again, 3, 8);
+  again.begin_prefix(1, 0, 2, none);
+  CHECK(reads_correct(decode_of(again, 1, 2, 6, {4, 5, 6}, 8, {{0, 4}, {1, 5}})));
+  REQUIRE(again.release(copy_block, none, nobody).empty());
+  const std::vector<std::int64_t> restored{4, 5, 6};
+  again.begin_prefix(1, 1, 3, restored, 0, &tally, 4);
+  CHECK(reads_correct(decode_of(again, 0, 3, 3, {0, 1, 2, 3}, 8)));
+  // Request 0 is preempted and resumed while request 1 still holds slots
+  // 4..6: its resume takes its own cached block back, not request 1's rows
+  // (so a second preempt and resume, once request 1's block is cached too,
+  // still takes block 0 back).
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(again.release(own_block, none, nobody, nullptr, true).empty());
+    if (round == 1) REQUIRE(again.release(copy_block, none, nobody, nullptr, true).empty());
+    again.begin_prefix(0, 0, 4, none, 0, &tally, 4);
+    for (const std::int64_t slot : own_block) CHECK_FALSE(again.at(slot).cached);
+    for (const std::int64_t slot : copy_block) CHECK(again.at(slot).cached == (round == 1));
+  }
+  CHECK(reads_correct(decode_of(again, 0, 4, 8, {0, 1, 2, 3, 8}, 8)));
+}
+
+TEST_CASE(
     "Shadow map: row lineage: a prefix row stored again is its source's row, a cached copy serves a "
     "later begin, a row written again is new") {
   // docs/semantics.md "Row lineage".
@@ -1822,6 +1877,94 @@ TEST_CASE("One pool across layers: a slot handed to two layers is an other-layer
   WrappedCpuProvider own = shared_pool_provider(false, false);
   o.provider = &own;
   CHECK(run_scenario(sc, o).passed);
+}
+
+namespace {
+
+/// Two layers of one pool (one request, state 0, a ring of `ring` rows):
+/// layer 0 stores position p at slot p mod ring and frees its previous row's
+/// slot with each write (one key: no query sees it again); layer 1's slots
+/// are one behind, so it writes the slot layer 0 freed in the same step.
+class HandOverCache final : public engines::CacheUnderTest {
+ public:
+  HandOverCache(std::unique_ptr<engines::CacheUnderTest> inner, std::int64_t ring)
+      : inner_(std::move(inner)), ring_(ring) {}
+  engines::StepStatus call(const engines::StepCall& c, engines::StepAnswer* answer) override {
+    const auto st = inner_->call(c, answer);
+    if (st || answer == nullptr || !answer->has_written || c.op != engines::StepCall::Op::kStep) return st;
+    if (c.layer == 0) {
+      if (last_ >= 0) answer->freed.push_back(last_);
+      last_ = answer->written.back();
+      return st;
+    }
+    for (auto& slot : answer->written) slot = (slot + ring_ - 1) % ring_;
+    for (auto& slot : answer->read_slots) slot = (slot + ring_ - 1) % ring_;
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engines::CacheUnderTest> inner_;
+  std::int64_t ring_;
+  std::int64_t last_ = -1;
+};
+
+WrappedCpuProvider hand_over_provider(bool shared) {
+  return WrappedCpuProvider(
+      "hand-over",
+      [shared](engines::Capabilities& caps) {
+        caps.shared_pool = shared;
+        caps.reports_frees = true;
+        caps.ring_addressing = false;
+        caps.slots_in_pool = false;
+      },
+      [](std::unique_ptr<engines::CacheUnderTest> inner, const engines::CacheSpec& spec) {
+        return std::make_unique<HandOverCache>(std::move(inner), spec.cache.ring_rows);
+      });
+}
+
+}  // namespace
+
+TEST_CASE(
+    "One pool across layers: a slot one layer freed and another then wrote is counted (slot_across_layers)") {
+  std::string steps = R"({"kind": "decode", "request": 0})";
+  for (int i = 0; i < 5; ++i) steps += R"(, {"kind": "decode", "request": 0})";
+  const scenarios::Scenario sc = scenarios::parse_scenario(
+      R"({"schema_version": 1, "name": "hand-over", "description": "one request, one key",
+    "cache": {"window": 1, "window_convention": "keys", "ring_rows": 8, "states": 1,
+      "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
+      "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
+      "sink_logit": null},
+    "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
+          steps + "]}",
+      "hand-over");
+  RunOptions o;
+  WrappedCpuProvider shared = hand_over_provider(true);
+  o.provider = &shared;
+  const RunObservation run = run_scenario(sc, o);
+  INFO(run.first_failure);
+  CHECK(run.passed);
+  CHECK(run.collisions == 0);
+  // Decodes 1..5: layer 1 writes the slot layer 0 freed in the same step.
+  CHECK(run.slots_across_layers == 5);
+  Coverage cov;
+  classify_cached(run, &cov);
+  CHECK(cov.slot_across_layers);
+  // Declared as a pool per layer: the slots are each layer's own, nothing handed over.
+  WrappedCpuProvider apart = hand_over_provider(false);
+  o.provider = &apart;
+  const RunObservation own = run_scenario(sc, o);
+  CHECK(own.passed);
+  CHECK(own.slots_across_layers == 0);
+  // Reachable only for a cache that declares the shared pool and reports its frees.
+  engines::Capabilities caps = shared.capabilities();
+  const std::size_t k = 28;
+  REQUIRE(coverage_names()[k] == "slot_across_layers");
+  CHECK(reachable_coverage(caps)[k]);
+  caps.reports_frees = false;
+  CHECK_FALSE(reachable_coverage(caps)[k]);
+  caps = shared.capabilities();
+  caps.shared_pool = false;
+  CHECK_FALSE(reachable_coverage(caps)[k]);
 }
 
 TEST_CASE("One pool across layers: a resident bound counts every layer's rows together") {

@@ -165,6 +165,7 @@ TEST_CASE("Generator: production cases draw production shapes within the work bu
   CHECK(names[25] == "preempt_then_resume");
   CHECK(names[26] == "resume_with_prefix_hit");
   CHECK(names[27] == "prefix_recomputed_in_step");
+  CHECK(names[28] == "slot_across_layers");
   CHECK(coverage_kinds().size() == names.size());
   for (const Profile p : {Profile::kDefault, Profile::kProduction, Profile::kPaged}) {
     CHECK(coverage_flags(Coverage{}).size() == names.size());
