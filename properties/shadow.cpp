@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <unordered_map>
 
 #include "support/assert.hpp"
 
@@ -26,6 +27,18 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
   // Positions left to the next writing step, sorted for lookup.
   std::vector<std::int64_t> left(recompute.begin(), recompute.end());
   std::sort(left.begin(), left.end());
+  // Where each write was stored (its lowest slot holding it, not a copy),
+  // built once when a second slot may hold a content (a move, a row stored
+  // again): one pass over the pool per begin, not one per position. A slot
+  // this begin stores into is checked before it is used.
+  std::unordered_map<std::uint64_t, std::int64_t> stored_at;
+  if (any_copies_ || any_restored_) {
+    for (const auto& [slot, row] : slots_) {
+      if (row.copied || row.padding || row.write_seq == 0) continue;
+      const auto [it, fresh] = stored_at.try_emplace(row.write_seq, slot);
+      if (!fresh && slot < it->second) it->second = slot;
+    }
+  }
   for (std::int64_t p = 0; p < n; ++p) {
     const auto i = static_cast<std::size_t>(p);
     const auto src = latest_.find({source, p});
@@ -49,10 +62,18 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
       const bool home_own = home_holds && !home.cached && home.write_seq == lineage.write_seq;
       std::optional<std::int64_t> stored;
       if (!home_own && (any_copies_ || any_restored_)) {  // else only the home holds it
-        for (const auto& [slot, row] : slots_) {
-          if (row.write_seq == lineage.write_seq && !row.copied && !row.padding &&
-              (!stored || slot < *stored))
-            stored = slot;
+        const auto it = stored_at.find(lineage.write_seq);
+        if (it != stored_at.end()) {
+          const ShadowRow row = at(it->second);
+          if (row.write_seq == lineage.write_seq && !row.copied && !row.padding) {
+            stored = it->second;
+          } else {
+            // This begin stored another row there: look again.
+            for (const auto& [slot, r] : slots_) {
+              if (r.write_seq == lineage.write_seq && !r.copied && !r.padding && (!stored || slot < *stored))
+                stored = slot;
+            }
+          }
         }
       }
       if (home_own) {
