@@ -1827,14 +1827,17 @@ WrappedCpuProvider shared_pool_provider(bool shared, bool offset, std::int64_t r
       });
 }
 
-/// One request on two layers (window 4 keys, a ring of 8): a prefill of 3
-/// rows, then 6 decodes.
-scenarios::Scenario two_layer_scenario() {
-  std::string steps = R"({"kind": "prefill", "request": 0, "rows": 3, "order": "store_then_load"})";
-  for (int i = 0; i < 6; ++i) steps += R"(, {"kind": "decode", "request": 0})";
+/// One request on two layers (a ring of 8): with `window` keys (default 4),
+/// a prefill of 3 rows (`prefill`), then `decodes` decodes.
+scenarios::Scenario two_layer_scenario(int window = 4, bool prefill = true, int decodes = 6) {
+  std::string steps =
+      prefill ? R"({"kind": "prefill", "request": 0, "rows": 3, "order": "store_then_load"})" : "";
+  for (int i = 0; i < decodes; ++i)
+    steps += std::string(steps.empty() ? "" : ", ") + R"({"kind": "decode", "request": 0})";
   return scenarios::parse_scenario(
       R"({"schema_version": 1, "name": "two-layers", "description": "one request",
-    "cache": {"window": 4, "window_convention": "keys", "ring_rows": 8, "states": 1,
+    "cache": {"window": )" +
+          std::to_string(window) + R"(, "window_convention": "keys", "ring_rows": 8, "states": 1,
       "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
       "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
       "sink_logit": null},
@@ -1926,17 +1929,8 @@ WrappedCpuProvider hand_over_provider(bool shared) {
 
 TEST_CASE(
     "One pool across layers: a slot one layer freed and another then wrote is counted (slot_across_layers)") {
-  std::string steps = R"({"kind": "decode", "request": 0})";
-  for (int i = 0; i < 5; ++i) steps += R"(, {"kind": "decode", "request": 0})";
-  const scenarios::Scenario sc = scenarios::parse_scenario(
-      R"({"schema_version": 1, "name": "hand-over", "description": "one request, one key",
-    "cache": {"window": 1, "window_convention": "keys", "ring_rows": 8, "states": 1,
-      "q_heads": 1, "kv_heads": 1, "head_dim": 4, "shared_row": false, "format": "f64",
-      "rope": {"style": "none", "rotary_dims": 0, "base": 10000.0}, "layers": 2, "softmax_scale": null,
-      "sink_logit": null},
-    "data": {"seed": 3, "rows": []}, "requests": [{"id": 0, "state": 0}], "steps": [)" +
-          steps + "]}",
-      "hand-over");
+  // One key, six decodes: each layer lets go of its last row's slot at every step.
+  const scenarios::Scenario sc = two_layer_scenario(1, false, 6);
   RunOptions o;
   WrappedCpuProvider shared = hand_over_provider(true);
   o.provider = &shared;
