@@ -261,7 +261,6 @@ class PagedCache(window_cache.WindowCache):
                                               f"request {request} ({len(fresh)} blocks)")
         super().begin(layer, state, request)
         st = lay.states[state]
-        hd = self.spec.head_dim
         written = [-1] * n
         for j in range(lo // B, (n - 1) // B + 1):
             if j in old:
@@ -276,14 +275,18 @@ class PagedCache(window_cache.WindowCache):
             # The whole block, as the request held it before the preempt
             # (its window frees whole blocks): not only the positions the
             # next query sees, so a cache that kept the block holds the same rows.
-            for p in range(j * B, min(n, (j + 1) * B)):
-                key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
-                                                           self.key_rope_position(p), self.rope))
-                lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
-                written[p] = block * B + p % B
+            self.store_prefix_block(lay, block, j, prefix, written)
         st.length = n
         lay.top[state] = n
         return {"written": written} if self.slots else None
+
+    def store_prefix_block(self, layer, block, j, prefix, written):
+        """Stores the rows a begin sent for logical block j (its positions
+        below prefix.positions) in `block`, each slot noted in `written`."""
+        B = self.B
+        for p in range(j * B, min(prefix.positions, (j + 1) * B)):
+            layer.rows[block * B + p % B] = self.stored_row(prefix.k[p], None if prefix.v is None else prefix.v[p], p)
+            written[p] = block * B + p % B
 
     def write_slot(self, layer, st, b, p):
         B = self.B
@@ -775,7 +778,6 @@ class SharingPagedCache(PagedCache):
             if block is not None:
                 st.table[j] = block  # shared: one more table holds it
                 self._take(lay, block)
-        hd = self.spec.head_dim
         written = [-1] * n
         if self.recompute_in_step:
             # Left to the first writing step: the missed blocks' positions,
@@ -786,9 +788,7 @@ class SharingPagedCache(PagedCache):
             pending = lay.recompute[state] = {}
             for j in missed:
                 for p in range(j * B, min(n, (j + 1) * B)):
-                    key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
-                                                               self.key_rope_position(p), self.rope))
-                    pending[p] = (key, key if prefix.v is None else self.round(prefix.v[p]))
+                    pending[p] = self.stored_row(prefix.k[p], None if prefix.v is None else prefix.v[p], p)
             st.length = n
             answer = {"written": written, **(self.events() or {})}
             if pending:
@@ -802,11 +802,7 @@ class SharingPagedCache(PagedCache):
             # The whole block, not only the positions the first query sees: a
             # later prefix of this request (or a copy-on-write of the block)
             # may need any position of it below n.
-            for p in range(j * B, min(n, (j + 1) * B)):
-                key = self.round(window_cache.rotate_heads(prefix.k[p], self.spec.kv_heads, hd,
-                                                           self.key_rope_position(p), self.rope))
-                lay.rows[block * B + p % B] = (key, key if prefix.v is None else self.round(prefix.v[p]))
-                written[p] = block * B + p % B
+            self.store_prefix_block(lay, block, j, prefix, written)
         st.length = n
         return {"written": written, **(self.events() or {})} if self.slots else (result or self.events())
 

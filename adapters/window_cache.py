@@ -305,6 +305,14 @@ class WindowCache(kp.Cache):
     def key_rope_position(self, p):
         return p
 
+    def stored_row(self, k_row, v_row, p):
+        """Position p's (key, value) as the cache stores them: the key
+        rotated at its RoPE position, both rounded to the format (v_row None:
+        one shared row)."""
+        key = self.round(rotate_heads(k_row, self.spec.kv_heads, self.spec.head_dim, self.key_rope_position(p),
+                                      self.rope))
+        return key, key if v_row is None else self.round(v_row)
+
     # -- lookups -------------------------------------------------------------
     def layer_keys(self, lay):
         """Keys a query of layer `lay` reads (None: every position)."""
@@ -428,14 +436,8 @@ class WindowCache(kp.Cache):
         self.reserve(lay, st, state, first, n, lts)
         # Nothing is refused past this point.
 
-        hd = spec.head_dim
-        rnd = self.round
-        rope = self.rope
-        stored = []
-        for i in range(n):
-            key = rnd(rotate_heads(k[i], spec.kv_heads, hd, self.key_rope_position(first + i), rope))
-            stored.append((key, key if v is None else rnd(v[i])))
-        queries = [rotate_heads(q[i], spec.q_heads, hd, first + i, rope) for i in range(n)]
+        stored = [self.stored_row(k[i], None if v is None else v[i], first + i) for i in range(n)]
+        queries = [rotate_heads(q[i], spec.q_heads, spec.head_dim, first + i, self.rope) for i in range(n)]
         pool = lay.rows
         if lts:
             # Copy the old rows any query of the step sees out of the pool,

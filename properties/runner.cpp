@@ -988,16 +988,16 @@ class StepDriver {
       return *visibility;
     };
     note_released(layer);
+    // The step's own slots: its rows', and the prefix rows it recomputed.
+    std::vector<std::int64_t> keep;
+    if (answer_.has_written) keep = answer_.written;
+    for (const auto& [position, slot] : answer_.recomputed) keep.push_back(slot);
     // Frees empty their slots; cached slots keep their rows for a later
     // prefix begin (docs/semantics.md "Cached rows"). Either, of a row still
     // visible, loses it.
     for (const bool cache : {false, true}) {
       const std::vector<std::int64_t>& slots = cache ? answer_.cached : answer_.freed;
       if (slots.empty()) continue;
-      // The step's own slots: its rows', and the prefix rows it recomputed.
-      std::vector<std::int64_t> keep;
-      if (answer_.has_written) keep = answer_.written;
-      for (const auto& [position, slot] : answer_.recomputed) keep.push_back(slot);
       std::vector<std::int64_t> lost_slots;
       const std::vector<ShadowRow> lost = shadow.release(slots, keep, visible(), &lost_slots, cache);
       obs->freed_visible += static_cast<std::int64_t>(lost.size());

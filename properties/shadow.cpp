@@ -93,14 +93,8 @@ std::vector<std::uint64_t> ShadowMap::begin_prefix(std::int64_t request, std::in
     }
     if (i < written.size() && written[i] >= 0) {
       // Stored again: a new write of the begun request's, of the source's content.
-      const ShadowRow old = at(written[i]);
-      if (old.cached && old.request >= 0) ++counts.evicted_rows;
-      seqs[i] = ++write_seq_;
-      const std::uint64_t origin = lineage.origin != 0 ? lineage.origin : seqs[i];
-      const std::int64_t origin_request = lineage.origin != 0 ? lineage.origin_request : request;
-      slots_[written[i]] = ShadowRow{request, p, seqs[i], false, false, false, origin, origin_request};
-      latest_[{request, p}] = Latest{seqs[i], written[i], origin, origin_request};
-      any_restored_ = true;
+      seqs[i] =
+          store_again(request, p, written[i], lineage.origin, lineage.origin_request, &counts.evicted_rows);
       continue;
     }
     if (std::binary_search(left.begin(), left.end(), p)) {
@@ -136,21 +130,31 @@ std::vector<std::uint64_t> ShadowMap::recompute(std::int64_t request,
                                                 std::int64_t* evicted) {
   std::vector<std::uint64_t> seqs;
   seqs.reserve(rows.size());
+  std::int64_t taken = 0;
   for (const auto& [p, slot] : rows) {
-    const auto it = latest_.find({request, p});
-    const ShadowRow old = at(slot);
-    if (evicted != nullptr && old.cached && old.request >= 0) ++*evicted;
-    const std::uint64_t seq = ++write_seq_;
     // The content its begin carried (the source's row), else its own.
-    const bool lineage = it != latest_.end() && it->second.origin != 0;
-    const std::uint64_t origin = lineage ? it->second.origin : seq;
-    const std::int64_t origin_request = lineage ? it->second.origin_request : request;
-    slots_[slot] = ShadowRow{request, p, seq, false, false, false, origin, origin_request};
-    latest_[{request, p}] = Latest{seq, slot, origin, origin_request};
-    any_restored_ = true;
-    seqs.push_back(seq);
+    const auto it = latest_.find({request, p});
+    const Latest lineage = it == latest_.end() ? Latest{} : it->second;
+    seqs.push_back(store_again(request, p, slot, lineage.origin, lineage.origin_request, &taken));
   }
+  if (evicted != nullptr) *evicted += taken;
   return seqs;
+}
+
+std::uint64_t ShadowMap::store_again(std::int64_t request, std::int64_t p, std::int64_t slot,
+                                     std::uint64_t origin, std::int64_t origin_request,
+                                     std::int64_t* evicted) {
+  const ShadowRow old = at(slot);
+  if (old.cached && old.request >= 0) ++*evicted;
+  const std::uint64_t seq = ++write_seq_;
+  if (origin == 0) {
+    origin = seq;
+    origin_request = request;
+  }
+  slots_[slot] = ShadowRow{request, p, seq, false, false, false, origin, origin_request};
+  latest_[{request, p}] = Latest{seq, slot, origin, origin_request};
+  any_restored_ = true;
+  return seq;
 }
 
 ShadowRow ShadowMap::take(std::int64_t slot) {

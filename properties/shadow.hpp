@@ -264,6 +264,13 @@ class ShadowMap {
     std::uint64_t origin = 0;
     std::int64_t origin_request = -1;
   };
+  /// A row stored again at `slot` (a begin's, a step's recomputed one): a
+  /// new write of `request`'s position `p` holding content `origin` of
+  /// `origin_request` (origin 0: its own). A cached row it takes is counted
+  /// in `evicted`. Returns its write number.
+  std::uint64_t store_again(std::int64_t request, std::int64_t p, std::int64_t slot, std::uint64_t origin,
+                            std::int64_t origin_request, std::int64_t* evicted);
+
   std::unordered_map<std::int64_t, ShadowRow> slots_;
   std::map<std::pair<std::int64_t, std::int64_t>, Latest> latest_;  // (request, position)
   std::uint64_t write_seq_ = 0;

@@ -31,6 +31,17 @@ Json ring_hello() {
       "probes":["accept-without-verify","accept-too-many","begin-busy-state"]}})");
 }
 
+/// A paged cache's hello: blocks of 4 rows, frees answered, a bound of
+/// blocks per request.
+Json paged_hello() {
+  Json h = ring_hello();
+  h["capabilities"]["addressing"] = "paged";
+  h["capabilities"]["block_size"] = 4;
+  h["capabilities"]["reports"]["frees"] = true;
+  h["capabilities"]["resident_bound"] = {{"unit", "blocks"}, {"per", "request"}};
+  return h;
+}
+
 /// The error a hello answer gives: "WHERE: RULE", or "" when it parses.
 std::string error_of(const Json& answer) {
   try {
@@ -414,11 +425,7 @@ TEST_CASE("ExecHello: paged addressing with a block size, and the pool kvcheck g
 
 TEST_CASE("ExecHello: lookahead slots and a free deferral, and the pool and bounds they widen") {
   namespace en = kvcheck::engines;
-  Json h = ring_hello();
-  h["capabilities"]["addressing"] = "paged";
-  h["capabilities"]["block_size"] = 4;
-  h["capabilities"]["reports"]["frees"] = true;
-  h["capabilities"]["resident_bound"] = {{"unit", "blocks"}, {"per", "request"}};
+  Json h = paged_hello();
   h["capabilities"]["lookahead_slots"] = 5;
   h["capabilities"]["free_deferral_steps"] = 2;
   Capabilities c = parse_hello_answer(h, "cmd");
@@ -491,11 +498,7 @@ TEST_CASE("ExecHello: per_layer_windows is off unless declared, and must be a bo
 TEST_CASE("ExecHello: shared_pool sizes one pool for the sum of the layers and bounds them together") {
   namespace en = kvcheck::engines;
   CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").shared_pool);  // off unless declared
-  Json h = ring_hello();
-  h["capabilities"]["addressing"] = "paged";
-  h["capabilities"]["block_size"] = 4;
-  h["capabilities"]["reports"]["frees"] = true;
-  h["capabilities"]["resident_bound"] = {{"unit", "blocks"}, {"per", "request"}};
+  Json h = paged_hello();
   h["capabilities"]["shared_pool"] = true;
   Capabilities c = parse_hello_answer(h, "cmd");
   CHECK(c.shared_pool);
@@ -544,9 +547,7 @@ TEST_CASE("ExecHello: shared_pool sizes one pool for the sum of the layers and b
 TEST_CASE("ExecHello: recompute_in_step makes room in the pool for a begin's rows and a step's at once") {
   namespace en = kvcheck::engines;
   CHECK_FALSE(parse_hello_answer(ring_hello(), "cmd").recompute_in_step);  // off unless declared
-  Json h = ring_hello();
-  h["capabilities"]["addressing"] = "paged";
-  h["capabilities"]["block_size"] = 4;
+  Json h = paged_hello();
   h["capabilities"]["prefix_sharing"] = true;
   h["capabilities"]["recompute_in_step"] = true;
   Capabilities c = parse_hello_answer(h, "cmd");
